@@ -1,0 +1,44 @@
+# The two commands users need: `make demo` and `make test`. Everything else is a step of those.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+CARGO_DIR := rust
+# One target directory for cargo and maturin, so the release build happens once.
+export CARGO_TARGET_DIR := $(CURDIR)/target
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: bootstrap build lint test test-rust test-python test-long demo clean
+
+bootstrap:
+	@./scripts/bootstrap
+
+# One release build: the workspace (daemon and libraries), then the extension module into .venv
+# (maturin reuses the same target directory and profile, so dependencies are not rebuilt).
+build: bootstrap
+	cd $(CARGO_DIR) && cargo build --release --workspace --locked
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --locked -q
+	install -m 0755 target/release/benchfsd $(VENV)/bin/benchfsd
+
+lint: bootstrap
+	cd $(CARGO_DIR) && cargo fmt --all --check
+	cd $(CARGO_DIR) && cargo clippy --release --workspace --all-targets --locked -- -D warnings
+	$(VENV)/bin/ruff check python tests
+	$(VENV)/bin/ruff format --check python tests
+
+test-rust: build
+	cd $(CARGO_DIR) && cargo test --release --workspace --locked
+
+test-python: build
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q
+
+test: build lint test-rust test-python
+
+test-long: build
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m long
+
+demo: build
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/benchfs-run local
+
+clean:
+	rm -rf target $(VENV) python/benchfs/*.so

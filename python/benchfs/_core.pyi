@@ -1,0 +1,57 @@
+"""Type stubs for the native module `benchfs._core` (Rust, PyO3).
+
+Private: import the public names from `benchfs` instead. Every blocking call releases the GIL.
+"""
+
+__version__: str
+
+def resolve_config(path: str | None = None, overrides: list[str] | None = None) -> str:
+    """Return the effective configuration as TOML text.
+
+    Precedence: built-in defaults < file (`path`, else `$BENCHFS_CONFIG`) < `BENCHFS_*` variables
+    < `overrides` ("section.key=value"; the value is parsed as TOML, else taken as a string).
+    Raises FileNotFoundError for a missing file and ValueError for unknown keys, wrong types or
+    malformed TOML.
+    """
+
+def wait_for_servers(registry_dir: str, expected: int, timeout_s: float) -> list[dict]:
+    """Wait until `expected` servers have registered; return them sorted by numeric id.
+
+    Each entry is {"id": int, "node": str, "host": str, "pid": int}. Raises TimeoutError naming
+    the expected, found and missing ids, and ValueError naming a malformed registry file.
+    """
+
+class Server:
+    """A chunk server on its own thread in this process (the same code as `benchfsd`)."""
+
+    def __init__(
+        self,
+        registry_dir: str,
+        data_dir: str,
+        server_id: int,
+        config: str | None = None,
+        node: str | None = None,
+    ) -> None: ...
+    @property
+    def server_id(self) -> int: ...
+    def stop(self) -> None:
+        """Stop serving and remove the registry entry; calling it again does nothing."""
+    def __enter__(self) -> Server: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+class Client:
+    """A BenchFS client; not thread-safe, so use each instance from one thread."""
+
+    def __init__(
+        self, registry_dir: str, config: str | None = None, expected_servers: int | None = None
+    ) -> None:
+        """Connect once the expected membership has registered (TimeoutError names the missing)."""
+    def write(self, path: str, offset: int, data: bytes | bytearray | memoryview) -> int: ...
+    def read(self, path: str, offset: int, length: int) -> bytes:
+        """Short at the end of the file; never-written ranges inside the file read as zeros."""
+    def readinto(self, path: str, offset: int, buffer: bytearray | memoryview) -> int: ...
+    def file_size(self, path: str) -> int: ...
+    def server_ids(self) -> list[int]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Client: ...
+    def __exit__(self, *exc: object) -> None: ...

@@ -1,0 +1,1 @@
+"""Command-line tools (click): `benchfs-run` now, more as later issues add them."""

@@ -1,0 +1,206 @@
+"""A cluster of `benchfsd` daemons on this host: start, wait for membership, watch, stop.
+
+Each daemon gets its own data directory, log file and node name (BENCHFS_NODE_NAME), and runs
+in its own session so that a Ctrl-C at the terminal reaches only the launcher, which then
+stops the daemons in order instead of leaving them half-dead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchfs import _core
+from benchfs.procs import pid_alive, stop_process, tail
+
+__all__ = ["Daemon", "LocalCluster", "ServerExited", "child_env", "find_benchfsd"]
+
+NODE_ENV = "BENCHFS_NODE_NAME"
+WAIT_SLICE_S = 0.2
+"""How often membership waiting stops to check that no daemon has died meanwhile."""
+
+
+class ServerExited(RuntimeError):
+    """A daemon this cluster started is no longer running."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        status = daemon.proc.returncode
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with code {status}"
+        self.headline = f"server {daemon.server_id} (pid {daemon.pid}, node {daemon.node}) {how}"
+        log = tail(daemon.log_path, 5)
+        super().__init__(
+            self.headline + (f"; last log lines ({daemon.log_path}):\n{log}" if log else "")
+        )
+
+
+def find_benchfsd() -> str:
+    """Path of the daemon: next to this Python (the build that matches the extension), else PATH."""
+    beside = Path(sys.executable).parent / "benchfsd"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("benchfsd")
+    if found is None:
+        raise FileNotFoundError(
+            f"benchfsd not found next to {sys.executable} or on PATH: run `make build`"
+        )
+    return found
+
+
+def child_env(node: str | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a process that gets the effective config as a file.
+
+    BENCHFS_* configuration variables are removed: they are already folded into that file, and
+    applied again on top of it they would beat the launcher's own flags.
+    """
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith("BENCHFS_") or k == NODE_ENV
+    }
+    if node is not None:
+        env[NODE_ENV] = node
+    return env
+
+
+@dataclass
+class Daemon:
+    """One `benchfsd` process this cluster started."""
+
+    server_id: int
+    node: str
+    data_dir: Path
+    log_path: Path
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's record of this process."""
+        return {
+            "role": "benchfsd",
+            "server_id": self.server_id,
+            "node": self.node,
+            "pid": self.pid,
+            "argv": self.argv,
+            "log": str(self.log_path),
+            "data_dir": str(self.data_dir),
+            "exit_status": self.proc.returncode,
+        }
+
+
+@dataclass
+class LocalCluster:
+    """Daemons started on this host that share one registry directory."""
+
+    registry_dir: Path
+    config_path: Path | None = None
+    benchfsd: str = field(default_factory=find_benchfsd)
+    extra_args: Sequence[str] = ()
+    daemons: list[Daemon] = field(default_factory=list)
+
+    def start(self, server_id: int, data_dir: Path, log_path: Path, node: str) -> Daemon:
+        """Start one daemon; it registers itself once it serves (see `wait_ready`)."""
+        data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            self.benchfsd,
+            "--registry",
+            str(self.registry_dir),
+            "--data-dir",
+            str(data_dir),
+            "--id",
+            str(server_id),
+            "--node",
+            node,
+        ]
+        if self.config_path is not None:
+            argv += ["--config", str(self.config_path)]
+        argv += list(self.extra_args)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env(node),
+                start_new_session=True,
+            )
+        daemon = Daemon(server_id, node, data_dir, log_path, argv, proc)
+        self.daemons.append(daemon)
+        return daemon
+
+    def exited(self) -> list[Daemon]:
+        """Daemons that are no longer running (crashed, killed or stopped)."""
+        return [d for d in self.daemons if not d.running()]
+
+    def check_alive(self) -> None:
+        """Raise ServerExited for the first daemon that is gone."""
+        for daemon in self.exited():
+            raise ServerExited(daemon)
+
+    def wait_ready(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Wait until every started daemon has registered; return the membership.
+
+        Waits in short slices so that a daemon that dies at start-up (bad config, port in use)
+        is reported at once with its log, not after the full timeout.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return _core.wait_for_servers(
+                    str(self.registry_dir),
+                    len(self.daemons),
+                    max(0.01, min(WAIT_SLICE_S, remaining)),
+                )
+            except TimeoutError:
+                self.check_alive()
+                if remaining <= WAIT_SLICE_S:
+                    raise
+
+    def kill(self, server_id: int, sig: int = signal.SIGKILL) -> Daemon:
+        """Signal one daemon (fault tests use SIGKILL to simulate a crashed node)."""
+        daemon = next(d for d in self.daemons if d.server_id == server_id)
+        if daemon.running():
+            daemon.proc.send_signal(sig)
+        return daemon
+
+    def stop(self, grace_s: float = 10.0) -> dict[int, int]:
+        """SIGTERM every daemon, SIGKILL those still alive after `grace_s`; return exit codes.
+
+        The daemons are signalled together and then waited for, so stopping N of them takes
+        one grace period, not N.
+        """
+        for daemon in self.daemons:
+            if daemon.running():
+                daemon.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        codes: dict[int, int] = {}
+        for daemon in self.daemons:
+            codes[daemon.server_id] = stop_process(
+                daemon.proc, max(0.0, deadline - time.monotonic()), sig=None
+            )
+        return codes
+
+    def leftover_pids(self) -> list[int]:
+        return [d.pid for d in self.daemons if pid_alive(d.pid)]
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,110 @@
+"""Process helpers for launching and tearing down what a run starts.
+
+A run only ever signals processes it started, by their PID (or the process group it created
+for them), so it can never hit an unrelated process of the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["descendants", "kill_pids", "pid_alive", "stop_process", "tail"]
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` names a process that still runs (a zombie awaiting its reap does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # The state follows the parenthesised command name, which may itself contain spaces.
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of all live descendants of `pid` (from /proc), so they can be stopped by PID."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+
+def stop_process(
+    proc: subprocess.Popen[bytes],
+    grace_s: float,
+    group: bool = False,
+    sig: int | None = signal.SIGTERM,
+) -> int:
+    """Send `sig` (None: it was sent already), wait up to `grace_s`, then SIGKILL.
+
+    Returns the exit status. With `group`, the process group that `start_new_session=True`
+    created for `proc` is signalled, so its children are reached too.
+    """
+    if proc.poll() is None:
+        if sig is not None:
+            _signal(proc, sig, group)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGKILL, group)
+            proc.wait()
+    elif group:
+        # The leader is gone, but children in its group may remain.
+        _signal(proc, signal.SIGKILL, group)
+    assert proc.returncode is not None
+    return proc.returncode
+
+
+def kill_pids(pids: list[int], grace_s: float) -> list[int]:
+    """SIGTERM the still-running `pids`, SIGKILL whatever outlives `grace_s`; return survivors."""
+    alive = [p for p in pids if pid_alive(p)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if pid_alive(p)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if pid_alive(p)]
+    return alive
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last lines of a log file, for error messages that point at the cause."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])

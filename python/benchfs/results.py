@@ -1,0 +1,211 @@
+"""The results directory: the one place that defines its layout (see docs/results.md).
+
+Every run writes one directory, and analysis reads only that directory, so everything a reader
+needs to interpret the numbers (versions, command line, nodes, exclusions, effective config,
+timings, membership, outcome) is recorded here, written atomically so that a crash never
+leaves a half-written manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MANIFEST_SCHEMA_VERSION",
+    "Manifest",
+    "RunDir",
+    "create_run_dir",
+    "read_json",
+    "utc_now",
+    "write_json_atomic",
+    "write_text_atomic",
+]
+
+MANIFEST_SCHEMA_VERSION = 1
+"""Bumped whenever a manifest field changes meaning or disappears."""
+
+MANIFEST_NAME = "manifest.json"
+CONFIG_NAME = "config.toml"
+SERVERS_DIR = "servers"
+WORKLOAD_DIR = "workload"
+REGISTRY_DIR = "registry"
+
+
+def utc_now() -> str:
+    """Current UTC time in ISO 8601 with a Z suffix (what the manifest records)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one results directory; nothing else should spell these names."""
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        """The directory name, `<UTC timestamp>-<mode>-<short id>`."""
+        return self.path.name
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST_NAME
+
+    @property
+    def config_path(self) -> Path:
+        """The effective configuration (TOML) that every process of the run was given."""
+        return self.path / CONFIG_NAME
+
+    @property
+    def servers_dir(self) -> Path:
+        return self.path / SERVERS_DIR
+
+    @property
+    def workload_dir(self) -> Path:
+        return self.path / WORKLOAD_DIR
+
+    @property
+    def registry_dir(self) -> Path:
+        """The per-job registry where servers publish their addresses (mode 0700)."""
+        return self.path / REGISTRY_DIR
+
+    def server_log(self, server_id: int) -> Path:
+        return self.servers_dir / f"server-{server_id}.log"
+
+    def rank_result(self, rank: int) -> Path:
+        return self.workload_dir / f"rank-{rank}.json"
+
+    @property
+    def workload_summary(self) -> Path:
+        return self.workload_dir / "summary.json"
+
+    @property
+    def workload_log(self) -> Path:
+        """stdout and stderr of the workload launcher (mpiexec) and its ranks."""
+        return self.workload_dir / "output.log"
+
+
+def create_run_dir(root: str | os.PathLike[str], mode: str, now: datetime | None = None) -> RunDir:
+    """Create `root/<UTC timestamp>-<mode>-<short id>/` with its subdirectories.
+
+    The timestamp sorts runs in time; the random short id keeps two runs started in the same
+    second apart.
+    """
+    if not mode or not mode.replace("-", "").isalnum():
+        raise ValueError(f"invalid run mode {mode!r}: use letters, digits and '-'")
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    root_path = Path(root)
+    root_path.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = root_path / f"{stamp}-{mode}-{secrets.token_hex(3)}"
+        try:
+            path.mkdir()
+            break
+        except FileExistsError:
+            continue
+    run_dir = RunDir(path.resolve())
+    run_dir.servers_dir.mkdir()
+    run_dir.workload_dir.mkdir()
+    run_dir.registry_dir.mkdir(mode=0o700)
+    return run_dir
+
+
+@dataclass
+class Manifest:
+    """Contents of manifest.json: everything needed to interpret a run without its author.
+
+    `excluded` has the one node-exclusion shape ({"host": str, "reasons": [str]}); `outcome`
+    is {"status": "running"|"ok"|"failed"|"interrupted", "code": errno-like name or None,
+    "message": str or None, "exit_code": int or None}.
+    """
+
+    mode: str
+    command: list[str]
+    benchfs_version: str
+    hostname: str = field(default_factory=socket.gethostname)
+    started_at: str = field(default_factory=utc_now)
+    finished_at: str | None = None
+    config_sha256: str = ""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    excluded: list[dict[str, Any]] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    workload: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    scratch_dir: str | None = None
+    data_kept: bool = False
+    outcome: dict[str, Any] = field(
+        default_factory=lambda: {
+            "status": "running",
+            "code": None,
+            "message": None,
+            "exit_code": None,
+        }
+    )
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Record the wall time of a phase in `timings_s`, even when it fails."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings_s[name] = round(time.monotonic() - start, 6)
+
+    def event(self, kind: str, message: str, **details: Any) -> None:
+        """Record something notable that happened during the run (e.g. a server died)."""
+        self.events.append({"time": utc_now(), "kind": kind, "message": message, **details})
+
+    def finish(self, status: str, code: str | None, message: str | None, exit_code: int) -> None:
+        self.finished_at = utc_now()
+        self.outcome = {"status": status, "code": code, "message": message, "exit_code": exit_code}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, run_dir: RunDir) -> None:
+        """Write manifest.json atomically (readers see the old or the new one, never a mix)."""
+        write_json_atomic(run_dir.manifest_path, self.to_dict())
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
+    """Write through a temporary file in the same directory and rename it into place."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file of a results directory; ValueError names the file if it is malformed."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: malformed JSON: {e}") from e

@@ -1,0 +1,218 @@
+//! The bounded pool of page-aligned buffers that every chunk transfer on a server goes through.
+//! A request that finds no free buffer waits for one: overload becomes backpressure, never an
+//! allocation storm.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use crate::error::{Error, Result};
+
+pub const ALIGN: usize = 4096;
+
+/// One page-aligned allocation (owned by a pool buffer).
+pub struct Aligned {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Aligned {
+    fn new(size: usize) -> Result<Aligned> {
+        let layout = Layout::from_size_align(size.max(ALIGN), ALIGN)
+            .map_err(|e| Error::Config(format!("buffer size {size}: {e}")))?;
+        // SAFETY: layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })
+            .ok_or_else(|| Error::Config(format!("cannot allocate a {size}-byte buffer")))?;
+        Ok(Aligned { ptr, layout })
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+pub struct PoolInner {
+    free: RefCell<Vec<Aligned>>,
+    waiters: RefCell<VecDeque<Waker>>,
+    buffer_size: usize,
+    total: usize,
+    /// Times a request had to wait for a buffer (exhaustion shows here).
+    waits: Cell<u64>,
+}
+
+/// A fixed set of `count` buffers of `buffer_size` bytes.
+#[derive(Clone)]
+pub struct BufferPool {
+    inner: Rc<PoolInner>,
+}
+
+impl BufferPool {
+    pub fn new(count: usize, buffer_size: usize) -> Result<BufferPool> {
+        let free = (0..count)
+            .map(|_| Aligned::new(buffer_size))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BufferPool {
+            inner: Rc::new(PoolInner {
+                free: RefCell::new(free),
+                waiters: RefCell::new(VecDeque::new()),
+                buffer_size,
+                total: count,
+                waits: Cell::new(0),
+            }),
+        })
+    }
+
+    pub fn buffer_size(&self) -> usize {
+        self.inner.buffer_size
+    }
+
+    pub fn available(&self) -> usize {
+        self.inner.free.borrow().len()
+    }
+
+    pub fn total(&self) -> usize {
+        self.inner.total
+    }
+
+    pub fn waits(&self) -> u64 {
+        self.inner.waits.get()
+    }
+
+    /// Waits for a free buffer (FIFO among waiters).
+    pub fn acquire(&self) -> Acquire {
+        Acquire {
+            pool: self.clone(),
+            waited: false,
+        }
+    }
+}
+
+pub struct Acquire {
+    pool: BufferPool,
+    waited: bool,
+}
+
+impl Future for Acquire {
+    type Output = IoBuffer;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<IoBuffer> {
+        let inner = &self.pool.inner;
+        // Only take a buffer if nobody queued earlier is still waiting for one.
+        let first_in_line = self.waited || inner.waiters.borrow().is_empty();
+        if first_in_line {
+            if let Some(buf) = inner.free.borrow_mut().pop() {
+                return Poll::Ready(IoBuffer::Pooled {
+                    buf: Some(buf),
+                    pool: self.pool.inner.clone(),
+                });
+            }
+        }
+        if !self.waited {
+            inner.waits.set(inner.waits.get() + 1);
+        }
+        inner.waiters.borrow_mut().push_back(cx.waker().clone());
+        self.waited = true;
+        Poll::Pending
+    }
+}
+
+/// A buffer the storage engine and UCX can both use: pooled (aligned) or a plain heap copy.
+pub enum IoBuffer {
+    Pooled {
+        buf: Option<Aligned>,
+        pool: Rc<PoolInner>,
+    },
+    Heap(Vec<u8>),
+}
+
+impl IoBuffer {
+    pub fn empty() -> IoBuffer {
+        IoBuffer::Heap(Vec::new())
+    }
+
+    pub fn capacity(&self) -> usize {
+        match self {
+            IoBuffer::Pooled { buf: Some(b), .. } => b.layout.size(),
+            IoBuffer::Pooled { buf: None, .. } => 0,
+            IoBuffer::Heap(v) => v.len(),
+        }
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        match self {
+            IoBuffer::Pooled { buf: Some(b), .. } => b.ptr.as_ptr(),
+            IoBuffer::Pooled { buf: None, .. } => NonNull::dangling().as_ptr(),
+            IoBuffer::Heap(v) => v.as_ptr(),
+        }
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            IoBuffer::Pooled { buf: Some(b), .. } => b.ptr.as_ptr(),
+            IoBuffer::Pooled { buf: None, .. } => NonNull::dangling().as_ptr(),
+            IoBuffer::Heap(v) => v.as_mut_ptr(),
+        }
+    }
+
+    /// The first `len` bytes (clamped to the capacity).
+    pub fn as_slice(&self, len: usize) -> &[u8] {
+        let len = len.min(self.capacity());
+        // SAFETY: the allocation is at least `capacity` initialised (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), len) }
+    }
+
+    pub fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
+        let len = len.min(self.capacity());
+        // SAFETY: as above, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), len) }
+    }
+}
+
+impl Drop for IoBuffer {
+    fn drop(&mut self) {
+        if let IoBuffer::Pooled { buf, pool } = self {
+            if let Some(b) = buf.take() {
+                pool.free.borrow_mut().push(b);
+                if let Some(w) = pool.waiters.borrow_mut().pop_front() {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::task::noop_waker;
+
+    #[test]
+    fn exhaustion_waits_and_release_wakes() -> Result<()> {
+        let pool = BufferPool::new(2, 8192)?;
+        let waker = noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let poll = |a: &mut Acquire, cx: &mut Context<'_>| match Pin::new(a).poll(cx) {
+            Poll::Ready(b) => Some(b),
+            Poll::Pending => None,
+        };
+        let a = poll(&mut pool.acquire(), &mut cx);
+        let b = poll(&mut pool.acquire(), &mut cx);
+        assert!(a.is_some() && b.is_some());
+        assert_eq!(a.as_ref().map(|b| b.as_ptr() as usize % ALIGN), Some(0));
+        let mut third = pool.acquire();
+        assert!(poll(&mut third, &mut cx).is_none());
+        assert_eq!(pool.waits(), 1);
+        drop(a);
+        assert!(poll(&mut third, &mut cx).is_some());
+        assert_eq!(pool.available(), 1);
+        Ok(())
+    }
+}

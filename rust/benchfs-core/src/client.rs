@@ -1,0 +1,489 @@
+//! The client: splits byte ranges into chunks, places them on servers, and keeps at most
+//! `client.max_inflight` chunk requests in flight. Every request carries a client-unique id and
+//! its reply is matched by that id, so concurrent requests never take each other's replies.
+//!
+//! Memory safety across timeouts: request payloads and read destinations are the caller's
+//! buffers, handed to UCX without copies. A request that is abandoned (timeout, or a sibling's
+//! error) leaves its UCX operations in `orphans`; before any public call returns, the client
+//! force-closes the endpoints of failed servers (which completes their operations with an
+//! error) and waits until no UCX operation refers to the caller's memory.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::Path;
+use std::rc::Rc;
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+
+use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, Worker};
+
+use crate::chunking::{place, split, FileId};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
+use crate::registry::{self, RegistryEntry};
+use crate::runtime::{with_timeout, Runtime};
+
+/// Where a reply's payload goes: a raw view of the caller's buffer for this request.
+#[derive(Clone, Copy)]
+struct Dest {
+    ptr: *mut u8,
+    len: usize,
+}
+
+#[derive(Default)]
+struct PendingRpc {
+    reply: Option<std::result::Result<Header, String>>,
+    dest: Option<Dest>,
+    /// A rendezvous receive into `dest`, started by the reply handler.
+    data: Option<Request>,
+    waker: Option<Waker>,
+}
+
+struct Shared {
+    pending: RefCell<HashMap<u64, PendingRpc>>,
+    /// UCX operations of abandoned requests that may still touch caller memory.
+    orphans: RefCell<Vec<Request>>,
+    late_replies: Cell<u64>,
+    malformed_replies: Cell<u64>,
+}
+
+struct ServerLink {
+    id: u32,
+    endpoint: Option<Endpoint>,
+    /// Set once the server failed; later requests fail at once.
+    lost: Option<String>,
+}
+
+/// A client connected to every server of the membership. Use from one thread.
+pub struct Client {
+    runtime: Runtime,
+    worker: Worker,
+    links: RefCell<Vec<ServerLink>>,
+    membership: Vec<RegistryEntry>,
+    shared: Rc<Shared>,
+    next_request: Cell<u64>,
+    config: Config,
+}
+
+impl Shared {
+    fn on_reply(&self, worker: &Worker, msg: AmMessage<'_>) -> AmVerdict {
+        let header = match Header::decode(msg.header) {
+            Ok(h) => h,
+            Err(e) => {
+                self.malformed_replies.set(self.malformed_replies.get() + 1);
+                if let Some(id) = e.request_id {
+                    if let Some(p) = self.pending.borrow_mut().get_mut(&id) {
+                        p.reply = Some(Err(e.reason));
+                        if let Some(w) = p.waker.take() {
+                            w.wake();
+                        }
+                    }
+                }
+                return AmVerdict::Done;
+            }
+        };
+        let mut pending = self.pending.borrow_mut();
+        let Some(p) = pending.get_mut(&header.request_id) else {
+            // The request was abandoned; an unreceived rendezvous payload is dropped by UCX.
+            self.late_replies.set(self.late_replies.get() + 1);
+            return AmVerdict::Done;
+        };
+        match (msg.data, p.dest) {
+            (AmData::Eager(d), Some(dest)) if !d.is_empty() => {
+                let n = d.len().min(dest.len);
+                // SAFETY: dest points into the caller's buffer, alive while the request is
+                // pending (see the module comment); the source is valid during the callback.
+                unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), dest.ptr, n) };
+            }
+            (AmData::Rendezvous(desc), Some(dest)) => {
+                // SAFETY: as above; the descriptor is used once, inside the handler.
+                let slice = unsafe { std::slice::from_raw_parts_mut(dest.ptr, dest.len) };
+                p.data = Some(unsafe { worker.recv_data(desc, slice) });
+            }
+            _ => {}
+        }
+        p.reply = Some(Ok(header));
+        if let Some(w) = p.waker.take() {
+            w.wake();
+        }
+        AmVerdict::Done
+    }
+}
+
+/// Drops the pending entry of a request; if its UCX operations are still running, they become
+/// orphans that `quiesce` waits for.
+struct RpcGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+    send: Option<Request>,
+}
+
+impl Drop for RpcGuard<'_> {
+    fn drop(&mut self) {
+        let entry = self.shared.pending.borrow_mut().remove(&self.id);
+        let mut orphans = self.shared.orphans.borrow_mut();
+        if let Some(send) = self.send.take() {
+            if !send.is_done() {
+                orphans.push(send);
+            }
+        }
+        if let Some(data) = entry.and_then(|e| e.data) {
+            if !data.is_done() {
+                orphans.push(data);
+            }
+        }
+    }
+}
+
+struct WaitReply<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl std::future::Future for WaitReply<'_> {
+    type Output = std::result::Result<Header, String>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let mut pending = self.shared.pending.borrow_mut();
+        match pending.get_mut(&self.id) {
+            Some(p) => match p.reply.take() {
+                Some(r) => std::task::Poll::Ready(r),
+                None => {
+                    p.waker = Some(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            },
+            None => std::task::Poll::Ready(Err("request vanished".into())),
+        }
+    }
+}
+
+impl Client {
+    /// Waits for the expected membership in `registry_dir`, then connects to every server.
+    pub fn connect(registry_dir: &Path, config: Config) -> Result<Client> {
+        config.validate()?;
+        let timeout = Duration::from_secs_f64(config.cluster.connect_timeout_s);
+        let membership = registry::wait_for(registry_dir, config.cluster.expected_servers, timeout)?;
+        let runtime = Runtime::new(config.storage.ring_entries.min(64))?;
+        let worker = Worker::new()?;
+        runtime.reactor().attach_ucx(worker.clone());
+        let shared = Rc::new(Shared {
+            pending: RefCell::new(HashMap::new()),
+            orphans: RefCell::new(Vec::new()),
+            late_replies: Cell::new(0),
+            malformed_replies: Cell::new(0),
+        });
+        let handler_shared = Rc::downgrade(&shared);
+        let handler_worker = worker.clone();
+        worker.set_am_handler(AM_REPLY, move |msg| match handler_shared.upgrade() {
+            Some(s) => s.on_reply(&handler_worker, msg),
+            None => AmVerdict::Done,
+        })?;
+        let mut links = Vec::with_capacity(membership.len());
+        for entry in &membership {
+            let address = entry.address_bytes()?;
+            let endpoint = worker.connect(&address, true).map_err(|e| Error::ServerLost {
+                server: entry.id,
+                reason: format!("cannot connect: {e}"),
+            })?;
+            links.push(ServerLink {
+                id: entry.id,
+                endpoint: Some(endpoint),
+                lost: None,
+            });
+        }
+        Ok(Client {
+            runtime,
+            worker,
+            links: RefCell::new(links),
+            membership,
+            shared,
+            next_request: Cell::new(1),
+            config,
+        })
+    }
+
+    /// The servers this client uses, ordered by numeric id.
+    pub fn membership(&self) -> &[RegistryEntry] {
+        &self.membership
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn server_count(&self) -> usize {
+        self.membership.len()
+    }
+
+    fn mark_lost(&self, index: usize, reason: String) {
+        if let Some(link) = self.links.borrow_mut().get_mut(index) {
+            if link.lost.is_none() {
+                link.lost = Some(reason);
+            }
+        }
+    }
+
+    /// One request/reply exchange with the server at `index`.
+    async fn call(
+        &self,
+        index: usize,
+        header: Header,
+        payload: &[u8],
+        dest: Option<&mut [u8]>,
+    ) -> Result<Header> {
+        let server = self.membership[index].id;
+        let op = header.op.name();
+        let timeout = Duration::from_secs_f64(self.config.client.request_timeout_s);
+        let id = header.request_id;
+        let dest = dest.map(|d| Dest {
+            ptr: d.as_mut_ptr(),
+            len: d.len(),
+        });
+        self.shared.pending.borrow_mut().insert(
+            id,
+            PendingRpc {
+                dest,
+                ..Default::default()
+            },
+        );
+        let mut guard = RpcGuard {
+            shared: &self.shared,
+            id,
+            send: None,
+        };
+        {
+            let links = self.links.borrow();
+            let link = &links[index];
+            if let Some(reason) = &link.lost {
+                return Err(Error::ServerLost {
+                    server: link.id,
+                    reason: reason.clone(),
+                });
+            }
+            let Some(ep) = link.endpoint.as_ref() else {
+                return Err(Error::ServerLost {
+                    server: link.id,
+                    reason: "endpoint closed".into(),
+                });
+            };
+            // SAFETY: `payload` is borrowed for this call, and the guard turns a still-running
+            // send into an orphan that the public call waits for before returning.
+            guard.send = Some(unsafe { ep.send_am(AM_REQUEST, &header.encode(), payload) });
+        }
+        let reactor = self.runtime.reactor().clone();
+        let exchange = async {
+            let reply = WaitReply {
+                shared: &self.shared,
+                id,
+            }
+            .await;
+            if let Some(send) = guard.send.as_mut() {
+                send.await.map_err(|e| Error::ServerLost {
+                    server,
+                    reason: e.to_string(),
+                })?;
+            }
+            let reply = reply.map_err(Error::Protocol)?;
+            let data = self
+                .shared
+                .pending
+                .borrow_mut()
+                .get_mut(&id)
+                .and_then(|p| p.data.take());
+            if let Some(data) = data {
+                data.await.map_err(|e| Error::ServerLost {
+                    server,
+                    reason: e.to_string(),
+                })?;
+            }
+            Ok(reply)
+        };
+        let outcome = with_timeout(&reactor, timeout, exchange).await;
+        match outcome {
+            Some(Ok(reply)) => {
+                drop(guard);
+                if reply.op != header.op {
+                    return Err(Error::Protocol(format!(
+                        "reply op {:?} to a {op} request",
+                        reply.op
+                    )));
+                }
+                if reply.status < 0 {
+                    return Err(Error::Remote {
+                        server,
+                        op,
+                        errno: -reply.status,
+                    });
+                }
+                Ok(reply)
+            }
+            Some(Err(e)) => {
+                if matches!(e, Error::ServerLost { .. }) {
+                    self.mark_lost(index, e.to_string());
+                }
+                Err(e)
+            }
+            None => {
+                let e = Error::Timeout {
+                    op,
+                    server,
+                    timeout_s: timeout.as_secs_f64(),
+                };
+                self.mark_lost(index, e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn request_id(&self) -> u64 {
+        let id = self.next_request.get();
+        self.next_request.set(id + 1);
+        id
+    }
+
+    /// Runs a public operation to completion, then makes sure no UCX operation still refers
+    /// to the caller's memory.
+    fn run<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let result = self.runtime.block_on(fut)?;
+        self.quiesce()?;
+        result
+    }
+
+    fn quiesce(&self) -> Result<()> {
+        if self.shared.orphans.borrow().iter().all(|r| r.is_done()) {
+            self.shared.orphans.borrow_mut().clear();
+            return Ok(());
+        }
+        // Force-closing the endpoints of failed servers completes their operations with errors.
+        for link in self.links.borrow_mut().iter_mut() {
+            if link.lost.is_some() {
+                link.endpoint = None;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.shared.orphans.borrow().iter().all(|r| r.is_done()) {
+                self.shared.orphans.borrow_mut().clear();
+                return Ok(());
+            }
+            self.worker.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Last resort: UCX did not release the caller's memory; continuing would be unsound.
+        eprintln!("benchfs: UCX operations on caller memory did not finish after endpoint close; aborting");
+        std::process::abort();
+    }
+
+    /// Writes `data` at `offset` of the file at `path`; returns the bytes written.
+    pub fn write(&self, path: &str, offset: u64, data: &[u8]) -> Result<usize> {
+        let file = FileId::from_path(path);
+        let chunk_size = self.config.client.chunk_size;
+        let n = self.server_count();
+        offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
+        let window = self.config.client.max_inflight as usize;
+        self.run(async {
+            let calls = split(offset, data.len() as u64, chunk_size).map(|p| {
+                let header = Header::request(
+                    Op::WriteChunk,
+                    self.request_id(),
+                    file.0,
+                    p.chunk,
+                    p.offset,
+                    p.len,
+                );
+                let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                self.call(place(file, p.chunk, n), header, part, None)
+            });
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut written = 0u64;
+            while let Some(r) = results.next().await {
+                written += r?.length;
+            }
+            Ok(written as usize)
+        })
+    }
+
+    /// Reads into `buf` from `offset`; returns the bytes read (short only at the end of the
+    /// file). Ranges never written inside the file size read as zeros.
+    pub fn read_into(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let file = FileId::from_path(path);
+        let chunk_size = self.config.client.chunk_size;
+        let n = self.server_count();
+        let window = self.config.client.max_inflight as usize;
+        let total = buf.len();
+        let pieces: Vec<_> = split(offset, total as u64, chunk_size).collect();
+        let short = self.run(async {
+            // Disjoint slices of the caller's buffer, one per piece.
+            let mut rest = &mut buf[..];
+            let mut calls = Vec::with_capacity(pieces.len());
+            for p in &pieces {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
+                rest = tail;
+                let header =
+                    Header::request(Op::ReadChunk, self.request_id(), file.0, p.chunk, p.offset, p.len);
+                calls.push(async move {
+                    let reply = self
+                        .call(place(file, p.chunk, n), header, &[], Some(&mut *head))
+                        .await?;
+                    let got = (reply.length as usize).min(head.len());
+                    head[got..].fill(0);
+                    Ok::<bool, Error>(got < head.len())
+                });
+            }
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut any_short = false;
+            while let Some(r) = results.next().await {
+                any_short |= r?;
+            }
+            Ok(any_short)
+        })?;
+        if !short {
+            return Ok(total);
+        }
+        // Some piece was short: a hole or the end of the file. Only the size can tell.
+        let size = self.file_size(path)?;
+        Ok(size.saturating_sub(offset).min(total as u64) as usize)
+    }
+
+    /// The file's size: the end of its furthest byte on any server.
+    pub fn file_size(&self, path: &str) -> Result<u64> {
+        let file = FileId::from_path(path);
+        let window = self.config.client.max_inflight as usize;
+        self.run(async {
+            let calls = (0..self.server_count()).map(|i| {
+                let header = Header::request(Op::FileExtent, self.request_id(), file.0, 0, 0, 0);
+                self.call(i, header, &[], None)
+            });
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut size = 0u64;
+            while let Some(r) = results.next().await {
+                size = size.max(r?.length);
+            }
+            Ok(size)
+        })
+    }
+
+    /// Replies that arrived after their request was abandoned, and undecodable replies.
+    pub fn reply_anomalies(&self) -> (u64, u64) {
+        (
+            self.shared.late_replies.get(),
+            self.shared.malformed_replies.get(),
+        )
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Close endpoints (forcibly, bounded) before the worker goes away.
+        self.links.borrow_mut().clear();
+    }
+}

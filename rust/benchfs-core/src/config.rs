@@ -1,0 +1,340 @@
+//! The one configuration of BenchFS. Defaults live here and nowhere else; the daemon, the client
+//! and the Python tools all resolve it through [`resolve`]:
+//! built-in defaults < TOML file < `BENCHFS_*` environment variables < explicit overrides.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub cluster: ClusterConfig,
+    pub client: ClientConfig,
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub run: RunConfig,
+}
+
+/// Membership: where servers register and how many a client waits for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Directory where servers publish their addresses (one per job).
+    pub registry_dir: String,
+    /// Servers a client waits for before starting; 0 means "not set".
+    pub expected_servers: u32,
+    /// How long a client waits for the expected membership.
+    pub connect_timeout_s: f64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            registry_dir: String::new(),
+            expected_servers: 0,
+            connect_timeout_s: 30.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    /// Bytes per chunk; a file's byte range is split on these boundaries.
+    pub chunk_size: u64,
+    /// Chunk requests one client keeps in flight at most.
+    pub max_inflight: u32,
+    /// Time after which a request counts as failed.
+    pub request_timeout_s: f64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            chunk_size: 4 << 20,
+            max_inflight: 16,
+            request_timeout_s: 30.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Requests served at once (a fixed set of service tasks, never a spawn per request).
+    pub max_in_service: u32,
+    /// Requests waiting beyond those; further requests are refused with EAGAIN.
+    pub max_queued: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_in_service: 32,
+            max_queued: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Page-aligned buffers of `client.chunk_size` bytes per server (the memory bound).
+    pub buffer_count: u32,
+    /// io_uring submission queue entries per server worker.
+    pub ring_entries: u32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            buffer_count: 32,
+            ring_entries: 256,
+        }
+    }
+}
+
+/// Defaults for `benchfs-run` (read by the Python launcher).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    pub servers: u32,
+    pub clients: u32,
+    /// Bytes each client writes and reads back.
+    pub file_size: u64,
+    pub transfer_size: u64,
+    pub results_root: String,
+    /// Node-local scratch directory; empty means a fresh directory under /tmp per run.
+    pub scratch_dir: String,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            servers: 2,
+            clients: 2,
+            file_size: 64 << 20,
+            transfer_size: 1 << 20,
+            results_root: "results".into(),
+            scratch_dir: String::new(),
+        }
+    }
+}
+
+/// Environment variables with short names, kept for the launch scripts' convenience.
+const ENV_ALIASES: &[(&str, &str, &str)] = &[
+    ("BENCHFS_REGISTRY", "cluster", "registry_dir"),
+    ("BENCHFS_EXPECTED_SERVERS", "cluster", "expected_servers"),
+    ("BENCHFS_RESULTS", "run", "results_root"),
+];
+
+/// Names the configuration file when no path is given.
+pub const CONFIG_ENV: &str = "BENCHFS_CONFIG";
+
+impl Config {
+    /// Checks the relations between keys that types alone do not express.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Config(m.to_string()));
+        if self.client.chunk_size == 0 || self.client.chunk_size > (1 << 30) {
+            return bad("client.chunk_size must be between 1 byte and 1 GiB");
+        }
+        if self.client.max_inflight == 0 {
+            return bad("client.max_inflight must be at least 1");
+        }
+        if self.client.request_timeout_s.is_nan() || self.client.request_timeout_s <= 0.0 {
+            return bad("client.request_timeout_s must be positive");
+        }
+        if self.cluster.connect_timeout_s.is_nan() || self.cluster.connect_timeout_s < 0.0 {
+            return bad("cluster.connect_timeout_s must not be negative");
+        }
+        if self.server.max_in_service == 0 {
+            return bad("server.max_in_service must be at least 1");
+        }
+        if self.storage.buffer_count == 0 {
+            return bad("storage.buffer_count must be at least 1");
+        }
+        if !self.storage.ring_entries.is_power_of_two() || self.storage.ring_entries > 32768 {
+            return bad("storage.ring_entries must be a power of two up to 32768");
+        }
+        if self.run.transfer_size == 0 {
+            return bad("run.transfer_size must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML (what goes into every results directory).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise config: {e}\n"))
+    }
+
+    /// Parses a complete or partial TOML text over the defaults, without env or overrides.
+    pub fn from_toml(text: &str) -> Result<Config> {
+        let mut table = defaults_table()?;
+        let file: toml::Table =
+            toml::from_str(text).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
+        merge(&mut table, file, "")?;
+        finish(table)
+    }
+}
+
+fn defaults_table() -> Result<toml::Table> {
+    toml::Table::try_from(Config::default()).map_err(|e| Error::Config(format!("cannot build defaults: {e}")))
+}
+
+/// Merges `over` into `base`, refusing keys the defaults do not have.
+fn merge(base: &mut toml::Table, over: toml::Table, prefix: &str) -> Result<()> {
+    for (key, value) in over {
+        let name = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o, &name)?,
+            (Some(toml::Value::Table(_)), _) => return Err(Error::Config(format!("{name} must be a table"))),
+            (Some(slot), v) => *slot = v,
+            (None, _) => return Err(Error::Config(format!("unknown key {name}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Sets `section.key` from a string, typed after the default's type.
+fn set_from_str(table: &mut toml::Table, section: &str, key: &str, raw: &str, origin: &str) -> Result<()> {
+    let slot = table
+        .get_mut(section)
+        .and_then(|s| s.as_table_mut())
+        .and_then(|s| s.get_mut(key))
+        .ok_or_else(|| Error::Config(format!("unknown key {section}.{key} (from {origin})")))?;
+    let value = match slot {
+        toml::Value::String(_) => toml::Value::String(raw.to_string()),
+        _ => {
+            let doc: toml::Table = toml::from_str(&format!("v = {raw}")).map_err(|_| {
+                Error::Config(format!(
+                    "{section}.{key} = {raw:?} (from {origin}) is not a valid value"
+                ))
+            })?;
+            doc.get("v")
+                .cloned()
+                .ok_or_else(|| Error::Config(format!("{section}.{key}: empty value")))?
+        }
+    };
+    *slot = value;
+    Ok(())
+}
+
+fn finish(table: toml::Table) -> Result<Config> {
+    let config: Config = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::Config(e.message().to_string()))?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Resolves the configuration: defaults < file (`path`, else `$BENCHFS_CONFIG`) < `BENCHFS_*`
+/// variables from `env` < `overrides` (`section.key=value`).
+pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &[String]) -> Result<Config> {
+    let mut table = defaults_table()?;
+    let env_path = env.get(CONFIG_ENV).filter(|p| !p.is_empty()).map(Path::new);
+    if let Some(file) = path.or(env_path) {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+        let over: toml::Table = toml::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: malformed TOML: {e}", file.display())))?;
+        merge(&mut table, over, "").map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+    }
+    // Generic variables: BENCHFS_<SECTION>_<KEY> for every key the defaults have.
+    let keys: Vec<(String, String)> = table
+        .iter()
+        .filter_map(|(s, v)| v.as_table().map(|t| (s, t)))
+        .flat_map(|(s, t)| t.keys().map(move |k| (s.clone(), k.clone())))
+        .collect();
+    for (section, key) in &keys {
+        let var = format!("BENCHFS_{}_{}", section.to_uppercase(), key.to_uppercase());
+        if let Some(raw) = env.get(&var) {
+            set_from_str(&mut table, section, key, raw, &var)?;
+        }
+    }
+    for (var, section, key) in ENV_ALIASES {
+        if let Some(raw) = env.get(*var) {
+            set_from_str(&mut table, section, key, raw, var)?;
+        }
+    }
+    for item in overrides {
+        let (name, raw) = item
+            .split_once('=')
+            .ok_or_else(|| Error::Config(format!("override {item:?} is not section.key=value")))?;
+        let (section, key) = name
+            .trim()
+            .split_once('.')
+            .ok_or_else(|| Error::Config(format!("override {item:?} is not section.key=value")))?;
+        set_from_str(&mut table, section, key, raw.trim(), "override")?;
+    }
+    finish(table)
+}
+
+/// The process environment's `BENCHFS_*` variables.
+pub fn process_env() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("BENCHFS_"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn precedence_defaults_file_env_override() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[client]\nchunk_size = 65536\nmax_inflight = 4\n")
+            .map_err(|e| Error::io("write", e))?;
+        let c = resolve(Some(&file), &env(&[]), &[])?;
+        assert_eq!(c.client.chunk_size, 65536);
+        assert_eq!(c.client.request_timeout_s, 30.0);
+        let c = resolve(Some(&file), &env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "8")]), &[])?;
+        assert_eq!(c.client.max_inflight, 8);
+        let c = resolve(
+            Some(&file),
+            &env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "8"), ("BENCHFS_REGISTRY", "/r")]),
+            &["client.max_inflight=2".into()],
+        )?;
+        assert_eq!(c.client.max_inflight, 2);
+        assert_eq!(c.cluster.registry_dir, "/r");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let e = |r: Result<Config>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e(Config::from_toml("[client]\nchunk_sise = 1\n")).contains("unknown key client.chunk_sise"));
+        assert!(e(Config::from_toml("[client]\nchunk_size = \"big\"\n")).contains("invalid type"));
+        assert!(e(Config::from_toml("[client\n")).contains("malformed TOML"));
+        assert!(e(Config::from_toml("[client]\nchunk_size = 0\n")).contains("chunk_size"));
+        assert!(
+            e(resolve(None, &env(&[("BENCHFS_CLIENT_CHUNK_SIZE", "x y")]), &[]))
+                .contains("BENCHFS_CLIENT_CHUNK_SIZE")
+        );
+        assert!(e(resolve(None, &env(&[]), &["nosuch.key=1".into()])).contains("unknown key"));
+        assert!(e(resolve(Some(Path::new("/nonexistent/c.toml")), &env(&[]), &[])).contains("cannot read"));
+    }
+
+    #[test]
+    fn effective_config_round_trips() -> Result<()> {
+        let c = resolve(None, &env(&[]), &["client.chunk_size=1024".into()])?;
+        assert_eq!(Config::from_toml(&c.to_toml())?, c);
+        Ok(())
+    }
+}

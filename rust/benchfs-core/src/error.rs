@@ -1,0 +1,73 @@
+//! One error type for every layer, each variant with an errno so that Python, C and FUSE
+//! front-ends can report it the POSIX way.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("registry entry {path}: {reason}")]
+    Registry { path: PathBuf, reason: String },
+    #[error(
+        "timed out after {waited_s:.1}s waiting for {expected} servers: found {found:?}, missing {missing:?}"
+    )]
+    MissingServers {
+        expected: usize,
+        found: Vec<u32>,
+        missing: Vec<u32>,
+        waited_s: f64,
+    },
+    #[error("request {op} to server {server} timed out after {timeout_s:.1}s")]
+    Timeout {
+        op: &'static str,
+        server: u32,
+        timeout_s: f64,
+    },
+    #[error("server {server} unreachable: {reason}")]
+    ServerLost { server: u32, reason: String },
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("server {server} answered {op} with errno {errno} ({})", std::io::Error::from_raw_os_error(*errno))]
+    Remote {
+        server: u32,
+        op: &'static str,
+        errno: i32,
+    },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("UCX: {0}")]
+    Ucx(#[from] benchfs_ucx::UcxError),
+    #[error("stopped")]
+    Stopped,
+}
+
+impl Error {
+    /// The POSIX errno that best describes this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Config(_) | Error::InvalidArgument(_) => libc::EINVAL,
+            Error::Registry { .. } | Error::Protocol(_) => libc::EPROTO,
+            Error::MissingServers { .. } | Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::ServerLost { .. } | Error::Ucx(_) => libc::ECONNRESET,
+            Error::Remote { errno, .. } => *errno,
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Stopped => libc::ESHUTDOWN,
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,15 @@
+//! BenchFS core: everything the daemon, the Python module, the C library and the FUSE mount
+//! share. Front-ends stay thin; the behaviour lives here.
+
+pub mod buffer;
+pub mod chunking;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod protocol;
+pub mod registry;
+pub mod runtime;
+pub mod server;
+pub mod storage;
+
+pub use error::{Error, Result};

@@ -1,0 +1,256 @@
+//! The wire format: every message starts with one fixed 64-byte little-endian header.
+//! See docs/protocol.md. Decoding never panics: short, foreign or unknown headers are errors
+//! that the server answers with an error reply.
+
+use crate::error::{Error, Result};
+
+/// "BFS1" in little-endian byte order.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 64;
+
+/// Active-message ids: requests travel client to server, replies server to client.
+pub const AM_REQUEST: u16 = 1;
+pub const AM_REPLY: u16 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Op {
+    /// Payload: `length` bytes to store at `offset` within chunk `chunk` of `file_id`.
+    WriteChunk = 1,
+    /// Reply payload: up to `length` bytes from `offset` within the chunk.
+    ReadChunk = 2,
+    /// Reply `length`: the end of the furthest byte of `file_id` this server stores.
+    FileExtent = 3,
+}
+
+impl Op {
+    pub fn from_u16(v: u16) -> Option<Op> {
+        match v {
+            1 => Some(Op::WriteChunk),
+            2 => Some(Op::ReadChunk),
+            3 => Some(Op::FileExtent),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::WriteChunk => "write_chunk",
+            Op::ReadChunk => "read_chunk",
+            Op::FileExtent => "file_extent",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    /// 0 or a negative errno (replies only).
+    pub status: i32,
+    /// Unique per client; a reply carries its request's id.
+    pub request_id: u64,
+    pub file_id: u128,
+    pub chunk: u64,
+    /// Byte offset within the chunk.
+    pub offset: u64,
+    /// Request: bytes to write or read. Reply: bytes written, read, or the file extent.
+    pub length: u64,
+}
+
+/// Why a header could not be decoded, with the request id when it was readable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError {
+    pub request_id: Option<u64>,
+    pub reason: String,
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Error::Protocol(e.reason)
+    }
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Header {
+    pub fn request(op: Op, request_id: u64, file_id: u128, chunk: u64, offset: u64, length: u64) -> Self {
+        Header {
+            op,
+            status: 0,
+            request_id,
+            file_id,
+            chunk,
+            offset,
+            length,
+        }
+    }
+
+    /// The reply to this request with `status` (0 or -errno) and a byte count.
+    pub fn reply(&self, status: i32, length: u64) -> Self {
+        Header {
+            status,
+            length,
+            ..*self
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&(self.op as u16).to_le_bytes());
+        b[8..12].copy_from_slice(&self.status.to_le_bytes());
+        // 12..16 reserved, zero.
+        b[16..24].copy_from_slice(&self.request_id.to_le_bytes());
+        b[24..40].copy_from_slice(&self.file_id.to_le_bytes());
+        b[40..48].copy_from_slice(&self.chunk.to_le_bytes());
+        b[48..56].copy_from_slice(&self.offset.to_le_bytes());
+        b[56..64].copy_from_slice(&self.length.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> std::result::Result<Header, DecodeError> {
+        let fail = |request_id, reason: String| Err(DecodeError { request_id, reason });
+        if b.len() < HEADER_LEN {
+            return fail(
+                None,
+                format!("header of {} bytes, expected {HEADER_LEN}", b.len()),
+            );
+        }
+        let magic = u32_at(b, 0);
+        if magic != MAGIC {
+            return fail(None, format!("bad magic {magic:#010x}"));
+        }
+        let request_id = Some(u64_at(b, 16));
+        let version = u16_at(b, 4);
+        if version != VERSION {
+            return fail(
+                request_id,
+                format!("unsupported protocol version {version} (this side speaks {VERSION})"),
+            );
+        }
+        if b.len() != HEADER_LEN {
+            return fail(
+                request_id,
+                format!("header of {} bytes, expected {HEADER_LEN}", b.len()),
+            );
+        }
+        let op_raw = u16_at(b, 6);
+        let Some(op) = Op::from_u16(op_raw) else {
+            return fail(request_id, format!("unknown op {op_raw}"));
+        };
+        if u32_at(b, 12) != 0 {
+            return fail(request_id, "reserved header bytes are not zero".into());
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[24..40]);
+        Ok(Header {
+            op,
+            status: u32_at(b, 8) as i32,
+            request_id: u64_at(b, 16),
+            file_id: u128::from_le_bytes(id),
+            chunk: u64_at(b, 40),
+            offset: u64_at(b, 48),
+            length: u64_at(b, 56),
+        })
+    }
+}
+
+/// Checks a request header against its payload and the chunk size; returns the errno to answer.
+pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<()> {
+    let end = h.offset.checked_add(h.length);
+    match h.op {
+        Op::WriteChunk | Op::ReadChunk if end.is_none_or(|e| e > chunk_size) => {
+            Err(Error::Protocol(format!(
+                "{} range {}+{} exceeds the chunk size {chunk_size}",
+                h.op.name(),
+                h.offset,
+                h.length
+            )))
+        }
+        Op::WriteChunk if h.length != payload_len as u64 => Err(Error::Protocol(format!(
+            "write_chunk header says {} bytes but {payload_len} arrived",
+            h.length
+        ))),
+        Op::ReadChunk | Op::FileExtent if payload_len != 0 => Err(Error::Protocol(format!(
+            "{} carries an unexpected payload of {payload_len} bytes",
+            h.op.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        Header::request(Op::WriteChunk, u64::MAX - 3, u128::MAX / 7, 12345, 17, 4096)
+    }
+
+    #[test]
+    fn round_trip() {
+        for op in [Op::WriteChunk, Op::ReadChunk, Op::FileExtent] {
+            let h = Header { op, ..sample() }.reply(-libc::ENOENT, 99);
+            assert_eq!(Header::decode(&h.encode()), Ok(h));
+        }
+    }
+
+    #[test]
+    fn malformed_headers_are_errors() {
+        let good = sample().encode();
+        assert!(Header::decode(&good[..10]).is_err_and(|e| e.request_id.is_none()));
+        assert!(Header::decode(&[]).is_err());
+        let mut bad = good;
+        bad[0] ^= 1;
+        assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("magic")));
+        let mut bad = good;
+        bad[4] = 9;
+        let e = Header::decode(&bad).err();
+        assert_eq!(e.as_ref().and_then(|e| e.request_id), Some(u64::MAX - 3));
+        assert!(e.is_some_and(|e| e.reason.contains("version 9")));
+        let mut bad = good;
+        bad[6] = 77;
+        assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("unknown op 77")));
+        let mut long = good.to_vec();
+        long.push(0);
+        assert!(Header::decode(&long).is_err());
+        let mut bad = good;
+        bad[13] = 1;
+        assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("reserved")));
+    }
+
+    #[test]
+    fn request_checks() {
+        let h = sample();
+        assert!(check_request(&h, 4096, 1 << 20).is_ok());
+        assert!(check_request(&h, 4095, 1 << 20).is_err());
+        assert!(check_request(&h, 4096, 4096).is_err());
+        let overflow = Header {
+            offset: u64::MAX,
+            ..h
+        };
+        assert!(check_request(&overflow, 4096, 1 << 20).is_err());
+        let read = Header {
+            op: Op::ReadChunk,
+            ..h
+        };
+        assert!(check_request(&read, 1, 1 << 20).is_err());
+        assert!(check_request(&read, 0, 1 << 20).is_ok());
+    }
+}

@@ -1,0 +1,241 @@
+//! Membership through a registry directory: each server publishes `server-<id>.json`
+//! atomically (temporary file + rename, mode 0600); clients wait for the expected membership.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub const ENTRY_VERSION: u32 = 1;
+
+/// What a server publishes about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryEntry {
+    pub version: u32,
+    /// Numeric server id; membership is ordered by it, never by a string.
+    pub id: u32,
+    pub node: String,
+    pub host: String,
+    pub pid: u32,
+    /// The UCX worker address, hex encoded.
+    pub ucx_address: String,
+}
+
+impl RegistryEntry {
+    pub fn address_bytes(&self) -> Result<Vec<u8>> {
+        let s = self.ucx_address.as_bytes();
+        if !s.len().is_multiple_of(2) || s.is_empty() {
+            return Err(Error::Protocol(format!(
+                "server {}: UCX address has odd or zero length",
+                self.id
+            )));
+        }
+        s.chunks(2)
+            .map(|pair| {
+                std::str::from_utf8(pair)
+                    .ok()
+                    .and_then(|p| u8::from_str_radix(p, 16).ok())
+                    .ok_or_else(|| Error::Protocol(format!("server {}: UCX address is not hex", self.id)))
+            })
+            .collect()
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn entry_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("server-{id}.json"))
+}
+
+/// Publishes an entry atomically: readers see the whole file or none of it.
+pub fn publish(dir: &Path, entry: &RegistryEntry) -> Result<PathBuf> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("create registry {}", dir.display()), e))?;
+    let path = entry_path(dir, entry.id);
+    let tmp = dir.join(format!(".server-{}.json.{}.tmp", entry.id, std::process::id()));
+    let text = serde_json::to_string(entry).map_err(|e| Error::Protocol(e.to_string()))?;
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(format!("publish {}", path.display()), e)
+    })?;
+    Ok(path)
+}
+
+/// Removes this server's entry (on clean shutdown). A missing entry is not an error.
+pub fn unpublish(dir: &Path, id: u32) {
+    let _ = fs::remove_file(entry_path(dir, id));
+}
+
+fn parse_entry(path: &Path) -> Result<RegistryEntry> {
+    let bad = |reason: String| Error::Registry {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = fs::read_to_string(path).map_err(|e| bad(format!("unreadable: {e}")))?;
+    if text.trim().is_empty() {
+        return Err(bad("empty file".into()));
+    }
+    let entry: RegistryEntry =
+        serde_json::from_str(&text).map_err(|e| bad(format!("malformed or truncated JSON: {e}")))?;
+    if entry.version != ENTRY_VERSION {
+        return Err(bad(format!(
+            "entry version {} (expected {ENTRY_VERSION})",
+            entry.version
+        )));
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if name != format!("server-{}.json", entry.id) {
+        return Err(bad(format!(
+            "names server id {} but the file name disagrees",
+            entry.id
+        )));
+    }
+    entry.address_bytes().map_err(|e| bad(e.to_string()))?;
+    Ok(entry)
+}
+
+/// Every entry currently in the directory, ordered by numeric id.
+pub fn scan(dir: &Path) -> Result<Vec<RegistryEntry>> {
+    let read = match fs::read_dir(dir) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("read registry {}", dir.display()), e)),
+    };
+    let mut entries = Vec::new();
+    for item in read {
+        let item = item.map_err(|e| Error::io(format!("read registry {}", dir.display()), e))?;
+        let name = item.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("server-") && name.ends_with(".json") {
+            entries.push(parse_entry(&item.path())?);
+        }
+    }
+    entries.sort_by_key(|e| e.id);
+    Ok(entries)
+}
+
+/// Waits until at least `expected` servers are registered, or fails naming the missing ids.
+pub fn wait_for(dir: &Path, expected: u32, timeout: Duration) -> Result<Vec<RegistryEntry>> {
+    if expected == 0 {
+        return Err(Error::Config(
+            "the expected number of servers is not set (cluster.expected_servers or BENCHFS_EXPECTED_SERVERS)".into(),
+        ));
+    }
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let entries = scan(dir)?;
+        if entries.len() >= expected as usize {
+            return Ok(entries);
+        }
+        if start.elapsed() >= timeout {
+            let found: Vec<u32> = entries.iter().map(|e| e.id).collect();
+            let missing = (0..expected).filter(|i| !found.contains(i)).collect();
+            return Err(Error::MissingServers {
+                expected: expected as usize,
+                found,
+                missing,
+                waited_s: start.elapsed().as_secs_f64(),
+            });
+        }
+        std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u32) -> RegistryEntry {
+        RegistryEntry {
+            version: ENTRY_VERSION,
+            id,
+            node: format!("n{id}"),
+            host: "h".into(),
+            pid: 1,
+            ucx_address: hex(&[1, 2, 255]),
+        }
+    }
+
+    #[test]
+    fn publish_scan_order_and_mode() -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        for id in [10, 2, 1] {
+            publish(dir.path(), &entry(id))?;
+        }
+        let ids: Vec<u32> = scan(dir.path())?.iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec![1, 2, 10]);
+        let mode = fs::metadata(entry_path(dir.path(), 2))
+            .map_err(|e| Error::io("stat", e))?
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(scan(dir.path())?[0].address_bytes()?, vec![1, 2, 255]);
+        unpublish(dir.path(), 2);
+        assert_eq!(scan(dir.path())?.len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_entries_are_named() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let cases: [(&str, &str); 5] = [
+            ("", "empty"),
+            ("{\"version\":1,\"id\":0,\"no", "truncated"),
+            ("\u{0}garbage", "malformed"),
+            (
+                "{\"version\":1,\"id\":7,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_address\":\"01\"}",
+                "disagrees",
+            ),
+            (
+                "{\"version\":1,\"id\":0,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_address\":\"zz\"}",
+                "not hex",
+            ),
+        ];
+        for (text, want) in cases {
+            fs::write(entry_path(dir.path(), 0), text).map_err(|e| Error::io("write", e))?;
+            let err = scan(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("server-0.json") && err.contains(want), "{err}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn wait_names_missing_servers() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        publish(dir.path(), &entry(0))?;
+        publish(dir.path(), &entry(2))?;
+        let start = Instant::now();
+        let err = wait_for(dir.path(), 4, Duration::from_millis(200)).err();
+        assert!(start.elapsed() < Duration::from_secs(2));
+        match err {
+            Some(Error::MissingServers { found, missing, .. }) => {
+                assert_eq!(found, vec![0, 2]);
+                assert_eq!(missing, vec![1, 3]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(wait_for(dir.path(), 2, Duration::from_millis(10))?.len(), 2);
+        Ok(())
+    }
+}

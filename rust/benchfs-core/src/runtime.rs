@@ -1,0 +1,555 @@
+//! The per-thread event loop that drives tasks, one io_uring and (optionally) one UCX worker.
+//!
+//! Each turn runs every ready task, progresses UCX, reaps completions, and submits all queued
+//! SQEs with one `io_uring_enter`. No timer ever gates submission: under load batches grow by
+//! themselves, at low load a request is submitted in the turn that produced it. When nothing is
+//! ready the thread sleeps in the kernel (`io_uring_enter` waiting for one CQE) until an I/O
+//! completes, the armed UCX event fd becomes readable (a poll SQE on the same ring), another
+//! thread notifies the loop's eventfd, or the earliest timer (request timeouts) is due.
+
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use futures::executor::{LocalPool, LocalSpawner};
+use futures::task::LocalSpawnExt;
+use io_uring::{opcode, squeue, types, IoUring};
+
+use benchfs_ucx::Worker;
+
+use crate::buffer::IoBuffer;
+use crate::error::{Error, Result};
+
+const TOKEN_UCX: u64 = u64::MAX;
+const TOKEN_NOTIFY: u64 = u64::MAX - 1;
+
+enum OpSlot {
+    Free,
+    /// In flight; the buffer stays here until the kernel is done with it.
+    Pending {
+        waker: Option<Waker>,
+        buf: Option<IoBuffer>,
+        abandoned: bool,
+    },
+    Done {
+        result: i32,
+        buf: Option<IoBuffer>,
+    },
+}
+
+/// Owns the ring, the timers and the wakeup sources of one thread.
+pub struct Reactor {
+    ring: RefCell<IoUring>,
+    slots: RefCell<Vec<OpSlot>>,
+    free_slots: RefCell<Vec<usize>>,
+    /// SQEs that did not fit in the submission queue; pushed first on the next turn.
+    backlog: RefCell<VecDeque<squeue::Entry>>,
+    timers: RefCell<BinaryHeap<Reverse<(Instant, u64)>>>,
+    timer_wakers: RefCell<HashMap<u64, Waker>>,
+    next_timer: Cell<u64>,
+    ucx: RefCell<Option<Worker>>,
+    ucx_poll_armed: Cell<bool>,
+    notify_fd: OwnedFd,
+    notify_armed: Cell<bool>,
+    notified: Cell<bool>,
+    notify_waker: RefCell<Option<Waker>>,
+    /// Set when this turn woke a task, so the loop must not sleep.
+    woke: Cell<bool>,
+}
+
+/// A cloneable, `Send` handle that wakes a sleeping loop from another thread.
+#[derive(Clone)]
+pub struct Notifier {
+    fd: Arc<OwnedFd>,
+}
+
+impl Notifier {
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to an eventfd we own.
+        unsafe {
+            libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8);
+        }
+    }
+}
+
+impl Reactor {
+    fn new(entries: u32) -> Result<Rc<Reactor>> {
+        let ring = IoUring::new(entries).map_err(|e| Error::io("io_uring_setup", e))?;
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::io("eventfd", io::Error::last_os_error()));
+        }
+        Ok(Rc::new(Reactor {
+            ring: RefCell::new(ring),
+            slots: RefCell::new(Vec::new()),
+            free_slots: RefCell::new(Vec::new()),
+            backlog: RefCell::new(VecDeque::new()),
+            timers: RefCell::new(BinaryHeap::new()),
+            timer_wakers: RefCell::new(HashMap::new()),
+            next_timer: Cell::new(0),
+            ucx: RefCell::new(None),
+            ucx_poll_armed: Cell::new(false),
+            // SAFETY: fd is a fresh descriptor owned by nothing else.
+            notify_fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            notify_armed: Cell::new(false),
+            notified: Cell::new(false),
+            notify_waker: RefCell::new(None),
+            woke: Cell::new(false),
+        }))
+    }
+
+    /// Lets the loop progress and sleep on this UCX worker.
+    pub fn attach_ucx(&self, worker: Worker) {
+        *self.ucx.borrow_mut() = Some(worker);
+    }
+
+    /// A handle for other threads; the duplicate descriptor keeps working after the loop ends.
+    pub fn notifier(&self) -> Result<Notifier> {
+        let dup = self
+            .notify_fd
+            .try_clone()
+            .map_err(|e| Error::io("dup eventfd", e))?;
+        Ok(Notifier { fd: Arc::new(dup) })
+    }
+
+    fn push_sqe(&self, entry: squeue::Entry) {
+        let mut ring = self.ring.borrow_mut();
+        // SAFETY: every SQE's buffers are owned by its slot until the CQE arrives.
+        let pushed = unsafe { ring.submission().push(&entry) };
+        if pushed.is_err() {
+            self.backlog.borrow_mut().push_back(entry);
+        }
+    }
+
+    fn new_slot(&self, buf: Option<IoBuffer>) -> usize {
+        let slot = OpSlot::Pending {
+            waker: None,
+            buf,
+            abandoned: false,
+        };
+        let mut slots = self.slots.borrow_mut();
+        match self.free_slots.borrow_mut().pop() {
+            Some(i) => {
+                slots[i] = slot;
+                i
+            }
+            None => {
+                slots.push(slot);
+                slots.len() - 1
+            }
+        }
+    }
+
+    fn release_slot(&self, i: usize) {
+        self.slots.borrow_mut()[i] = OpSlot::Free;
+        self.free_slots.borrow_mut().push(i);
+    }
+
+    /// Writes `buf[start..start+len]` at `offset` of `fd`; returns the result and the buffer.
+    pub fn write_at(
+        self: &Rc<Self>,
+        fd: RawFd,
+        buf: IoBuffer,
+        start: usize,
+        len: usize,
+        offset: u64,
+    ) -> IoOp {
+        let start = start.min(buf.capacity());
+        let len = len.min(buf.capacity() - start) as u32;
+        // SAFETY: start is within the allocation.
+        let ptr = unsafe { buf.as_ptr().add(start) };
+        let slot = self.new_slot(Some(buf));
+        let sqe = opcode::Write::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .build()
+            .user_data(slot as u64);
+        self.push_sqe(sqe);
+        IoOp {
+            reactor: self.clone(),
+            slot,
+            finished: false,
+        }
+    }
+
+    /// Reads up to `len` bytes at `offset` of `fd` into the start of `buf`.
+    pub fn read_at(self: &Rc<Self>, fd: RawFd, mut buf: IoBuffer, len: usize, offset: u64) -> IoOp {
+        let ptr = buf.as_mut_ptr();
+        let len = len.min(buf.capacity()) as u32;
+        let slot = self.new_slot(Some(buf));
+        let sqe = opcode::Read::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .build()
+            .user_data(slot as u64);
+        self.push_sqe(sqe);
+        IoOp {
+            reactor: self.clone(),
+            slot,
+            finished: false,
+        }
+    }
+
+    /// A future that resolves after `dur` (for request timeouts, never for batching I/O).
+    pub fn sleep(self: &Rc<Self>, dur: Duration) -> Sleep {
+        Sleep {
+            reactor: self.clone(),
+            deadline: Instant::now() + dur,
+            id: None,
+        }
+    }
+
+    /// Resolves once another thread called [`Notifier::notify`] (level-triggered: stays ready).
+    pub fn notified(self: &Rc<Self>) -> Notified {
+        Notified {
+            reactor: self.clone(),
+        }
+    }
+
+    fn wake(&self, waker: Waker) {
+        self.woke.set(true);
+        waker.wake();
+    }
+
+    fn reap(&self) {
+        let mut done = Vec::new();
+        {
+            let mut ring = self.ring.borrow_mut();
+            for cqe in ring.completion() {
+                done.push((cqe.user_data(), cqe.result()));
+            }
+        }
+        for (token, result) in done {
+            match token {
+                TOKEN_UCX => {
+                    self.ucx_poll_armed.set(false);
+                    self.woke.set(true);
+                }
+                TOKEN_NOTIFY => {
+                    self.notify_armed.set(false);
+                    self.notified.set(true);
+                    let mut scratch = [0u8; 8];
+                    // SAFETY: draining our own nonblocking eventfd into a local buffer.
+                    unsafe {
+                        libc::read(self.notify_fd.as_raw_fd(), scratch.as_mut_ptr().cast(), 8);
+                    }
+                    self.woke.set(true);
+                    if let Some(w) = self.notify_waker.borrow_mut().take() {
+                        w.wake();
+                    }
+                }
+                slot => self.complete(slot as usize, result),
+            }
+        }
+    }
+
+    fn complete(&self, i: usize, result: i32) {
+        let old = {
+            let mut slots = self.slots.borrow_mut();
+            match slots.get_mut(i) {
+                Some(s) => std::mem::replace(s, OpSlot::Free),
+                None => return,
+            }
+        };
+        match old {
+            OpSlot::Pending { abandoned: true, .. } => {
+                // The future is gone; now the kernel is done with the buffer, drop both.
+                self.free_slots.borrow_mut().push(i);
+            }
+            OpSlot::Pending { waker, buf, .. } => {
+                self.slots.borrow_mut()[i] = OpSlot::Done { result, buf };
+                if let Some(w) = waker {
+                    self.wake(w);
+                }
+            }
+            other => self.slots.borrow_mut()[i] = other,
+        }
+    }
+
+    fn fire_timers(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut timers = self.timers.borrow_mut();
+        while let Some(Reverse((deadline, id))) = timers.peek().copied() {
+            if deadline > now {
+                return Some(deadline);
+            }
+            timers.pop();
+            if let Some(w) = self.timer_wakers.borrow_mut().remove(&id) {
+                self.wake(w);
+            }
+        }
+        None
+    }
+
+    /// One turn of the loop. Sleeps in the kernel only if `may_sleep` and nothing woke.
+    fn turn(&self, may_sleep: bool) -> Result<()> {
+        self.woke.set(false);
+        let ucx = self.ucx.borrow().clone();
+        if let Some(w) = &ucx {
+            // UCX callbacks wake tasks directly; any processed event may have woken one.
+            while w.progress() > 0 {
+                self.woke.set(true);
+            }
+        }
+        self.flush_backlog();
+        self.reap();
+        let next_deadline = self.fire_timers();
+        let submit = |want: usize, timeout: Option<Duration>| -> Result<()> {
+            let ring = self.ring.borrow();
+            let res = match timeout {
+                Some(t) => {
+                    let ts = types::Timespec::from(t);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    ring.submitter().submit_with_args(want, &args)
+                }
+                None => ring.submitter().submit_and_wait(want),
+            };
+            match res {
+                Ok(_) => Ok(()),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+                    ) =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(Error::io("io_uring_enter", e)),
+            }
+        };
+        if self.woke.get() || !may_sleep {
+            return submit(0, None);
+        }
+        if let Some(w) = &ucx {
+            if !w.arm()? {
+                return submit(0, None);
+            }
+            if !self.ucx_poll_armed.get() {
+                let sqe = opcode::PollAdd::new(types::Fd(w.event_fd()), libc::POLLIN as u32)
+                    .build()
+                    .user_data(TOKEN_UCX);
+                self.push_sqe(sqe);
+                self.ucx_poll_armed.set(true);
+            }
+        }
+        if !self.notify_armed.get() {
+            let sqe = opcode::PollAdd::new(types::Fd(self.notify_fd.as_raw_fd()), libc::POLLIN as u32)
+                .build()
+                .user_data(TOKEN_NOTIFY);
+            self.push_sqe(sqe);
+            self.notify_armed.set(true);
+        }
+        let timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        submit(1, timeout)?;
+        self.reap();
+        self.fire_timers();
+        Ok(())
+    }
+
+    fn flush_backlog(&self) {
+        let mut backlog = self.backlog.borrow_mut();
+        if backlog.is_empty() {
+            return;
+        }
+        let mut ring = self.ring.borrow_mut();
+        while let Some(entry) = backlog.front() {
+            // SAFETY: as in push_sqe.
+            if unsafe { ring.submission().push(entry) }.is_err() {
+                break;
+            }
+            backlog.pop_front();
+        }
+    }
+}
+
+/// An io_uring operation in flight; resolves to (result or errno, the buffer back).
+pub struct IoOp {
+    reactor: Rc<Reactor>,
+    slot: usize,
+    finished: bool,
+}
+
+impl Future for IoOp {
+    type Output = (io::Result<usize>, IoBuffer);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let slot = self.slot;
+        let reactor = self.reactor.clone();
+        let mut slots = reactor.slots.borrow_mut();
+        match &mut slots[slot] {
+            OpSlot::Pending { waker, .. } => {
+                *waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            OpSlot::Done { result, buf } => {
+                let result = *result;
+                let buf = buf.take().unwrap_or_else(IoBuffer::empty);
+                drop(slots);
+                reactor.release_slot(slot);
+                self.finished = true;
+                let out = if result < 0 {
+                    Err(io::Error::from_raw_os_error(-result))
+                } else {
+                    Ok(result as usize)
+                };
+                Poll::Ready((out, buf))
+            }
+            OpSlot::Free => Poll::Ready((Err(io::Error::other("io_uring slot lost")), IoBuffer::empty())),
+        }
+    }
+}
+
+impl Drop for IoOp {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut slots = self.reactor.slots.borrow_mut();
+        match &mut slots[self.slot] {
+            OpSlot::Pending { abandoned, .. } => *abandoned = true,
+            OpSlot::Done { .. } => {
+                drop(slots);
+                self.reactor.release_slot(self.slot);
+            }
+            OpSlot::Free => {}
+        }
+    }
+}
+
+pub struct Sleep {
+    reactor: Rc<Reactor>,
+    deadline: Instant,
+    id: Option<u64>,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.deadline {
+            if let Some(id) = self.id.take() {
+                self.reactor.timer_wakers.borrow_mut().remove(&id);
+            }
+            return Poll::Ready(());
+        }
+        let id = match self.id {
+            Some(id) => id,
+            None => {
+                let id = self.reactor.next_timer.get();
+                self.reactor.next_timer.set(id + 1);
+                self.reactor
+                    .timers
+                    .borrow_mut()
+                    .push(Reverse((self.deadline, id)));
+                self.id = Some(id);
+                id
+            }
+        };
+        self.reactor
+            .timer_wakers
+            .borrow_mut()
+            .insert(id, cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            // The heap entry is dropped lazily when it comes due.
+            self.reactor.timer_wakers.borrow_mut().remove(&id);
+        }
+    }
+}
+
+pub struct Notified {
+    reactor: Rc<Reactor>,
+}
+
+impl Future for Notified {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.reactor.notified.get() {
+            return Poll::Ready(());
+        }
+        *self.reactor.notify_waker.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Resolves to `Err(Timeout)`-style `None` when `dur` passes before `fut` completes.
+pub async fn with_timeout<F: Future>(reactor: &Rc<Reactor>, dur: Duration, fut: F) -> Option<F::Output> {
+    let fut = pin!(fut);
+    let sleep = pin!(reactor.sleep(dur));
+    match futures::future::select(fut, sleep).await {
+        futures::future::Either::Left((v, _)) => Some(v),
+        futures::future::Either::Right(_) => None,
+    }
+}
+
+struct FlagWaker(AtomicBool);
+
+impl Wake for FlagWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A single-threaded runtime: a task pool plus the reactor.
+pub struct Runtime {
+    pool: RefCell<LocalPool>,
+    spawner: LocalSpawner,
+    reactor: Rc<Reactor>,
+}
+
+impl Runtime {
+    pub fn new(ring_entries: u32) -> Result<Runtime> {
+        let pool = LocalPool::new();
+        let spawner = pool.spawner();
+        Ok(Runtime {
+            pool: RefCell::new(pool),
+            spawner,
+            reactor: Reactor::new(ring_entries)?,
+        })
+    }
+
+    pub fn reactor(&self) -> &Rc<Reactor> {
+        &self.reactor
+    }
+
+    /// Spawns a task on this thread. Callers bound how many they spawn.
+    pub fn spawn(&self, fut: impl Future<Output = ()> + 'static) -> Result<()> {
+        self.spawner.spawn_local(fut).map_err(|_| Error::Stopped)
+    }
+
+    /// Runs the loop until `fut` completes; spawned tasks run alongside it.
+    pub fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
+        let flag = Arc::new(FlagWaker(AtomicBool::new(true)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = pin!(fut);
+        loop {
+            if flag.0.swap(false, Ordering::AcqRel) {
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    return Ok(v);
+                }
+            }
+            self.pool.borrow_mut().run_until_stalled();
+            let may_sleep = !flag.0.load(Ordering::Acquire);
+            self.reactor.turn(may_sleep)?;
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The chunk server: receives requests as UCX active messages, queues them (bounded), serves
+//! them with a fixed set of service tasks over the io_uring chunk store, and replies.
+//!
+//! Bounds: at most `server.max_in_service` requests are served at once (one task each, spawned
+//! once at start), at most `server.max_queued` wait; beyond that a request is refused with
+//! EAGAIN. Rendezvous payloads stay at the client until a pool buffer is free to receive them.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use benchfs_ucx::{AmData, AmMessage, AmVerdict, ReplyEp, RndvDesc, Worker};
+
+use crate::buffer::{BufferPool, IoBuffer};
+use crate::chunking::FileId;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::protocol::{check_request, Header, Op, AM_REPLY, AM_REQUEST};
+use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
+use crate::runtime::{Notifier, Runtime};
+use crate::storage::ChunkStore;
+
+/// Who this server is and where it keeps things.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub id: u32,
+    pub node: String,
+    pub data_dir: PathBuf,
+    pub registry_dir: PathBuf,
+    pub config: Config,
+}
+
+/// Counters kept always (cheap cells); reported at shutdown and, later, as telemetry.
+#[derive(Debug, Default, Clone)]
+pub struct ServerStats {
+    pub requests: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub errors: u64,
+    pub rejected_busy: u64,
+    pub malformed: u64,
+    pub max_queue_depth: u64,
+    pub buffer_waits: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: Cell<u64>,
+    bytes_written: Cell<u64>,
+    bytes_read: Cell<u64>,
+    errors: Cell<u64>,
+    rejected_busy: Cell<u64>,
+    malformed: Cell<u64>,
+    max_queue_depth: Cell<u64>,
+}
+
+fn bump(c: &Cell<u64>, by: u64) {
+    c.set(c.get() + by);
+}
+
+enum Payload {
+    None,
+    Eager(Vec<u8>),
+    Rendezvous(RndvDesc),
+}
+
+struct Incoming {
+    header: Header,
+    payload: Payload,
+    reply_ep: ReplyEp,
+}
+
+/// The bounded wait queue between the UCX handler and the service tasks.
+struct RequestQueue {
+    items: RefCell<VecDeque<Incoming>>,
+    waiters: RefCell<VecDeque<Waker>>,
+    capacity: usize,
+}
+
+impl RequestQueue {
+    fn push(&self, item: Incoming) -> std::result::Result<usize, Incoming> {
+        let mut items = self.items.borrow_mut();
+        if items.len() >= self.capacity {
+            return Err(item);
+        }
+        items.push_back(item);
+        let depth = items.len();
+        drop(items);
+        if let Some(w) = self.waiters.borrow_mut().pop_front() {
+            w.wake();
+        }
+        Ok(depth)
+    }
+
+    fn pop(self: &Rc<Self>) -> PopRequest {
+        PopRequest { queue: self.clone() }
+    }
+}
+
+struct PopRequest {
+    queue: Rc<RequestQueue>,
+}
+
+impl Future for PopRequest {
+    type Output = Incoming;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Incoming> {
+        match self.queue.items.borrow_mut().pop_front() {
+            Some(item) => Poll::Ready(item),
+            None => {
+                self.queue.waiters.borrow_mut().push_back(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+struct ServerState {
+    worker: Worker,
+    store: ChunkStore,
+    pool: BufferPool,
+    queue: Rc<RequestQueue>,
+    /// End of the furthest byte stored per file (answers `FileExtent`).
+    extents: RefCell<HashMap<FileId, u64>>,
+    chunk_size: u64,
+    counters: Counters,
+}
+
+/// Sends a header-only reply without waiting for it (no payload memory to keep alive).
+fn reply_now(worker: &Worker, ep: ReplyEp, header: Header) {
+    // SAFETY: the payload is empty and the header is copied into the request.
+    drop(unsafe { ep.send_am(worker, AM_REPLY, &header.encode(), &[]) });
+}
+
+impl ServerState {
+    fn on_message(&self, msg: AmMessage<'_>) -> AmVerdict {
+        let Some(reply_ep) = msg.reply_ep else {
+            bump(&self.counters.malformed, 1);
+            return AmVerdict::Done;
+        };
+        let payload_len = match &msg.data {
+            AmData::Eager(d) => d.len(),
+            AmData::Rendezvous(r) => r.len,
+        };
+        let header = match Header::decode(msg.header) {
+            Ok(h) => h,
+            Err(e) => {
+                bump(&self.counters.malformed, 1);
+                // Answer what we can: a readable request id gets an EPROTO reply.
+                if let Some(id) = e.request_id {
+                    let h = Header::request(Op::WriteChunk, id, 0, 0, 0, 0).reply(-libc::EPROTO, 0);
+                    reply_now(&self.worker, reply_ep, h);
+                }
+                return AmVerdict::Done;
+            }
+        };
+        if check_request(&header, payload_len, self.chunk_size).is_err() {
+            bump(&self.counters.malformed, 1);
+            reply_now(&self.worker, reply_ep, header.reply(-libc::EINVAL, 0));
+            return AmVerdict::Done;
+        }
+        let (payload, verdict) = match msg.data {
+            AmData::Eager(d) if !d.is_empty() => (Payload::Eager(d.to_vec()), AmVerdict::Done),
+            AmData::Eager(_) => (Payload::None, AmVerdict::Done),
+            AmData::Rendezvous(r) => (Payload::Rendezvous(r), AmVerdict::Keep),
+        };
+        let item = Incoming {
+            header,
+            payload,
+            reply_ep,
+        };
+        match self.queue.push(item) {
+            Ok(depth) => {
+                let max = &self.counters.max_queue_depth;
+                max.set(max.get().max(depth as u64));
+                verdict
+            }
+            Err(_) => {
+                bump(&self.counters.rejected_busy, 1);
+                reply_now(&self.worker, reply_ep, header.reply(-libc::EAGAIN, 0));
+                // Returning Done lets UCX drop an unreceived rendezvous descriptor.
+                AmVerdict::Done
+            }
+        }
+    }
+
+    async fn serve_one(&self, req: Incoming) {
+        bump(&self.counters.requests, 1);
+        let h = req.header;
+        let file = FileId(h.file_id);
+        let len = h.length as usize;
+        let (status, count, data) = match h.op {
+            Op::WriteChunk => {
+                let buf = match req.payload {
+                    Payload::Eager(v) => Ok(IoBuffer::Heap(v)),
+                    Payload::None => Ok(IoBuffer::empty()),
+                    Payload::Rendezvous(desc) => {
+                        let mut buf = self.pool.acquire().await;
+                        // SAFETY: the descriptor was kept by the handler and is used once; the
+                        // buffer lives until the awaited receive completes.
+                        let recv = unsafe { self.worker.recv_data(desc, buf.as_mut_slice(len)) };
+                        recv.await.map(|_| buf)
+                    }
+                };
+                match buf {
+                    Err(_) => (-libc::ECOMM, 0, None),
+                    Ok(_) if len == 0 => (0, 0, None),
+                    Ok(buf) => match self.store.write(file, h.chunk, h.offset, buf, len).await {
+                        (Ok(n), _) => {
+                            bump(&self.counters.bytes_written, n as u64);
+                            let end = h.chunk * self.chunk_size + h.offset + n as u64;
+                            let mut extents = self.extents.borrow_mut();
+                            let e = extents.entry(file).or_insert(0);
+                            *e = (*e).max(end);
+                            (0, n as u64, None)
+                        }
+                        (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                    },
+                }
+            }
+            Op::ReadChunk => {
+                let buf = self.pool.acquire().await;
+                match self.store.read(file, h.chunk, h.offset, buf, len).await {
+                    (Ok(n), buf) => {
+                        bump(&self.counters.bytes_read, n as u64);
+                        (0, n as u64, Some(buf))
+                    }
+                    (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                }
+            }
+            Op::FileExtent => {
+                let end = self.extents.borrow().get(&file).copied().unwrap_or(0);
+                (0, end, None)
+            }
+        };
+        if status != 0 {
+            bump(&self.counters.errors, 1);
+        }
+        let reply = h.reply(status, count);
+        let payload: &[u8] = match (&data, h.op) {
+            (Some(buf), Op::ReadChunk) => buf.as_slice(count as usize),
+            _ => &[],
+        };
+        // SAFETY: `data` (the payload's owner) lives until the awaited send completes.
+        let sent = unsafe {
+            req.reply_ep
+                .send_am(&self.worker, AM_REPLY, &reply.encode(), payload)
+        };
+        if sent.await.is_err() {
+            bump(&self.counters.errors, 1);
+        }
+        drop(data);
+    }
+
+    fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        ServerStats {
+            requests: c.requests.get(),
+            bytes_written: c.bytes_written.get(),
+            bytes_read: c.bytes_read.get(),
+            errors: c.errors.get(),
+            rejected_busy: c.rejected_busy.get(),
+            malformed: c.malformed.get(),
+            max_queue_depth: c.max_queue_depth.get(),
+            buffer_waits: self.pool.waits(),
+        }
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Runs a server on the current thread until notified. `on_ready` is called once the server
+/// is registered and serving, with a handle that stops it from any thread.
+pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier)) -> Result<ServerStats> {
+    let config = &opts.config;
+    config.validate()?;
+    let runtime = Runtime::new(config.storage.ring_entries)?;
+    let reactor = runtime.reactor().clone();
+    let worker = Worker::new()?;
+    reactor.attach_ucx(worker.clone());
+    let store = ChunkStore::open(&opts.data_dir, reactor.clone())?;
+    let pool = BufferPool::new(
+        config.storage.buffer_count as usize,
+        config.client.chunk_size as usize,
+    )?;
+    let state = Rc::new(ServerState {
+        worker: worker.clone(),
+        store,
+        pool,
+        queue: Rc::new(RequestQueue {
+            items: RefCell::new(VecDeque::new()),
+            waiters: RefCell::new(VecDeque::new()),
+            capacity: config.server.max_queued as usize,
+        }),
+        extents: RefCell::new(HashMap::new()),
+        chunk_size: config.client.chunk_size,
+        counters: Counters::default(),
+    });
+    let handler_state = Rc::downgrade(&state);
+    worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {
+        Some(s) => s.on_message(msg),
+        None => AmVerdict::Done,
+    })?;
+    for _ in 0..config.server.max_in_service {
+        let s = state.clone();
+        runtime.spawn(async move {
+            loop {
+                let req = s.queue.pop().await;
+                s.serve_one(req).await;
+            }
+        })?;
+    }
+    let entry = RegistryEntry {
+        version: ENTRY_VERSION,
+        id: opts.id,
+        node: opts.node.clone(),
+        host: hostname(),
+        pid: std::process::id(),
+        ucx_address: registry::hex(&worker.address()?),
+    };
+    registry::publish(&opts.registry_dir, &entry)?;
+    let notifier = reactor.notifier()?;
+    on_ready(&entry, notifier);
+    let result = runtime.block_on(reactor.notified());
+    registry::unpublish(&opts.registry_dir, opts.id);
+    result?;
+    // Requests still queued with a kept rendezvous descriptor: hand the descriptors back.
+    for item in state.queue.items.borrow_mut().drain(..) {
+        if let Payload::Rendezvous(desc) = item.payload {
+            // SAFETY: kept by the handler and never used.
+            unsafe { worker.release_data(desc) };
+        }
+    }
+    let stats = state.stats();
+    Ok(stats)
+}
+
+/// A server running on its own thread (used by the Python module and tests).
+pub struct ServerHandle {
+    pub entry: RegistryEntry,
+    notifier: Notifier,
+    thread: Option<std::thread::JoinHandle<Result<ServerStats>>>,
+}
+
+impl ServerHandle {
+    /// Starts the server and returns once it is registered (or failed to start).
+    pub fn spawn(opts: ServerOptions) -> Result<ServerHandle> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("benchfs-server-{}", opts.id))
+            .spawn(move || {
+                let ready_tx = tx.clone();
+                let result = serve(opts, move |entry, notifier| {
+                    let _ = ready_tx.send(Ok((entry.clone(), notifier)));
+                });
+                if let Err(e) = &result {
+                    let _ = tx.send(Err(Error::Config(e.to_string())));
+                }
+                result
+            })
+            .map_err(|e| Error::io("spawn server thread", e))?;
+        match rx.recv() {
+            Ok(Ok((entry, notifier))) => Ok(ServerHandle {
+                entry,
+                notifier,
+                thread: Some(thread),
+            }),
+            Ok(Err(_)) | Err(_) => match thread.join() {
+                Ok(Err(e)) => Err(e),
+                _ => Err(Error::Stopped),
+            },
+        }
+    }
+
+    /// Stops the server and waits for its thread. Idempotent.
+    pub fn stop(&mut self) -> Result<Option<ServerStats>> {
+        self.notifier.notify();
+        match self.thread.take() {
+            Some(t) => match t.join() {
+                Ok(r) => r.map(Some),
+                Err(_) => Err(Error::Stopped),
+            },
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

@@ -1,0 +1,292 @@
+//! `benchfs._core`: the thin Python face of the Rust core. The GIL is released for every
+//! blocking call; errors become OSError subclasses with errno set (ValueError for bad
+//! configuration or registry entries).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use benchfs_core::client::Client as CoreClient;
+use benchfs_core::config::{self, Config};
+use benchfs_core::registry;
+use benchfs_core::server::{ServerHandle, ServerOptions};
+use benchfs_core::Error;
+
+fn to_py(e: Error) -> PyErr {
+    match e {
+        Error::Config(_) | Error::Registry { .. } | Error::InvalidArgument(_) => {
+            PyValueError::new_err(e.to_string())
+        }
+        other => PyOSError::new_err((other.errno(), other.to_string())),
+    }
+}
+
+/// Asserts that a value may cross into `detach`: the values we pass are only used on the
+/// calling thread, which `detach` runs the closure on.
+struct OnThisThread<T>(T);
+// SAFETY: see above; `detach` runs the closure synchronously on the current thread.
+unsafe impl<T> Send for OnThisThread<T> {}
+unsafe impl<T> Sync for OnThisThread<T> {}
+
+/// Runs `f(value)` with the GIL released, on this thread.
+fn detached<T, R: Send>(py: Python<'_>, value: T, f: impl FnOnce(T) -> R) -> R {
+    let job = OnThisThread((value, f));
+    py.detach(move || {
+        let job = job;
+        let (value, f) = job.0;
+        f(value)
+    })
+}
+
+fn config_from(text: Option<&str>) -> PyResult<Config> {
+    match text {
+        Some(t) => Config::from_toml(t).map_err(to_py),
+        None => config::resolve(None, &config::process_env(), &[]).map_err(to_py),
+    }
+}
+
+/// Effective configuration as TOML: defaults < file (`path`, else $BENCHFS_CONFIG) <
+/// BENCHFS_* variables < `overrides` ("section.key=value").
+#[pyfunction]
+#[pyo3(signature = (path=None, overrides=None))]
+fn resolve_config(path: Option<PathBuf>, overrides: Option<Vec<String>>) -> PyResult<String> {
+    if let Some(p) = &path {
+        if !p.exists() {
+            return Err(pyo3::exceptions::PyFileNotFoundError::new_err((
+                2,
+                format!("configuration file {} does not exist", p.display()),
+            )));
+        }
+    }
+    let c = config::resolve(
+        path.as_deref(),
+        &config::process_env(),
+        &overrides.unwrap_or_default(),
+    )
+    .map_err(to_py)?;
+    Ok(c.to_toml())
+}
+
+/// Waits for `expected` registered servers; returns the membership ordered by numeric id.
+#[pyfunction]
+fn wait_for_servers<'py>(
+    py: Python<'py>,
+    registry_dir: PathBuf,
+    expected: u32,
+    timeout_s: f64,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    if timeout_s.is_nan() || timeout_s < 0.0 {
+        return Err(PyValueError::new_err("timeout_s must not be negative"));
+    }
+    let entries = py
+        .detach(|| {
+            registry::wait_for(
+                &registry_dir,
+                expected,
+                std::time::Duration::from_secs_f64(timeout_s),
+            )
+        })
+        .map_err(to_py)?;
+    entries
+        .iter()
+        .map(|e| {
+            let d = PyDict::new(py);
+            d.set_item("id", e.id)?;
+            d.set_item("node", &e.node)?;
+            d.set_item("host", &e.host)?;
+            d.set_item("pid", e.pid)?;
+            Ok(d)
+        })
+        .collect()
+}
+
+/// An in-process chunk server on its own thread (the same code as `benchfsd`).
+#[pyclass(name = "Server", module = "benchfs._core")]
+struct PyServer {
+    handle: Mutex<Option<ServerHandle>>,
+    id: u32,
+}
+
+#[pymethods]
+impl PyServer {
+    #[new]
+    #[pyo3(signature = (registry_dir, data_dir, server_id, config=None, node=None))]
+    fn new(
+        py: Python<'_>,
+        registry_dir: PathBuf,
+        data_dir: PathBuf,
+        server_id: u32,
+        config: Option<&str>,
+        node: Option<String>,
+    ) -> PyResult<Self> {
+        let config = config_from(config)?;
+        let opts = ServerOptions {
+            id: server_id,
+            node: node
+                .or_else(|| std::env::var("BENCHFS_NODE_NAME").ok())
+                .unwrap_or_default(),
+            data_dir,
+            registry_dir,
+            config,
+        };
+        let handle = py.detach(|| ServerHandle::spawn(opts)).map_err(to_py)?;
+        Ok(PyServer {
+            handle: Mutex::new(Some(handle)),
+            id: server_id,
+        })
+    }
+
+    #[getter]
+    fn server_id(&self) -> u32 {
+        self.id
+    }
+
+    /// Stops the server and removes its registry entry. Idempotent.
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        let handle = self
+            .handle
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("server lock poisoned"))?
+            .take();
+        if let Some(mut h) = handle {
+            py.detach(move || h.stop()).map_err(to_py)?;
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Py<PyAny>,
+        _exc: Py<PyAny>,
+        _tb: Py<PyAny>,
+    ) -> PyResult<()> {
+        self.stop(py)
+    }
+}
+
+/// A client of a running cluster. Not thread-safe: use it from the thread that created it.
+#[pyclass(name = "Client", module = "benchfs._core", unsendable)]
+struct PyClient {
+    inner: Option<CoreClient>,
+}
+
+impl PyClient {
+    fn client(&self) -> PyResult<&CoreClient> {
+        self.inner
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("I/O operation on a closed client"))
+    }
+}
+
+fn contiguous(buf: &PyBuffer<u8>, what: &str) -> PyResult<()> {
+    if !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be a contiguous buffer"
+        )));
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    #[pyo3(signature = (registry_dir, config=None, expected_servers=None))]
+    fn new(
+        py: Python<'_>,
+        registry_dir: PathBuf,
+        config: Option<&str>,
+        expected_servers: Option<u32>,
+    ) -> PyResult<Self> {
+        let mut config = config_from(config)?;
+        if let Some(n) = expected_servers {
+            config.cluster.expected_servers = n;
+        }
+        let client = detached(py, (), |()| {
+            CoreClient::connect(&registry_dir, config).map(OnThisThread)
+        })
+        .map_err(to_py)?;
+        Ok(PyClient {
+            inner: Some(client.0),
+        })
+    }
+
+    /// Writes a bytes-like object at `offset`; returns the bytes written.
+    fn write(&self, py: Python<'_>, path: &str, offset: u64, data: PyBuffer<u8>) -> PyResult<usize> {
+        contiguous(&data, "data")?;
+        let client = self.client()?;
+        // SAFETY: the buffer is held (and its exporter pinned) for the whole call.
+        let bytes = unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes()) };
+        detached(py, (client, bytes), |(c, b)| c.write(path, offset, b)).map_err(to_py)
+    }
+
+    /// Reads up to `length` bytes from `offset` (short only at the end of the file).
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        offset: u64,
+        length: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let client = self.client()?;
+        let mut buf = vec![0u8; length];
+        let n = detached(py, (client, &mut buf[..]), |(c, b)| c.read_into(path, offset, b)).map_err(to_py)?;
+        Ok(PyBytes::new(py, &buf[..n]))
+    }
+
+    /// Reads into a writable buffer (bytearray, memoryview, numpy array) without an extra copy.
+    fn readinto(&self, py: Python<'_>, path: &str, offset: u64, buffer: PyBuffer<u8>) -> PyResult<usize> {
+        contiguous(&buffer, "buffer")?;
+        if buffer.readonly() {
+            return Err(PyValueError::new_err("buffer is read-only"));
+        }
+        let client = self.client()?;
+        // SAFETY: writable, contiguous, held for the whole call.
+        let target =
+            unsafe { std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes()) };
+        detached(py, (client, target), |(c, t)| c.read_into(path, offset, t)).map_err(to_py)
+    }
+
+    /// The file's size in bytes.
+    fn file_size(&self, py: Python<'_>, path: &str) -> PyResult<u64> {
+        let client = self.client()?;
+        detached(py, client, |c| c.file_size(path)).map_err(to_py)
+    }
+
+    /// The ids of the servers this client uses, ascending.
+    fn server_ids(&self) -> PyResult<Vec<u32>> {
+        Ok(self.client()?.membership().iter().map(|e| e.id).collect())
+    }
+
+    /// Closes the connections. Idempotent.
+    fn close(&mut self) {
+        self.inner = None;
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&mut self, _exc_type: Py<PyAny>, _exc: Py<PyAny>, _tb: Py<PyAny>) {
+        self.close();
+    }
+}
+
+#[pymodule]
+#[pyo3(name = "_core")]
+fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_for_servers, m)?)?;
+    m.add_class::<PyServer>()?;
+    m.add_class::<PyClient>()?;
+    Ok(())
+}

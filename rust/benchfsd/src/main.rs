@@ -1,0 +1,85 @@
+//! `benchfsd`: one BenchFS chunk server. Registers in the registry directory once it serves,
+//! removes its entry and exits 0 on SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use benchfs_core::config;
+use benchfs_core::server::{serve, ServerOptions};
+
+#[derive(Parser, Debug)]
+#[command(name = "benchfsd", version, about = "BenchFS chunk server")]
+struct Args {
+    /// Registry directory (default: cluster.registry_dir, $BENCHFS_REGISTRY).
+    #[arg(long)]
+    registry: Option<PathBuf>,
+    /// Directory for this server's chunks.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Numeric server id, unique in the job.
+    #[arg(long)]
+    id: u32,
+    /// Configuration file (default: $BENCHFS_CONFIG).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Node name recorded in the registry (default: $BENCHFS_NODE_NAME, else the host name).
+    #[arg(long)]
+    node: Option<String>,
+    /// Override a configuration key: section.key=value (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    overrides: Vec<String>,
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let config = config::resolve(args.config.as_deref(), &config::process_env(), &args.overrides)
+        .map_err(|e| e.to_string())?;
+    let registry_dir = args
+        .registry
+        .or_else(|| {
+            (!config.cluster.registry_dir.is_empty()).then(|| config.cluster.registry_dir.clone().into())
+        })
+        .ok_or("no registry directory: pass --registry or set BENCHFS_REGISTRY")?;
+    let node = args
+        .node
+        .or_else(|| std::env::var("BENCHFS_NODE_NAME").ok())
+        .unwrap_or_default();
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT]).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let id = args.id;
+    let opts = ServerOptions {
+        id,
+        node,
+        data_dir: args.data_dir,
+        registry_dir,
+        config,
+    };
+    let stats = serve(opts, move |entry, notifier| {
+        eprintln!(
+            "benchfsd: server {} serving on node {:?} (pid {})",
+            entry.id, entry.node, entry.pid
+        );
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                eprintln!("benchfsd: signal {sig}, stopping");
+                notifier.notify();
+            }
+        });
+    })
+    .map_err(|e| e.to_string())?;
+    eprintln!("benchfsd: server {id} stopped: {stats:?}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("benchfsd: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

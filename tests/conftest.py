@@ -1,0 +1,128 @@
+"""Fixtures that start real BenchFS servers (in-process or `benchfsd` daemons) in a tmp dir.
+
+Every fixture stops what it started, and the daemon fixture checks that no daemon outlives
+its test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from benchfs import Server, _core
+from benchfs.cluster import LocalCluster
+from benchfs.config import resolve_config_text
+from benchfs.procs import pid_alive
+from benchfs.workloads.rw import Pattern
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+# Small chunks so that modest test files span many chunks and every server; short timeouts
+# so that fault tests fail fast.
+TEST_OVERRIDES = (
+    "client.chunk_size=65536",
+    "cluster.connect_timeout_s=10.0",
+    "client.request_timeout_s=5.0",
+)
+
+
+def config_text(*overrides: str) -> str:
+    """Effective config text for tests: TEST_OVERRIDES, then `overrides`."""
+    return resolve_config_text(None, [*TEST_OVERRIDES, *overrides])
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the user's BENCHFS_* variables out of the tests (each test sets what it needs)."""
+    for key in list(os.environ):
+        if key.startswith("BENCHFS_"):
+            monkeypatch.delenv(key)
+
+
+@dataclass
+class InProcessCluster:
+    """Servers running on threads of the test process, sharing one registry."""
+
+    registry: Path
+    config: str
+    servers: list[Server]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def inproc_cluster(tmp_path: Path) -> Iterator[Callable[..., InProcessCluster]]:
+    """Factory: `inproc_cluster(n, *overrides)` starts n servers and waits for all of them."""
+    started: list[InProcessCluster] = []
+
+    def start(n: int, *overrides: str) -> InProcessCluster:
+        index = len(started)
+        registry = tmp_path / f"registry-{index}"
+        registry.mkdir(mode=0o700)
+        config = config_text(f"cluster.expected_servers={n}", *overrides)
+        cluster = InProcessCluster(registry, config, [])
+        started.append(cluster)
+        for i in range(n):
+            data = tmp_path / f"data-{index}-{i}"
+            data.mkdir()
+            cluster.servers.append(
+                Server(str(registry), str(data), i, config=config, node=f"test-{i}")
+            )
+        _core.wait_for_servers(str(registry), n, 10.0)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+@pytest.fixture
+def daemon_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Factory: `daemon_cluster(n, *overrides)` starts n `benchfsd` daemons and waits for them."""
+    started: list[LocalCluster] = []
+
+    def start(n: int, *overrides: str) -> LocalCluster:
+        index = len(started)
+        base = tmp_path / f"daemons-{index}"
+        registry = base / "registry"
+        registry.mkdir(parents=True, mode=0o700)
+        config = base / "config.toml"
+        config.write_text(config_text(f"cluster.expected_servers={n}", *overrides))
+        cluster = LocalCluster(registry, config_path=config)
+        started.append(cluster)
+        for i in range(n):
+            cluster.start(i, base / f"data-{i}", base / f"server-{i}.log", f"test-{i}")
+        cluster.wait_ready(15.0)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop(grace_s=5.0)
+        assert cluster.leftover_pids() == []
+
+
+def data_for(seed: int, offset: int, length: int) -> bytes:
+    """Test data where every 8-byte word names its seed and file offset (see workloads.rw)."""
+    return Pattern(seed).bytes_at(offset, length)
+
+
+def benchfs_run_command() -> list[str]:
+    """The installed `benchfs-run` console script (next to this Python, else on PATH)."""
+    beside = Path(sys.executable).parent / "benchfs-run"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("benchfs-run")
+    return [found] if found else [sys.executable, "-m", "benchfs.cli.run"]
+
+
+def alive(pids: Sequence[int]) -> list[int]:
+    return [p for p in pids if pid_alive(p)]

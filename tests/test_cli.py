@@ -1,0 +1,177 @@
+"""`benchfs-run local` end to end: real daemons, real mpiexec, a complete results directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchfs import __version__
+from benchfs.config import config_hash, parse_config
+from benchfs.results import read_json
+from conftest import alive, benchfs_run_command
+
+
+def run_cli(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 100
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        benchfs_run_command() + args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def started_pids(manifest: dict[str, Any]) -> list[int]:
+    return [p["pid"] for p in manifest["processes"]] + [
+        c for p in manifest["processes"] for c in p.get("children", [])
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_local_json_end_to_end(tmp_path: Path) -> None:
+    result = run_cli(
+        [
+            "local",
+            "--servers",
+            "3",
+            "--clients",
+            "2",
+            "--file-size",
+            "3MiB",
+            "--transfer-size",
+            "100k",
+            "--set",
+            "client.chunk_size=65536",
+            "--json",
+        ],
+        cwd=tmp_path,
+        # The environment loses to --set, and BENCHFS_RESULTS picks the results root.
+        env={"BENCHFS_CLIENT_CHUNK_SIZE": "131072", "BENCHFS_RESULTS": str(tmp_path / "res")},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "ok"
+    assert report["verified"] is True
+    assert report["write_mib_s"] > 0 and report["read_mib_s"] > 0
+    assert report["bytes"] == 2 * 3 * 2**20
+    assert (report["servers"], report["clients"]) == (3, 2)
+    assert report["transfer_size"] == 100 * 1024
+
+    run_dir = Path(report["results_dir"])
+    assert run_dir.parent == tmp_path / "res"
+    assert re.fullmatch(r"\d{8}T\d{6}Z-local-[0-9a-f]{6}", run_dir.name)
+    text = (run_dir / "config.toml").read_text()
+    config = parse_config(text)
+    assert config["client"]["chunk_size"] == 65536
+    assert config["run"]["servers"] == 3
+    assert config["cluster"]["expected_servers"] == 3
+    assert config["cluster"]["registry_dir"] == str(run_dir / "registry")
+
+    manifest = read_json(run_dir / "manifest.json")
+    assert manifest["outcome"] == {"status": "ok", "code": None, "message": None, "exit_code": 0}
+    assert manifest["benchfs_version"] == __version__
+    assert manifest["config_sha256"] == config_hash(text)
+    assert manifest["mode"] == "local"
+    assert manifest["excluded"] == []
+    assert [m["id"] for m in manifest["membership"]] == [0, 1, 2]
+    assert [m["node"] for m in manifest["membership"]] == ["local-0", "local-1", "local-2"]
+    assert {"start_servers", "wait_servers", "workload", "total"} <= set(manifest["timings_s"])
+    assert manifest["workload"]["verified"] is True
+    assert any(arg.endswith("benchfs-run") or arg == "local" for arg in manifest["command"])
+    daemons = [p for p in manifest["processes"] if p["role"] == "benchfsd"]
+    assert [d["exit_status"] for d in daemons] == [0, 0, 0]
+    assert alive(started_pids(manifest)) == []
+
+    for i in range(3):
+        assert (run_dir / "servers" / f"server-{i}.log").exists()
+    summary = read_json(run_dir / "workload" / "summary.json")
+    assert summary["verified"] is True and summary["errors"] == []
+    assert {read_json(run_dir / "workload" / f"rank-{r}.json")["rank"] for r in range(2)} == {0, 1}
+    # Clean shutdown removed every registry entry; the data directories are gone.
+    assert list((run_dir / "registry").iterdir()) == []
+    assert manifest["data_kept"] is False
+    assert not Path(manifest["scratch_dir"]).exists()
+
+
+@pytest.mark.timeout(120)
+def test_local_table_output_and_keep_data(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    result = run_cli(
+        [
+            "local",
+            "--file-size=1M",
+            "--transfer-size=64K",
+            "--keep-data",
+            f"--set=run.scratch_dir={scratch}",
+            f"--results-root={tmp_path / 'results'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every byte" in result.stdout
+    assert "MiB/s" in result.stdout
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert str(run_dir) in result.stdout.replace("\n", "")
+    manifest = read_json(run_dir / "manifest.json")
+    assert manifest["data_kept"] is True
+    kept = Path(manifest["scratch_dir"])
+    assert kept.parent == scratch
+    assert sorted(p.name for p in kept.iterdir()) == ["server-0", "server-1"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "client.nope=1"], "client.nope"),
+        (["--set", "client.chunk_size=huge"], "chunk_size"),
+        (["--config", "does-not-exist.toml"], "does-not-exist.toml"),
+    ],
+)
+def test_local_bad_config_exits_2_with_a_clear_message(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    result = run_cli(["local", f"--results-root={tmp_path / 'r'}", *args], cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "EINVAL" in result.stderr and needle in result.stderr
+    assert not (tmp_path / "r").exists()  # nothing was started, so nothing was recorded
+
+
+@pytest.mark.timeout(60)
+def test_local_bad_size_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli(["local", "--file-size", "12 parsecs"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "invalid size" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_unusable_scratch_dir_fails_cleanly(tmp_path: Path) -> None:
+    """A failure before the servers run is still recorded, with an errno-like code."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    result = run_cli(
+        [
+            "local",
+            f"--set=run.scratch_dir={blocker}",
+            f"--results-root={tmp_path / 'results'}",
+            "--json",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "failed"
+    assert report["code"] == "ENOTDIR"
+    assert str(blocker) in report["message"]
+    manifest = read_json(Path(report["results_dir"]) / "manifest.json")
+    assert manifest["outcome"]["code"] == "ENOTDIR"
+    assert manifest["processes"] == []
