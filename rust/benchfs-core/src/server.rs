@@ -323,11 +323,16 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier
             }
         })?;
     }
+    let host = hostname();
     let entry = RegistryEntry {
         version: ENTRY_VERSION,
         id: opts.id,
-        node: opts.node.clone(),
-        host: hostname(),
+        node: if opts.node.is_empty() {
+            host.clone()
+        } else {
+            opts.node.clone()
+        },
+        host,
         pid: std::process::id(),
         ucx_address: registry::hex(&worker.address()?),
     };

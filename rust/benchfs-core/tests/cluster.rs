@@ -113,3 +113,89 @@ fn missing_servers_are_named() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result<()> {
+    use benchfs_core::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
+    use benchfs_ucx::{AmVerdict, Worker};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let c = config(1, 64 * 1024)?;
+    let mut servers = start(dir.path(), 1, &c)?;
+    let entry = benchfs_core::registry::scan(&dir.path().join("registry"))?.remove(0);
+
+    let worker = Worker::new()?;
+    let replies: Rc<RefCell<Vec<Header>>> = Rc::default();
+    let sink = replies.clone();
+    worker.set_am_handler(AM_REPLY, move |msg| {
+        if let Ok(h) = Header::decode(msg.header) {
+            sink.borrow_mut().push(h);
+        }
+        AmVerdict::Done
+    })?;
+    let ep = worker.connect(&entry.address_bytes()?, true)?;
+    let good = Header::request(Op::WriteChunk, 1, 42, 0, 0, 4);
+    let mut bad_version = good.encode();
+    bad_version[4] = 9;
+    bad_version[16] = 77;
+    let mut bad_op = good.encode();
+    bad_op[6] = 99;
+    bad_op[16] = 78;
+    let short = Header {
+        request_id: 79,
+        ..good
+    }
+    .encode();
+    let past_chunk = Header::request(Op::ReadChunk, 80, 42, 0, 60 * 1024, 8 * 1024).encode();
+    let cases: Vec<(Vec<u8>, &[u8])> = vec![
+        (good.encode()[..10].to_vec(), &[]), // too short to carry an id: no reply
+        (bad_version.to_vec(), &[]),
+        (bad_op.to_vec(), &[]),
+        (short.to_vec(), b"ab"), // header says 4 bytes, 2 arrive
+        (past_chunk.to_vec(), &[]),
+    ];
+    let mut sends = Vec::new();
+    for (header, payload) in &cases {
+        // SAFETY: `cases` outlives the progress loop below, which waits for every send.
+        sends.push(unsafe { ep.send_am(AM_REQUEST, header, payload) });
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replies.borrow().len() < 4 && Instant::now() < deadline {
+        worker.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while !sends.iter().all(|s| s.is_done()) && Instant::now() < deadline {
+        worker.progress();
+    }
+    let mut got: Vec<(u64, i32)> = replies
+        .borrow()
+        .iter()
+        .map(|h| (h.request_id, h.status))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (77, -libc::EPROTO),
+            (78, -libc::EPROTO),
+            (79, -libc::EINVAL),
+            (80, -libc::EINVAL)
+        ]
+    );
+    drop(ep);
+    drop(worker);
+
+    // The server still serves well-formed requests.
+    let client = Client::connect(&dir.path().join("registry"), c)?;
+    assert_eq!(client.write("/after", 0, b"still fine")?, 10);
+    let mut back = [0u8; 10];
+    assert_eq!(client.read_into("/after", 0, &mut back)?, 10);
+    assert_eq!(&back, b"still fine");
+    drop(client);
+    let stats = servers[0].stop()?;
+    assert_eq!(stats.map(|s| s.malformed), Some(5));
+    Ok(())
+}
