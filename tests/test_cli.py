@@ -175,3 +175,24 @@ def test_unusable_scratch_dir_fails_cleanly(tmp_path: Path) -> None:
     manifest = read_json(Path(report["results_dir"]) / "manifest.json")
     assert manifest["outcome"]["code"] == "ENOTDIR"
     assert manifest["processes"] == []
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # the defaults, as `make demo` runs them
+        ["--servers=4", "--clients=4", "--file-size=256M", "--transfer-size=4M"],
+        ["--servers=3", "--clients=3", "--file-size=100M", "--transfer-size=999999"],
+    ],
+)
+def test_local_larger_runs_verify(tmp_path: Path, args: list[str]) -> None:
+    result = run_cli(
+        ["local", *args, f"--results-root={tmp_path}", "--json"], cwd=tmp_path, timeout=500
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["verified"] is True
+    manifest = read_json(Path(report["results_dir"]) / "manifest.json")
+    assert alive(started_pids(manifest)) == []

@@ -86,13 +86,21 @@ def test_short_environment_names(monkeypatch) -> None:
     assert config["cluster"]["expected_servers"] == 7
 
 
-def test_override_values_are_typed() -> None:
+def test_override_values_take_the_type_of_their_key() -> None:
+    """String keys take the text as it is, so paths never need quoting (even "123")."""
     config = load_config(
-        None, ["run.results_root=out dir", 'run.scratch_dir="/x"', "client.chunk_size=1024"]
+        None,
+        [
+            "run.results_root=out dir",
+            "run.scratch_dir=123",
+            "client.chunk_size=1024",
+            "client.request_timeout_s=2.5",
+        ],
     )
     assert config["run"]["results_root"] == "out dir"
-    assert config["run"]["scratch_dir"] == "/x"
+    assert config["run"]["scratch_dir"] == "123"
     assert config["client"]["chunk_size"] == 1024
+    assert config["client"]["request_timeout_s"] == 2.5
 
 
 def test_effective_text_round_trips_and_hashes(tmp_path: Path) -> None:

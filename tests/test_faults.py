@@ -125,6 +125,10 @@ def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_clus
                     client.close()
                 except OSError as e:
                     outcome["close_error"] = e
+                # The client must be dropped on its own thread, not via a saved traceback.
+                del client
+            if "error" in outcome:
+                outcome["error"].__traceback__ = None
 
     thread = threading.Thread(target=writer)
     thread.start()
@@ -216,7 +220,26 @@ def test_run_interrupted_tears_down(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, stdout + stderr
-    assert json.loads(stdout)["code"] == "EINTR"
+    report = json.loads(stdout)
+    assert (report["outcome"], report["code"]) == ("interrupted", "EINTR")
     manifest = read_json(manifest_path)
     assert manifest["outcome"]["status"] == "interrupted"
     assert alive(_started_pids(manifest)) == []
+
+
+@pytest.mark.timeout(120)
+def test_run_timeout_stops_the_workload_and_its_ranks(tmp_path: Path) -> None:
+    result = _run(
+        ["local", "--file-size=4G", "--timeout=1.5", f"--results-root={tmp_path}", "--json"],
+        timeout=100,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["code"] == "ETIMEDOUT"
+    assert "--timeout 1.5" in report["message"]
+    manifest = read_json(Path(report["results_dir"]) / "manifest.json")
+    (mpiexec,) = [p for p in manifest["processes"] if p["role"] == "mpiexec"]
+    assert mpiexec["children"], "the ranks under mpiexec were not recorded"
+    assert alive(_started_pids(manifest)) == []
+    assert manifest["timings_s"]["workload"] < 15

@@ -20,7 +20,16 @@ from hypothesis import strategies as st
 from benchfs.procs import descendants, pid_alive, stop_process
 from benchfs.results import Manifest, create_run_dir, read_json, write_json_atomic
 from benchfs.units import format_size, parse_size
-from benchfs.workloads.rw import Pattern, bandwidth_mib_s, describe_word, first_mismatch, transfers
+from benchfs.workloads.rw import (
+    PERIOD_WORDS,
+    WORD,
+    Pattern,
+    PatternBuffer,
+    bandwidth_mib_s,
+    describe_word,
+    first_mismatch,
+    transfers,
+)
 
 
 @pytest.mark.parametrize(
@@ -131,12 +140,39 @@ def test_pattern_is_defined_per_offset(rank: int, offset: int, first: int, secon
     assert pattern.bytes_at(offset, first) + pattern.bytes_at(offset + first, second) == whole
 
 
-@given(rank=st.integers(0, 1000), word=st.integers(0, 1 << 30))
+@given(rank=st.integers(0, 1000), word=st.integers(0, PERIOD_WORDS - 2))
 def test_pattern_words_name_rank_and_offset(rank: int, word: int) -> None:
     data = Pattern(rank).bytes_at(word * 8, 8)
     assert describe_word(data) == f"data of rank {rank} at offset {word * 8}"
     assert Pattern(rank + 1).bytes_at(word * 8, 8) != data
     assert Pattern(rank).bytes_at(word * 8 + 8, 8) != data
+
+
+@given(
+    period=st.integers(1, 50),
+    offset=st.integers(0, 2000),
+    length=st.integers(0, 900),
+)
+def test_pattern_wraps_at_its_period(period: int, offset: int, length: int) -> None:
+    pattern = Pattern(3, period_words=period)
+    expected = b"".join(
+        (pattern.base | (i % period)).to_bytes(WORD, "little")
+        for i in range(offset // WORD, (offset + length) // WORD + 1)
+    )
+    skip = offset % WORD
+    assert pattern.bytes_at(offset, length) == expected[skip : skip + length]
+
+
+@given(
+    period=st.integers(1, 40),
+    file_size=st.integers(0, 3000),
+    transfer=st.integers(1, 700),
+)
+def test_pattern_buffer_matches_pattern(period: int, file_size: int, transfer: int) -> None:
+    pattern = Pattern(5, period_words=period)
+    buffer = PatternBuffer(pattern, file_size, transfer)
+    for offset, length in transfers(file_size, transfer):
+        assert bytes(buffer.view(offset, length)) == pattern.bytes_at(offset, length)
 
 
 def test_first_mismatch_describes_found_data() -> None:

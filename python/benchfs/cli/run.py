@@ -27,6 +27,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
@@ -93,7 +94,7 @@ class LocalRunSpec:
             "run.clients": self.clients,
             "run.file_size": self.file_size,
             "run.transfer_size": self.transfer_size,
-            "run.results_root": None if self.results_root is None else toml_str(self.results_root),
+            "run.results_root": self.results_root,
         }
         return [f"{key}={value}" for key, value in pairs.items() if value is not None]
 
@@ -116,8 +117,12 @@ class RunReport:
     def to_json(self) -> dict[str, Any]:
         run = self.config.get("run", {})
         summary = self.summary or {}
+        if self.error is None:
+            outcome = "ok"
+        else:
+            outcome = "interrupted" if self.error.code == "EINTR" else "failed"
         return {
-            "outcome": "ok" if self.error is None else "failed",
+            "outcome": outcome,
             "code": None if self.error is None else self.error.code,
             "message": None if self.error is None else self.error.message,
             "write_mib_s": summary.get("write_mib_s"),
@@ -131,11 +136,6 @@ class RunReport:
             "elapsed_s": round(self.elapsed_s, 3),
             "results_dir": None if self.run_dir is None else str(self.run_dir.path),
         }
-
-
-def toml_str(text: str) -> str:
-    """Quote a string as a TOML basic string (JSON's escapes are valid TOML)."""
-    return json.dumps(text)
 
 
 def _validate(run: dict[str, Any]) -> None:
@@ -239,7 +239,7 @@ class LocalRun:
         # The cluster's shape is part of the effective config, so config.toml says what ran.
         overrides += [
             f"cluster.expected_servers={servers}",
-            f"cluster.registry_dir={toml_str(str(run_dir.registry_dir))}",
+            f"cluster.registry_dir={run_dir.registry_dir}",
         ]
         text = resolve_config_text(spec.config, overrides)
         config = parse_config(text)
@@ -448,9 +448,7 @@ class LocalRun:
                 self.progress("stopping servers")
             codes = self.cluster.stop(SERVER_STOP_GRACE_S)
             unclean = {
-                sid: code
-                for sid, code in codes.items()
-                if code != 0 and sid != self.killed_server
+                sid: code for sid, code in codes.items() if code != 0 and sid != self.killed_server
             }
             if manifest is not None:
                 daemons = {d.pid: d for d in self.cluster.daemons}
@@ -520,9 +518,12 @@ def _print_report(console: Console, report: RunReport) -> None:
         "verified", ("[green]every byte[/]" + total) if data["verified"] else "[red]no[/]"
     )
     table.add_row("elapsed", f"{data['elapsed_s']:.1f} s")
-    if data["results_dir"]:
-        table.add_row("results", data["results_dir"])
     console.print(table)
+    if data["results_dir"]:
+        # Outside the table and never wrapped: the path must survive copy and paste.
+        console.print(
+            f"[bold]results[/]   {escape(data['results_dir'])}", soft_wrap=True, highlight=False
+        )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -594,7 +595,7 @@ def local(
 
     def progress(message: str) -> None:
         if not as_json:
-            err.print(f"[dim]benchfs-run:[/] {message}", highlight=False)
+            err.print(f"[dim]benchfs-run:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     spec = LocalRunSpec(
         servers=servers,
@@ -611,8 +612,9 @@ def local(
     report = LocalRun(spec, sys.argv, progress).execute()
     if report.error is not None:
         err.print(
-            f"[red]benchfs-run: error {report.error.code}:[/] {report.error.message}",
+            f"[red]benchfs-run: error {report.error.code}:[/] {escape(report.error.message)}",
             highlight=False,
+            soft_wrap=True,
         )
     if as_json:
         click.echo(json.dumps(report.to_json()))

@@ -6,8 +6,8 @@ transfers), all ranks meet at a barrier, then rank r reads the file of rank (r+1
 that data crosses clients, and compares every byte with the writer's pattern.
 
 Bandwidth is computed as IOR does: total bytes / (latest end - earliest start) over ranks,
-each phase starting after a barrier. The timed loops include generating (write) and checking
-(read) the pattern; its cost is reported separately as `pattern_s`.
+each phase starting after a barrier. The data pattern is generated before the barrier; inside
+the timed loops only slicing it and comparing with it remain (reported as `pattern_s`).
 
 Errors never leave a rank stuck in a collective: after every phase the ranks exchange their
 status, and if any failed, all of them record it and exit non-zero together.
@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,10 @@ from benchfs.units import parse_size
 
 WORD = 8
 RANK_SHIFT = 40
-"""A file holds at most 2**40 words (8 TiB) before the counter would reach the rank bits."""
+PERIOD_WORDS = (1 << 23) + 1
+"""The pattern repeats every 64 MiB + 8 bytes: a period that is no power of two never lines up
+with chunk boundaries, and files up to that size hold no repeated word at all."""
+GENERATE_PIECE = 1 << 20
 MIB = 1 << 20
 
 
@@ -43,23 +46,32 @@ class VerificationError(Exception):
 
 
 class Pattern:
-    """The contents of rank r's file: little-endian 64-bit word i is ((r + 1) << 40) | i.
+    """The contents of rank r's file: little-endian 64-bit word i is
+    ((r + 1) << 40) | (i mod PERIOD_WORDS).
 
-    Every 8-byte word names its writer and its own offset, so data that lands at the wrong
-    offset, in the wrong file or not at all (zeros) is detected, and a mismatch can say where
-    the bytes it found came from.
+    Every 8-byte word names its writer and its own offset (modulo the 64 MiB + 8 byte period),
+    so data that lands at the wrong offset, in the wrong file or not at all (zeros) is
+    detected, and a mismatch can say where the bytes it found came from.
     """
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, period_words: int = PERIOD_WORDS) -> None:
+        if not 0 <= rank < (1 << (64 - RANK_SHIFT)) - 1:
+            raise ValueError(f"rank {rank} does not fit the pattern's rank bits")
         self.rank = rank
         self.base = (rank + 1) << RANK_SHIFT
+        self.period_words = period_words
         self._templates: dict[int, tuple[int, int]] = {}
+
+    @property
+    def period(self) -> int:
+        """Bytes after which the pattern repeats."""
+        return self.period_words * WORD
 
     def _template(self, words: int) -> tuple[int, int]:
         """(0, 1, ..., words-1) and (1, 1, ..., 1) as big integers of 64-bit lanes.
 
-        Adding c * ones to the counter template adds c to every lane without carries, which
-        generates a transfer's pattern in a few C-speed big-integer operations.
+        Adding c * ones to the counter adds c to every lane without carries, which generates
+        a run of pattern words in a few C-speed big-integer operations.
         """
         cached = self._templates.get(words)
         if cached is None:
@@ -71,20 +83,50 @@ class Pattern:
             self._templates[words] = cached
         return cached
 
+    def _words(self, first: int, count: int) -> bytes:
+        """Words first .. first+count-1 as bytes, for a run that does not wrap the period."""
+        counter, ones = self._template(count)
+        return (counter + (self.base + first) * ones).to_bytes(count * WORD, "little")
+
     def bytes_at(self, offset: int, length: int) -> bytes:
         """The `length` bytes of this rank's file starting at byte `offset`."""
         if length <= 0:
             return b""
         first = offset // WORD
         last = -(-(offset + length) // WORD)
-        if last >= 1 << RANK_SHIFT:
-            raise ValueError(f"offset {offset + length} is beyond the pattern's 8 TiB range")
-        words = last - first
-        counter, ones = self._template(words)
-        value = counter + (self.base + first) * ones
-        data = value.to_bytes(words * WORD, "little")
+        runs = []
+        index = first
+        while index < last:
+            start = index % self.period_words
+            count = min(last - index, self.period_words - start)
+            runs.append(self._words(start, count))
+            index += count
+        data = runs[0] if len(runs) == 1 else b"".join(runs)
         skip = offset - first * WORD
         return data if skip == 0 and len(data) == length else data[skip : skip + length]
+
+
+class PatternBuffer:
+    """One rank's pattern for a whole file, generated before the timed loops.
+
+    The loops then only take zero-copy slices of it, so the bandwidth measures BenchFS and
+    not Python generating data. It holds min(file size, period + one transfer) bytes.
+    """
+
+    def __init__(self, pattern: Pattern, file_size: int, transfer_size: int) -> None:
+        self.pattern = pattern
+        self.wraps = file_size > pattern.period
+        size = pattern.period + transfer_size if self.wraps else file_size
+        data = bytearray(size)
+        for offset in range(0, size, GENERATE_PIECE):
+            length = min(GENERATE_PIECE, size - offset)
+            data[offset : offset + length] = pattern.bytes_at(offset, length)
+        self._view = memoryview(data).toreadonly()
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """The pattern bytes of [offset, offset + length), for length <= the transfer size."""
+        start = offset % self.pattern.period if self.wraps else offset
+        return self._view[start : start + length]
 
 
 def describe_word(word: bytes) -> str:
@@ -94,20 +136,23 @@ def describe_word(word: bytes) -> str:
         return "zeros"
     rank = (value >> RANK_SHIFT) - 1
     index = value & ((1 << RANK_SHIFT) - 1)
-    if 0 <= rank < 1 << 20:
+    if 0 <= rank and index < PERIOD_WORDS:
         return f"data of rank {rank} at offset {index * WORD}"
     return f"unrecognised bytes {word.hex()}"
 
 
-def first_mismatch(offset: int, got: bytes | bytearray, expected: bytes) -> str:
-    """Describe the first differing byte of a transfer that starts at file offset `offset`."""
+def first_mismatch(
+    offset: int, got: bytes | bytearray | memoryview, expected: bytes | memoryview
+) -> str:
+    """Describe the first differing word of a transfer that starts at file offset `offset`."""
+    got, expected = bytes(got), bytes(expected)
     limit = min(len(got), len(expected))
     i = next((k for k in range(limit) if got[k] != expected[k]), limit)
     at = offset + i
     word = (at // WORD) * WORD - offset  # the 8-byte word holding the byte, within the buffer
     if word >= 0 and word + WORD <= limit:
         want = describe_word(expected[word : word + WORD])
-        found = describe_word(bytes(got[word : word + WORD]))
+        found = describe_word(got[word : word + WORD])
         return f"word at offset {offset + word} differs: expected {want}, found {found}"
     return f"byte at offset {at} differs"
 
@@ -130,22 +175,24 @@ def transfers(file_size: int, transfer_size: int) -> list[tuple[int, int]]:
 
 
 def write_file(
-    client: Client, path: str, pattern: Pattern, file_size: int, transfer_size: int
+    client: Client, path: str, pattern: PatternBuffer, file_size: int, transfer_size: int
 ) -> PhaseResult:
     result = PhaseResult()
     for offset, length in transfers(file_size, transfer_size):
         t0 = time.perf_counter()
-        data = pattern.bytes_at(offset, length)
+        data = pattern.view(offset, length)
         result.pattern_s += time.perf_counter() - t0
         written = client.write(path, offset, data)
         if written != length:
-            raise OSError(f"short write of {path} at offset {offset}: {written} of {length} bytes")
+            raise OSError(
+                errno.EIO, f"short write of {path} at offset {offset}: {written} of {length} bytes"
+            )
         result.bytes += written
     return result
 
 
 def read_and_verify(
-    client: Client, path: str, pattern: Pattern, file_size: int, transfer_size: int
+    client: Client, path: str, pattern: PatternBuffer, file_size: int, transfer_size: int
 ) -> PhaseResult:
     """Read the file and compare every byte; raises VerificationError at the first mismatch."""
     result = PhaseResult()
@@ -153,13 +200,13 @@ def read_and_verify(
     for offset, length in transfers(file_size, transfer_size):
         buf = buffers.setdefault(length, bytearray(length))
         got = client.readinto(path, offset, buf)
+        result.bytes += got
         if got != length:
             raise VerificationError(
                 f"short read of {path} at offset {offset}: {got} of {length} bytes"
             )
-        result.bytes += got
         t0 = time.perf_counter()
-        expected = pattern.bytes_at(offset, length)
+        expected = pattern.view(offset, length)
         same = buf == expected
         result.pattern_s += time.perf_counter() - t0
         if not same:
@@ -217,10 +264,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     errors: list[dict[str, Any]] = []
     client: Client | None = None
-    write = read = PhaseResult()
+    pattern: PatternBuffer | None = None
+    write, read = PhaseResult(), PhaseResult()
 
-    def step(name: str, action: Any) -> bool:
-        """Run one phase on every rank; True if all succeeded, else record who failed and why."""
+    def step(name: str, action: Callable[[], None]) -> bool:
+        """Run `action` on every rank; True if all succeeded, else record who failed and why.
+
+        The outcome is exchanged with an allgather, so every rank takes the same next step and
+        no rank ever waits in a collective that another one skipped.
+        """
         error = None
         try:
             action()
@@ -243,29 +295,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 errors.append({"rank": r, **failure})
         return not errors
 
+    def timed_phase(name: str, prepare: Callable[[], None], work: Callable[[], None]) -> bool:
+        """Prepare (untimed), meet at a barrier, then run the timed work: IOR's phase shape."""
+        if not step(name, prepare):
+            return False
+        comm.Barrier()
+        return step(name, work)
+
     def connect() -> None:
         nonlocal client
         client = Client(str(args.registry), config=resolve_config_text(args.config))
 
+    def prepare_write() -> None:
+        nonlocal pattern
+        pattern = PatternBuffer(Pattern(rank), args.file_size, args.transfer_size)
+
     def do_write() -> None:
         nonlocal write
-        assert client is not None
-        comm.Barrier()
+        assert client is not None and pattern is not None
         start = MPI.Wtime()
-        write = write_file(
-            client, file_path(rank), Pattern(rank), args.file_size, args.transfer_size
-        )
+        write = write_file(client, file_path(rank), pattern, args.file_size, args.transfer_size)
         write.start, write.end = start, MPI.Wtime()
         record["write"] = asdict(write)
 
+    def prepare_read() -> None:
+        nonlocal pattern
+        pattern = None  # one pattern in memory at a time
+        pattern = PatternBuffer(Pattern(peer), args.file_size, args.transfer_size)
+
     def do_read() -> None:
         nonlocal read
-        assert client is not None
-        comm.Barrier()
+        assert client is not None and pattern is not None
         start = MPI.Wtime()
-        read = read_and_verify(
-            client, file_path(peer), Pattern(peer), args.file_size, args.transfer_size
-        )
+        read = read_and_verify(client, file_path(peer), pattern, args.file_size, args.transfer_size)
         read.start, read.end = start, MPI.Wtime()
         record["read_phase"] = asdict(read)
 
@@ -282,11 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = step("connect", connect)
     if ok and client is not None:
         servers = client.server_ids()
-    # A failed phase must not hide a barrier from the ranks that passed it, so every step
-    # (and its barrier) runs only when all ranks are still fine.
-    ok = ok and step("write", do_write)
-    ok = ok and step("read", do_read)
+    ok = ok and timed_phase("write", prepare_write, do_write)
+    ok = ok and timed_phase("read", prepare_read, do_read)
     ok = ok and step("file_size", check_size)
+    pattern = None
     if client is not None:
         try:
             client.close()

@@ -176,7 +176,7 @@ impl Config {
         let mut table = defaults_table()?;
         let file: toml::Table =
             toml::from_str(text).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
-        merge(&mut table, file, "")?;
+        merge(&mut table, file, "").map_err(Error::Config)?;
         finish(table)
     }
 }
@@ -185,8 +185,9 @@ fn defaults_table() -> Result<toml::Table> {
     toml::Table::try_from(Config::default()).map_err(|e| Error::Config(format!("cannot build defaults: {e}")))
 }
 
-/// Merges `over` into `base`, refusing keys the defaults do not have.
-fn merge(base: &mut toml::Table, over: toml::Table, prefix: &str) -> Result<()> {
+/// Merges `over` into `base`, refusing keys the defaults do not have and values whose type
+/// differs from the default's (so the error names the key, not just the type).
+fn merge(base: &mut toml::Table, over: toml::Table, prefix: &str) -> std::result::Result<(), String> {
     for (key, value) in over {
         let name = if prefix.is_empty() {
             key.clone()
@@ -195,35 +196,57 @@ fn merge(base: &mut toml::Table, over: toml::Table, prefix: &str) -> Result<()> 
         };
         match (base.get_mut(&key), value) {
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o, &name)?,
-            (Some(toml::Value::Table(_)), _) => return Err(Error::Config(format!("{name} must be a table"))),
-            (Some(slot), v) => *slot = v,
-            (None, _) => return Err(Error::Config(format!("unknown key {name}"))),
+            (Some(toml::Value::Table(_)), _) => return Err(format!("{name} must be a table")),
+            (Some(slot), v) => *slot = typed_like(slot, v, &name)?,
+            (None, _) => return Err(format!("unknown key {name}")),
         }
     }
     Ok(())
 }
 
+/// `value` converted to the type of `default` (integers are accepted where floats are expected).
+fn typed_like(
+    default: &toml::Value,
+    value: toml::Value,
+    name: &str,
+) -> std::result::Result<toml::Value, String> {
+    use toml::Value as V;
+    match (default, value) {
+        (V::Float(_), V::Integer(i)) => Ok(V::Float(i as f64)),
+        (d, v) if std::mem::discriminant(d) == std::mem::discriminant(&v) => Ok(v),
+        (d, v) => Err(format!(
+            "{name} must be {}, not {} ({v})",
+            d.type_str(),
+            v.type_str()
+        )),
+    }
+}
+
 /// Sets `section.key` from a string, typed after the default's type.
-fn set_from_str(table: &mut toml::Table, section: &str, key: &str, raw: &str, origin: &str) -> Result<()> {
+fn set_from_str(
+    table: &mut toml::Table,
+    section: &str,
+    key: &str,
+    raw: &str,
+    origin: &str,
+) -> std::result::Result<(), String> {
+    let name = format!("{section}.{key}");
     let slot = table
         .get_mut(section)
         .and_then(|s| s.as_table_mut())
         .and_then(|s| s.get_mut(key))
-        .ok_or_else(|| Error::Config(format!("unknown key {section}.{key} (from {origin})")))?;
+        .ok_or_else(|| format!("unknown key {name} (from {origin})"))?;
     let value = match slot {
         toml::Value::String(_) => toml::Value::String(raw.to_string()),
         _ => {
-            let doc: toml::Table = toml::from_str(&format!("v = {raw}")).map_err(|_| {
-                Error::Config(format!(
-                    "{section}.{key} = {raw:?} (from {origin}) is not a valid value"
-                ))
-            })?;
+            let doc: toml::Table = toml::from_str(&format!("v = {raw}"))
+                .map_err(|_| format!("{name} = {raw:?} (from {origin}) is not a valid value"))?;
             doc.get("v")
                 .cloned()
-                .ok_or_else(|| Error::Config(format!("{section}.{key}: empty value")))?
+                .ok_or_else(|| format!("{name}: empty value (from {origin})"))?
         }
     };
-    *slot = value;
+    *slot = typed_like(slot, value, &name).map_err(|e| format!("{e} (from {origin})"))?;
     Ok(())
 }
 
@@ -242,7 +265,7 @@ pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &
     let env_path = env.get(CONFIG_ENV).filter(|p| !p.is_empty()).map(Path::new);
     if let Some(file) = path.or(env_path) {
         let text = std::fs::read_to_string(file)
-            .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            .map_err(|e| Error::io(format!("configuration file {}", file.display()), e))?;
         let over: toml::Table = toml::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: malformed TOML: {e}", file.display())))?;
         merge(&mut table, over, "").map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
@@ -256,12 +279,12 @@ pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &
     for (section, key) in &keys {
         let var = format!("BENCHFS_{}_{}", section.to_uppercase(), key.to_uppercase());
         if let Some(raw) = env.get(&var) {
-            set_from_str(&mut table, section, key, raw, &var)?;
+            set_from_str(&mut table, section, key, raw, &var).map_err(Error::Config)?;
         }
     }
     for (var, section, key) in ENV_ALIASES {
         if let Some(raw) = env.get(*var) {
-            set_from_str(&mut table, section, key, raw, var)?;
+            set_from_str(&mut table, section, key, raw, var).map_err(Error::Config)?;
         }
     }
     for item in overrides {
@@ -272,7 +295,7 @@ pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &
             .trim()
             .split_once('.')
             .ok_or_else(|| Error::Config(format!("override {item:?} is not section.key=value")))?;
-        set_from_str(&mut table, section, key, raw.trim(), "override")?;
+        set_from_str(&mut table, section, key, raw.trim(), "override").map_err(Error::Config)?;
     }
     finish(table)
 }
@@ -320,7 +343,11 @@ mod tests {
     fn bad_input_is_a_clear_error() {
         let e = |r: Result<Config>| r.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e(Config::from_toml("[client]\nchunk_sise = 1\n")).contains("unknown key client.chunk_sise"));
-        assert!(e(Config::from_toml("[client]\nchunk_size = \"big\"\n")).contains("invalid type"));
+        assert!(e(Config::from_toml("[client]\nchunk_size = \"big\"\n"))
+            .contains("client.chunk_size must be integer, not string"));
+        assert!(
+            e(resolve(None, &env(&[]), &["client.max_inflight=1.5".into()])).contains("client.max_inflight")
+        );
         assert!(e(Config::from_toml("[client\n")).contains("malformed TOML"));
         assert!(e(Config::from_toml("[client]\nchunk_size = 0\n")).contains("chunk_size"));
         assert!(
@@ -328,7 +355,8 @@ mod tests {
                 .contains("BENCHFS_CLIENT_CHUNK_SIZE")
         );
         assert!(e(resolve(None, &env(&[]), &["nosuch.key=1".into()])).contains("unknown key"));
-        assert!(e(resolve(Some(Path::new("/nonexistent/c.toml")), &env(&[]), &[])).contains("cannot read"));
+        assert!(e(resolve(Some(Path::new("/nonexistent/c.toml")), &env(&[]), &[]))
+            .contains("configuration file /nonexistent/c.toml"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,11 @@ pub fn entry_path(dir: &Path, id: u32) -> PathBuf {
 
 /// Publishes an entry atomically: readers see the whole file or none of it.
 pub fn publish(dir: &Path, entry: &RegistryEntry) -> Result<PathBuf> {
-    fs::create_dir_all(dir).map_err(|e| Error::io(format!("create registry {}", dir.display()), e))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io(format!("create registry {}", dir.display()), e))?;
     let path = entry_path(dir, entry.id);
     let tmp = dir.join(format!(".server-{}.json.{}.tmp", entry.id, std::process::id()));
     let text = serde_json::to_string(entry).map_err(|e| Error::Protocol(e.to_string()))?;

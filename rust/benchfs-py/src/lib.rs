@@ -54,14 +54,6 @@ fn config_from(text: Option<&str>) -> PyResult<Config> {
 #[pyfunction]
 #[pyo3(signature = (path=None, overrides=None))]
 fn resolve_config(path: Option<PathBuf>, overrides: Option<Vec<String>>) -> PyResult<String> {
-    if let Some(p) = &path {
-        if !p.exists() {
-            return Err(pyo3::exceptions::PyFileNotFoundError::new_err((
-                2,
-                format!("configuration file {} does not exist", p.display()),
-            )));
-        }
-    }
     let c = config::resolve(
         path.as_deref(),
         &config::process_env(),
