@@ -113,6 +113,7 @@ def test_manifest_is_written_atomically_and_complete(tmp_path: Path) -> None:
         "manifest.json",
         "registry",
         "servers",
+        "telemetry",
         "workload",
     ]
 

@@ -23,6 +23,8 @@ from typing import Any
 
 __all__ = [
     "MANIFEST_SCHEMA_VERSION",
+    "TELEMETRY_DIR",
+    "TELEMETRY_PATTERN",
     "Manifest",
     "RunDir",
     "create_run_dir",
@@ -40,6 +42,10 @@ CONFIG_NAME = "config.toml"
 SERVERS_DIR = "servers"
 WORKLOAD_DIR = "workload"
 REGISTRY_DIR = "registry"
+TELEMETRY_DIR = "telemetry"
+TELEMETRY_PATTERN = "*.tel"
+"""Telemetry files in TELEMETRY_DIR: `<source>-<id>-w<worker>[.<n>].tel`, named by the writer
+in rust/benchfs-core/src/telemetry.rs (format: docs/telemetry.md)."""
 
 
 def utc_now() -> str:
@@ -80,6 +86,15 @@ class RunDir:
         """The per-job registry where servers publish their addresses (mode 0700)."""
         return self.path / REGISTRY_DIR
 
+    @property
+    def telemetry_dir(self) -> Path:
+        """Where every server writes its telemetry snapshots (config `telemetry.dir`)."""
+        return self.path / TELEMETRY_DIR
+
+    def telemetry_files(self) -> list[Path]:
+        """The telemetry files of the run, sorted by name."""
+        return sorted(self.telemetry_dir.glob(TELEMETRY_PATTERN))
+
     def server_log(self, server_id: int) -> Path:
         return self.servers_dir / f"server-{server_id}.log"
 
@@ -117,6 +132,7 @@ def create_run_dir(root: str | os.PathLike[str], mode: str, now: datetime | None
     run_dir = RunDir(path.resolve())
     run_dir.servers_dir.mkdir()
     run_dir.workload_dir.mkdir()
+    run_dir.telemetry_dir.mkdir()
     run_dir.registry_dir.mkdir(mode=0o700)
     return run_dir
 

@@ -15,6 +15,12 @@ use crate::error::{Error, Result};
 
 pub const ALIGN: usize = 4096;
 
+/// Pool buffer size for a chunk size: room for a whole chunk placed at any offset modulo
+/// [`ALIGN`] (buffers mirror file alignment), rounded to whole blocks for direct I/O.
+pub fn io_buffer_size(chunk_size: u64) -> usize {
+    (chunk_size as usize).div_ceil(ALIGN) * ALIGN + 2 * ALIGN
+}
+
 /// One page-aligned allocation (owned by a pool buffer).
 pub struct Aligned {
     ptr: NonNull<u8>,
@@ -84,6 +90,11 @@ impl BufferPool {
 
     pub fn waits(&self) -> u64 {
         self.inner.waits.get()
+    }
+
+    /// Forgets parked waiters (at shutdown, to break waker reference cycles).
+    pub fn clear_waiters(&self) {
+        self.inner.waiters.borrow_mut().clear();
     }
 
     /// Waits for a free buffer (FIFO among waiters).

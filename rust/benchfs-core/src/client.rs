@@ -472,6 +472,23 @@ impl Client {
         })
     }
 
+    /// Makes everything this file's servers hold of it durable on their devices.
+    pub fn fsync(&self, path: &str) -> Result<()> {
+        let file = FileId::from_path(path);
+        let window = self.config.client.max_inflight as usize;
+        self.run(async {
+            let calls = (0..self.server_count()).map(|i| {
+                let header = Header::request(Op::Fsync, self.request_id(), file.0, 0, 0, 0);
+                self.call(i, header, &[], None)
+            });
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            while let Some(r) = results.next().await {
+                r?;
+            }
+            Ok(())
+        })
+    }
+
     /// Replies that arrived after their request was abandoned, and undecodable replies.
     pub fn reply_anomalies(&self) -> (u64, u64) {
         (

@@ -16,6 +16,7 @@ pub struct Config {
     pub client: ClientConfig,
     pub server: ServerConfig,
     pub storage: StorageConfig,
+    pub telemetry: TelemetryConfig,
     pub run: RunConfig,
 }
 
@@ -65,7 +66,10 @@ impl Default for ClientConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Requests served at once (a fixed set of service tasks, never a spawn per request).
+    /// Event-loop threads per server, each with its own io_uring and UCX worker.
+    pub workers: u32,
+    /// Requests served at once per worker (a fixed set of service tasks, never a spawn per
+    /// request).
     pub max_in_service: u32,
     /// Requests waiting beyond those; further requests are refused with EAGAIN.
     pub max_queued: u32,
@@ -74,6 +78,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
+            workers: 1,
             max_in_service: 32,
             max_queued: 1024,
         }
@@ -83,10 +88,23 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// Page-aligned buffers of `client.chunk_size` bytes per server (the memory bound).
+    /// Page-aligned buffers of `client.chunk_size` bytes per server worker (the memory bound).
     pub buffer_count: u32,
     /// io_uring submission queue entries per server worker.
     pub ring_entries: u32,
+    /// On-disk layout: "chunkfile" (one file per chunk) or "packed" (chunks in large files).
+    pub layout: String,
+    /// O_DIRECT for writes (bypass the page cache); unaligned heads and tails handled.
+    pub direct_write: bool,
+    /// O_DIRECT for reads.
+    pub direct_read: bool,
+    /// Open chunk files kept per worker (bounded handle cache).
+    pub handle_cache: u32,
+    /// "immediate" (default): submit every turn. "timer": the seeds' timer-gated submission,
+    /// for reproducing their experiment only.
+    pub submit_policy: String,
+    /// With submit_policy = "timer": hold SQEs until this much time passed since the last submit.
+    pub submit_timer_us: u64,
 }
 
 impl Default for StorageConfig {
@@ -94,6 +112,34 @@ impl Default for StorageConfig {
         StorageConfig {
             buffer_count: 32,
             ring_entries: 256,
+            layout: "chunkfile".into(),
+            direct_write: false,
+            direct_read: false,
+            handle_cache: 512,
+            submit_policy: "immediate".into(),
+            submit_timer_us: 50_000,
+        }
+    }
+}
+
+/// Always-on counters and histograms, and where servers write their snapshots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Record histograms and counters (off only to measure their overhead).
+    pub enabled: bool,
+    /// Directory for snapshot files; empty means keep counters in memory only.
+    pub dir: String,
+    /// Snapshot period in milliseconds (100 to 60000).
+    pub interval_ms: u64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            enabled: true,
+            dir: String::new(),
+            interval_ms: 1000,
         }
     }
 }
@@ -153,6 +199,21 @@ impl Config {
         }
         if self.server.max_in_service == 0 {
             return bad("server.max_in_service must be at least 1");
+        }
+        if self.server.workers == 0 || self.server.workers > 64 {
+            return bad("server.workers must be between 1 and 64");
+        }
+        if !matches!(self.storage.layout.as_str(), "chunkfile" | "packed") {
+            return bad("storage.layout must be \"chunkfile\" or \"packed\"");
+        }
+        if !matches!(self.storage.submit_policy.as_str(), "immediate" | "timer") {
+            return bad("storage.submit_policy must be \"immediate\" or \"timer\"");
+        }
+        if self.storage.handle_cache == 0 {
+            return bad("storage.handle_cache must be at least 1");
+        }
+        if !(100..=60_000).contains(&self.telemetry.interval_ms) {
+            return bad("telemetry.interval_ms must be between 100 and 60000");
         }
         if self.storage.buffer_count == 0 {
             return bad("storage.buffer_count must be at least 1");

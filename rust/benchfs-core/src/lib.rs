@@ -1,6 +1,7 @@
 //! BenchFS core: everything the daemon, the Python module, the C library and the FUSE mount
 //! share. Front-ends stay thin; the behaviour lives here.
 
+pub mod bench;
 pub mod buffer;
 pub mod chunking;
 pub mod client;
@@ -11,5 +12,6 @@ pub mod registry;
 pub mod runtime;
 pub mod server;
 pub mod storage;
+pub mod telemetry;
 
 pub use error::{Error, Result};

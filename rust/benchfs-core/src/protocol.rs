@@ -22,6 +22,8 @@ pub enum Op {
     ReadChunk = 2,
     /// Reply `length`: the end of the furthest byte of `file_id` this server stores.
     FileExtent = 3,
+    /// Makes every byte of `file_id` written to this server durable before the reply.
+    Fsync = 4,
 }
 
 impl Op {
@@ -30,6 +32,7 @@ impl Op {
             1 => Some(Op::WriteChunk),
             2 => Some(Op::ReadChunk),
             3 => Some(Op::FileExtent),
+            4 => Some(Op::Fsync),
             _ => None,
         }
     }
@@ -39,6 +42,7 @@ impl Op {
             Op::WriteChunk => "write_chunk",
             Op::ReadChunk => "read_chunk",
             Op::FileExtent => "file_extent",
+            Op::Fsync => "fsync",
         }
     }
 }
@@ -187,7 +191,7 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
             "write_chunk header says {} bytes but {payload_len} arrived",
             h.length
         ))),
-        Op::ReadChunk | Op::FileExtent if payload_len != 0 => Err(Error::Protocol(format!(
+        Op::ReadChunk | Op::FileExtent | Op::Fsync if payload_len != 0 => Err(Error::Protocol(format!(
             "{} carries an unexpected payload of {payload_len} bytes",
             h.op.name()
         ))),
@@ -205,7 +209,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        for op in [Op::WriteChunk, Op::ReadChunk, Op::FileExtent] {
+        for op in [Op::WriteChunk, Op::ReadChunk, Op::FileExtent, Op::Fsync] {
             let h = Header { op, ..sample() }.reply(-libc::ENOENT, 99);
             assert_eq!(Header::decode(&h.encode()), Ok(h));
         }

@@ -52,7 +52,9 @@ pub struct Reactor {
     slots: RefCell<Vec<OpSlot>>,
     free_slots: RefCell<Vec<usize>>,
     /// SQEs that did not fit in the submission queue; pushed first on the next turn.
-    backlog: RefCell<VecDeque<squeue::Entry>>,
+    backlog: RefCell<VecDeque<(squeue::Entry, bool)>>,
+    /// Data SQEs placed in the submission queue since the last `io_uring_enter`.
+    unsubmitted: Cell<u32>,
     timers: RefCell<BinaryHeap<Reverse<(Instant, u64)>>>,
     timer_wakers: RefCell<HashMap<u64, Waker>>,
     next_timer: Cell<u64>,
@@ -64,6 +66,60 @@ pub struct Reactor {
     notify_waker: RefCell<Option<Waker>>,
     /// Set when this turn woke a task, so the loop must not sleep.
     woke: Cell<bool>,
+    /// Data operations (not the loop's own polls) queued or in the kernel.
+    inflight: Cell<u32>,
+    stats: ReactorStats,
+    /// Experimental timer-gated submission (the seeds' policy): hold data SQEs this long.
+    hold: Option<Duration>,
+    last_flush: Cell<Instant>,
+}
+
+/// Cheap always-on counters of the submission path (the telemetry histograms build on them).
+#[derive(Default)]
+pub struct ReactorStats {
+    /// Sum and count of the in-flight depth each data operation was submitted at.
+    pub depth_sum: Cell<u64>,
+    pub depth_samples: Cell<u64>,
+    /// Operations submitted with nothing else in flight (depth 1).
+    pub depth_one: Cell<u64>,
+    /// `io_uring_enter` calls that submitted something, and how many SQEs they carried.
+    pub enters: Cell<u64>,
+    pub sqes: Cell<u64>,
+    /// Hooks for detailed telemetry: called with (depth, operations at that depth) per submit,
+    /// and with each batch size.
+    pub on_depth: RefCell<Option<Box<dyn Fn(u32, u32)>>>,
+    pub on_batch: RefCell<Option<Box<dyn Fn(u32)>>>,
+}
+
+impl ReactorStats {
+    /// One `io_uring_enter` put `sqes` data operations in the kernel, leaving `depth` in flight:
+    /// each of them is counted as submitted at that depth.
+    fn record_submit(&self, sqes: u32, depth: u32) {
+        if sqes == 0 {
+            return;
+        }
+        self.depth_sum
+            .set(self.depth_sum.get() + depth as u64 * sqes as u64);
+        self.depth_samples.set(self.depth_samples.get() + sqes as u64);
+        if depth == 1 {
+            self.depth_one.set(self.depth_one.get() + sqes as u64);
+        }
+        if let Some(f) = self.on_depth.borrow().as_ref() {
+            f(depth, sqes);
+        }
+        self.record_batch(sqes);
+    }
+
+    fn record_batch(&self, sqes: u32) {
+        if sqes == 0 {
+            return;
+        }
+        self.enters.set(self.enters.get() + 1);
+        self.sqes.set(self.sqes.get() + sqes as u64);
+        if let Some(f) = self.on_batch.borrow().as_ref() {
+            f(sqes);
+        }
+    }
 }
 
 /// A cloneable, `Send` handle that wakes a sleeping loop from another thread.
@@ -83,7 +139,7 @@ impl Notifier {
 }
 
 impl Reactor {
-    fn new(entries: u32) -> Result<Rc<Reactor>> {
+    fn new(entries: u32, hold: Option<Duration>) -> Result<Rc<Reactor>> {
         let ring = IoUring::new(entries).map_err(|e| Error::io("io_uring_setup", e))?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -95,6 +151,7 @@ impl Reactor {
             slots: RefCell::new(Vec::new()),
             free_slots: RefCell::new(Vec::new()),
             backlog: RefCell::new(VecDeque::new()),
+            unsubmitted: Cell::new(0),
             timers: RefCell::new(BinaryHeap::new()),
             timer_wakers: RefCell::new(HashMap::new()),
             next_timer: Cell::new(0),
@@ -106,6 +163,10 @@ impl Reactor {
             notified: Cell::new(false),
             notify_waker: RefCell::new(None),
             woke: Cell::new(false),
+            inflight: Cell::new(0),
+            stats: ReactorStats::default(),
+            hold,
+            last_flush: Cell::new(Instant::now()),
         }))
     }
 
@@ -123,12 +184,17 @@ impl Reactor {
         Ok(Notifier { fd: Arc::new(dup) })
     }
 
-    fn push_sqe(&self, entry: squeue::Entry) {
+    /// Places an SQE in the submission queue, or in the backlog when the queue is full (a full
+    /// queue is never an error: the SQE goes in on the next turn).
+    fn push_sqe(&self, entry: squeue::Entry, data: bool) {
         let mut ring = self.ring.borrow_mut();
         // SAFETY: every SQE's buffers are owned by its slot until the CQE arrives.
-        let pushed = unsafe { ring.submission().push(&entry) };
-        if pushed.is_err() {
-            self.backlog.borrow_mut().push_back(entry);
+        if unsafe { ring.submission().push(&entry) }.is_ok() {
+            if data {
+                self.unsubmitted.set(self.unsubmitted.get() + 1);
+            }
+        } else {
+            self.backlog.borrow_mut().push_back((entry, data));
         }
     }
 
@@ -156,6 +222,23 @@ impl Reactor {
         self.free_slots.borrow_mut().push(i);
     }
 
+    /// Queues a data SQE whose memory (if any) is `buf`, owned by the slot until completion.
+    fn start(self: &Rc<Self>, build: impl FnOnce(u64) -> squeue::Entry, buf: Option<IoBuffer>) -> IoOp {
+        let slot = self.new_slot(buf);
+        self.inflight.set(self.inflight.get() + 1);
+        let sqe = build(slot as u64);
+        if self.hold.is_some() {
+            self.backlog.borrow_mut().push_back((sqe, true));
+        } else {
+            self.push_sqe(sqe, true);
+        }
+        IoOp {
+            reactor: self.clone(),
+            slot,
+            finished: false,
+        }
+    }
+
     /// Writes `buf[start..start+len]` at `offset` of `fd`; returns the result and the buffer.
     pub fn write_at(
         self: &Rc<Self>,
@@ -169,34 +252,53 @@ impl Reactor {
         let len = len.min(buf.capacity() - start) as u32;
         // SAFETY: start is within the allocation.
         let ptr = unsafe { buf.as_ptr().add(start) };
-        let slot = self.new_slot(Some(buf));
-        let sqe = opcode::Write::new(types::Fd(fd), ptr, len)
-            .offset(offset)
-            .build()
-            .user_data(slot as u64);
-        self.push_sqe(sqe);
-        IoOp {
-            reactor: self.clone(),
-            slot,
-            finished: false,
-        }
+        self.start(
+            |token| {
+                opcode::Write::new(types::Fd(fd), ptr, len)
+                    .offset(offset)
+                    .build()
+                    .user_data(token)
+            },
+            Some(buf),
+        )
     }
 
     /// Reads up to `len` bytes at `offset` of `fd` into the start of `buf`.
     pub fn read_at(self: &Rc<Self>, fd: RawFd, mut buf: IoBuffer, len: usize, offset: u64) -> IoOp {
         let ptr = buf.as_mut_ptr();
         let len = len.min(buf.capacity()) as u32;
-        let slot = self.new_slot(Some(buf));
-        let sqe = opcode::Read::new(types::Fd(fd), ptr, len)
-            .offset(offset)
-            .build()
-            .user_data(slot as u64);
-        self.push_sqe(sqe);
-        IoOp {
-            reactor: self.clone(),
-            slot,
-            finished: false,
-        }
+        self.start(
+            |token| {
+                opcode::Read::new(types::Fd(fd), ptr, len)
+                    .offset(offset)
+                    .build()
+                    .user_data(token)
+            },
+            Some(buf),
+        )
+    }
+
+    /// `fdatasync(fd)` through the ring.
+    pub fn fdatasync(self: &Rc<Self>, fd: RawFd) -> IoOp {
+        self.start(
+            |token| {
+                opcode::Fsync::new(types::Fd(fd))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build()
+                    .user_data(token)
+            },
+            None,
+        )
+    }
+
+    /// Data operations queued or in the kernel right now.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.get()
+    }
+
+    /// Depth and batch statistics since the reactor started.
+    pub fn stats(&self) -> &ReactorStats {
+        &self.stats
     }
 
     /// A future that resolves after `dur` (for request timeouts, never for batching I/O).
@@ -253,6 +355,7 @@ impl Reactor {
     }
 
     fn complete(&self, i: usize, result: i32) {
+        self.inflight.set(self.inflight.get().saturating_sub(1));
         let old = {
             let mut slots = self.slots.borrow_mut();
             match slots.get_mut(i) {
@@ -314,7 +417,12 @@ impl Reactor {
                 None => ring.submitter().submit_and_wait(want),
             };
             match res {
-                Ok(_) => Ok(()),
+                Ok(_) => {
+                    // Only data SQEs count as a batch; the loop's own polls are bookkeeping.
+                    self.stats
+                        .record_submit(self.unsubmitted.replace(0), self.inflight.get());
+                    Ok(())
+                }
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
@@ -337,7 +445,7 @@ impl Reactor {
                 let sqe = opcode::PollAdd::new(types::Fd(w.event_fd()), libc::POLLIN as u32)
                     .build()
                     .user_data(TOKEN_UCX);
-                self.push_sqe(sqe);
+                self.push_sqe(sqe, false);
                 self.ucx_poll_armed.set(true);
             }
         }
@@ -345,10 +453,14 @@ impl Reactor {
             let sqe = opcode::PollAdd::new(types::Fd(self.notify_fd.as_raw_fd()), libc::POLLIN as u32)
                 .build()
                 .user_data(TOKEN_NOTIFY);
-            self.push_sqe(sqe);
+            self.push_sqe(sqe, false);
             self.notify_armed.set(true);
         }
-        let timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let mut timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if let (Some(hold), false) = (self.hold, self.backlog.borrow().is_empty()) {
+            let left = hold.saturating_sub(self.last_flush.get().elapsed());
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
         submit(1, timeout)?;
         self.reap();
         self.fire_timers();
@@ -360,11 +472,20 @@ impl Reactor {
         if backlog.is_empty() {
             return;
         }
+        if let Some(hold) = self.hold {
+            if self.last_flush.get().elapsed() < hold {
+                return;
+            }
+            self.last_flush.set(Instant::now());
+        }
         let mut ring = self.ring.borrow_mut();
-        while let Some(entry) = backlog.front() {
+        while let Some((entry, data)) = backlog.front() {
             // SAFETY: as in push_sqe.
             if unsafe { ring.submission().push(entry) }.is_err() {
                 break;
+            }
+            if *data {
+                self.unsubmitted.set(self.unsubmitted.get() + 1);
             }
             backlog.pop_front();
         }
@@ -527,12 +648,18 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(ring_entries: u32) -> Result<Runtime> {
+        Self::with_submit_hold(ring_entries, None)
+    }
+
+    /// A runtime whose data SQEs are held up to `hold` before submission. Only for reproducing
+    /// the seeds' timer-gated experiment; never the default.
+    pub fn with_submit_hold(ring_entries: u32, hold: Option<Duration>) -> Result<Runtime> {
         let pool = LocalPool::new();
         let spawner = pool.spawner();
         Ok(Runtime {
             pool: RefCell::new(pool),
             spawner,
-            reactor: Reactor::new(ring_entries)?,
+            reactor: Reactor::new(ring_entries, hold)?,
         })
     }
 
@@ -543,6 +670,29 @@ impl Runtime {
     /// Spawns a task on this thread. Callers bound how many they spawn.
     pub fn spawn(&self, fut: impl Future<Output = ()> + 'static) -> Result<()> {
         self.spawner.spawn_local(fut).map_err(|_| Error::Stopped)
+    }
+
+    /// Turns the loop until no data operation is in the kernel (bounded by `timeout`), so that
+    /// dropping the ring never leaves the kernel holding files or buffers.
+    pub fn quiesce(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.reactor.inflight() > 0 {
+            if Instant::now() >= deadline {
+                return Err(Error::io(
+                    "stopping the event loop",
+                    io::Error::other(format!(
+                        "{} I/O operations did not finish",
+                        self.reactor.inflight()
+                    )),
+                ));
+            }
+            self.pool.borrow_mut().run_until_stalled();
+            let wait = pin!(self.reactor.sleep(Duration::from_millis(10)));
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            let _ = wait.poll(&mut cx);
+            self.reactor.turn(true)?;
+        }
+        Ok(())
     }
 
     /// Runs the loop until `fut` completes; spawned tasks run alongside it.

@@ -15,7 +15,7 @@ use std::task::{Context, Poll, Waker};
 
 use benchfs_ucx::{AmData, AmMessage, AmVerdict, ReplyEp, RndvDesc, Worker};
 
-use crate::buffer::{BufferPool, IoBuffer};
+use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -23,6 +23,9 @@ use crate::protocol::{check_request, Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
 use crate::runtime::{Notifier, Runtime};
 use crate::storage::ChunkStore;
+
+/// How long a stopping server waits for accepted requests and in-flight I/O.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Who this server is and where it keeps things.
 #[derive(Debug, Clone)]
@@ -128,6 +131,9 @@ struct ServerState {
     extents: RefCell<HashMap<FileId, u64>>,
     chunk_size: u64,
     counters: Counters,
+    /// Set at shutdown: new requests are refused with ESHUTDOWN, accepted ones still served.
+    draining: Cell<bool>,
+    in_service: Cell<u32>,
 }
 
 /// Sends a header-only reply without waiting for it (no payload memory to keep alive).
@@ -158,6 +164,10 @@ impl ServerState {
                 return AmVerdict::Done;
             }
         };
+        if self.draining.get() {
+            reply_now(&self.worker, reply_ep, header.reply(-libc::ESHUTDOWN, 0));
+            return AmVerdict::Done;
+        }
         if check_request(&header, payload_len, self.chunk_size).is_err() {
             bump(&self.counters.malformed, 1);
             reply_now(&self.worker, reply_ep, header.reply(-libc::EINVAL, 0));
@@ -196,38 +206,43 @@ impl ServerState {
         let (status, count, data) = match h.op {
             Op::WriteChunk => {
                 let buf = match req.payload {
-                    Payload::Eager(v) => Ok(IoBuffer::Heap(v)),
-                    Payload::None => Ok(IoBuffer::empty()),
+                    Payload::Eager(v) => Ok((IoBuffer::Heap(v), 0)),
+                    Payload::None => Ok((IoBuffer::empty(), 0)),
                     Payload::Rendezvous(desc) => {
                         let mut buf = self.pool.acquire().await;
+                        // Mirror the file's alignment so direct I/O can take the aligned middle.
+                        let start = (h.offset % ALIGN as u64) as usize;
+                        let target = &mut buf.as_mut_slice(start + len)[start..];
                         // SAFETY: the descriptor was kept by the handler and is used once; the
                         // buffer lives until the awaited receive completes.
-                        let recv = unsafe { self.worker.recv_data(desc, buf.as_mut_slice(len)) };
-                        recv.await.map(|_| buf)
+                        let recv = unsafe { self.worker.recv_data(desc, target) };
+                        recv.await.map(|_| (buf, start))
                     }
                 };
                 match buf {
                     Err(_) => (-libc::ECOMM, 0, None),
                     Ok(_) if len == 0 => (0, 0, None),
-                    Ok(buf) => match self.store.write(file, h.chunk, h.offset, buf, len).await {
-                        (Ok(n), _) => {
-                            bump(&self.counters.bytes_written, n as u64);
-                            let end = h.chunk * self.chunk_size + h.offset + n as u64;
-                            let mut extents = self.extents.borrow_mut();
-                            let e = extents.entry(file).or_insert(0);
-                            *e = (*e).max(end);
-                            (0, n as u64, None)
+                    Ok((buf, start)) => {
+                        match self.store.write(file, h.chunk, h.offset, buf, start, len).await {
+                            (Ok(n), _) => {
+                                bump(&self.counters.bytes_written, n as u64);
+                                let end = h.chunk * self.chunk_size + h.offset + n as u64;
+                                let mut extents = self.extents.borrow_mut();
+                                let e = extents.entry(file).or_insert(0);
+                                *e = (*e).max(end);
+                                (0, n as u64, None)
+                            }
+                            (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
                         }
-                        (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
-                    },
+                    }
                 }
             }
             Op::ReadChunk => {
                 let buf = self.pool.acquire().await;
                 match self.store.read(file, h.chunk, h.offset, buf, len).await {
-                    (Ok(n), buf) => {
+                    (Ok((skip, n)), buf) => {
                         bump(&self.counters.bytes_read, n as u64);
-                        (0, n as u64, Some(buf))
+                        (0, n as u64, Some((buf, skip)))
                     }
                     (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
                 }
@@ -236,13 +251,17 @@ impl ServerState {
                 let end = self.extents.borrow().get(&file).copied().unwrap_or(0);
                 (0, end, None)
             }
+            Op::Fsync => match self.store.fsync(file).await {
+                Ok(()) => (0, 0, None),
+                Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+            },
         };
         if status != 0 {
             bump(&self.counters.errors, 1);
         }
         let reply = h.reply(status, count);
         let payload: &[u8] = match (&data, h.op) {
-            (Some(buf), Op::ReadChunk) => buf.as_slice(count as usize),
+            (Some((buf, skip)), Op::ReadChunk) => &buf.as_slice(skip + count as usize)[*skip..],
             _ => &[],
         };
         // SAFETY: `data` (the payload's owner) lives until the awaited send completes.
@@ -287,14 +306,22 @@ fn hostname() -> String {
 pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier)) -> Result<ServerStats> {
     let config = &opts.config;
     config.validate()?;
-    let runtime = Runtime::new(config.storage.ring_entries)?;
+    let hold = (config.storage.submit_policy == "timer")
+        .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
+    let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
     let reactor = runtime.reactor().clone();
     let worker = Worker::new()?;
     reactor.attach_ucx(worker.clone());
-    let store = ChunkStore::open(&opts.data_dir, reactor.clone())?;
+    let store = ChunkStore::open(
+        &opts.data_dir,
+        &config.storage,
+        config.client.chunk_size,
+        0,
+        reactor.clone(),
+    )?;
     let pool = BufferPool::new(
         config.storage.buffer_count as usize,
-        config.client.chunk_size as usize,
+        io_buffer_size(config.client.chunk_size),
     )?;
     let state = Rc::new(ServerState {
         worker: worker.clone(),
@@ -308,6 +335,8 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier
         extents: RefCell::new(HashMap::new()),
         chunk_size: config.client.chunk_size,
         counters: Counters::default(),
+        draining: Cell::new(false),
+        in_service: Cell::new(0),
     });
     let handler_state = Rc::downgrade(&state);
     worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {
@@ -319,7 +348,9 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier
         runtime.spawn(async move {
             loop {
                 let req = s.queue.pop().await;
+                s.in_service.set(s.in_service.get() + 1);
                 s.serve_one(req).await;
+                s.in_service.set(s.in_service.get() - 1);
             }
         })?;
     }
@@ -342,6 +373,19 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier
     let result = runtime.block_on(reactor.notified());
     registry::unpublish(&opts.registry_dir, opts.id);
     result?;
+    // Graceful stop: finish what was accepted (bounded), then let the kernel finish every
+    // I/O it holds before the ring goes away (a dropped ring's requests pin their files).
+    state.draining.set(true);
+    let drained = runtime.block_on(async {
+        let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
+        while (!state.queue.items.borrow().is_empty() || state.in_service.get() > 0)
+            && std::time::Instant::now() < deadline
+        {
+            reactor.sleep(std::time::Duration::from_millis(1)).await;
+        }
+    });
+    drained?;
+    runtime.quiesce(DRAIN_TIMEOUT)?;
     // Requests still queued with a kept rendezvous descriptor: hand the descriptors back.
     for item in state.queue.items.borrow_mut().drain(..) {
         if let Payload::Rendezvous(desc) = item.payload {
@@ -350,6 +394,16 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier
         }
     }
     let stats = state.stats();
+    // Parked service tasks are referenced by wakers inside the state they reference: break
+    // that cycle so the store (and its open files) is released when the server stops.
+    state.queue.waiters.borrow_mut().clear();
+    state.pool.clear_waiters();
+    drop(runtime);
+    if Rc::strong_count(&state) != 1 {
+        return Err(Error::Protocol(
+            "server state still referenced after shutdown".into(),
+        ));
+    }
     Ok(stats)
 }
 

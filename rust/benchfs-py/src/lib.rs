@@ -10,6 +10,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use benchfs_core::bench::{self, Pattern, StorageBenchSpec};
 use benchfs_core::client::Client as CoreClient;
 use benchfs_core::config::{self, Config};
 use benchfs_core::registry;
@@ -253,6 +254,12 @@ impl PyClient {
         detached(py, client, |c| c.file_size(path)).map_err(to_py)
     }
 
+    /// Returns once every byte written to `path` is durable on the servers' devices.
+    fn fsync(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        let client = self.client()?;
+        detached(py, client, |c| c.fsync(path)).map_err(to_py)
+    }
+
     /// The ids of the servers this client uses, ascending.
     fn server_ids(&self) -> PyResult<Vec<u32>> {
         Ok(self.client()?.membership().iter().map(|e| e.id).collect())
@@ -272,12 +279,61 @@ impl PyClient {
     }
 }
 
+/// Runs the storage engine alone (no network) at a fixed queue depth; see docs/bench.md.
+#[pyfunction]
+#[pyo3(signature = (data_dir, pattern, block_size, queue_depth, total_bytes, chunk_size, direct_write, direct_read, layout="chunkfile", dataset_bytes=None))]
+#[allow(clippy::too_many_arguments)]
+fn bench_storage<'py>(
+    py: Python<'py>,
+    data_dir: PathBuf,
+    pattern: &str,
+    block_size: u64,
+    queue_depth: u32,
+    total_bytes: u64,
+    chunk_size: u64,
+    direct_write: bool,
+    direct_read: bool,
+    layout: &str,
+    dataset_bytes: Option<u64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut storage = Config::default().storage;
+    storage.direct_write = direct_write;
+    storage.direct_read = direct_read;
+    storage.layout = layout.to_string();
+    let mut check = Config::default();
+    check.storage = storage.clone();
+    check.validate().map_err(to_py)?;
+    let spec = StorageBenchSpec {
+        data_dir,
+        pattern: Pattern::parse(pattern).map_err(to_py)?,
+        block_size,
+        queue_depth,
+        total_bytes,
+        dataset_bytes: dataset_bytes.unwrap_or(total_bytes),
+        chunk_size,
+        storage,
+    };
+    let r = py.detach(|| bench::bench_storage(&spec)).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("seconds", r.seconds)?;
+    d.set_item("mib_s", r.mib_s())?;
+    d.set_item("ops", r.ops)?;
+    d.set_item("p50_us", r.p50_us)?;
+    d.set_item("p99_us", r.p99_us)?;
+    d.set_item("mean_inflight", r.mean_inflight)?;
+    d.set_item("share_depth1", r.share_depth1)?;
+    d.set_item("mean_batch", r.mean_batch)?;
+    Ok(d)
+}
+
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(wait_for_servers, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_storage, m)?)?;
     m.add_class::<PyServer>()?;
     m.add_class::<PyClient>()?;
     Ok(())

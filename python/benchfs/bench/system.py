@@ -1,0 +1,84 @@
+"""What the benchmarks need from the operating system: page cache, CPU time, free space."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = [
+    "BenchError",
+    "cpu_seconds",
+    "drop_caches",
+    "free_bytes",
+    "oserror_code",
+    "remove_path",
+    "tool_version",
+]
+
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+class BenchError(Exception):
+    """A benchmark failed: `code` is an errno-like name, `message` says what and where."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def oserror_code(e: OSError) -> str:
+    """The errno name of an OSError ("EIO" when it has none)."""
+    return errno.errorcode.get(e.errno or 0, "EIO")
+
+
+def drop_caches() -> bool:
+    """Write back dirty pages, then drop the page cache; False if not permitted (not root)."""
+    os.sync()
+    try:
+        DROP_CACHES.write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process (all its threads, living and exited), in seconds.
+
+    From /proc/<pid>/stat (utime and stime, in clock ticks: 10 ms resolution at 100 Hz).
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError as e:
+        raise BenchError("ESRCH", f"cannot read CPU time of process {pid}: {e}") from e
+    # Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    fields = stat.rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding `path`."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file or directory tree if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def tool_version(argv: list[str]) -> str | None:
+    """First line of a tool's `--version` output, or None if it cannot be run."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return None
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    return lines[0] if lines else None

@@ -1,0 +1,199 @@
+"""The storage engine through the whole path: layouts, direct I/O edges, fsync, faults.
+
+Loop-device tests make a small ext4 file system of their own (root is required, as on every
+machine this project runs on) and always unmount and detach it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from benchfs import Client
+from conftest import KIB, MIB, InProcessCluster, data_for
+
+LAYOUTS = ["chunkfile", "packed"]
+MODES = {
+    "buffered": ("storage.direct_write=false", "storage.direct_read=false"),
+    "direct": ("storage.direct_write=true", "storage.direct_read=true"),
+}
+
+
+@contextmanager
+def loop_filesystem(
+    tmp_path: Path, size_mib: int, *mount_options: str
+) -> Iterator[tuple[Path, str]]:
+    """A fresh ext4 on a loop device, mounted; yields (mountpoint, block device name)."""
+    image = tmp_path / "fs.img"
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    with image.open("wb") as f:
+        f.truncate(size_mib * MIB)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, timeout=60)
+    device = subprocess.run(
+        ["losetup", "--find", "--show", str(image)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    try:
+        options = ["-o", ",".join(mount_options)] if mount_options else []
+        subprocess.run(["mount", *options, device, str(mountpoint)], check=True, timeout=30)
+        try:
+            yield mountpoint, Path(device).name
+        finally:
+            subprocess.run(["umount", str(mountpoint)], check=True, timeout=60)
+    finally:
+        subprocess.run(["losetup", "-d", device], check=True, timeout=30)
+
+
+def flushes(device: str) -> int:
+    """Completed flush requests of a block device (field 16 of /sys/block/<dev>/stat)."""
+    fields = Path(f"/sys/block/{device}/stat").read_text().split()
+    return int(fields[15])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_unaligned_ranges_round_trip(
+    inproc_cluster: Callable[..., InProcessCluster], layout: str, mode: str
+) -> None:
+    cluster = inproc_cluster(2, f"storage.layout={layout}", *MODES[mode])
+    with Client(str(cluster.registry), cluster.config) as client:
+        cases = [(0, 1), (4095, 2), (4096, 4096), (5000, 100_000), (65_530, 20), (3, 300 * KIB)]
+        for i, (offset, length) in enumerate(cases):
+            path = f"/u{i}"
+            data = data_for(i, offset, length)
+            assert client.write(path, offset, data) == length
+            assert client.read(path, offset, length) == data
+            # Unaligned sub-ranges read back through the aligned direct path.
+            assert client.read(path, offset + 1, length - 1) == data[1:]
+            # Past the end of a chunk and of the file.
+            assert client.read(path, offset + length, 10) == b""
+            assert client.write(path, offset, b"") == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_concurrent_unaligned_neighbours_never_lose_bytes(
+    inproc_cluster: Callable[..., InProcessCluster], layout: str, mode: str
+) -> None:
+    """IOR-hard: 47008-byte transfers from several clients interleaved in one shared file, so
+    neighbours share 4 KiB blocks; a read-modify-write race would lose bytes."""
+    cluster = inproc_cluster(
+        2, "client.chunk_size=1048576", f"storage.layout={layout}", *MODES[mode]
+    )
+    transfer, writers, per_writer = 47008, 4, 12
+    size = transfer * writers * per_writer
+    expected = data_for(7, 0, size)
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
+
+    def write(rank: int) -> None:
+        try:
+            with Client(str(cluster.registry), cluster.config) as client:
+                start.wait(timeout=30)
+                for k in range(per_writer):
+                    offset = (k * writers + rank) * transfer
+                    client.write("/shared", offset, expected[offset : offset + transfer])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    with Client(str(cluster.registry), cluster.config) as client:
+        assert client.file_size("/shared") == size
+        got = client.read("/shared", 0, size)
+    bad = next((i for i in range(0, size, 8) if got[i : i + 8] != expected[i : i + 8]), None)
+    assert bad is None, f"first wrong word at byte {bad}"
+
+
+def test_more_requests_than_buffers_completes(
+    inproc_cluster: Callable[..., InProcessCluster],
+) -> None:
+    cluster = inproc_cluster(1, "storage.buffer_count=2", "client.max_inflight=32")
+    data = data_for(3, 0, 64 * 64 * KIB)
+    with Client(str(cluster.registry), cluster.config) as client:
+        assert client.write("/many", 0, data) == len(data)
+        assert client.read("/many", 0, len(data)) == data
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fsync_flushes_the_device(tmp_path: Path, layout: str) -> None:
+    from benchfs import Server, _core
+    from conftest import config_text
+
+    # A long journal commit interval keeps ext4 from flushing on its own during the test.
+    with loop_filesystem(tmp_path, 64, "commit=600") as (mountpoint, device):
+        registry = tmp_path / "registry"
+        config = config_text(
+            "cluster.expected_servers=1", f"storage.layout={layout}", "storage.direct_write=true"
+        )
+        server = Server(str(registry), str(mountpoint / "data"), 0, config=config)
+        try:
+            _core.wait_for_servers(str(registry), 1, 10.0)
+            with Client(str(registry), config) as client:
+                data = data_for(1, 0, 300 * KIB + 5)
+                client.write("/durable", 0, data)
+                before = flushes(device)
+                client.write("/durable", len(data), b"tail")
+                assert flushes(device) == before, "a plain write flushed the device"
+                client.fsync("/durable")
+                assert flushes(device) > before, "fsync returned without a device flush"
+                client.fsync("/never-written")
+                assert client.read("/durable", 0, len(data)) == data
+        finally:
+            server.stop()
+
+
+def test_full_disk_is_a_clear_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    from benchfs import Server, _core
+    from conftest import config_text
+
+    with loop_filesystem(tmp_path, 16) as (mountpoint, _device):
+        registry = tmp_path / "registry"
+        config = config_text("cluster.expected_servers=1")
+        server = Server(str(registry), str(mountpoint / "data"), 0, config=config)
+        try:
+            _core.wait_for_servers(str(registry), 1, 10.0)
+            with Client(str(registry), config) as client:
+                small = data_for(2, 0, 100 * KIB)
+                client.write("/small", 0, small)
+                with pytest.raises(OSError) as failure:
+                    client.write("/huge", 0, bytes(64 * MIB))
+                assert failure.value.errno == errno.ENOSPC
+                assert "server 0" in str(failure.value)
+                assert client.read("/small", 0, len(small)) == small
+        finally:
+            server.stop()
+
+
+def test_deleted_chunk_file_is_an_error_not_zeros(
+    inproc_cluster: Callable[..., InProcessCluster], tmp_path: Path
+) -> None:
+    cluster = inproc_cluster(1, "storage.handle_cache=1")
+    with Client(str(cluster.registry), cluster.config) as client:
+        data = data_for(5, 0, 128 * KIB)
+        client.write("/victim", 0, data)
+        chunk_files = sorted(tmp_path.glob("data-*/chunks/*/*.0"))
+        assert len(chunk_files) == 1
+        os.remove(chunk_files[0])
+        client.write("/other", 0, b"evicts the cached handle")
+        with pytest.raises(OSError) as failure:
+            client.read("/victim", 0, 10)
+        assert failure.value.errno == errno.ENODATA
+        # The other chunk and other files are still served.
+        assert client.read("/victim", 64 * KIB, 64 * KIB) == data[64 * KIB :]
+        assert client.read("/other", 0, 6) == b"evicts"
