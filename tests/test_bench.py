@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from benchfs import _core
+from benchfs import _core, telemetry
 from benchfs.bench.fio import FioError, fio_command, parse_fio_json, run_fio
 from benchfs.bench.stats import (
     Bucket,
@@ -35,7 +36,7 @@ from benchfs.bench.storage import (
     parse_engine_result,
 )
 from benchfs.bench.system import BenchError, cpu_seconds
-from benchfs.bench.telemetry_view import Window
+from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.bench.wholepath import Load, depth_summary
 from benchfs.cli.bench import plan_sizes, targets
 from conftest import KIB, MIB
@@ -353,6 +354,95 @@ def test_cpu_seconds_of_this_process_grows() -> None:
         cpu_seconds(2**22 + 12345)
 
 
+# Telemetry files as servers write them (docs/telemetry.md), for the depth window.
+
+HISTOGRAMS = {"inflight_at_submit": (16, False), "device_ns": (19, True), "total_ns": (20, True)}
+OPS = ["write", "read", "fsync", "extent"]
+
+
+def bucket_index(v: int) -> int:
+    if v < 4:
+        return v
+    e = v.bit_length() - 1
+    return (e - 1) * 4 + ((v >> (e - 2)) & 3)
+
+
+def telemetry_header() -> bytes:
+    header = {
+        "format": "benchfs-telemetry",
+        "version": 1,
+        "source": "server",
+        "id": 0,
+        "worker": 0,
+        "node": "test",
+        "byte_order": "little",
+        "record_size": 32,
+        "ops": OPS,
+        "histogram": {"scheme": "log-linear", "sub_bucket_bits": 2, "buckets": 252},
+        "metrics": [
+            {"id": i, "name": n, "kind": "histogram", "per_op": p, "unit": "x"}
+            for n, (i, p) in HISTOGRAMS.items()
+        ],
+    }
+    text = json.dumps(header).encode()
+    text += b" " * (-(16 + len(text)) % 32)
+    return b"BFSTELEM" + np.array([1, len(text)], "<u4").tobytes() + text
+
+
+def telemetry_snapshot(seq: int, t_ns: int, values: dict[str, list[int]]) -> bytes:
+    """One snapshot of cumulative histograms: `values` are every value recorded so far."""
+    rows = []
+    for name, (metric, per_op) in HISTOGRAMS.items():
+        recorded = values.get(name, [])
+        op = OPS.index("read") if per_op else 0xFF
+        stats = {0xFFFE: len(recorded), 0xFFFD: sum(recorded)}
+        stats |= {0xFFFC: min(recorded, default=0), 0xFFFB: max(recorded, default=0)}
+        rows += [(metric, op, bucket, value) for bucket, value in stats.items()]
+        counts: dict[int, int] = {}
+        for v in recorded:
+            counts[bucket_index(v)] = counts.get(bucket_index(v), 0) + 1
+        rows += [(metric, op, bucket, n) for bucket, n in sorted(counts.items())]
+    rows.append((0, 0xFF, 0xFFFF, len(rows)))
+    out = np.zeros(len(rows), dtype=telemetry.RECORD_DTYPE)
+    for k, (metric, op, bucket, value) in enumerate(rows):
+        out[k] = (t_ns, value, 0, seq, 0, metric, op, bucket, 0)
+    return out.tobytes()
+
+
+def test_depth_window_from_two_snapshots(tmp_path: Path) -> None:
+    path = tmp_path / "server-0-w0.tel"
+    # Before the load: the untimed writes left 100 submits at depth 1 (and no reads).
+    before = {"inflight_at_submit": [1] * 100}
+    path.write_bytes(telemetry_header() + telemetry_snapshot(0, 1_000_000_000, before))
+    first = load_snapshots(tmp_path, after=0.5, timeout_s=1)
+    # The load: 100 reads, 10 submitted at depth 1 and 90 at depth 16.
+    after = {
+        "inflight_at_submit": [1] * 110 + [16] * 90,
+        "device_ns": [800_000] * 100,
+        "total_ns": [1_000_000] * 99 + [5_000_000],
+    }
+    with path.open("ab") as f:
+        f.write(telemetry_snapshot(1, 3_000_000_000, after))
+    with pytest.raises(BenchError) as e:
+        load_snapshots(tmp_path, after=4.0, timeout_s=0.3)
+    assert e.value.code == "ETIMEDOUT"
+    win = window(first, load_snapshots(tmp_path, after=2.0, timeout_s=1))
+    assert win.mean_inflight == pytest.approx((10 + 90 * 16) / 100)
+    assert win.share_depth1 == pytest.approx(0.1)
+    assert win.device_ops == 100
+    assert win.device_mean_us == pytest.approx(800)
+    # Bucket quantiles are within a bucket's width (25%) of the values.
+    assert win.total_p50_us == pytest.approx(1000, rel=0.125)
+    assert win.total_p99_us == pytest.approx(1000, rel=0.125)
+    assert win.device_p50_us == pytest.approx(800, rel=0.125)
+
+
+def test_missing_telemetry_times_out_clearly(tmp_path: Path) -> None:
+    with pytest.raises(BenchError) as e:
+        load_snapshots(tmp_path, after=0, timeout_s=0.2)
+    assert e.value.code == "ETIMEDOUT" and str(tmp_path) in e.value.message
+
+
 def test_depth_summary_spells_out_littles_law() -> None:
     win = Window(
         mean_inflight=16.0,
@@ -455,3 +545,19 @@ def test_storage_quick_json_end_to_end(tmp_path: Path) -> None:
     assert report["page_cache_dropped"] in (True, False)
     # The scratch directory is removed and nothing it started is left running.
     assert list(tmp_path.iterdir()) == []
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (daemons and readers name their directories)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found

@@ -197,3 +197,28 @@ def test_deleted_chunk_file_is_an_error_not_zeros(
         # The other chunk and other files are still served.
         assert client.read("/victim", 64 * KIB, 64 * KIB) == data[64 * KIB :]
         assert client.read("/other", 0, 6) == b"evicts"
+
+
+def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_path: Path) -> None:
+    from benchfs import Server
+    from conftest import config_text
+
+    registry, data_dir = tmp_path / "registry", tmp_path / "data"
+    config = config_text("cluster.expected_servers=1", "storage.layout=packed")
+    data = data_for(11, 0, 200 * KIB + 3)
+    server = Server(str(registry), str(data_dir), 0, config=config)
+    with Client(str(registry), config) as client:
+        client.write("/kept", 5, data)
+    server.stop()
+    server = Server(str(registry), str(data_dir), 0, config=config)
+    try:
+        with Client(str(registry), config) as client:
+            assert client.read("/kept", 5, len(data)) == data
+            client.write("/new", 0, b"after restart")
+            assert client.read("/new", 0, 13) == b"after restart"
+    finally:
+        server.stop()
+    index = data_dir / "packed" / "w0.index"
+    index.write_bytes(index.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="truncated"):
+        Server(str(registry), str(data_dir), 0, config=config)

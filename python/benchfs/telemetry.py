@@ -97,6 +97,9 @@ def bucket_bounds(index: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.nda
     return np.where(small, i, lo), np.where(small, i, hi)
 
 
+_BUCKET_LO, _BUCKET_HI = bucket_bounds(np.arange(BUCKETS))
+
+
 @dataclass
 class _File:
     path: Path
@@ -232,20 +235,23 @@ def _times(ns: np.ndarray) -> pd.DatetimeIndex:
 
 
 def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The counters and histograms frames of `files` (vectorised per file)."""
+    """The counters and histograms frames of `files` (vectorised: Python loops per file)."""
     sources, nodes = _Categories(), _Categories()
     ops = _Categories(["write", "read", "fsync", "extent", ""])
     counter_names, hist_names = _Categories(), _Categories()
     kinds = _Categories(["counter", "gauge"])
-    parts_c: list[dict[str, np.ndarray]] = []
-    parts_h: list[dict[str, np.ndarray]] = []
+    cols_c: dict[str, list[np.ndarray]] = {k: [] for k in ("t", "metric", "op", "kind", "value")}
+    cols_h: dict[str, list[np.ndarray]] = {k: [] for k in ("t", "metric", "op", "bucket", "count")}
+    # Per file: (source, server, worker, node) codes, and its row counts in each frame.
+    owners: list[tuple[int, int, int, int]] = []
+    n_c: list[int] = []
+    n_h: list[int] = []
     for f in files:
         h = f.header
-        r = f.records
-        # Lookup tables for this file's header: metric id x statistic -> name code.
-        counter_lut = np.full((256, 5), -1, dtype=np.int64)
-        kind_lut = np.full((256, 5), -1, dtype=np.int64)
-        hist_lut = np.full(256, -1, dtype=np.int64)
+        # Lookup tables for this file's header: metric id x statistic -> name code, etc.
+        counter_lut = np.full((256, 5), -1, dtype=np.int32)
+        kind_lut = np.full((256, 5), -1, dtype=np.int32)
+        hist_lut = np.full(256, -1, dtype=np.int32)
         per_op = np.zeros(256, dtype=bool)
         for m in h["metrics"]:
             per_op[m["id"]] = m["per_op"]
@@ -257,85 +263,80 @@ def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
             else:
                 counter_lut[m["id"], 0] = counter_names.code(m["name"])
                 kind_lut[m["id"], 0] = kinds.code(m["kind"])
-        op_lut = np.full(256, -1, dtype=np.int64)
+        op_lut = np.full(256, -1, dtype=np.int32)
         for index, name in enumerate(h["ops"][:NO_OP]):
             op_lut[index] = ops.code(str(name))
         op_lut[NO_OP] = ops.code("")
 
-        metric, op, bucket = r["metric"], r["op"], r["bucket"]
-        op_ok = np.where(per_op[metric], op != NO_OP, op == NO_OP) & (op_lut[op] >= 0)
-        is_bucket = bucket < BUCKETS
-        stat = np.where(is_bucket, 0, BUCKET_NONE - bucket.astype(np.int64))
-        special_ok = (bucket >= _LOWEST_SPECIAL) & (stat <= 4)
-        name_c = np.where(special_ok, counter_lut[metric, np.clip(stat, 0, 4)], -1)
-        name_h = np.where(is_bucket, hist_lut[metric], -1)
-        valid = op_ok & np.where(is_bucket, name_h >= 0, name_c >= 0)
-        if not valid.all():
-            k = int(np.flatnonzero(~valid)[0])
-            raise TelemetryFormatError(
-                f"{f.path}: record {k} (metric {int(metric[k])}, op {int(op[k])}, bucket "
-                f"{int(bucket[k])}) does not fit the header's metrics: the file is damaged"
-            )
-        common = {
-            "source": sources.code(h["source"]),
-            "server": h["id"],
-            "worker": h["worker"],
-            "node": nodes.code(h["node"]),
-        }
-        c, b = ~is_bucket, is_bucket
-        parts_c.append(
-            {
-                **{k: np.full(int(c.sum()), v, dtype=np.int64) for k, v in common.items()},
-                "t": r["t_ns"][c],
-                "metric": name_c[c],
-                "op": op_lut[op[c]],
-                "kind": kind_lut[metric[c], stat[c]],
-                "value": r["value"][c],
-            }
-        )
-        parts_h.append(
-            {
-                **{k: np.full(int(b.sum()), v, dtype=np.int64) for k, v in common.items()},
-                "t": r["t_ns"][b],
-                "metric": name_h[b],
-                "op": op_lut[op[b]],
-                "bucket": bucket[b],
-                "count": r["value"][b],
-            }
-        )
+        is_bucket = f.records["bucket"] < BUCKETS
+        rc, rh = f.records[~is_bucket], f.records[is_bucket]
+        # Counter, gauge and histogram-statistic records: bucket 0xFFFF - stat.
+        stat = BUCKET_NONE - rc["bucket"].astype(np.int32)
+        stat_ok = stat <= len(_STATS)
+        stat = np.where(stat_ok, stat, 0)
+        name_c = np.where(stat_ok, counter_lut[rc["metric"], stat], -1)
+        op_c = op_lut[rc["op"]]
+        name_h = hist_lut[rh["metric"]]
+        op_h = op_lut[rh["op"]]
+        for rows, names, op_codes in ((rc, name_c, op_c), (rh, name_h, op_h)):
+            with_op = rows["op"] != NO_OP
+            valid = (names >= 0) & (op_codes >= 0) & (with_op == per_op[rows["metric"]])
+            if not valid.all():
+                k = int(np.flatnonzero(~valid)[0])
+                raise TelemetryFormatError(
+                    f"{f.path}: a record (metric {int(rows['metric'][k])}, op "
+                    f"{int(rows['op'][k])}, bucket {int(rows['bucket'][k])}, snapshot "
+                    f"{int(rows['seq'][k])}) does not fit the header's metrics: the file is "
+                    "damaged"
+                )
+        owners.append((sources.code(h["source"]), h["id"], h["worker"], nodes.code(h["node"])))
+        n_c.append(len(rc))
+        n_h.append(len(rh))
+        cols_c["t"].append(rc["t_ns"])
+        cols_c["metric"].append(name_c)
+        cols_c["op"].append(op_c)
+        cols_c["kind"].append(kind_lut[rc["metric"], stat])
+        cols_c["value"].append(rc["value"])
+        cols_h["t"].append(rh["t_ns"])
+        cols_h["metric"].append(name_h)
+        cols_h["op"].append(op_h)
+        cols_h["bucket"].append(rh["bucket"])
+        cols_h["count"].append(rh["value"])
 
-    def cat(parts: list[dict[str, np.ndarray]], key: str, dtype: Any) -> np.ndarray:
+    def cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
         if not parts:
             return np.zeros(0, dtype=dtype)
-        return np.concatenate([p[key] for p in parts]).astype(dtype, copy=False)
+        return np.concatenate(parts).astype(dtype, copy=False)
 
-    def frame(parts: list[dict[str, np.ndarray]], names: _Categories) -> dict[str, Any]:
+    owner = np.array(owners, dtype=np.int64).reshape(-1, 4)
+
+    def frame(cols: dict[str, list[np.ndarray]], counts: list[int], names: _Categories) -> Any:
+        per_row = np.repeat(owner, counts, axis=0)
         return {
-            "t": _times(cat(parts, "t", np.uint64)),
-            "source": sources.categorical(cat(parts, "source", np.int64)),
-            "server": cat(parts, "server", np.int64),
-            "worker": cat(parts, "worker", np.int64),
-            "node": nodes.categorical(cat(parts, "node", np.int64)),
-            "metric": names.categorical(cat(parts, "metric", np.int64)),
-            "op": ops.categorical(cat(parts, "op", np.int64)),
+            "t": _times(cat(cols["t"], np.uint64)),
+            "source": sources.categorical(per_row[:, 0]),
+            "server": per_row[:, 1].copy(),
+            "worker": per_row[:, 2].copy(),
+            "node": nodes.categorical(per_row[:, 3]),
+            "metric": names.categorical(cat(cols["metric"], np.int32)),
+            "op": ops.categorical(cat(cols["op"], np.int32)),
         }
 
     counters = pd.DataFrame(
         {
-            **frame(parts_c, counter_names),
-            "kind": kinds.categorical(cat(parts_c, "kind", np.int64)),
-            "value": cat(parts_c, "value", np.uint64).astype(np.int64),
+            **frame(cols_c, n_c, counter_names),
+            "kind": kinds.categorical(cat(cols_c["kind"], np.int32)),
+            "value": cat(cols_c["value"], np.uint64).astype(np.int64),
         }
     )
-    index = cat(parts_h, "bucket", np.int64)
-    lo, hi = bucket_bounds(index)
+    index = cat(cols_h["bucket"], np.int64)
     histograms = pd.DataFrame(
         {
-            **frame(parts_h, hist_names),
+            **frame(cols_h, n_h, hist_names),
             "bucket": index,
-            "bucket_lo": lo,
-            "bucket_hi": hi,
-            "count": cat(parts_h, "count", np.uint64).astype(np.int64),
+            "bucket_lo": _BUCKET_LO[index],
+            "bucket_hi": _BUCKET_HI[index],
+            "count": cat(cols_h["count"], np.uint64).astype(np.int64),
         }
     )
     return counters, histograms
@@ -353,7 +354,7 @@ def _quantile(buckets: np.ndarray, counts: np.ndarray, q: float, vmin: int, vmax
     if rank == n:
         return vmax
     i = int(np.searchsorted(np.cumsum(counts), rank))
-    lo, hi = (int(x[0]) for x in bucket_bounds([int(buckets[i])]))
+    lo, hi = int(_BUCKET_LO[buckets[i]]), int(_BUCKET_HI[buckets[i]])
     return min(max(lo + (hi - lo) // 2, vmin), vmax)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchfs import telemetry
 from benchfs.bench.stats import Bucket, histogram_mean, histogram_quantile, histogram_share
 from benchfs.bench.system import BenchError
 
@@ -50,10 +51,6 @@ class Window:
 
 def _state(directory: Path, after_ns: int) -> Snapshot | None:
     """The latest state of every worker, if each has a snapshot at or after `after_ns`."""
-    try:
-        from benchfs import telemetry
-    except ImportError as e:
-        raise BenchError("ENOSYS", f"benchfs.telemetry is not available: {e}") from e
     try:
         tel = telemetry.load(directory)
     except FileNotFoundError:

@@ -28,7 +28,7 @@ from benchfs.bench.stats import interleave, median
 from benchfs.bench.system import BenchError, cpu_seconds, drop_caches
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.cluster import LocalCluster, ServerExited, child_env, find_benchfsd
-from benchfs.config import resolve_config_text
+from benchfs.config import parse_config, resolve_config_text
 from benchfs.procs import stop_process, tail
 
 __all__ = ["BenchServer", "Load", "WholePathBench", "depth_summary", "explain"]
@@ -149,22 +149,24 @@ class BenchServer:
         assert self.cluster is not None
         return self.cluster.daemons[0].pid
 
-    def start(self) -> None:
-        registry = self.root / "registry"
-        registry.mkdir(parents=True, mode=0o700)
-        self.telemetry_dir.mkdir()
+    def config_text(self) -> str:
+        """The daemon's effective configuration: defaults (and the user's layers), then ours."""
         overrides = [
             "cluster.expected_servers=1",
-            f"cluster.registry_dir={registry}",
+            f"cluster.registry_dir={self.root / 'registry'}",
             f"telemetry.dir={self.telemetry_dir}",
             *self.overrides,
         ]
         try:
-            text = resolve_config_text(None, overrides)
-        except ValueError as e:
-            raise BenchError(
-                "EINVAL", f"this build does not accept the benchmark's configuration: {e}"
-            ) from e
+            return resolve_config_text(None, overrides)
+        except (ValueError, FileNotFoundError) as e:
+            raise BenchError("EINVAL", f"whole-path server configuration: {e}") from e
+
+    def start(self) -> None:
+        text = self.config_text()
+        registry = self.root / "registry"
+        registry.mkdir(parents=True, mode=0o700)
+        self.telemetry_dir.mkdir()
         self.config_path.write_text(text)
         self.cluster = LocalCluster(registry, config_path=self.config_path, benchfsd=self.benchfsd)
         self.cluster.start(0, self.root / "data", self.root / "server.log", f"bench-{self.name}")
@@ -301,6 +303,11 @@ class WholePathBench:
             self.workdir / name, name, overrides, self.benchfsd, chunk_size=self.chunk_size
         )
 
+    def check(self) -> None:
+        """Fail early (before the storage cases) if this build rejects the configuration."""
+        for telemetry in (True, False):
+            self._server("check", telemetry).config_text()
+
     def run(self) -> dict[str, Any]:
         on = self._server("telemetry-on", True)
         off = self._server("telemetry-off", False)
@@ -362,5 +369,6 @@ class WholePathBench:
                 "file_size_per_client": self.file_size,
                 "duration_s": self.duration_s,
                 "direct_read": True,
+                "server_config": parse_config(on.config_path.read_text()),
             },
         }

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -29,6 +30,7 @@ from benchfs.bench.system import BenchError, free_bytes, oserror_code, tool_vers
 from benchfs.bench.wholepath import WholePathBench
 from benchfs.cli.run import SizeType
 from benchfs.cluster import find_benchfsd
+from benchfs.config import load_config
 from benchfs.units import format_size
 
 MIB = 1 << 20
@@ -78,18 +80,40 @@ def plan_sizes(
     return sizes, file_size
 
 
+def default_root() -> Path:
+    """Where the scratch directory goes without --dir: `run.scratch_dir` if set, else /var/tmp."""
+    try:
+        scratch = load_config()["run"]["scratch_dir"]
+    except (ValueError, FileNotFoundError) as e:
+        raise BenchError("EINVAL", f"configuration: {e}") from e
+    return Path(scratch or DEFAULT_ROOT)
+
+
 def _fmt(value: float | None, digits: int = 0) -> str:
     if value is None or not math.isfinite(value):
         return "-"
-    return f"{value:,.{digits}f}"
+    return f"{value:.{digits}f}"
 
 
 def print_report(console: Console, report: dict[str, Any]) -> None:
     """The table of cases and the whole-path lines, for people."""
-    table = Table(title="benchfs-bench storage (medians)", title_justify="left")
-    table.add_column("case")
-    for col in ("benchfs MiB/s", "fio MiB/s", "ratio", "p50 µs", "fio p50", "p99 µs", "fio p99"):
-        table.add_column(col, justify="right")
+    table = Table(
+        title="benchfs-bench storage: medians (MiB/s, latency in µs)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("case", no_wrap=True)
+    for col in (
+        "benchfs\nMiB/s",
+        "fio\nMiB/s",
+        "ratio",
+        "benchfs\np50",
+        "fio\np50",
+        "benchfs\np99",
+        "fio\np99",
+    ):
+        table.add_column(col, justify="right", no_wrap=True)
     for case in report["cases"]:
         ratio = case["ratio"]
         style = "" if ratio is None else ("green" if ratio >= 0.95 else "yellow")
@@ -126,7 +150,8 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         (
             "settings",
             f"{report['io_mode']} I/O, {report['sizes']['seq_human']} per sequential case, "
-            f"{report['sizes']['rand_human']} per random case, {report['repeats']} repeats, "
+            f"{report['sizes']['rand_human']} per random case, {report['repeats']} "
+            f"repeat{'s' if report['repeats'] != 1 else ''}, "
             f"layout {report['layout']}"
             + ("" if report["page_cache_dropped"] else "; page cache NOT dropped (not root)"),
         ),
@@ -187,7 +212,10 @@ def run_storage(
     """The whole `storage` benchmark in a fresh directory under `root`, removed afterwards."""
     fio = find_fio()
     check_engine()
-    benchfsd = find_benchfsd()
+    try:
+        benchfsd = find_benchfsd()
+    except FileNotFoundError as e:
+        raise BenchError("ENOENT", str(e)) from e
     try:
         root.mkdir(parents=True, exist_ok=True)
         sizes, file_size = plan_sizes(sizes, file_size, free_bytes(root), note)
@@ -196,12 +224,6 @@ def run_storage(
         raise BenchError(oserror_code(e), f"scratch directory under {root}: {e}") from e
     started = time.monotonic()
     try:
-        progress(f"working in {workdir} ({'direct' if direct else 'buffered'} I/O)")
-        storage = StorageBench(
-            workdir / "storage", sizes, repeats, direct, layout, fio=fio, progress=progress
-        )
-        storage.workdir.mkdir()
-        cases = [c.summary() for c in storage.run()]
         whole = WholePathBench(
             workdir / "whole-path",
             duration_s=duration_s,
@@ -212,6 +234,13 @@ def run_storage(
             progress=progress,
             benchfsd=benchfsd,
         )
+        whole.check()
+        progress(f"working in {workdir} ({'direct' if direct else 'buffered'} I/O)")
+        storage = StorageBench(
+            workdir / "storage", sizes, repeats, direct, layout, fio=fio, progress=progress
+        )
+        storage.workdir.mkdir()
+        cases = [c.summary() for c in storage.run()]
         whole.workdir.mkdir()
         whole_report = whole.run()
     finally:
@@ -253,8 +282,8 @@ def main() -> None:
     "--dir",
     "root",
     type=click.Path(file_okay=False, path_type=Path),
-    help=f"Directory on the device to measure; a fresh subdirectory is used and removed "
-    f"[{DEFAULT_ROOT}].",
+    help="Directory on the device to measure; a fresh subdirectory is used and removed "
+    f"[run.scratch_dir, else {DEFAULT_ROOT}].",
 )
 @click.option(
     "--repeats",
@@ -316,11 +345,13 @@ def storage(
 
     defaults = QUICK if quick else FULL
     try:
+        if root is None:
+            root = default_root()
         sizes = Sizes(size or defaults["seq"], rand_size or defaults["rand"])
         check_size(sizes.seq, "--size")
         check_size(sizes.rand, "--rand-size")
         report = run_storage(
-            root or Path(DEFAULT_ROOT),
+            root,
             sizes,
             int(defaults["file"]),
             repeats or (1 if quick else 3),

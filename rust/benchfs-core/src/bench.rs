@@ -191,6 +191,9 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
     }
     runtime.block_on(futures::future::join_all(workers))?;
     let seconds = start.elapsed().as_secs_f64();
+    store
+        .close()
+        .map_err(|e| Error::io("save the storage index", e))?;
     if let Some(e) = failure.borrow_mut().take() {
         return Err(Error::io("storage benchmark", e));
     }

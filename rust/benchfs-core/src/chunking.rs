@@ -59,6 +59,16 @@ pub fn place(file: FileId, chunk: u64, servers: usize) -> usize {
     ((mixed % servers as u64 + chunk % servers as u64) % servers as u64) as usize
 }
 
+/// The worker (event loop) of the chosen server that serves a chunk: a file's consecutive
+/// chunks on one server rotate over its workers.
+pub fn place_worker(file: FileId, chunk: u64, servers: usize, workers: usize) -> usize {
+    if servers == 0 || workers == 0 {
+        return 0;
+    }
+    let mixed = ((file.0 >> 64) as u64).rotate_left(17) ^ (file.0 as u64);
+    ((chunk / servers as u64 + mixed % workers as u64) % workers as u64) as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +121,17 @@ mod tests {
             .map(|i| FileId::from_path(&format!("/dir/file.mdtest.{i}.{}", i % 97)))
             .collect();
         assert_eq!(ids.len(), 100_000);
+    }
+
+    #[test]
+    fn a_servers_chunks_rotate_over_its_workers() {
+        let f = FileId::from_path("/w");
+        let (servers, workers) = (3, 4);
+        let mut per_worker = vec![0; workers];
+        for c in (0..120).filter(|&c| place(f, c, servers) == 0) {
+            per_worker[place_worker(f, c, servers, workers)] += 1;
+        }
+        assert_eq!(per_worker, vec![10; 4]);
     }
 
     #[test]

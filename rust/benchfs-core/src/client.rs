@@ -19,7 +19,7 @@ use futures::stream::{self, StreamExt};
 
 use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, Worker};
 
-use crate::chunking::{place, split, FileId};
+use crate::chunking::{place, place_worker, split, FileId};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
@@ -52,7 +52,8 @@ struct Shared {
 
 struct ServerLink {
     id: u32,
-    endpoint: Option<Endpoint>,
+    /// One endpoint per server worker; `None` once force-closed.
+    endpoints: Vec<Option<Endpoint>>,
     /// Set once the server failed; later requests fail at once.
     lost: Option<String>,
 }
@@ -187,14 +188,17 @@ impl Client {
         })?;
         let mut links = Vec::with_capacity(membership.len());
         for entry in &membership {
-            let address = entry.address_bytes()?;
-            let endpoint = worker.connect(&address, true).map_err(|e| Error::ServerLost {
-                server: entry.id,
-                reason: format!("cannot connect: {e}"),
-            })?;
+            let mut endpoints = Vec::new();
+            for address in entry.addresses()? {
+                let endpoint = worker.connect(&address, true).map_err(|e| Error::ServerLost {
+                    server: entry.id,
+                    reason: format!("cannot connect: {e}"),
+                })?;
+                endpoints.push(Some(endpoint));
+            }
             links.push(ServerLink {
                 id: entry.id,
-                endpoint: Some(endpoint),
+                endpoints,
                 lost: None,
             });
         }
@@ -230,10 +234,28 @@ impl Client {
         }
     }
 
-    /// One request/reply exchange with the server at `index`.
+    /// Workers of the server at `index`.
+    fn workers(&self, index: usize) -> usize {
+        self.membership[index].ucx_addresses.len()
+    }
+
+    /// Every (server, worker) pair, for requests that concern all of a file's chunks.
+    fn all_workers(&self) -> Vec<(usize, usize)> {
+        (0..self.server_count())
+            .flat_map(|s| (0..self.workers(s)).map(move |w| (s, w)))
+            .collect()
+    }
+
+    /// Where a chunk lives: (server index, worker index).
+    fn route(&self, file: FileId, chunk: u64) -> (usize, usize) {
+        let s = place(file, chunk, self.server_count());
+        (s, place_worker(file, chunk, self.server_count(), self.workers(s)))
+    }
+
+    /// One request/reply exchange with worker `worker` of the server at `index`.
     async fn call(
         &self,
-        index: usize,
+        (index, worker): (usize, usize),
         header: Header,
         payload: &[u8],
         dest: Option<&mut [u8]>,
@@ -267,7 +289,7 @@ impl Client {
                     reason: reason.clone(),
                 });
             }
-            let Some(ep) = link.endpoint.as_ref() else {
+            let Some(ep) = link.endpoints.get(worker).and_then(|e| e.as_ref()) else {
                 return Err(Error::ServerLost {
                     server: link.id,
                     reason: "endpoint closed".into(),
@@ -364,7 +386,7 @@ impl Client {
         // Force-closing the endpoints of failed servers completes their operations with errors.
         for link in self.links.borrow_mut().iter_mut() {
             if link.lost.is_some() {
-                link.endpoint = None;
+                link.endpoints.iter_mut().for_each(|e| *e = None);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -385,7 +407,6 @@ impl Client {
     pub fn write(&self, path: &str, offset: u64, data: &[u8]) -> Result<usize> {
         let file = FileId::from_path(path);
         let chunk_size = self.config.client.chunk_size;
-        let n = self.server_count();
         offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
@@ -401,7 +422,7 @@ impl Client {
                     p.len,
                 );
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                self.call(place(file, p.chunk, n), header, part, None)
+                self.call(self.route(file, p.chunk), header, part, None)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
             let mut written = 0u64;
@@ -417,7 +438,6 @@ impl Client {
     pub fn read_into(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let file = FileId::from_path(path);
         let chunk_size = self.config.client.chunk_size;
-        let n = self.server_count();
         let window = self.config.client.max_inflight as usize;
         let total = buf.len();
         let pieces: Vec<_> = split(offset, total as u64, chunk_size).collect();
@@ -432,7 +452,7 @@ impl Client {
                     Header::request(Op::ReadChunk, self.request_id(), file.0, p.chunk, p.offset, p.len);
                 calls.push(async move {
                     let reply = self
-                        .call(place(file, p.chunk, n), header, &[], Some(&mut *head))
+                        .call(self.route(file, p.chunk), header, &[], Some(&mut *head))
                         .await?;
                     let got = (reply.length as usize).min(head.len());
                     head[got..].fill(0);
@@ -459,9 +479,9 @@ impl Client {
         let file = FileId::from_path(path);
         let window = self.config.client.max_inflight as usize;
         self.run(async {
-            let calls = (0..self.server_count()).map(|i| {
+            let calls = self.all_workers().into_iter().map(|target| {
                 let header = Header::request(Op::FileExtent, self.request_id(), file.0, 0, 0, 0);
-                self.call(i, header, &[], None)
+                self.call(target, header, &[], None)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
             let mut size = 0u64;
@@ -477,9 +497,9 @@ impl Client {
         let file = FileId::from_path(path);
         let window = self.config.client.max_inflight as usize;
         self.run(async {
-            let calls = (0..self.server_count()).map(|i| {
+            let calls = self.all_workers().into_iter().map(|target| {
                 let header = Header::request(Op::Fsync, self.request_id(), file.0, 0, 0, 0);
-                self.call(i, header, &[], None)
+                self.call(target, header, &[], None)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
             while let Some(r) = results.next().await {

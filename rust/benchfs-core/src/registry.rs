@@ -23,13 +23,24 @@ pub struct RegistryEntry {
     pub node: String,
     pub host: String,
     pub pid: u32,
-    /// The UCX worker address, hex encoded.
-    pub ucx_address: String,
+    /// One UCX worker address per server worker (event loop), hex encoded.
+    pub ucx_addresses: Vec<String>,
 }
 
 impl RegistryEntry {
-    pub fn address_bytes(&self) -> Result<Vec<u8>> {
-        let s = self.ucx_address.as_bytes();
+    /// The decoded worker addresses, in worker order.
+    pub fn addresses(&self) -> Result<Vec<Vec<u8>>> {
+        if self.ucx_addresses.is_empty() {
+            return Err(Error::Protocol(format!("server {}: no UCX address", self.id)));
+        }
+        self.ucx_addresses
+            .iter()
+            .map(|a| self.decode_address(a))
+            .collect()
+    }
+
+    fn decode_address(&self, address: &str) -> Result<Vec<u8>> {
+        let s = address.as_bytes();
         if !s.len().is_multiple_of(2) || s.is_empty() {
             return Err(Error::Protocol(format!(
                 "server {}: UCX address has odd or zero length",
@@ -112,7 +123,7 @@ fn parse_entry(path: &Path) -> Result<RegistryEntry> {
             entry.id
         )));
     }
-    entry.address_bytes().map_err(|e| bad(e.to_string()))?;
+    entry.addresses().map_err(|e| bad(e.to_string()))?;
     Ok(entry)
 }
 
@@ -176,7 +187,7 @@ mod tests {
             node: format!("n{id}"),
             host: "h".into(),
             pid: 1,
-            ucx_address: hex(&[1, 2, 255]),
+            ucx_addresses: vec![hex(&[1, 2, 255])],
         }
     }
 
@@ -194,7 +205,7 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert_eq!(scan(dir.path())?[0].address_bytes()?, vec![1, 2, 255]);
+        assert_eq!(scan(dir.path())?[0].addresses()?, vec![vec![1, 2, 255]]);
         unpublish(dir.path(), 2);
         assert_eq!(scan(dir.path())?.len(), 2);
         Ok(())
@@ -208,11 +219,11 @@ mod tests {
             ("{\"version\":1,\"id\":0,\"no", "truncated"),
             ("\u{0}garbage", "malformed"),
             (
-                "{\"version\":1,\"id\":7,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_address\":\"01\"}",
+                "{\"version\":1,\"id\":7,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_addresses\":[\"01\"]}",
                 "disagrees",
             ),
             (
-                "{\"version\":1,\"id\":0,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_address\":\"zz\"}",
+                "{\"version\":1,\"id\":0,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_addresses\":[\"zz\"]}",
                 "not hex",
             ),
         ];

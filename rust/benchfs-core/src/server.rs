@@ -38,7 +38,7 @@ pub struct ServerOptions {
 }
 
 /// Counters kept always (cheap cells); reported at shutdown and, later, as telemetry.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct ServerStats {
     pub requests: u64,
     pub bytes_written: u64,
@@ -48,6 +48,20 @@ pub struct ServerStats {
     pub malformed: u64,
     pub max_queue_depth: u64,
     pub buffer_waits: u64,
+}
+
+impl ServerStats {
+    /// Adds another worker's counters (the queue-depth maximum is a maximum).
+    pub fn add(&mut self, o: &ServerStats) {
+        self.requests += o.requests;
+        self.bytes_written += o.bytes_written;
+        self.bytes_read += o.bytes_read;
+        self.errors += o.errors;
+        self.rejected_busy += o.rejected_busy;
+        self.malformed += o.malformed;
+        self.max_queue_depth = self.max_queue_depth.max(o.max_queue_depth);
+        self.buffer_waits += o.buffer_waits;
+    }
 }
 
 #[derive(Default)]
@@ -301,91 +315,126 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Runs a server on the current thread until notified. `on_ready` is called once the server
-/// is registered and serving, with a handle that stops it from any thread.
-pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier)) -> Result<ServerStats> {
-    let config = &opts.config;
-    config.validate()?;
-    let hold = (config.storage.submit_policy == "timer")
-        .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
-    let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
-    let reactor = runtime.reactor().clone();
-    let worker = Worker::new()?;
-    reactor.attach_ucx(worker.clone());
-    let store = ChunkStore::open(
-        &opts.data_dir,
-        &config.storage,
-        config.client.chunk_size,
-        0,
-        reactor.clone(),
-    )?;
-    let pool = BufferPool::new(
-        config.storage.buffer_count as usize,
-        io_buffer_size(config.client.chunk_size),
-    )?;
-    let state = Rc::new(ServerState {
-        worker: worker.clone(),
-        store,
-        pool,
-        queue: Rc::new(RequestQueue {
-            items: RefCell::new(VecDeque::new()),
-            waiters: RefCell::new(VecDeque::new()),
-            capacity: config.server.max_queued as usize,
-        }),
-        extents: RefCell::new(HashMap::new()),
-        chunk_size: config.client.chunk_size,
-        counters: Counters::default(),
-        draining: Cell::new(false),
-        in_service: Cell::new(0),
-    });
-    let handler_state = Rc::downgrade(&state);
-    worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {
-        Some(s) => s.on_message(msg),
-        None => AmVerdict::Done,
-    })?;
-    for _ in 0..config.server.max_in_service {
-        let s = state.clone();
-        runtime.spawn(async move {
-            loop {
-                let req = s.queue.pop().await;
-                s.in_service.set(s.in_service.get() + 1);
-                s.serve_one(req).await;
-                s.in_service.set(s.in_service.get() - 1);
-            }
-        })?;
+/// Stops every worker of a running server, from any thread. The registry entry is removed
+/// first, so no new client picks the server up while it drains.
+#[derive(Clone)]
+pub struct StopHandle {
+    notifiers: Vec<Notifier>,
+    registry_dir: PathBuf,
+    id: u32,
+}
+
+impl StopHandle {
+    pub fn stop(&self) {
+        registry::unpublish(&self.registry_dir, self.id);
+        for n in &self.notifiers {
+            n.notify();
+        }
     }
-    let host = hostname();
-    let entry = RegistryEntry {
-        version: ENTRY_VERSION,
-        id: opts.id,
-        node: if opts.node.is_empty() {
-            host.clone()
-        } else {
-            opts.node.clone()
-        },
-        host,
-        pid: std::process::id(),
-        ucx_address: registry::hex(&worker.address()?),
+}
+
+struct WorkerReady {
+    address: Vec<u8>,
+    notifier: Notifier,
+}
+
+/// One worker: its own io_uring, UCX worker, buffer pool and store, on the calling thread.
+fn run_worker(
+    opts: &ServerOptions,
+    index: u32,
+    ready: impl FnOnce(Result<WorkerReady>),
+) -> Result<ServerStats> {
+    let config = &opts.config;
+    let setup = || -> Result<(Runtime, Worker, Rc<ServerState>)> {
+        let hold = (config.storage.submit_policy == "timer")
+            .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
+        let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
+        let reactor = runtime.reactor().clone();
+        let worker = Worker::new()?;
+        reactor.attach_ucx(worker.clone());
+        let store = ChunkStore::open(
+            &opts.data_dir,
+            &config.storage,
+            config.client.chunk_size,
+            index,
+            reactor,
+        )?;
+        let pool = BufferPool::new(
+            config.storage.buffer_count as usize,
+            io_buffer_size(config.client.chunk_size),
+        )?;
+        let state = Rc::new(ServerState {
+            worker: worker.clone(),
+            store,
+            pool,
+            queue: Rc::new(RequestQueue {
+                items: RefCell::new(VecDeque::new()),
+                waiters: RefCell::new(VecDeque::new()),
+                capacity: config.server.max_queued as usize,
+            }),
+            extents: RefCell::new(HashMap::new()),
+            chunk_size: config.client.chunk_size,
+            counters: Counters::default(),
+            draining: Cell::new(false),
+            in_service: Cell::new(0),
+        });
+        let handler_state = Rc::downgrade(&state);
+        worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {
+            Some(s) => s.on_message(msg),
+            None => AmVerdict::Done,
+        })?;
+        for _ in 0..config.server.max_in_service {
+            let s = state.clone();
+            runtime.spawn(async move {
+                loop {
+                    let req = s.queue.pop().await;
+                    s.in_service.set(s.in_service.get() + 1);
+                    s.serve_one(req).await;
+                    s.in_service.set(s.in_service.get() - 1);
+                }
+            })?;
+        }
+        Ok((runtime, worker, state))
     };
-    registry::publish(&opts.registry_dir, &entry)?;
-    let notifier = reactor.notifier()?;
-    on_ready(&entry, notifier);
-    let result = runtime.block_on(reactor.notified());
-    registry::unpublish(&opts.registry_dir, opts.id);
-    result?;
+    let (runtime, worker, state) = match setup() {
+        Ok(parts) => parts,
+        Err(e) => {
+            let message = e.to_string();
+            ready(Err(e));
+            return Err(Error::Config(message));
+        }
+    };
+    let reactor = runtime.reactor().clone();
+    match (worker.address(), reactor.notifier()) {
+        (Ok(address), Ok(notifier)) => ready(Ok(WorkerReady { address, notifier })),
+        (Err(e), _) => {
+            let message = e.to_string();
+            ready(Err(e.into()));
+            return Err(Error::Config(message));
+        }
+        (_, Err(e)) => {
+            let message = e.to_string();
+            ready(Err(e));
+            return Err(Error::Config(message));
+        }
+    }
+    runtime.block_on(reactor.notified())?;
     // Graceful stop: finish what was accepted (bounded), then let the kernel finish every
     // I/O it holds before the ring goes away (a dropped ring's requests pin their files).
     state.draining.set(true);
-    let drained = runtime.block_on(async {
+    runtime.block_on(async {
         let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
         while (!state.queue.items.borrow().is_empty() || state.in_service.get() > 0)
             && std::time::Instant::now() < deadline
         {
             reactor.sleep(std::time::Duration::from_millis(1)).await;
         }
-    });
-    drained?;
+    })?;
     runtime.quiesce(DRAIN_TIMEOUT)?;
+    state
+        .store
+        .close()
+        .map_err(|e| Error::io("save the storage index", e))?;
     // Requests still queued with a kept rendezvous descriptor: hand the descriptors back.
     for item in state.queue.items.borrow_mut().drain(..) {
         if let Payload::Rendezvous(desc) = item.payload {
@@ -407,10 +456,95 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, Notifier
     Ok(stats)
 }
 
+/// Runs a server until stopped: `server.workers` event loops on their own threads. `on_ready`
+/// is called once every worker serves and the server is registered.
+pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHandle)) -> Result<ServerStats> {
+    opts.config.validate()?;
+    let workers = opts.config.server.workers;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::with_capacity(workers as usize);
+    for w in 0..workers {
+        let (opts, tx) = (opts.clone(), tx.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("benchfs-s{}-w{w}", opts.id))
+            .spawn(move || {
+                run_worker(&opts, w, |r| {
+                    let _ = tx.send((w, r));
+                })
+            })
+            .map_err(|e| Error::io("spawn server worker", e))?;
+        threads.push(thread);
+    }
+    drop(tx);
+    let mut ready: Vec<Option<WorkerReady>> = (0..workers).map(|_| None).collect();
+    let mut failure = None;
+    for (w, r) in rx.iter().take(workers as usize) {
+        match r {
+            Ok(r) => ready[w as usize] = Some(r),
+            Err(e) => {
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    let join_all = |threads: Vec<std::thread::JoinHandle<Result<ServerStats>>>| -> Result<ServerStats> {
+        let mut total = ServerStats::default();
+        let mut first_error = None;
+        for t in threads {
+            match t.join() {
+                Ok(Ok(s)) => total.add(&s),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(Error::Stopped);
+                }
+            }
+        }
+        first_error.map_or(Ok(total), Err)
+    };
+    let notifiers: Vec<Notifier> = ready.iter().flatten().map(|r| r.notifier.clone()).collect();
+    if failure.is_some() || notifiers.len() != workers as usize {
+        notifiers.iter().for_each(Notifier::notify);
+        let _ = join_all(threads);
+        return Err(failure.unwrap_or(Error::Stopped));
+    }
+    let host = hostname();
+    let entry = RegistryEntry {
+        version: ENTRY_VERSION,
+        id: opts.id,
+        node: if opts.node.is_empty() {
+            host.clone()
+        } else {
+            opts.node.clone()
+        },
+        host,
+        pid: std::process::id(),
+        ucx_addresses: ready
+            .iter()
+            .flatten()
+            .map(|r| registry::hex(&r.address))
+            .collect(),
+    };
+    let stop = StopHandle {
+        notifiers,
+        registry_dir: opts.registry_dir.clone(),
+        id: opts.id,
+    };
+    if let Err(e) = registry::publish(&opts.registry_dir, &entry) {
+        stop.stop();
+        let _ = join_all(threads);
+        return Err(e);
+    }
+    on_ready(&entry, stop.clone());
+    let result = join_all(threads);
+    registry::unpublish(&opts.registry_dir, opts.id);
+    result
+}
+
 /// A server running on its own thread (used by the Python module and tests).
 pub struct ServerHandle {
     pub entry: RegistryEntry,
-    notifier: Notifier,
+    stopper: StopHandle,
     thread: Option<std::thread::JoinHandle<Result<ServerStats>>>,
 }
 
@@ -422,8 +556,8 @@ impl ServerHandle {
             .name(format!("benchfs-server-{}", opts.id))
             .spawn(move || {
                 let ready_tx = tx.clone();
-                let result = serve(opts, move |entry, notifier| {
-                    let _ = ready_tx.send(Ok((entry.clone(), notifier)));
+                let result = serve(opts, move |entry, stopper| {
+                    let _ = ready_tx.send(Ok((entry.clone(), stopper)));
                 });
                 if let Err(e) = &result {
                     let _ = tx.send(Err(Error::Config(e.to_string())));
@@ -432,9 +566,9 @@ impl ServerHandle {
             })
             .map_err(|e| Error::io("spawn server thread", e))?;
         match rx.recv() {
-            Ok(Ok((entry, notifier))) => Ok(ServerHandle {
+            Ok(Ok((entry, stopper))) => Ok(ServerHandle {
                 entry,
-                notifier,
+                stopper,
                 thread: Some(thread),
             }),
             Ok(Err(_)) | Err(_) => match thread.join() {
@@ -446,7 +580,7 @@ impl ServerHandle {
 
     /// Stops the server and waits for its thread. Idempotent.
     pub fn stop(&mut self) -> Result<Option<ServerStats>> {
-        self.notifier.notify();
+        self.stopper.stop();
         match self.thread.take() {
             Some(t) => match t.join() {
                 Ok(r) => r.map(Some),

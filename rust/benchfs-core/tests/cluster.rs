@@ -136,7 +136,7 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
         }
         AmVerdict::Done
     })?;
-    let ep = worker.connect(&entry.address_bytes()?, true)?;
+    let ep = worker.connect(&entry.addresses()?[0], true)?;
     let good = Header::request(Op::WriteChunk, 1, 42, 0, 0, 4);
     let mut bad_version = good.encode();
     bad_version[4] = 9;
@@ -197,5 +197,30 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
     drop(client);
     let stats = servers[0].stop()?;
     assert_eq!(stats.map(|s| s.malformed), Some(5));
+    Ok(())
+}
+
+#[test]
+fn servers_with_several_workers_serve_every_chunk() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let mut c = config(2, 64 * 1024)?;
+    c.server.workers = 3;
+    let mut servers = start(dir.path(), 2, &c)?;
+    assert!(servers.iter().all(|s| s.entry.ucx_addresses.len() == 3));
+    let client = Client::connect(&dir.path().join("registry"), c)?;
+    let data = pattern(9, 3 << 20);
+    assert_eq!(client.write("/wide", 1234, &data)?, data.len());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(client.read_into("/wide", 1234, &mut back)?, data.len());
+    assert!(back == data);
+    assert_eq!(client.file_size("/wide")?, 1234 + data.len() as u64);
+    client.fsync("/wide")?;
+    drop(client);
+    let mut requests = 0;
+    for s in &mut servers {
+        requests += s.stop()?.map_or(0, |st| st.requests);
+    }
+    // 49 chunk writes + 49 reads + extent and fsync on 6 workers (each counted once).
+    assert!(requests >= 98 + 12, "only {requests} requests");
     Ok(())
 }

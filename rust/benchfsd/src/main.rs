@@ -57,15 +57,18 @@ fn run(args: Args) -> Result<(), String> {
         registry_dir,
         config,
     };
-    let stats = serve(opts, move |entry, notifier| {
+    let stats = serve(opts, move |entry, stopper| {
         eprintln!(
-            "benchfsd: server {} serving on node {:?} (pid {})",
-            entry.id, entry.node, entry.pid
+            "benchfsd: server {} serving on node {:?} (pid {}, {} workers)",
+            entry.id,
+            entry.node,
+            entry.pid,
+            entry.ucx_addresses.len()
         );
         std::thread::spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 eprintln!("benchfsd: signal {sig}, stopping");
-                notifier.notify();
+                stopper.stop();
             }
         });
     })

@@ -310,6 +310,15 @@ impl ChunkStore {
         (res, buf)
     }
 
+    /// Saves what the layout keeps in memory (the packed index). Called when a server or a
+    /// benchmark stops.
+    pub fn close(&self) -> io::Result<()> {
+        match &self.layout {
+            Layout::Packed(p) => p.persist(),
+            Layout::ChunkFiles { .. } => Ok(()),
+        }
+    }
+
     /// Makes every chunk of `file` written since its last fsync durable on the device.
     pub async fn fsync(&self, file: FileId) -> io::Result<()> {
         let chunks = self.dirty.borrow_mut().remove(&file).unwrap_or_default();

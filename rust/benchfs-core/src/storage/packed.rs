@@ -1,7 +1,8 @@
 //! The packed layout: chunks in fixed-size slots of a few large preallocated files per worker,
 //! found through an in-memory index. No inode per chunk, no directory entries, descriptors
-//! always open. The index lives for the server's lifetime (an ad-hoc file system lives as long
-//! as its job); it is not persisted.
+//! always open. The index is written to `w<worker>.index` when the store closes and read back
+//! when it opens (40-byte little-endian records: file id, chunk, slot, length), so a restarted
+//! server still finds its chunks; a crash loses the index (fsync'd data stays in the pack files).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -17,6 +18,8 @@ use super::Handle;
 
 /// Bytes per pack file at most.
 const PACK_FILE_BYTES: u64 = 1 << 30;
+/// Bytes per index record: file id (16), chunk, slot, length (8 each).
+const INDEX_RECORD: usize = 40;
 /// Slots preallocated at a time as a pack file fills (small file systems stay usable).
 const GROW_SLOTS: u64 = 16;
 
@@ -49,7 +52,7 @@ pub struct Packed {
 impl Packed {
     pub fn open(dir: &Path, worker: u32, slot_size: u64, direct: bool) -> Result<Packed> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        Ok(Packed {
+        let packed = Packed {
             dir: dir.to_path_buf(),
             worker,
             slot_size,
@@ -59,7 +62,75 @@ impl Packed {
             allocated: Cell::new(0),
             index: RefCell::new(HashMap::new()),
             next_slot: Cell::new(0),
-        })
+        };
+        packed.load_index()?;
+        Ok(packed)
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.dir.join(format!("w{}.index", self.worker))
+    }
+
+    fn load_index(&self) -> Result<()> {
+        let path = self.index_path();
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+        };
+        if !bytes.len().is_multiple_of(INDEX_RECORD) {
+            return Err(Error::Config(format!(
+                "{} is truncated ({} bytes, records are {INDEX_RECORD})",
+                path.display(),
+                bytes.len()
+            )));
+        }
+        let word = |r: &[u8], at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&r[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let mut index = self.index.borrow_mut();
+        let mut top = 0;
+        for r in bytes.chunks_exact(INDEX_RECORD) {
+            let file = FileId(word(r, 0) as u128 | (word(r, 8) as u128) << 64);
+            let (chunk, slot, len) = (word(r, 16), word(r, 24), word(r, 32));
+            if len > self.slot_size {
+                return Err(Error::Config(format!(
+                    "{}: slot {slot} claims {len} bytes",
+                    path.display()
+                )));
+            }
+            index.insert((file, chunk), Slot { slot, len });
+            top = top.max(slot + 1);
+        }
+        drop(index);
+        for f in 0..top.div_ceil(self.slots_per_file) {
+            self.pack_file(f)
+                .map_err(|e| Error::io(format!("open pack file {f}"), e))?;
+        }
+        self.allocated.set(self.slots_per_file);
+        // New slots start in a fresh pack file, so reopened files need no further reservation.
+        self.next_slot
+            .set(top.div_ceil(self.slots_per_file) * self.slots_per_file);
+        Ok(())
+    }
+
+    /// Writes the index atomically (temporary file + rename).
+    pub fn persist(&self) -> io::Result<()> {
+        let mut out = Vec::with_capacity(self.index.borrow().len() * INDEX_RECORD);
+        for ((file, chunk), s) in self.index.borrow().iter() {
+            out.extend_from_slice(&(file.0 as u64).to_le_bytes());
+            out.extend_from_slice(&((file.0 >> 64) as u64).to_le_bytes());
+            for v in [*chunk, s.slot, s.len] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let path = self.index_path();
+        let tmp = path.with_extension("index.tmp");
+        fs::write(&tmp, &out)?;
+        fs::File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, &path)
     }
 
     fn pack_file(&self, index: u64) -> io::Result<Rc<Handle>> {
