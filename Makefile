@@ -23,8 +23,8 @@ build: bootstrap
 lint: bootstrap
 	cd $(CARGO_DIR) && cargo fmt --all --check
 	cd $(CARGO_DIR) && cargo clippy --release --workspace --all-targets --locked -- -D warnings
-	$(VENV)/bin/ruff check python tests
-	$(VENV)/bin/ruff format --check python tests
+	$(VENV)/bin/ruff check python tests analysis
+	$(VENV)/bin/ruff format --check python tests analysis
 
 test-rust: build
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked

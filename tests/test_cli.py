@@ -75,6 +75,9 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
     assert config["run"]["servers"] == 3
     assert config["cluster"]["expected_servers"] == 3
     assert config["cluster"]["registry_dir"] == str(run_dir / "registry")
+    # Servers write their telemetry into the results directory.
+    assert config["telemetry"]["dir"] == str(run_dir / "telemetry")
+    assert report["telemetry_files"] == len(list((run_dir / "telemetry").glob("*.tel")))
 
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["outcome"] == {"status": "ok", "code": None, "message": None, "exit_code": 0}

@@ -51,14 +51,26 @@ def main() -> None:
                 d = root / f"{layout}-{chunk}"
                 shutil.rmtree(d, ignore_errors=True)
                 drop_caches()
-                w = _core.bench_storage(str(d), "seqwrite", chunk, args.qd, n * chunk, chunk, True, True, layout)
+                w = _core.bench_storage(
+                    str(d), "seqwrite", chunk, args.qd, n * chunk, chunk, True, True, layout
+                )
                 drop_caches()
-                r = _core.bench_storage(str(d), "seqread", chunk, args.qd, n * chunk, chunk, True, True, layout)
+                r = _core.bench_storage(
+                    str(d), "seqread", chunk, args.qd, n * chunk, chunk, True, True, layout
+                )
                 rows.append(
-                    {"case": name, "layout": layout, "repeat": repeat, "chunks": n,
-                     "create_write_s": w["seconds"], "write_mib_s": w["mib_s"],
-                     "read_s": r["seconds"], "read_mib_s": r["mib_s"],
-                     "write_p99_us": w["p99_us"], "read_p99_us": r["p99_us"]}
+                    {
+                        "case": name,
+                        "layout": layout,
+                        "repeat": repeat,
+                        "chunks": n,
+                        "create_write_s": w["seconds"],
+                        "write_mib_s": w["mib_s"],
+                        "read_s": r["seconds"],
+                        "read_mib_s": r["mib_s"],
+                        "write_p99_us": w["p99_us"],
+                        "read_p99_us": r["p99_us"],
+                    }
                 )
                 print(rows[-1])
                 shutil.rmtree(d, ignore_errors=True)
@@ -66,15 +78,21 @@ def main() -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| case | layout | chunks | create+write s | write MiB/s | read s | read MiB/s |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| case | layout | chunks | create+write s | write MiB/s | read s | read MiB/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, _chunk, _count in CASES:
         for layout in LAYOUTS:
             sel = [r for r in rows if r["case"] == name and r["layout"] == layout]
-            med = {k: statistics.median(float(r[k]) for r in sel)  # type: ignore[arg-type]
-                   for k in ("create_write_s", "write_mib_s", "read_s", "read_mib_s")}
-            lines.append(f"| {name} | {layout} | {sel[0]['chunks']} | {med['create_write_s']:.2f} | "
-                         f"{med['write_mib_s']:.0f} | {med['read_s']:.2f} | {med['read_mib_s']:.0f} |")
+            med = {
+                k: statistics.median(float(r[k]) for r in sel)  # type: ignore[arg-type]
+                for k in ("create_write_s", "write_mib_s", "read_s", "read_mib_s")
+            }
+            lines.append(
+                f"| {name} | {layout} | {sel[0]['chunks']} | {med['create_write_s']:.2f} | "
+                f"{med['write_mib_s']:.0f} | {med['read_s']:.2f} | {med['read_mib_s']:.0f} |"
+            )
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

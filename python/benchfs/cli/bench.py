@@ -101,6 +101,8 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         title="benchfs-bench storage: medians (MiB/s, latency in µs)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
         pad_edge=False,
     )
     table.add_column("case", no_wrap=True)

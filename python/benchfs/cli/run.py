@@ -135,6 +135,9 @@ class RunReport:
             "transfer_size": run.get("transfer_size"),
             "elapsed_s": round(self.elapsed_s, 3),
             "results_dir": None if self.run_dir is None else str(self.run_dir.path),
+            "telemetry_files": None
+            if self.run_dir is None
+            else len(self.run_dir.telemetry_files()),
         }
 
 
@@ -240,6 +243,7 @@ class LocalRun:
         overrides += [
             f"cluster.expected_servers={servers}",
             f"cluster.registry_dir={run_dir.registry_dir}",
+            f"telemetry.dir={run_dir.telemetry_dir}",
         ]
         text = resolve_config_text(spec.config, overrides)
         config = parse_config(text)
@@ -518,6 +522,11 @@ def _print_report(console: Console, report: RunReport) -> None:
         "verified", ("[green]every byte[/]" + total) if data["verified"] else "[red]no[/]"
     )
     table.add_row("elapsed", f"{data['elapsed_s']:.1f} s")
+    if data["telemetry_files"]:
+        table.add_row(
+            "telemetry",
+            f"{data['telemetry_files']} files in telemetry/ (load with benchfs.telemetry.load)",
+        )
     console.print(table)
     if data["results_dir"]:
         # Outside the table and never wrapped: the path must survive copy and paste.

@@ -13,6 +13,7 @@ use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 use crate::storage::ChunkStore;
+use crate::telemetry::{bucket_index, WorkerMetrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
@@ -103,26 +104,22 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
             .max(spec.queue_depth.next_power_of_two()),
     )?;
     let reactor = runtime.reactor().clone();
+    let metrics = Rc::new(WorkerMetrics::new(true));
+    reactor.set_metrics(metrics.clone());
     let store = Rc::new(ChunkStore::open(
         &spec.data_dir,
         &spec.storage,
         spec.chunk_size,
         0,
         reactor.clone(),
+        metrics.clone(),
     )?);
     let pool = BufferPool::new(spec.queue_depth as usize, io_buffer_size(bs))?;
+    reactor.register_buffers(&pool)?;
     let next = Rc::new(Cell::new(0u64));
     let latencies = Rc::new(RefCell::new(Vec::with_capacity(ops as usize)));
     let failure: Rc<RefCell<Option<std::io::Error>>> = Rc::new(RefCell::new(None));
     let seed = Rc::new(Cell::new(0x9E37_79B9_7F4A_7C15u64));
-    let stats = reactor.stats();
-    let before = (
-        stats.depth_sum.get(),
-        stats.depth_samples.get(),
-        stats.depth_one.get(),
-        stats.enters.get(),
-        stats.sqes.get(),
-    );
     let start = Instant::now();
     let mut workers = Vec::with_capacity(spec.queue_depth as usize);
     for _ in 0..spec.queue_depth {
@@ -197,14 +194,8 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
     if let Some(e) = failure.borrow_mut().take() {
         return Err(Error::io("storage benchmark", e));
     }
-    let after = (
-        stats.depth_sum.get(),
-        stats.depth_samples.get(),
-        stats.depth_one.get(),
-        stats.enters.get(),
-        stats.sqes.get(),
-    );
-    let samples = (after.1 - before.1).max(1) as f64;
+    let depth = metrics.inflight_at_submit();
+    let submitted = depth.count().max(1) as f64;
     let mut lat = latencies.borrow_mut();
     lat.sort_unstable();
     Ok(StorageBenchReport {
@@ -213,8 +204,8 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
         ops,
         p50_us: percentile(&lat, 0.5),
         p99_us: percentile(&lat, 0.99),
-        mean_inflight: (after.0 - before.0) as f64 / samples,
-        share_depth1: (after.2 - before.2) as f64 / samples,
-        mean_batch: (after.4 - before.4) as f64 / ((after.3 - before.3).max(1)) as f64,
+        mean_inflight: depth.mean(),
+        share_depth1: depth.bucket_count(bucket_index(1)) as f64 / submitted,
+        mean_batch: metrics.submit_batch().mean(),
     })
 }

@@ -3,13 +3,15 @@
 //! allocation storm.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+
+use benchfs_ucx::{MemHandle, Worker};
 
 use crate::error::{Error, Result};
 
@@ -25,16 +27,18 @@ pub fn io_buffer_size(chunk_size: u64) -> usize {
 pub struct Aligned {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// Position in its pool (the io_uring fixed-buffer index and the UCX handle index).
+    index: u16,
 }
 
 impl Aligned {
-    fn new(size: usize) -> Result<Aligned> {
+    fn new(size: usize, index: u16) -> Result<Aligned> {
         let layout = Layout::from_size_align(size.max(ALIGN), ALIGN)
             .map_err(|e| Error::Config(format!("buffer size {size}: {e}")))?;
         // SAFETY: layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })
             .ok_or_else(|| Error::Config(format!("cannot allocate a {size}-byte buffer")))?;
-        Ok(Aligned { ptr, layout })
+        Ok(Aligned { ptr, layout, index })
     }
 }
 
@@ -52,6 +56,8 @@ pub struct PoolInner {
     total: usize,
     /// Times a request had to wait for a buffer (exhaustion shows here).
     waits: Cell<u64>,
+    /// UCX registrations of the buffers, by index, once `register_ucx` ran.
+    memhs: OnceCell<Vec<MemHandle>>,
 }
 
 /// A fixed set of `count` buffers of `buffer_size` bytes.
@@ -62,8 +68,14 @@ pub struct BufferPool {
 
 impl BufferPool {
     pub fn new(count: usize, buffer_size: usize) -> Result<BufferPool> {
+        if count > u16::MAX as usize {
+            return Err(Error::Config(format!(
+                "{count} buffers: at most {} per pool",
+                u16::MAX
+            )));
+        }
         let free = (0..count)
-            .map(|_| Aligned::new(buffer_size))
+            .map(|i| Aligned::new(buffer_size, i as u16))
             .collect::<Result<Vec<_>>>()?;
         Ok(BufferPool {
             inner: Rc::new(PoolInner {
@@ -72,8 +84,47 @@ impl BufferPool {
                 buffer_size,
                 total: count,
                 waits: Cell::new(0),
+                memhs: OnceCell::new(),
             }),
         })
+    }
+
+    /// Identifies this pool (to match buffers with the ring they were registered with).
+    pub fn id(&self) -> usize {
+        Rc::as_ptr(&self.inner) as usize
+    }
+
+    /// `iovec`s of every buffer, by index, for io_uring registration. Only valid while all
+    /// buffers are free (right after creation), which is checked.
+    pub fn iovecs(&self) -> Result<Vec<libc::iovec>> {
+        let free = self.inner.free.borrow();
+        if free.len() != self.inner.total {
+            return Err(Error::Config(
+                "buffers can only be registered while all are free".into(),
+            ));
+        }
+        let mut all: Vec<&Aligned> = free.iter().collect();
+        all.sort_by_key(|a| a.index);
+        Ok(all
+            .iter()
+            .map(|a| libc::iovec {
+                iov_base: a.ptr.as_ptr().cast(),
+                iov_len: a.layout.size(),
+            })
+            .collect())
+    }
+
+    /// Maps every buffer with UCX, so rendezvous transfers into and out of them skip UCX's
+    /// registration cache.
+    pub fn register_ucx(&self, worker: &Worker) -> Result<()> {
+        let iovecs = self.iovecs()?;
+        let handles = iovecs
+            .iter()
+            // SAFETY: the buffers live as long as the pool, which owns the handles.
+            .map(|v| unsafe { worker.mem_map(v.iov_base.cast(), v.iov_len) })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let _ = self.inner.memhs.set(handles);
+        Ok(())
     }
 
     pub fn buffer_size(&self) -> usize {
@@ -147,6 +198,22 @@ pub enum IoBuffer {
 impl IoBuffer {
     pub fn empty() -> IoBuffer {
         IoBuffer::Heap(Vec::new())
+    }
+
+    /// The fixed-buffer index, if this buffer belongs to the pool identified by `pool_id`.
+    pub fn fixed_index(&self, pool_id: usize) -> Option<u16> {
+        match self {
+            IoBuffer::Pooled { buf: Some(b), pool } if Rc::as_ptr(pool) as usize == pool_id => Some(b.index),
+            _ => None,
+        }
+    }
+
+    /// The UCX registration of this buffer, if its pool was registered.
+    pub fn memh(&self) -> Option<&MemHandle> {
+        match self {
+            IoBuffer::Pooled { buf: Some(b), pool } => pool.memhs.get().and_then(|m| m.get(b.index as usize)),
+            _ => None,
+        }
     }
 
     pub fn capacity(&self) -> usize {

@@ -102,7 +102,7 @@ impl Shared {
             (AmData::Rendezvous(desc), Some(dest)) => {
                 // SAFETY: as above; the descriptor is used once, inside the handler.
                 let slice = unsafe { std::slice::from_raw_parts_mut(dest.ptr, dest.len) };
-                p.data = Some(unsafe { worker.recv_data(desc, slice) });
+                p.data = Some(unsafe { worker.recv_data(desc, slice, None) });
             }
             _ => {}
         }

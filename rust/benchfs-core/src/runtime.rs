@@ -26,8 +26,9 @@ use io_uring::{opcode, squeue, types, IoUring};
 
 use benchfs_ucx::Worker;
 
-use crate::buffer::IoBuffer;
+use crate::buffer::{BufferPool, IoBuffer};
 use crate::error::{Error, Result};
+use crate::telemetry::WorkerMetrics;
 
 const TOKEN_UCX: u64 = u64::MAX;
 const TOKEN_NOTIFY: u64 = u64::MAX - 1;
@@ -68,58 +69,13 @@ pub struct Reactor {
     woke: Cell<bool>,
     /// Data operations (not the loop's own polls) queued or in the kernel.
     inflight: Cell<u32>,
-    stats: ReactorStats,
+    /// Where depth-at-submit and batch sizes are recorded (the telemetry of this loop).
+    metrics: RefCell<Option<Rc<WorkerMetrics>>>,
     /// Experimental timer-gated submission (the seeds' policy): hold data SQEs this long.
     hold: Option<Duration>,
     last_flush: Cell<Instant>,
-}
-
-/// Cheap always-on counters of the submission path (the telemetry histograms build on them).
-#[derive(Default)]
-pub struct ReactorStats {
-    /// Sum and count of the in-flight depth each data operation was submitted at.
-    pub depth_sum: Cell<u64>,
-    pub depth_samples: Cell<u64>,
-    /// Operations submitted with nothing else in flight (depth 1).
-    pub depth_one: Cell<u64>,
-    /// `io_uring_enter` calls that submitted something, and how many SQEs they carried.
-    pub enters: Cell<u64>,
-    pub sqes: Cell<u64>,
-    /// Hooks for detailed telemetry: called with (depth, operations at that depth) per submit,
-    /// and with each batch size.
-    pub on_depth: RefCell<Option<Box<dyn Fn(u32, u32)>>>,
-    pub on_batch: RefCell<Option<Box<dyn Fn(u32)>>>,
-}
-
-impl ReactorStats {
-    /// One `io_uring_enter` put `sqes` data operations in the kernel, leaving `depth` in flight:
-    /// each of them is counted as submitted at that depth.
-    fn record_submit(&self, sqes: u32, depth: u32) {
-        if sqes == 0 {
-            return;
-        }
-        self.depth_sum
-            .set(self.depth_sum.get() + depth as u64 * sqes as u64);
-        self.depth_samples.set(self.depth_samples.get() + sqes as u64);
-        if depth == 1 {
-            self.depth_one.set(self.depth_one.get() + sqes as u64);
-        }
-        if let Some(f) = self.on_depth.borrow().as_ref() {
-            f(depth, sqes);
-        }
-        self.record_batch(sqes);
-    }
-
-    fn record_batch(&self, sqes: u32) {
-        if sqes == 0 {
-            return;
-        }
-        self.enters.set(self.enters.get() + 1);
-        self.sqes.set(self.sqes.get() + sqes as u64);
-        if let Some(f) = self.on_batch.borrow().as_ref() {
-            f(sqes);
-        }
-    }
+    /// The pool whose buffers are registered as fixed buffers.
+    fixed_pool: Cell<Option<usize>>,
 }
 
 /// A cloneable, `Send` handle that wakes a sleeping loop from another thread.
@@ -164,9 +120,10 @@ impl Reactor {
             notify_waker: RefCell::new(None),
             woke: Cell::new(false),
             inflight: Cell::new(0),
-            stats: ReactorStats::default(),
+            metrics: RefCell::new(None),
             hold,
             last_flush: Cell::new(Instant::now()),
+            fixed_pool: Cell::new(None),
         }))
     }
 
@@ -239,6 +196,22 @@ impl Reactor {
         }
     }
 
+    /// Registers a pool's buffers with the ring: its buffers then move with
+    /// `READ_FIXED`/`WRITE_FIXED`, which skip pinning pages per operation.
+    pub fn register_buffers(&self, pool: &BufferPool) -> Result<()> {
+        let iovecs = pool.iovecs()?;
+        // SAFETY: the pool's buffers stay allocated as long as the pool; its owners keep it
+        // alive until the ring has no operation in flight (`Runtime::quiesce`).
+        unsafe { self.ring.borrow().submitter().register_buffers(&iovecs) }
+            .map_err(|e| Error::io("io_uring buffer registration", e))?;
+        self.fixed_pool.set(Some(pool.id()));
+        Ok(())
+    }
+
+    fn fixed_index(&self, buf: &IoBuffer) -> Option<u16> {
+        self.fixed_pool.get().and_then(|id| buf.fixed_index(id))
+    }
+
     /// Writes `buf[start..start+len]` at `offset` of `fd`; returns the result and the buffer.
     pub fn write_at(
         self: &Rc<Self>,
@@ -252,12 +225,17 @@ impl Reactor {
         let len = len.min(buf.capacity() - start) as u32;
         // SAFETY: start is within the allocation.
         let ptr = unsafe { buf.as_ptr().add(start) };
+        let fixed = self.fixed_index(&buf);
         self.start(
-            |token| {
-                opcode::Write::new(types::Fd(fd), ptr, len)
+            |token| match fixed {
+                Some(index) => opcode::WriteFixed::new(types::Fd(fd), ptr, len, index)
                     .offset(offset)
                     .build()
-                    .user_data(token)
+                    .user_data(token),
+                None => opcode::Write::new(types::Fd(fd), ptr, len)
+                    .offset(offset)
+                    .build()
+                    .user_data(token),
             },
             Some(buf),
         )
@@ -267,12 +245,17 @@ impl Reactor {
     pub fn read_at(self: &Rc<Self>, fd: RawFd, mut buf: IoBuffer, len: usize, offset: u64) -> IoOp {
         let ptr = buf.as_mut_ptr();
         let len = len.min(buf.capacity()) as u32;
+        let fixed = self.fixed_index(&buf);
         self.start(
-            |token| {
-                opcode::Read::new(types::Fd(fd), ptr, len)
+            |token| match fixed {
+                Some(index) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
                     .offset(offset)
                     .build()
-                    .user_data(token)
+                    .user_data(token),
+                None => opcode::Read::new(types::Fd(fd), ptr, len)
+                    .offset(offset)
+                    .build()
+                    .user_data(token),
             },
             Some(buf),
         )
@@ -296,9 +279,21 @@ impl Reactor {
         self.inflight.get()
     }
 
-    /// Depth and batch statistics since the reactor started.
-    pub fn stats(&self) -> &ReactorStats {
-        &self.stats
+    /// Records this loop's submissions (in-flight depth, batch size) into `metrics`.
+    pub fn set_metrics(&self, metrics: Rc<WorkerMetrics>) {
+        *self.metrics.borrow_mut() = Some(metrics);
+    }
+
+    /// One `io_uring_enter` put `sqes` data operations in the kernel, leaving `depth` in
+    /// flight: each of them counts as submitted at that depth.
+    fn record_submit(&self, sqes: u32) {
+        if sqes == 0 {
+            return;
+        }
+        if let Some(m) = self.metrics.borrow().as_ref() {
+            m.record_inflight_n(self.inflight.get(), sqes);
+            m.record_submit(sqes);
+        }
     }
 
     /// A future that resolves after `dur` (for request timeouts, never for batching I/O).
@@ -419,8 +414,7 @@ impl Reactor {
             match res {
                 Ok(_) => {
                     // Only data SQEs count as a batch; the loop's own polls are bookkeeping.
-                    self.stats
-                        .record_submit(self.unsubmitted.replace(0), self.inflight.get());
+                    self.record_submit(self.unsubmitted.replace(0));
                     Ok(())
                 }
                 Err(e)

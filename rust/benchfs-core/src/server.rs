@@ -8,10 +8,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use benchfs_ucx::{AmData, AmMessage, AmVerdict, ReplyEp, RndvDesc, Worker};
 
@@ -23,6 +24,7 @@ use crate::protocol::{check_request, Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
 use crate::runtime::{Notifier, Runtime};
 use crate::storage::ChunkStore;
+use crate::telemetry::{OpKind, SnapshotWriter, WorkerMetrics};
 
 /// How long a stopping server waits for accepted requests and in-flight I/O.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -37,7 +39,8 @@ pub struct ServerOptions {
     pub config: Config,
 }
 
-/// Counters kept always (cheap cells); reported at shutdown and, later, as telemetry.
+/// A summary of a server's telemetry counters, reported when it stops (zeros when
+/// `telemetry.enabled` is false).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ServerStats {
     pub requests: u64,
@@ -46,12 +49,23 @@ pub struct ServerStats {
     pub errors: u64,
     pub rejected_busy: u64,
     pub malformed: u64,
-    pub max_queue_depth: u64,
     pub buffer_waits: u64,
 }
 
 impl ServerStats {
-    /// Adds another worker's counters (the queue-depth maximum is a maximum).
+    fn from_metrics(m: &WorkerMetrics) -> ServerStats {
+        ServerStats {
+            requests: OpKind::ALL.iter().map(|&k| m.ops(k)).sum(),
+            bytes_written: m.bytes(OpKind::Write),
+            bytes_read: m.bytes(OpKind::Read),
+            errors: OpKind::ALL.iter().map(|&k| m.errors(k)).sum(),
+            rejected_busy: m.rejected_busy(),
+            malformed: m.malformed(),
+            buffer_waits: m.pool_waits(),
+        }
+    }
+
+    /// Adds another worker's counters.
     pub fn add(&mut self, o: &ServerStats) {
         self.requests += o.requests;
         self.bytes_written += o.bytes_written;
@@ -59,24 +73,8 @@ impl ServerStats {
         self.errors += o.errors;
         self.rejected_busy += o.rejected_busy;
         self.malformed += o.malformed;
-        self.max_queue_depth = self.max_queue_depth.max(o.max_queue_depth);
         self.buffer_waits += o.buffer_waits;
     }
-}
-
-#[derive(Default)]
-struct Counters {
-    requests: Cell<u64>,
-    bytes_written: Cell<u64>,
-    bytes_read: Cell<u64>,
-    errors: Cell<u64>,
-    rejected_busy: Cell<u64>,
-    malformed: Cell<u64>,
-    max_queue_depth: Cell<u64>,
-}
-
-fn bump(c: &Cell<u64>, by: u64) {
-    c.set(c.get() + by);
 }
 
 enum Payload {
@@ -89,6 +87,8 @@ struct Incoming {
     header: Header,
     payload: Payload,
     reply_ep: ReplyEp,
+    /// When the request arrived (queue wait and total time start here).
+    arrived: Instant,
 }
 
 /// The bounded wait queue between the UCX handler and the service tasks.
@@ -144,7 +144,7 @@ struct ServerState {
     /// End of the furthest byte stored per file (answers `FileExtent`).
     extents: RefCell<HashMap<FileId, u64>>,
     chunk_size: u64,
-    counters: Counters,
+    metrics: Rc<WorkerMetrics>,
     /// Set at shutdown: new requests are refused with ESHUTDOWN, accepted ones still served.
     draining: Cell<bool>,
     in_service: Cell<u32>,
@@ -153,13 +153,13 @@ struct ServerState {
 /// Sends a header-only reply without waiting for it (no payload memory to keep alive).
 fn reply_now(worker: &Worker, ep: ReplyEp, header: Header) {
     // SAFETY: the payload is empty and the header is copied into the request.
-    drop(unsafe { ep.send_am(worker, AM_REPLY, &header.encode(), &[]) });
+    drop(unsafe { ep.send_am(worker, AM_REPLY, &header.encode(), &[], None) });
 }
 
 impl ServerState {
     fn on_message(&self, msg: AmMessage<'_>) -> AmVerdict {
         let Some(reply_ep) = msg.reply_ep else {
-            bump(&self.counters.malformed, 1);
+            self.metrics.count_malformed();
             return AmVerdict::Done;
         };
         let payload_len = match &msg.data {
@@ -169,7 +169,7 @@ impl ServerState {
         let header = match Header::decode(msg.header) {
             Ok(h) => h,
             Err(e) => {
-                bump(&self.counters.malformed, 1);
+                self.metrics.count_malformed();
                 // Answer what we can: a readable request id gets an EPROTO reply.
                 if let Some(id) = e.request_id {
                     let h = Header::request(Op::WriteChunk, id, 0, 0, 0, 0).reply(-libc::EPROTO, 0);
@@ -183,7 +183,7 @@ impl ServerState {
             return AmVerdict::Done;
         }
         if check_request(&header, payload_len, self.chunk_size).is_err() {
-            bump(&self.counters.malformed, 1);
+            self.metrics.count_malformed();
             reply_now(&self.worker, reply_ep, header.reply(-libc::EINVAL, 0));
             return AmVerdict::Done;
         }
@@ -196,15 +196,12 @@ impl ServerState {
             header,
             payload,
             reply_ep,
+            arrived: Instant::now(),
         };
         match self.queue.push(item) {
-            Ok(depth) => {
-                let max = &self.counters.max_queue_depth;
-                max.set(max.get().max(depth as u64));
-                verdict
-            }
+            Ok(_) => verdict,
             Err(_) => {
-                bump(&self.counters.rejected_busy, 1);
+                self.metrics.count_rejected();
                 reply_now(&self.worker, reply_ep, header.reply(-libc::EAGAIN, 0));
                 // Returning Done lets UCX drop an unreceived rendezvous descriptor.
                 AmVerdict::Done
@@ -212,9 +209,17 @@ impl ServerState {
         }
     }
 
+    async fn acquire_buffer(&self) -> IoBuffer {
+        if self.pool.available() == 0 {
+            self.metrics.count_pool_wait();
+        }
+        self.pool.acquire().await
+    }
+
     async fn serve_one(&self, req: Incoming) {
-        bump(&self.counters.requests, 1);
         let h = req.header;
+        // Set when the storage operation starts (queue wait ends, device time begins).
+        let mut device_start = None;
         let file = FileId(h.file_id);
         let len = h.length as usize;
         let (status, count, data) = match h.op {
@@ -223,13 +228,15 @@ impl ServerState {
                     Payload::Eager(v) => Ok((IoBuffer::Heap(v), 0)),
                     Payload::None => Ok((IoBuffer::empty(), 0)),
                     Payload::Rendezvous(desc) => {
-                        let mut buf = self.pool.acquire().await;
+                        let mut buf = self.acquire_buffer().await;
                         // Mirror the file's alignment so direct I/O can take the aligned middle.
                         let start = (h.offset % ALIGN as u64) as usize;
-                        let target = &mut buf.as_mut_slice(start + len)[start..];
+                        // The registration lives in the pool, which `buf` keeps alive.
+                        let memh = buf.memh().map(|m| m as *const benchfs_ucx::MemHandle);
+                        let target: *mut [u8] = &mut buf.as_mut_slice(start + len)[start..];
                         // SAFETY: the descriptor was kept by the handler and is used once; the
-                        // buffer lives until the awaited receive completes.
-                        let recv = unsafe { self.worker.recv_data(desc, target) };
+                        // buffer (and its pool's registration) lives until the receive completes.
+                        let recv = unsafe { self.worker.recv_data(desc, &mut *target, memh.map(|m| &*m)) };
                         recv.await.map(|_| (buf, start))
                     }
                 };
@@ -237,9 +244,9 @@ impl ServerState {
                     Err(_) => (-libc::ECOMM, 0, None),
                     Ok(_) if len == 0 => (0, 0, None),
                     Ok((buf, start)) => {
+                        device_start = Some(Instant::now());
                         match self.store.write(file, h.chunk, h.offset, buf, start, len).await {
                             (Ok(n), _) => {
-                                bump(&self.counters.bytes_written, n as u64);
                                 let end = h.chunk * self.chunk_size + h.offset + n as u64;
                                 let mut extents = self.extents.borrow_mut();
                                 let e = extents.entry(file).or_insert(0);
@@ -252,12 +259,10 @@ impl ServerState {
                 }
             }
             Op::ReadChunk => {
-                let buf = self.pool.acquire().await;
+                let buf = self.acquire_buffer().await;
+                device_start = Some(Instant::now());
                 match self.store.read(file, h.chunk, h.offset, buf, len).await {
-                    (Ok((skip, n)), buf) => {
-                        bump(&self.counters.bytes_read, n as u64);
-                        (0, n as u64, Some((buf, skip)))
-                    }
+                    (Ok((skip, n)), buf) => (0, n as u64, Some((buf, skip))),
                     (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
                 }
             }
@@ -265,42 +270,81 @@ impl ServerState {
                 let end = self.extents.borrow().get(&file).copied().unwrap_or(0);
                 (0, end, None)
             }
-            Op::Fsync => match self.store.fsync(file).await {
-                Ok(()) => (0, 0, None),
-                Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
-            },
+            Op::Fsync => {
+                device_start = Some(Instant::now());
+                match self.store.fsync(file).await {
+                    Ok(()) => (0, 0, None),
+                    Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                }
+            }
         };
-        if status != 0 {
-            bump(&self.counters.errors, 1);
-        }
+        let done = Instant::now();
+        let started = device_start.unwrap_or(done);
+        let ns = |d: std::time::Duration| d.as_nanos() as u64;
+        let kind = match h.op {
+            Op::WriteChunk => OpKind::Write,
+            Op::ReadChunk => OpKind::Read,
+            Op::Fsync => OpKind::Fsync,
+            Op::FileExtent => OpKind::Extent,
+        };
+        let moved = if matches!(h.op, Op::WriteChunk | Op::ReadChunk) {
+            count
+        } else {
+            0
+        };
+        self.metrics.record_op(
+            kind,
+            ns(started.saturating_duration_since(req.arrived)),
+            ns(done.saturating_duration_since(started)),
+            ns(done.saturating_duration_since(req.arrived)),
+            moved,
+            status == 0,
+        );
         let reply = h.reply(status, count);
         let payload: &[u8] = match (&data, h.op) {
             (Some((buf, skip)), Op::ReadChunk) => &buf.as_slice(skip + count as usize)[*skip..],
             _ => &[],
         };
+        let memh = data.as_ref().and_then(|(buf, _)| buf.memh());
         // SAFETY: `data` (the payload's owner) lives until the awaited send completes.
         let sent = unsafe {
             req.reply_ep
-                .send_am(&self.worker, AM_REPLY, &reply.encode(), payload)
+                .send_am(&self.worker, AM_REPLY, &reply.encode(), payload, memh)
         };
-        if sent.await.is_err() {
-            bump(&self.counters.errors, 1);
-        }
+        // A reply that cannot be sent means the client is gone; it will not read the result.
+        let _ = sent.await;
         drop(data);
     }
 
-    fn stats(&self) -> ServerStats {
-        let c = &self.counters;
-        ServerStats {
-            requests: c.requests.get(),
-            bytes_written: c.bytes_written.get(),
-            bytes_read: c.bytes_read.get(),
-            errors: c.errors.get(),
-            rejected_busy: c.rejected_busy.get(),
-            malformed: c.malformed.get(),
-            max_queue_depth: c.max_queue_depth.get(),
-            buffer_waits: self.pool.waits(),
-        }
+    fn set_gauges(&self) {
+        self.metrics.set_gauges(
+            self.queue.items.borrow().len(),
+            self.in_service.get() as usize,
+            self.pool.available(),
+        );
+    }
+}
+
+/// Writes the worker's telemetry snapshot (gauges refreshed first); reports a failure once.
+fn snapshot(state: &ServerState, writer: &RefCell<Option<SnapshotWriter>>) {
+    let mut slot = writer.borrow_mut();
+    let Some(w) = slot.as_mut() else { return };
+    state.set_gauges();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    if let Err(e) = w.write(&state.metrics, now) {
+        eprintln!("benchfs: telemetry snapshots stopped: {e}");
+        *slot = None;
+    }
+}
+
+/// The node name a server reports: as configured, else the host name.
+fn node_name(opts: &ServerOptions) -> String {
+    if opts.node.is_empty() {
+        hostname()
+    } else {
+        opts.node.clone()
     }
 }
 
@@ -345,19 +389,28 @@ fn run_worker(
     ready: impl FnOnce(Result<WorkerReady>),
 ) -> Result<ServerStats> {
     let config = &opts.config;
-    let setup = || -> Result<(Runtime, Worker, Rc<ServerState>)> {
+    type Parts = (
+        Runtime,
+        Worker,
+        Rc<ServerState>,
+        Rc<RefCell<Option<SnapshotWriter>>>,
+    );
+    let setup = || -> Result<Parts> {
         let hold = (config.storage.submit_policy == "timer")
             .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
         let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
         let reactor = runtime.reactor().clone();
         let worker = Worker::new()?;
         reactor.attach_ucx(worker.clone());
+        let metrics = Rc::new(WorkerMetrics::new(config.telemetry.enabled));
+        reactor.set_metrics(metrics.clone());
         let store = ChunkStore::open(
             &opts.data_dir,
             &config.storage,
             config.client.chunk_size,
             index,
             reactor,
+            metrics.clone(),
         )?;
         let pool = BufferPool::new(
             config.storage.buffer_count as usize,
@@ -374,7 +427,7 @@ fn run_worker(
             }),
             extents: RefCell::new(HashMap::new()),
             chunk_size: config.client.chunk_size,
-            counters: Counters::default(),
+            metrics,
             draining: Cell::new(false),
             in_service: Cell::new(0),
         });
@@ -394,9 +447,29 @@ fn run_worker(
                 }
             })?;
         }
-        Ok((runtime, worker, state))
+        let writer = match config.telemetry.dir.as_str() {
+            "" => None,
+            dir => Some(SnapshotWriter::create(
+                Path::new(dir),
+                opts.id,
+                index,
+                &node_name(opts),
+            )?),
+        };
+        let writer = Rc::new(RefCell::new(writer));
+        if writer.borrow().is_some() {
+            let (s, w, r) = (state.clone(), writer.clone(), runtime.reactor().clone());
+            let every = std::time::Duration::from_millis(config.telemetry.interval_ms);
+            runtime.spawn(async move {
+                loop {
+                    r.sleep(every).await;
+                    snapshot(&s, &w);
+                }
+            })?;
+        }
+        Ok((runtime, worker, state, writer))
     };
-    let (runtime, worker, state) = match setup() {
+    let (runtime, worker, state, writer) = match setup() {
         Ok(parts) => parts,
         Err(e) => {
             let message = e.to_string();
@@ -431,6 +504,7 @@ fn run_worker(
         }
     })?;
     runtime.quiesce(DRAIN_TIMEOUT)?;
+    snapshot(&state, &writer);
     state
         .store
         .close()
@@ -442,7 +516,7 @@ fn run_worker(
             unsafe { worker.release_data(desc) };
         }
     }
-    let stats = state.stats();
+    let stats = ServerStats::from_metrics(&state.metrics);
     // Parked service tasks are referenced by wakers inside the state they reference: break
     // that cycle so the store (and its open files) is released when the server stops.
     state.queue.waiters.borrow_mut().clear();

@@ -296,13 +296,11 @@ fn bench_storage<'py>(
     layout: &str,
     dataset_bytes: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut storage = Config::default().storage;
-    storage.direct_write = direct_write;
-    storage.direct_read = direct_read;
-    storage.layout = layout.to_string();
-    let mut check = Config::default();
-    check.storage = storage.clone();
-    check.validate().map_err(to_py)?;
+    let mut config = Config::default();
+    config.storage.direct_write = direct_write;
+    config.storage.direct_read = direct_read;
+    config.storage.layout = layout.to_string();
+    config.validate().map_err(to_py)?;
     let spec = StorageBenchSpec {
         data_dir,
         pattern: Pattern::parse(pattern).map_err(to_py)?,
@@ -311,7 +309,7 @@ fn bench_storage<'py>(
         total_bytes,
         dataset_bytes: dataset_bytes.unwrap_or(total_bytes),
         chunk_size,
-        storage,
+        storage: config.storage,
     };
     let r = py.detach(|| bench::bench_storage(&spec)).map_err(to_py)?;
     let d = PyDict::new(py);

@@ -303,6 +303,28 @@ impl Worker {
         })
     }
 
+    /// Registers `len` bytes at `ptr` with UCX.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until the returned handle is dropped.
+    pub unsafe fn mem_map(&self, ptr: *mut u8, len: usize) -> Result<MemHandle> {
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH) as u64,
+            address: ptr.cast(),
+            length: len,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = ptr::null_mut();
+        check(
+            "mem_map",
+            sys::ucp_mem_map(self.inner.context, &params, &mut memh),
+        )?;
+        Ok(MemHandle {
+            memh,
+            worker: self.clone(),
+        })
+    }
+
     /// Sends an active message on an endpoint handle (own or reply endpoint).
     ///
     /// The header is copied into the request; the data is not.
@@ -316,6 +338,7 @@ impl Worker {
         header: &[u8],
         data: &[u8],
         want_reply_ep: bool,
+        memh: Option<&MemHandle>,
     ) -> Request {
         let state = Rc::new(RequestState {
             completed: Cell::new(false),
@@ -329,6 +352,10 @@ impl Worker {
             ..Default::default()
         };
         param.cb.send = Some(send_done);
+        if let Some(m) = memh {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = m.memh;
+        }
         if want_reply_ep {
             param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
             param.flags = sys::UCP_AM_SEND_FLAG_REPLY;
@@ -350,7 +377,7 @@ impl Worker {
     /// # Safety
     /// `desc` comes from a handler that returned [`AmVerdict::Keep`] (or is being used inside
     /// the handler) and is used once; `buf` stays valid until the request completes.
-    pub unsafe fn recv_data(&self, desc: RndvDesc, buf: &mut [u8]) -> Request {
+    pub unsafe fn recv_data(&self, desc: RndvDesc, buf: &mut [u8], memh: Option<&MemHandle>) -> Request {
         let state = Rc::new(RequestState {
             completed: Cell::new(false),
             done: Cell::new(None),
@@ -366,6 +393,10 @@ impl Worker {
             ..Default::default()
         };
         param.cb.recv_am = Some(recv_done);
+        if let Some(m) = memh {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = m.memh;
+        }
         let len = desc.len.min(buf.len());
         let status_ptr = sys::ucp_am_recv_data_nbx(
             self.inner.worker,
@@ -404,6 +435,22 @@ impl Worker {
     }
 }
 
+/// Memory registered with UCX (`ucp_mem_map`), so transfers from and to it skip the
+/// registration cache. Unmapped on drop; keeps the context alive until then.
+pub struct MemHandle {
+    memh: sys::ucp_mem_h,
+    worker: Worker,
+}
+
+impl Drop for MemHandle {
+    fn drop(&mut self) {
+        // SAFETY: mapped once in `mem_map` with this context; unmapped once.
+        unsafe {
+            sys::ucp_mem_unmap(self.worker.inner.context, self.memh);
+        }
+    }
+}
+
 struct EpState {
     failure: Cell<Option<i8>>,
 }
@@ -432,7 +479,7 @@ impl Endpoint {
     /// # Safety
     /// As [`Worker::send_am`].
     pub unsafe fn send_am(&self, id: u16, header: &[u8], data: &[u8]) -> Request {
-        self.worker.send_am(self.ep, id, header, data, true)
+        self.worker.send_am(self.ep, id, header, data, true, None)
     }
 }
 
@@ -467,8 +514,15 @@ impl ReplyEp {
     /// # Safety
     /// As [`Worker::send_am`]; the connection must still exist (UCX keeps reply endpoints
     /// until the peer disconnects, and reports errors through the request).
-    pub unsafe fn send_am(&self, worker: &Worker, id: u16, header: &[u8], data: &[u8]) -> Request {
-        worker.send_am(self.0, id, header, data, false)
+    pub unsafe fn send_am(
+        &self,
+        worker: &Worker,
+        id: u16,
+        header: &[u8],
+        data: &[u8],
+        memh: Option<&MemHandle>,
+    ) -> Request {
+        worker.send_am(self.0, id, header, data, false, memh)
     }
 }
 

@@ -16,7 +16,7 @@
 mod handles;
 mod packed;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -31,6 +31,7 @@ use crate::chunking::FileId;
 use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::runtime::Reactor;
+use crate::telemetry::WorkerMetrics;
 
 pub use handles::Handle;
 use handles::HandleCache;
@@ -60,14 +61,6 @@ enum Layout {
     Packed(Packed),
 }
 
-/// Counters the telemetry reports (kept here so the engine can run without a server).
-#[derive(Default)]
-pub struct StoreCounters {
-    pub handle_hits: Cell<u64>,
-    pub handle_misses: Cell<u64>,
-    pub fsyncs: Cell<u64>,
-}
-
 pub struct ChunkStore {
     layout: Layout,
     policy: IoPolicy,
@@ -76,7 +69,7 @@ pub struct ChunkStore {
     dirty: RefCell<HashMap<FileId, HashSet<u64>>>,
     /// Every chunk this store wrote, so a chunk file that vanished is an error, not a hole.
     stored: RefCell<HashMap<FileId, HashSet<u64>>>,
-    pub counters: StoreCounters,
+    metrics: Rc<WorkerMetrics>,
 }
 
 /// Fails early, with a clear message, when the file system refuses O_DIRECT (tmpfs does).
@@ -111,6 +104,7 @@ impl ChunkStore {
         chunk_size: u64,
         worker: u32,
         reactor: Rc<Reactor>,
+        metrics: Rc<WorkerMetrics>,
     ) -> Result<ChunkStore> {
         fs::create_dir_all(data_dir).map_err(|e| Error::io(format!("create {}", data_dir.display()), e))?;
         let policy = IoPolicy {
@@ -148,7 +142,7 @@ impl ChunkStore {
             reactor,
             dirty: RefCell::new(HashMap::new()),
             stored: RefCell::new(HashMap::new()),
-            counters: StoreCounters::default(),
+            metrics,
         })
     }
 
@@ -165,12 +159,7 @@ impl ChunkStore {
                     Some(h) => h,
                     None => return Ok(None),
                 };
-                let c = if hit {
-                    &self.counters.handle_hits
-                } else {
-                    &self.counters.handle_misses
-                };
-                c.set(c.get() + 1);
+                self.metrics.count_handle(hit);
                 Ok(Some(Location {
                     handle,
                     base: 0,
@@ -341,7 +330,6 @@ impl ChunkStore {
             .buffer_unordered(32)
             .collect()
             .await;
-        self.counters.fsyncs.set(self.counters.fsyncs.get() + 1);
         results.into_iter().find_map(|r| r.err()).map_or(Ok(()), Err)
     }
 }
