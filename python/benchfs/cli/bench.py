@@ -7,14 +7,17 @@ the device with 64 reads in flight, idle CPU, and telemetry overhead. See docs/b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -47,6 +50,8 @@ HEADROOM = 256 * MIB
 WHOLE_PATH_CLIENTS = 4
 WHOLE_PATH_SERVERS = 2
 MIN_OVERHEAD_REPEATS_FULL = 3
+MAX_DEPTH = 32
+"""The deepest queue of the storage cases."""
 
 
 def plan_sizes(
@@ -78,6 +83,20 @@ def plan_sizes(
             f"scaled down to {sizes.describe()} and {format_size(file_size)} per whole-path file"
         )
     return sizes, file_size
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM tears down like Ctrl-C: daemons and readers stopped, scratch removed."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_root() -> Path:
@@ -352,18 +371,24 @@ def storage(
         sizes = Sizes(size or defaults["seq"], rand_size or defaults["rand"])
         check_size(sizes.seq, "--size")
         check_size(sizes.rand, "--rand-size")
-        report = run_storage(
-            root,
-            sizes,
-            int(defaults["file"]),
-            repeats or (1 if quick else 3),
-            quick,
-            direct,
-            layout,
-            duration or float(defaults["duration"]),
-            progress,
-            note,
-        )
+        if not quick and sizes.seq < MAX_DEPTH * CHUNK_SIZE:
+            note(
+                f"--size {format_size(sizes.seq)} holds fewer than {MAX_DEPTH} blocks of 4 MiB: "
+                f"the 4m-qd{MAX_DEPTH} cases cannot reach depth {MAX_DEPTH}"
+            )
+        with sigterm_as_interrupt():
+            report = run_storage(
+                root,
+                sizes,
+                int(defaults["file"]),
+                repeats or (1 if quick else 3),
+                quick,
+                direct,
+                layout,
+                duration or float(defaults["duration"]),
+                progress,
+                note,
+            )
     except BenchError as e:
         err.print(
             f"[red]benchfs-bench: error {e.code}:[/] {escape(e.message)}",

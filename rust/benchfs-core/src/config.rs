@@ -113,7 +113,9 @@ impl Default for StorageConfig {
             buffer_count: 32,
             ring_entries: 256,
             layout: "chunkfile".into(),
-            direct_write: false,
+            // Measured here (docs/storage.md): direct writes 1093 vs buffered 279 MiB/s once
+            // writeback throttles; buffered sequential reads 1590 vs direct 1207 MiB/s.
+            direct_write: true,
             direct_read: false,
             handle_cache: 512,
             submit_policy: "immediate".into(),
