@@ -222,3 +222,32 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
     index.write_bytes(index.read_bytes()[:-3])
     with pytest.raises(ValueError, match="truncated"):
         Server(str(registry), str(data_dir), 0, config=config)
+
+
+def test_timer_gated_submission_still_serves_and_batches(tmp_path: Path) -> None:
+    """The seeds' timer policy (experiment only) holds SQEs: data stays correct, and the
+    telemetry shows the batching it causes."""
+    from benchfs import Server, _core, telemetry
+    from conftest import config_text
+
+    registry = tmp_path / "registry"
+    config = config_text(
+        "cluster.expected_servers=1",
+        "storage.submit_policy=timer",
+        "storage.submit_timer_us=20000",
+        f"telemetry.dir={tmp_path / 'tel'}",
+        "client.max_inflight=16",
+    )
+    server = Server(str(registry), str(tmp_path / "data"), 0, config=config)
+    try:
+        _core.wait_for_servers(str(registry), 1, 10.0)
+        with Client(str(registry), config) as client:
+            data = data_for(4, 0, 32 * 64 * KIB)
+            client.write("/held", 0, data)
+            assert client.read("/held", 0, len(data)) == data
+    finally:
+        server.stop()
+    hist = telemetry.load(tmp_path / "tel").latest_histograms()
+    batch = hist[hist["metric"] == "submit_batch"]
+    mean = (batch["bucket_lo"] * batch["count"]).sum() / batch["count"].sum()
+    assert mean > 2, f"mean batch {mean}: the timer should have gathered SQEs"
