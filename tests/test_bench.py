@@ -356,7 +356,12 @@ def test_cpu_seconds_of_this_process_grows() -> None:
 
 # Telemetry files as servers write them (docs/telemetry.md), for the depth window.
 
-HISTOGRAMS = {"inflight_at_submit": (16, False), "device_ns": (19, True), "total_ns": (20, True)}
+HISTOGRAMS = {
+    "inflight_at_submit": (16, False),
+    "queue_wait_ns": (18, True),
+    "device_ns": (19, True),
+    "total_ns": (20, True),
+}
 OPS = ["write", "read", "fsync", "extent"]
 
 
@@ -418,6 +423,7 @@ def test_depth_window_from_two_snapshots(tmp_path: Path) -> None:
     # The load: 100 reads, 10 submitted at depth 1 and 90 at depth 16.
     after = {
         "inflight_at_submit": [1] * 110 + [16] * 90,
+        "queue_wait_ns": [100_000] * 100,
         "device_ns": [800_000] * 100,
         "total_ns": [1_000_000] * 99 + [5_000_000],
     }
@@ -435,6 +441,8 @@ def test_depth_window_from_two_snapshots(tmp_path: Path) -> None:
     assert win.total_p50_us == pytest.approx(1000, rel=0.125)
     assert win.total_p99_us == pytest.approx(1000, rel=0.125)
     assert win.device_p50_us == pytest.approx(800, rel=0.125)
+    assert win.queue_wait_mean_us == pytest.approx(100)
+    assert win.total_mean_us == pytest.approx(1040)
 
 
 def test_missing_telemetry_times_out_clearly(tmp_path: Path) -> None:
@@ -452,6 +460,8 @@ def test_depth_summary_spells_out_littles_law() -> None:
         device_p50_us=790.0,
         total_p50_us=1000.0,
         total_p99_us=3000.0,
+        total_mean_us=1100.0,
+        queue_wait_mean_us=200.0,
     )
     load = Load(40 * 2**30 // 1000, 2500, 40_000, 2.0, 1.0, 0.0, 2.0)
     depth = depth_summary(win, load)
@@ -462,6 +472,10 @@ def test_depth_summary_spells_out_littles_law() -> None:
     assert depth["predicted_device_us"] == pytest.approx(800)
     assert "16.0 x 50.0 µs = 800 µs" in depth["explanation"]
     assert "80%" in depth["explanation"]
+    assert (
+        "1,100 µs = waiting before submission 200 µs + device 800 µs + other 100 µs"
+        in (depth["explanation"])
+    )
     assert load.cpu_us_per_op == pytest.approx(25.0)
 
 

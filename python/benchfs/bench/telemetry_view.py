@@ -47,6 +47,9 @@ class Window:
     device_p50_us: float
     total_p50_us: float
     total_p99_us: float
+    total_mean_us: float = 0.0
+    queue_wait_mean_us: float = 0.0
+    """Mean wait between a request's arrival and its submission (for a service slot, a buffer)."""
 
 
 def _state(directory: Path, after_ns: int) -> Snapshot | None:
@@ -117,6 +120,12 @@ def _quantile_us(buckets: list[Bucket], q: float) -> float:
     return histogram_quantile(widened, q) / 1000
 
 
+def _mean_us(before: Snapshot, after: Snapshot, key: HistKey, count: int) -> float:
+    """Mean of a nanosecond histogram over the window, in µs, from its sum (0 if it has none)."""
+    total = after.sums.get(key, 0) - before.sums.get(key, 0)
+    return total / count / 1000 if count and total > 0 else 0.0
+
+
 def window(before: Snapshot, after: Snapshot) -> Window:
     """The difference of two cumulative states, as depth figures for read operations."""
     inflight = _delta(before, after, ("inflight_at_submit", None))
@@ -139,4 +148,8 @@ def window(before: Snapshot, after: Snapshot) -> Window:
         device_p50_us=_quantile_us(device, 0.5),
         total_p50_us=_quantile_us(total, 0.5),
         total_p99_us=_quantile_us(total, 0.99),
+        total_mean_us=_mean_us(
+            before, after, ("total_ns", "read"), int(sum(b.count for b in total))
+        ),
+        queue_wait_mean_us=_mean_us(before, after, ("queue_wait_ns", "read"), device_ops),
     )

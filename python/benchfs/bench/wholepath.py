@@ -238,10 +238,15 @@ class BenchServer:
 
 
 def explain(win: Window, load: Load, p50_us: float) -> tuple[str, dict[str, float]]:
-    """Little's law at the device, spelled out: mean time there = mean depth / ops per second."""
+    """Little's law at the device, spelled out: mean time there = mean depth / ops per second.
+
+    Then the mean op time split into its parts: waiting before submission, the device, and
+    the rest (reading the request, replying).
+    """
     ops_per_s = win.device_ops / load.seconds
     service_us = 1e6 / ops_per_s
     predicted_us = win.mean_inflight * service_us
+    rest_us = win.total_mean_us - win.queue_wait_mean_us - win.device_mean_us
     figures = {
         "device_ops": float(win.device_ops),
         "device_ops_per_s": ops_per_s,
@@ -250,6 +255,9 @@ def explain(win: Window, load: Load, p50_us: float) -> tuple[str, dict[str, floa
         "device_mean_us": win.device_mean_us,
         "device_p50_us": win.device_p50_us,
         "queue_share_of_p50": predicted_us / p50_us if p50_us > 0 else 0.0,
+        "op_mean_us": win.total_mean_us,
+        "queue_wait_mean_us": win.queue_wait_mean_us,
+        "other_mean_us": rest_us,
     }
     text = (
         f"the device completed {win.device_ops} reads in {load.seconds:.2f} s = "
@@ -260,6 +268,12 @@ def explain(win: Window, load: Load, p50_us: float) -> tuple[str, dict[str, floa
         f"time is {p50_us:,.0f} µs, so the device queue accounts for "
         f"{100 * figures['queue_share_of_p50']:.0f}% of it"
     )
+    if win.total_mean_us > 0:
+        text += (
+            f". Mean op time {win.total_mean_us:,.0f} µs = waiting before submission "
+            f"{win.queue_wait_mean_us:,.0f} µs + device {win.device_mean_us:,.0f} µs + "
+            f"other {rest_us:,.0f} µs"
+        )
     return text, figures
 
 

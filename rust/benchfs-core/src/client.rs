@@ -67,6 +67,8 @@ pub struct Client {
     shared: Rc<Shared>,
     next_request: Cell<u64>,
     config: Config,
+    /// The job token every request carries.
+    token: u64,
 }
 
 impl Shared {
@@ -171,6 +173,7 @@ impl Client {
         config.validate()?;
         let timeout = Duration::from_secs_f64(config.cluster.connect_timeout_s);
         let membership = registry::wait_for(registry_dir, config.cluster.expected_servers, timeout)?;
+        let token = registry::job_token(&registry::load_secret(registry_dir)?);
         let runtime = Runtime::new(config.storage.ring_entries.min(64))?;
         let worker = Worker::new()?;
         runtime.reactor().attach_ucx(worker.clone());
@@ -210,6 +213,7 @@ impl Client {
             shared,
             next_request: Cell::new(1),
             config,
+            token,
         })
     }
 
@@ -297,6 +301,7 @@ impl Client {
             };
             // SAFETY: `payload` is borrowed for this call, and the guard turns a still-running
             // send into an orphan that the public call waits for before returning.
+            let header = header.with_token(self.token);
             guard.send = Some(unsafe { ep.send_am(AM_REQUEST, &header.encode(), payload) });
         }
         let reactor = self.runtime.reactor().clone();

@@ -1,4 +1,4 @@
-//! The wire format: every message starts with one fixed 64-byte little-endian header.
+//! The wire format: every message starts with one fixed 72-byte little-endian header.
 //! See docs/protocol.md. Decoding never panics: short, foreign or unknown headers are errors
 //! that the server answers with an error reply.
 
@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 /// "BFS1" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 pub const VERSION: u16 = 1;
-pub const HEADER_LEN: usize = 64;
+pub const HEADER_LEN: usize = 72;
 
 /// Active-message ids: requests travel client to server, replies server to client.
 pub const AM_REQUEST: u16 = 1;
@@ -60,6 +60,8 @@ pub struct Header {
     pub offset: u64,
     /// Request: bytes to write or read. Reply: bytes written, read, or the file extent.
     pub length: u64,
+    /// The job token (from the job secret); servers refuse requests without the right one.
+    pub token: u64,
 }
 
 /// Why a header could not be decoded, with the request id when it was readable.
@@ -101,7 +103,13 @@ impl Header {
             chunk,
             offset,
             length,
+            token: 0,
         }
+    }
+
+    /// This header carrying the job token.
+    pub fn with_token(self, token: u64) -> Self {
+        Header { token, ..self }
     }
 
     /// The reply to this request with `status` (0 or -errno) and a byte count.
@@ -125,6 +133,7 @@ impl Header {
         b[40..48].copy_from_slice(&self.chunk.to_le_bytes());
         b[48..56].copy_from_slice(&self.offset.to_le_bytes());
         b[56..64].copy_from_slice(&self.length.to_le_bytes());
+        b[64..72].copy_from_slice(&self.token.to_le_bytes());
         b
     }
 
@@ -171,6 +180,7 @@ impl Header {
             chunk: u64_at(b, 40),
             offset: u64_at(b, 48),
             length: u64_at(b, 56),
+            token: u64_at(b, 64),
         })
     }
 }
@@ -204,7 +214,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Header {
-        Header::request(Op::WriteChunk, u64::MAX - 3, u128::MAX / 7, 12345, 17, 4096)
+        Header::request(Op::WriteChunk, u64::MAX - 3, u128::MAX / 7, 12345, 17, 4096).with_token(0xFEED)
     }
 
     #[test]

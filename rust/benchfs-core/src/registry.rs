@@ -58,6 +58,80 @@ impl RegistryEntry {
     }
 }
 
+/// The per-job secret in the registry directory (mode 0600).
+pub const SECRET_FILE: &str = "job.secret";
+const SECRET_BYTES: usize = 32;
+
+/// The job's secret: read it, or create it atomically if this is the first server of the job
+/// (a temporary file linked into place, so concurrent servers agree on one secret).
+pub fn load_or_create_secret(dir: &Path) -> Result<Vec<u8>> {
+    if let Ok(secret) = load_secret(dir) {
+        return Ok(secret);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io(format!("create registry {}", dir.display()), e))?;
+    let mut secret = vec![0u8; SECRET_BYTES];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut secret))
+        .map_err(|e| Error::io("read /dev/urandom", e))?;
+    // Unique per attempt (threads of one process race too): named by fresh random bytes.
+    let tmp = dir.join(format!(".{SECRET_FILE}.{}.tmp", hex(&secret[..8])));
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(hex(&secret).as_bytes())?;
+        f.sync_all()
+    };
+    write().map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+    let linked = fs::hard_link(&tmp, dir.join(SECRET_FILE));
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(secret),
+        // Another server of the job won the race: use its secret.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => load_secret(dir),
+        Err(e) => Err(Error::io(
+            format!("create {}", dir.join(SECRET_FILE).display()),
+            e,
+        )),
+    }
+}
+
+/// The job's secret, which must exist (clients never create one).
+pub fn load_secret(dir: &Path) -> Result<Vec<u8>> {
+    let path = dir.join(SECRET_FILE);
+    let bad = |reason: String| Error::Registry {
+        path: path.clone(),
+        reason,
+    };
+    let text = fs::read_to_string(&path).map_err(|e| bad(format!("no job secret: {e}")))?;
+    let bytes: Option<Vec<u8>> = text
+        .trim()
+        .as_bytes()
+        .chunks(2)
+        .map(|p| {
+            std::str::from_utf8(p)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+        })
+        .collect();
+    match bytes {
+        Some(b) if b.len() >= 16 => Ok(b),
+        _ => Err(bad("the job secret must be at least 16 bytes, hex encoded".into())),
+    }
+}
+
+/// The token requests carry: derived from the secret, so the secret itself never travels.
+pub fn job_token(secret: &[u8]) -> u64 {
+    // Never 0, so a header with no token set is always refused.
+    xxhash_rust::xxh3::xxh3_64_with_seed(secret, 0xB3C4_F5E6) | 1
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -232,6 +306,35 @@ mod tests {
             let err = scan(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains("server-0.json") && err.contains(want), "{err}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn one_secret_per_job_even_when_servers_race() -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let reg = dir.path().join("reg");
+        assert!(load_secret(&reg).is_err());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let reg = reg.clone();
+                std::thread::spawn(move || load_or_create_secret(&reg))
+            })
+            .collect();
+        let secrets: Vec<Vec<u8>> = threads
+            .into_iter()
+            .map(|t| t.join().map_err(|_| Error::Stopped).and_then(|r| r))
+            .collect::<Result<_>>()?;
+        assert!(secrets.iter().all(|s| s == &secrets[0] && s.len() == 32));
+        assert_eq!(load_secret(&reg)?, secrets[0]);
+        let mode = fs::metadata(reg.join(SECRET_FILE))
+            .map_err(|e| Error::io("stat", e))?
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_ne!(job_token(&secrets[0]), job_token(&[0; 32]));
+        fs::write(reg.join(SECRET_FILE), "abc").map_err(|e| Error::io("write", e))?;
+        assert!(load_secret(&reg).is_err_and(|e| e.to_string().contains("job.secret")));
         Ok(())
     }
 

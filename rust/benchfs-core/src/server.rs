@@ -49,6 +49,7 @@ pub struct ServerStats {
     pub errors: u64,
     pub rejected_busy: u64,
     pub malformed: u64,
+    pub refused_auth: u64,
     pub buffer_waits: u64,
 }
 
@@ -61,6 +62,7 @@ impl ServerStats {
             errors: OpKind::ALL.iter().map(|&k| m.errors(k)).sum(),
             rejected_busy: m.rejected_busy(),
             malformed: m.malformed(),
+            refused_auth: m.refused_auth(),
             buffer_waits: m.pool_waits(),
         }
     }
@@ -73,6 +75,7 @@ impl ServerStats {
         self.errors += o.errors;
         self.rejected_busy += o.rejected_busy;
         self.malformed += o.malformed;
+        self.refused_auth += o.refused_auth;
         self.buffer_waits += o.buffer_waits;
     }
 }
@@ -148,6 +151,9 @@ struct ServerState {
     /// Set at shutdown: new requests are refused with ESHUTDOWN, accepted ones still served.
     draining: Cell<bool>,
     in_service: Cell<u32>,
+    /// This job's token; requests carrying another are refused.
+    token: u64,
+    refusal_logged: Cell<bool>,
 }
 
 /// Sends a header-only reply without waiting for it (no payload memory to keep alive).
@@ -178,6 +184,19 @@ impl ServerState {
                 return AmVerdict::Done;
             }
         };
+        if header.token != self.token {
+            self.metrics.count_refused_auth();
+            if !self.refusal_logged.replace(true) {
+                eprintln!(
+                    "benchfs: refused a request without this job's token (op {}, request {}); \
+                     further refusals are only counted (telemetry refused_auth)",
+                    header.op.name(),
+                    header.request_id
+                );
+            }
+            reply_now(&self.worker, reply_ep, header.reply(-libc::EACCES, 0));
+            return AmVerdict::Done;
+        }
         if self.draining.get() {
             reply_now(&self.worker, reply_ep, header.reply(-libc::ESHUTDOWN, 0));
             return AmVerdict::Done;
@@ -396,6 +415,7 @@ fn run_worker(
         Rc<RefCell<Option<SnapshotWriter>>>,
     );
     let setup = || -> Result<Parts> {
+        let token = registry::job_token(&registry::load_or_create_secret(&opts.registry_dir)?);
         let hold = (config.storage.submit_policy == "timer")
             .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
         let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
@@ -430,6 +450,8 @@ fn run_worker(
             metrics,
             draining: Cell::new(false),
             in_service: Cell::new(0),
+            token,
+            refusal_logged: Cell::new(false),
         });
         let handler_state = Rc::downgrade(&state);
         worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {

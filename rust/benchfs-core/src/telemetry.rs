@@ -347,6 +347,7 @@ mod id {
     pub const QUEUE_DEPTH: u8 = 9;
     pub const IN_SERVICE: u8 = 10;
     pub const BUFFERS_FREE: u8 = 11;
+    pub const REFUSED_AUTH: u8 = 12;
     pub const INFLIGHT_AT_SUBMIT: u8 = 16;
     pub const SUBMIT_BATCH: u8 = 17;
     pub const QUEUE_WAIT_NS: u8 = 18;
@@ -369,6 +370,7 @@ pub const SERVER_METRICS: &[MetricDef] = {
         def(id::QUEUE_DEPTH, "queue_depth", Gauge, false, "requests"),
         def(id::IN_SERVICE, "in_service", Gauge, false, "requests"),
         def(id::BUFFERS_FREE, "buffers_free", Gauge, false, "buffers"),
+        def(id::REFUSED_AUTH, "refused_auth", Counter, false, "requests"),
         def(
             id::INFLIGHT_AT_SUBMIT,
             "inflight_at_submit",
@@ -401,6 +403,7 @@ pub struct WorkerMetrics {
     handle_hits: Cell<u64>,
     handle_misses: Cell<u64>,
     rejected_busy: Cell<u64>,
+    refused_auth: Cell<u64>,
     malformed: Cell<u64>,
     queue_depth: Cell<u64>,
     in_service: Cell<u64>,
@@ -441,6 +444,7 @@ impl WorkerMetrics {
             handle_hits: Cell::new(0),
             handle_misses: Cell::new(0),
             rejected_busy: Cell::new(0),
+            refused_auth: Cell::new(0),
             malformed: Cell::new(0),
             queue_depth: Cell::new(0),
             in_service: Cell::new(0),
@@ -546,6 +550,18 @@ impl WorkerMetrics {
         }
     }
 
+    /// A request did not carry this job's token (another job's client, or a stray one).
+    #[inline]
+    pub fn count_refused_auth(&self) {
+        if self.enabled {
+            bump(&self.refused_auth, 1);
+        }
+    }
+
+    pub fn refused_auth(&self) -> u64 {
+        self.refused_auth.get()
+    }
+
     /// A request could not be parsed or failed validation.
     #[inline]
     pub fn count_malformed(&self) {
@@ -636,7 +652,7 @@ impl WorkerMetrics {
     }
 
     /// The non-per-op counters and gauges with their metric ids, in snapshot order.
-    fn scalars(&self) -> [(u8, &Cell<u64>); 8] {
+    fn scalars(&self) -> [(u8, &Cell<u64>); 9] {
         [
             (id::POOL_WAITS, &self.pool_waits),
             (id::HANDLE_HITS, &self.handle_hits),
@@ -646,6 +662,7 @@ impl WorkerMetrics {
             (id::QUEUE_DEPTH, &self.queue_depth),
             (id::IN_SERVICE, &self.in_service),
             (id::BUFFERS_FREE, &self.buffers_free),
+            (id::REFUSED_AUTH, &self.refused_auth),
         ]
     }
 
@@ -1230,8 +1247,9 @@ mod tests {
             m.queue_depth(),
             m.in_service(),
             m.buffers_free(),
+            m.refused_auth(),
         ];
-        assert_eq!(scalars, [0; 8]);
+        assert_eq!(scalars, [0; 9]);
     }
 
     #[test]
@@ -1315,7 +1333,7 @@ mod tests {
         }
         // The first snapshot had no histogram buckets, only the 4 statistics per histogram.
         let first = f.records.iter().filter(|r| r.seq == 0).count();
-        assert_eq!(first, 12 + 8 + 14 * 4);
+        assert_eq!(first, 12 + 9 + 14 * 4);
         // A second writer for the same server and worker gets a new file; nothing is clobbered.
         let w2 = SnapshotWriter::create(&tdir, 3, 1, "node-a")?;
         assert_eq!(

@@ -90,10 +90,8 @@ fn write_read_verify_across_chunks_and_servers() -> Result<()> {
     for s in &mut servers {
         s.stop()?;
     }
-    assert!(std::fs::read_dir(dir.path().join("registry"))
-        .map_err(|e| Error::io("ls", e))?
-        .next()
-        .is_none());
+    // Entries are gone; the job secret stays for the job's lifetime.
+    assert!(benchfs_core::registry::scan(&dir.path().join("registry"))?.is_empty());
     Ok(())
 }
 
@@ -137,7 +135,10 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
         AmVerdict::Done
     })?;
     let ep = worker.connect(&entry.addresses()?[0], true)?;
-    let good = Header::request(Op::WriteChunk, 1, 42, 0, 0, 4);
+    let token = benchfs_core::registry::job_token(&benchfs_core::registry::load_secret(
+        &dir.path().join("registry"),
+    )?);
+    let good = Header::request(Op::WriteChunk, 1, 42, 0, 0, 4).with_token(token);
     let mut bad_version = good.encode();
     bad_version[4] = 9;
     bad_version[16] = 77;
@@ -149,13 +150,21 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
         ..good
     }
     .encode();
-    let past_chunk = Header::request(Op::ReadChunk, 80, 42, 0, 60 * 1024, 8 * 1024).encode();
+    let past_chunk = Header::request(Op::ReadChunk, 80, 42, 0, 60 * 1024, 8 * 1024)
+        .with_token(token)
+        .encode();
+    let no_token = Header::request(Op::ReadChunk, 81, 42, 0, 0, 8).encode();
+    let wrong_token = Header::request(Op::ReadChunk, 82, 42, 0, 0, 8)
+        .with_token(token ^ 2)
+        .encode();
     let cases: Vec<(Vec<u8>, &[u8])> = vec![
         (good.encode()[..10].to_vec(), &[]), // too short to carry an id: no reply
         (bad_version.to_vec(), &[]),
         (bad_op.to_vec(), &[]),
         (short.to_vec(), b"ab"), // header says 4 bytes, 2 arrive
         (past_chunk.to_vec(), &[]),
+        (no_token.to_vec(), &[]),
+        (wrong_token.to_vec(), &[]),
     ];
     let mut sends = Vec::new();
     for (header, payload) in &cases {
@@ -163,7 +172,7 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
         sends.push(unsafe { ep.send_am(AM_REQUEST, header, payload) });
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while replies.borrow().len() < 4 && Instant::now() < deadline {
+    while replies.borrow().len() < 6 && Instant::now() < deadline {
         worker.progress();
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -182,7 +191,9 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
             (77, -libc::EPROTO),
             (78, -libc::EPROTO),
             (79, -libc::EINVAL),
-            (80, -libc::EINVAL)
+            (80, -libc::EINVAL),
+            (81, -libc::EACCES),
+            (82, -libc::EACCES),
         ]
     );
     drop(ep);
@@ -196,7 +207,7 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
     assert_eq!(&back, b"still fine");
     drop(client);
     let stats = servers[0].stop()?;
-    assert_eq!(stats.map(|s| s.malformed), Some(5));
+    assert_eq!(stats.map(|s| (s.malformed, s.refused_auth)), Some((5, 2)));
     Ok(())
 }
 
