@@ -4,6 +4,8 @@ Private: import the public names from `benchfs` instead. Every blocking call rel
 """
 
 __version__: str
+JOB_SECRET_FILE: str
+"""Name of the per-job secret file in the registry directory (mode 0600)."""
 
 def resolve_config(path: str | None = None, overrides: list[str] | None = None) -> str:
     """Return the effective configuration as TOML text.

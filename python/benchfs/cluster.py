@@ -194,6 +194,8 @@ class LocalCluster:
             codes[daemon.server_id] = stop_process(
                 daemon.proc, max(0.0, deadline - time.monotonic()), sig=None
             )
+        # The job is over: its secret (created by the first server) goes with it.
+        (self.registry_dir / _core.JOB_SECRET_FILE).unlink(missing_ok=True)
         return codes
 
     def leftover_pids(self) -> list[int]:

@@ -25,8 +25,10 @@ MIB = 1 << 20
 FIO_RW = {"seqwrite": "write", "seqread": "read", "randread": "randread"}
 """fio's `rw=` for each storage pattern."""
 
-# Completion latency sections, newest first, with the factor that turns their unit into µs.
-_CLAT_KEYS = (("clat_ns", 1e-3), ("clat_us", 1.0), ("clat", 1.0))
+# Latency sections, preferred first, with the factor that turns their unit into µs. Total
+# latency (`lat_ns`, submission included, written with --lat_percentiles=1) is what the engine
+# measures per operation; completion latency (`clat*`) is the fallback for older fio output.
+_CLAT_KEYS = (("lat_ns", 1e-3), ("clat_ns", 1e-3), ("clat_us", 1.0), ("clat", 1.0))
 
 
 class FioError(BenchError):
@@ -75,6 +77,7 @@ def fio_command(
     argv = [
         fio,
         "--output-format=json",
+        "--lat_percentiles=1",
         f"--name={name}",
         f"--filename={filename}",
         f"--rw={FIO_RW[pattern]}",
@@ -116,12 +119,15 @@ def _number(section: Mapping[str, Any], key: str, source: str, where: str) -> fl
 
 
 def _percentiles(section: Mapping[str, Any], source: str, where: str) -> tuple[float, float]:
-    """p50 and p99 completion latency in µs, from whichever clat section this fio writes."""
+    """p50 and p99 latency in µs: total latency when fio wrote its percentiles, else
+    completion latency."""
     for key, to_us in _CLAT_KEYS:
         clat = section.get(key)
         if not isinstance(clat, Mapping):
             continue
         table = clat.get("percentile")
+        if key == "lat_ns" and not isinstance(table, Mapping):
+            continue
         if not isinstance(table, Mapping):
             raise FioError(
                 f"{source}: fio JSON {where}.{key} has no percentile table "

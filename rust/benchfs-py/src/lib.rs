@@ -329,6 +329,7 @@ fn bench_storage<'py>(
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("JOB_SECRET_FILE", registry::SECRET_FILE)?;
     m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(wait_for_servers, m)?)?;
     m.add_function(wrap_pyfunction!(bench_storage, m)?)?;
