@@ -23,6 +23,22 @@ def wait_for_servers(registry_dir: str, expected: int, timeout_s: float) -> list
     the expected, found and missing ids, and ValueError naming a malformed registry file.
     """
 
+def bench_storage(
+    data_dir: str,
+    pattern: str,
+    block_size: int,
+    queue_depth: int,
+    total_bytes: int,
+    chunk_size: int,
+    direct_write: bool,
+    direct_read: bool,
+    layout: str = "chunkfile",
+    dataset_bytes: int | None = None,
+) -> dict[str, float]:
+    """Run the storage engine alone (no network) at `queue_depth`; `pattern` is "seqwrite",
+    "seqread" or "randread". Returns bytes, seconds, mib_s, ops, p50_us, p99_us,
+    mean_inflight, share_depth1 and mean_batch."""
+
 class Server:
     """A chunk server on its own thread in this process (the same code as `benchfsd`)."""
 
@@ -42,7 +58,8 @@ class Server:
     def __exit__(self, *exc: object) -> None: ...
 
 class Client:
-    """A BenchFS client; not thread-safe, so use each instance from one thread."""
+    """A BenchFS client. Threads may share one (they take turns); use one per thread for
+    parallel I/O."""
 
     def __init__(
         self, registry_dir: str, config: str | None = None, expected_servers: int | None = None
@@ -53,6 +70,12 @@ class Client:
         """Short at the end of the file; never-written ranges inside the file read as zeros."""
     def readinto(self, path: str, offset: int, buffer: bytearray | memoryview) -> int: ...
     def file_size(self, path: str) -> int: ...
+    def fsync(self, path: str) -> None:
+        """Return once every byte written to `path` is durable on the servers' devices."""
+    def locate(self, path: str, offset: int) -> int:
+        """The id of the server that holds byte `offset` of `path`."""
+    def server_stats(self) -> list[dict[str, int]]:
+        """Per server: id, requests, retries, timeouts, failures (as this client saw them)."""
     def server_ids(self) -> list[int]: ...
     def close(self) -> None: ...
     def __enter__(self) -> Client: ...

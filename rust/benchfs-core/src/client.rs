@@ -58,14 +58,63 @@ struct ServerLink {
     lost: Option<String>,
 }
 
+/// What one client saw of one server (reported by [`Client::server_stats`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServerCounters {
+    pub id: u32,
+    pub requests: u64,
+    pub retries: u64,
+    pub timeouts: u64,
+    pub failures: u64,
+}
+
+/// Bounds the requests in flight to one server worker: a FIFO of waiters for permits.
+#[derive(Default)]
+struct Window {
+    used: Cell<u32>,
+    waiters: RefCell<std::collections::VecDeque<Waker>>,
+}
+
+struct Permit<'a>(&'a Window);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.0.used.set(self.0.used.get() - 1);
+        if let Some(w) = self.0.waiters.borrow_mut().pop_front() {
+            w.wake();
+        }
+    }
+}
+
+impl Window {
+    async fn acquire(&self, limit: u32) -> Permit<'_> {
+        futures::future::poll_fn(|cx| {
+            if self.used.get() < limit {
+                self.used.set(self.used.get() + 1);
+                std::task::Poll::Ready(())
+            } else {
+                self.waiters.borrow_mut().push_back(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        Permit(self)
+    }
+}
+
 /// A client connected to every server of the membership. Use from one thread.
 pub struct Client {
     runtime: Runtime,
     worker: Worker,
     links: RefCell<Vec<ServerLink>>,
+    /// One window per (server, worker), indexed like `links[server].endpoints[worker]`.
+    windows: Vec<Vec<Window>>,
+    counters: RefCell<Vec<ServerCounters>>,
     membership: Vec<RegistryEntry>,
     shared: Rc<Shared>,
     next_request: Cell<u64>,
+    /// Jitter for retry backoff (xorshift state).
+    rng: Cell<u64>,
     config: Config,
     /// The job token every request carries.
     token: u64,
@@ -122,6 +171,8 @@ struct RpcGuard<'a> {
     shared: &'a Shared,
     id: u64,
     send: Option<Request>,
+    /// Whether `send` reads the caller's memory (a header-only send owns all it uses).
+    send_reads_caller: bool,
 }
 
 impl Drop for RpcGuard<'_> {
@@ -129,7 +180,7 @@ impl Drop for RpcGuard<'_> {
         let entry = self.shared.pending.borrow_mut().remove(&self.id);
         let mut orphans = self.shared.orphans.borrow_mut();
         if let Some(send) = self.send.take() {
-            if !send.is_done() {
+            if self.send_reads_caller && !send.is_done() {
                 orphans.push(send);
             }
         }
@@ -175,7 +226,13 @@ impl Client {
         let membership = registry::wait_for(registry_dir, config.cluster.expected_servers, timeout)?;
         let token = registry::job_token(&registry::load_secret(registry_dir)?);
         let runtime = Runtime::new(config.storage.ring_entries.min(64))?;
-        let worker = Worker::new()?;
+        // Serialized, not single-threaded: a client may move between threads (never used by
+        // two at once; the front-ends serialize access).
+        let options = benchfs_ucx::WorkerOptions {
+            serialized: true,
+            ..config.network.worker_options()
+        };
+        let worker = Worker::with_options(&options)?;
         runtime.reactor().attach_ucx(worker.clone());
         let shared = Rc::new(Shared {
             pending: RefCell::new(HashMap::new()),
@@ -193,10 +250,12 @@ impl Client {
         for entry in &membership {
             let mut endpoints = Vec::new();
             for address in entry.addresses()? {
-                let endpoint = worker.connect(&address, true).map_err(|e| Error::ServerLost {
-                    server: entry.id,
-                    reason: format!("cannot connect: {e}"),
-                })?;
+                let endpoint = worker
+                    .connect(&address, config.network.peer_error_handling)
+                    .map_err(|e| Error::ServerLost {
+                        server: entry.id,
+                        reason: format!("cannot connect: {e}"),
+                    })?;
                 endpoints.push(Some(endpoint));
             }
             links.push(ServerLink {
@@ -205,13 +264,32 @@ impl Client {
                 lost: None,
             });
         }
+        let windows = links
+            .iter()
+            .map(|l| l.endpoints.iter().map(|_| Window::default()).collect())
+            .collect();
+        let counters = membership
+            .iter()
+            .map(|e| ServerCounters {
+                id: e.id,
+                ..Default::default()
+            })
+            .collect();
         Ok(Client {
             runtime,
             worker,
             links: RefCell::new(links),
+            windows,
+            counters: RefCell::new(counters),
             membership,
             shared,
             next_request: Cell::new(1),
+            rng: Cell::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0x9E37_79B9, |d| d.as_nanos() as u64)
+                    | 1,
+            ),
             config,
             token,
         })
@@ -256,8 +334,81 @@ impl Client {
         (s, place_worker(file, chunk, self.server_count(), self.workers(s)))
     }
 
-    /// One request/reply exchange with worker `worker` of the server at `index`.
+    /// One request to worker `target.1` of server `target.0`, within that worker's window,
+    /// with a fresh request id per attempt. Idempotent requests (read, extent, fsync) are
+    /// retried after a timeout, with exponential backoff and full jitter; a server that times
+    /// out for good, or whose transport fails, is marked lost.
     async fn call(
+        &self,
+        target: (usize, usize),
+        header: Header,
+        payload: &[u8],
+        mut dest: Option<&mut [u8]>,
+    ) -> Result<Header> {
+        let (index, worker) = target;
+        let client = &self.config.client;
+        let idempotent = matches!(header.op, Op::ReadChunk | Op::FileExtent | Op::Fsync);
+        let mut attempt = 0u32;
+        loop {
+            let attempt_header = Header {
+                request_id: self.request_id(),
+                ..header
+            };
+            self.counters.borrow_mut()[index].requests += 1;
+            let result = {
+                let _permit = self.windows[index][worker]
+                    .acquire(client.max_inflight_per_server)
+                    .await;
+                self.exchange(target, attempt_header, payload, dest.as_deref_mut())
+                    .await
+            };
+            let timed_out = matches!(result, Err(Error::Timeout { .. }));
+            if timed_out {
+                self.counters.borrow_mut()[index].timeouts += 1;
+            }
+            match result {
+                Err(Error::Timeout { .. }) if idempotent && attempt < client.max_retries => {
+                    self.counters.borrow_mut()[index].retries += 1;
+                    let ceiling = client.retry_backoff_ms.saturating_mul(1 << attempt.min(16));
+                    let pause = Duration::from_millis(self.jitter(ceiling));
+                    self.runtime.reactor().sleep(pause).await;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    self.counters.borrow_mut()[index].failures += 1;
+                    if timed_out || matches!(e, Error::ServerLost { .. }) {
+                        self.mark_lost(index, e.to_string());
+                    }
+                    return Err(e);
+                }
+                Ok(reply) => return Ok(reply),
+            }
+        }
+    }
+
+    /// A uniformly random delay in `[0, ceiling]` ms (full jitter spreads retry storms).
+    fn jitter(&self, ceiling: u64) -> u64 {
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x % (ceiling + 1)
+    }
+
+    /// The id of the server that holds byte `offset` of `path`.
+    pub fn locate(&self, path: &str, offset: u64) -> u32 {
+        let chunk = offset / self.config.client.chunk_size;
+        self.membership[self.route(FileId::from_path(path), chunk).0].id
+    }
+
+    /// What this client saw of each server, ordered like the membership.
+    pub fn server_stats(&self) -> Vec<ServerCounters> {
+        self.counters.borrow().clone()
+    }
+
+    /// One request/reply exchange with worker `worker` of the server at `index`.
+    async fn exchange(
         &self,
         (index, worker): (usize, usize),
         header: Header,
@@ -283,6 +434,7 @@ impl Client {
             shared: &self.shared,
             id,
             send: None,
+            send_reads_caller: !payload.is_empty(),
         };
         {
             let links = self.links.borrow();
@@ -351,21 +503,12 @@ impl Client {
                 }
                 Ok(reply)
             }
-            Some(Err(e)) => {
-                if matches!(e, Error::ServerLost { .. }) {
-                    self.mark_lost(index, e.to_string());
-                }
-                Err(e)
-            }
-            None => {
-                let e = Error::Timeout {
-                    op,
-                    server,
-                    timeout_s: timeout.as_secs_f64(),
-                };
-                self.mark_lost(index, e.to_string());
-                Err(e)
-            }
+            Some(Err(e)) => Err(e),
+            None => Err(Error::Timeout {
+                op,
+                server,
+                timeout_s: timeout.as_secs_f64(),
+            }),
         }
     }
 
@@ -418,14 +561,7 @@ impl Client {
         let window = self.config.client.max_inflight as usize;
         self.run(async {
             let calls = split(offset, data.len() as u64, chunk_size).map(|p| {
-                let header = Header::request(
-                    Op::WriteChunk,
-                    self.request_id(),
-                    file.0,
-                    p.chunk,
-                    p.offset,
-                    p.len,
-                );
+                let header = Header::request(Op::WriteChunk, 0, file.0, p.chunk, p.offset, p.len);
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
                 self.call(self.route(file, p.chunk), header, part, None)
             });
@@ -453,8 +589,7 @@ impl Client {
             for p in &pieces {
                 let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
                 rest = tail;
-                let header =
-                    Header::request(Op::ReadChunk, self.request_id(), file.0, p.chunk, p.offset, p.len);
+                let header = Header::request(Op::ReadChunk, 0, file.0, p.chunk, p.offset, p.len);
                 calls.push(async move {
                     let reply = self
                         .call(self.route(file, p.chunk), header, &[], Some(&mut *head))
@@ -485,7 +620,7 @@ impl Client {
         let window = self.config.client.max_inflight as usize;
         self.run(async {
             let calls = self.all_workers().into_iter().map(|target| {
-                let header = Header::request(Op::FileExtent, self.request_id(), file.0, 0, 0, 0);
+                let header = Header::request(Op::FileExtent, 0, file.0, 0, 0, 0);
                 self.call(target, header, &[], None)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
@@ -503,7 +638,7 @@ impl Client {
         let window = self.config.client.max_inflight as usize;
         self.run(async {
             let calls = self.all_workers().into_iter().map(|target| {
-                let header = Header::request(Op::Fsync, self.request_id(), file.0, 0, 0, 0);
+                let header = Header::request(Op::Fsync, 0, file.0, 0, 0, 0);
                 self.call(target, header, &[], None)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);

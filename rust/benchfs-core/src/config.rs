@@ -16,6 +16,7 @@ pub struct Config {
     pub client: ClientConfig,
     pub server: ServerConfig,
     pub storage: StorageConfig,
+    pub network: NetworkConfig,
     pub telemetry: TelemetryConfig,
     pub run: RunConfig,
 }
@@ -49,8 +50,15 @@ pub struct ClientConfig {
     pub chunk_size: u64,
     /// Chunk requests one client keeps in flight at most.
     pub max_inflight: u32,
+    /// Requests one client keeps in flight to any one server worker at most.
+    pub max_inflight_per_server: u32,
     /// Time after which a request counts as failed.
     pub request_timeout_s: f64,
+    /// Retries of an idempotent request (read, extent, fsync) after a timeout; writes are
+    /// never retried (a late original could land after a newer write to the same bytes).
+    pub max_retries: u32,
+    /// First retry delay; doubles per retry, with full jitter.
+    pub retry_backoff_ms: u64,
 }
 
 impl Default for ClientConfig {
@@ -58,7 +66,10 @@ impl Default for ClientConfig {
         ClientConfig {
             chunk_size: 4 << 20,
             max_inflight: 16,
+            max_inflight_per_server: 8,
             request_timeout_s: 30.0,
+            max_retries: 2,
+            retry_backoff_ms: 50,
         }
     }
 }
@@ -120,6 +131,41 @@ impl Default for StorageConfig {
             handle_cache: 512,
             submit_policy: "immediate".into(),
             submit_timer_us: 50_000,
+        }
+    }
+}
+
+/// The UCX transport.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConfig {
+    /// UCX transports (`UCX_TLS` syntax, e.g. "tcp", "shm,self"); empty: UCX chooses.
+    pub transports: String,
+    /// Payload size from which UCX uses rendezvous (zero-copy into the receiver's buffer);
+    /// 0: UCX's own threshold.
+    pub rndv_threshold: u64,
+    /// Detect failed peers so their requests fail instead of hanging until the timeout. UCX
+    /// 1.13's shared-memory transports cannot do this, so `false` is needed to use them.
+    pub peer_error_handling: bool,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            transports: String::new(),
+            rndv_threshold: 0,
+            peer_error_handling: true,
+        }
+    }
+}
+
+impl NetworkConfig {
+    /// The UCX settings this section asks for.
+    pub fn worker_options(&self) -> benchfs_ucx::WorkerOptions {
+        benchfs_ucx::WorkerOptions {
+            transports: (!self.transports.is_empty()).then(|| self.transports.clone()),
+            rndv_threshold: (self.rndv_threshold > 0).then_some(self.rndv_threshold),
+            serialized: false,
         }
     }
 }
@@ -190,8 +236,14 @@ impl Config {
         if self.client.chunk_size == 0 || self.client.chunk_size > (1 << 30) {
             return bad("client.chunk_size must be between 1 byte and 1 GiB");
         }
-        if self.client.max_inflight == 0 {
-            return bad("client.max_inflight must be at least 1");
+        if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
+            return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");
+        }
+        if self.client.max_retries > 10 {
+            return bad("client.max_retries must be at most 10");
+        }
+        if self.network.transports.contains(char::is_whitespace) {
+            return bad("network.transports is a comma-separated list without spaces");
         }
         if self.client.request_timeout_s.is_nan() || self.client.request_timeout_s <= 0.0 {
             return bad("client.request_timeout_s must be positive");

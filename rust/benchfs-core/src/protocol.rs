@@ -249,6 +249,54 @@ mod tests {
         assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("reserved")));
     }
 
+    /// Bounded randomized test: random bytes and single-byte mutations of valid headers never
+    /// panic, and whatever decodes re-encodes to the same bytes.
+    #[test]
+    fn random_and_mutated_headers_never_panic() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let valid = sample().encode();
+        for round in 0..200_000 {
+            let mut buf = if round % 2 == 0 {
+                let len = (next() % (HEADER_LEN as u64 + 16)) as usize;
+                (0..len).map(|_| next() as u8).collect::<Vec<u8>>()
+            } else {
+                let mut b = valid.to_vec();
+                let at = (next() % HEADER_LEN as u64) as usize;
+                b[at] = next() as u8;
+                b
+            };
+            if round % 7 == 0 {
+                buf.truncate((next() % (buf.len() as u64 + 1)) as usize);
+            }
+            if let Ok(h) = Header::decode(&buf) {
+                assert_eq!(&h.encode()[..], &buf[..], "decode/encode mismatch");
+                let _ = check_request(&h, (next() % 10_000) as usize, 1 << 20);
+            }
+        }
+    }
+
+    /// Replays the cargo-fuzz corpus (rust/fuzz/corpus/header) so findings stay fixed.
+    #[test]
+    fn fuzz_corpus_replays() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/header");
+        let mut replayed = 0;
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if let Ok(bytes) = std::fs::read(entry.path()) {
+                if let Ok(h) = Header::decode(&bytes) {
+                    assert_eq!(&h.encode()[..], &bytes[..]);
+                }
+                replayed += 1;
+            }
+        }
+        assert!(replayed >= 4, "corpus at {} has {replayed} inputs", dir.display());
+    }
+
     #[test]
     fn request_checks() {
         let h = sample();

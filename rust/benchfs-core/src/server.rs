@@ -420,7 +420,7 @@ fn run_worker(
             .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
         let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
         let reactor = runtime.reactor().clone();
-        let worker = Worker::new()?;
+        let worker = Worker::with_options(&config.network.worker_options())?;
         reactor.attach_ucx(worker.clone());
         let metrics = Rc::new(WorkerMetrics::new(config.telemetry.enabled));
         reactor.set_metrics(metrics.clone());

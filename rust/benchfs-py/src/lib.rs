@@ -166,17 +166,34 @@ impl PyServer {
     }
 }
 
-/// A client of a running cluster. Not thread-safe: use it from the thread that created it.
-#[pyclass(name = "Client", module = "benchfs._core", unsendable)]
+/// A core client that may move between threads: every use, and the drop, happens under the
+/// owning `PyClient`'s mutex, and its UCX worker runs in serialized (not single-thread) mode.
+struct MovableClient(CoreClient);
+// SAFETY: see above; the client keeps no thread-local state.
+unsafe impl Send for MovableClient {}
+
+/// A client of a running cluster. Safe to share between threads, which then take turns; use
+/// one client per thread for parallel I/O.
+#[pyclass(name = "Client", module = "benchfs._core")]
 struct PyClient {
-    inner: Option<CoreClient>,
+    inner: Mutex<Option<MovableClient>>,
 }
 
 impl PyClient {
-    fn client(&self) -> PyResult<&CoreClient> {
-        self.inner
-            .as_ref()
-            .ok_or_else(|| PyValueError::new_err("I/O operation on a closed client"))
+    /// Runs `f` on the client with the GIL released. The lock is taken after the GIL is
+    /// released, so a thread waiting for the client never holds the GIL.
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&CoreClient) -> Result<R, Error>) -> PyResult<R> {
+        let outcome = detached(py, self, |me| {
+            let guard = me.inner.lock().map_err(|_| "client lock poisoned".to_string())?;
+            let client = guard
+                .as_ref()
+                .ok_or_else(|| "I/O operation on a closed client".to_string())?;
+            Ok::<_, String>(f(&client.0))
+        });
+        match outcome {
+            Ok(result) => result.map_err(to_py),
+            Err(message) => Err(PyValueError::new_err(message)),
+        }
     }
 }
 
@@ -204,21 +221,25 @@ impl PyClient {
             config.cluster.expected_servers = n;
         }
         let client = detached(py, (), |()| {
-            CoreClient::connect(&registry_dir, config).map(OnThisThread)
+            CoreClient::connect(&registry_dir, config).map(MovableClient)
         })
         .map_err(to_py)?;
         Ok(PyClient {
-            inner: Some(client.0),
+            inner: Mutex::new(Some(client)),
         })
     }
 
     /// Writes a bytes-like object at `offset`; returns the bytes written.
     fn write(&self, py: Python<'_>, path: &str, offset: u64, data: PyBuffer<u8>) -> PyResult<usize> {
         contiguous(&data, "data")?;
-        let client = self.client()?;
         // SAFETY: the buffer is held (and its exporter pinned) for the whole call.
-        let bytes = unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes()) };
-        detached(py, (client, bytes), |(c, b)| c.write(path, offset, b)).map_err(to_py)
+        let bytes = OnThisThread(unsafe {
+            std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes())
+        });
+        self.with(py, move |c| {
+            let b = bytes;
+            c.write(path, offset, b.0)
+        })
     }
 
     /// Reads up to `length` bytes from `offset` (short only at the end of the file).
@@ -229,9 +250,12 @@ impl PyClient {
         offset: u64,
         length: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let client = self.client()?;
         let mut buf = vec![0u8; length];
-        let n = detached(py, (client, &mut buf[..]), |(c, b)| c.read_into(path, offset, b)).map_err(to_py)?;
+        let target = OnThisThread(&mut buf[..]);
+        let n = self.with(py, move |c| {
+            let t = target;
+            c.read_into(path, offset, t.0)
+        })?;
         Ok(PyBytes::new(py, &buf[..n]))
     }
 
@@ -241,41 +265,75 @@ impl PyClient {
         if buffer.readonly() {
             return Err(PyValueError::new_err("buffer is read-only"));
         }
-        let client = self.client()?;
         // SAFETY: writable, contiguous, held for the whole call.
-        let target =
-            unsafe { std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes()) };
-        detached(py, (client, target), |(c, t)| c.read_into(path, offset, t)).map_err(to_py)
+        let target = OnThisThread(unsafe {
+            std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes())
+        });
+        self.with(py, move |c| {
+            let t = target;
+            c.read_into(path, offset, t.0)
+        })
     }
 
     /// The file's size in bytes.
     fn file_size(&self, py: Python<'_>, path: &str) -> PyResult<u64> {
-        let client = self.client()?;
-        detached(py, client, |c| c.file_size(path)).map_err(to_py)
+        self.with(py, |c| c.file_size(path))
     }
 
     /// Returns once every byte written to `path` is durable on the servers' devices.
     fn fsync(&self, py: Python<'_>, path: &str) -> PyResult<()> {
-        let client = self.client()?;
-        detached(py, client, |c| c.fsync(path)).map_err(to_py)
+        self.with(py, |c| c.fsync(path))
+    }
+
+    /// The id of the server holding byte `offset` of `path`.
+    fn locate(&self, py: Python<'_>, path: &str, offset: u64) -> PyResult<u32> {
+        self.with(py, |c| Ok(c.locate(path, offset)))
+    }
+
+    /// Per server (membership order): requests sent, retries, timeouts and failures.
+    fn server_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let stats = self.with(py, |c| Ok(c.server_stats()))?;
+        stats
+            .into_iter()
+            .map(|c| {
+                let d = PyDict::new(py);
+                d.set_item("id", c.id)?;
+                d.set_item("requests", c.requests)?;
+                d.set_item("retries", c.retries)?;
+                d.set_item("timeouts", c.timeouts)?;
+                d.set_item("failures", c.failures)?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// The ids of the servers this client uses, ascending.
-    fn server_ids(&self) -> PyResult<Vec<u32>> {
-        Ok(self.client()?.membership().iter().map(|e| e.id).collect())
+    fn server_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        self.with(py, |c| Ok(c.membership().iter().map(|e| e.id).collect()))
     }
 
     /// Closes the connections. Idempotent.
-    fn close(&mut self) {
-        self.inner = None;
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let closed = detached(py, self, |me| me.inner.lock().map(|mut g| g.take()).is_ok());
+        if closed {
+            Ok(())
+        } else {
+            Err(PyRuntimeError::new_err("client lock poisoned"))
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
-    fn __exit__(&mut self, _exc_type: Py<PyAny>, _exc: Py<PyAny>, _tb: Py<PyAny>) {
-        self.close();
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Py<PyAny>,
+        _exc: Py<PyAny>,
+        _tb: Py<PyAny>,
+    ) -> PyResult<()> {
+        self.close(py)
     }
 }
 

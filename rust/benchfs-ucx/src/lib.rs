@@ -161,9 +161,48 @@ unsafe extern "C" fn am_trampoline(
     }
 }
 
+/// UCX settings a worker is created with (anything unset keeps UCX's own default and the
+/// process's `UCX_*` environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerOptions {
+    /// `UCX_TLS` syntax, e.g. "tcp" or "shm,self".
+    pub transports: Option<String>,
+    /// `UCX_RNDV_THRESH`: payload bytes from which rendezvous is used.
+    pub rndv_threshold: Option<u64>,
+    /// Allow use from any thread, one at a time (`UCS_THREAD_MODE_SERIALIZED`) instead of
+    /// only the creating thread.
+    pub serialized: bool,
+}
+
 impl Worker {
-    /// Creates a context (active messages + wakeup) and a single-threaded worker.
+    /// Creates a context (active messages + wakeup) and a single-threaded worker with UCX's
+    /// defaults.
     pub fn new() -> Result<Self> {
+        Self::with_options(&WorkerOptions::default())
+    }
+
+    /// Creates a context and a single-threaded worker with `options` applied.
+    pub fn with_options(options: &WorkerOptions) -> Result<Self> {
+        let options = options.clone();
+        let settings: Vec<(&str, String)> = [
+            options.transports.clone().map(|t| ("TLS", t)),
+            options.rndv_threshold.map(|t| ("RNDV_THRESH", t.to_string())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut c_settings = Vec::with_capacity(settings.len());
+        for (name, value) in &settings {
+            let bad = || UcxError {
+                op: "config_modify",
+                status: sys::UCS_ERR_INVALID_PARAM,
+                message: format!("{name}={value:?} contains a NUL byte"),
+            };
+            c_settings.push((
+                std::ffi::CString::new(*name).map_err(|_| bad())?,
+                std::ffi::CString::new(value.as_str()).map_err(|_| bad())?,
+            ));
+        }
         // SAFETY: plain FFI initialisation with zeroed, masked parameter structs.
         unsafe {
             let mut config: *mut sys::ucp_config_t = ptr::null_mut();
@@ -171,6 +210,20 @@ impl Worker {
                 "config_read",
                 sys::ucp_config_read(ptr::null(), ptr::null(), &mut config),
             )?;
+            for (name, value) in &c_settings {
+                let status = sys::ucp_config_modify(config, name.as_ptr(), value.as_ptr());
+                if status != sys::UCS_OK {
+                    sys::ucp_config_release(config);
+                    let mut e = UcxError::new("config_modify", status);
+                    e.message = format!(
+                        "{} = {:?}: {}",
+                        name.to_string_lossy(),
+                        value.to_string_lossy(),
+                        e.message
+                    );
+                    return Err(e);
+                }
+            }
             let params = sys::ucp_params_t {
                 field_mask: (sys::UCP_PARAM_FIELD_FEATURES) as u64,
                 features: (sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP) as u64,
@@ -182,7 +235,11 @@ impl Worker {
             check("init", status)?;
             let wparams = sys::ucp_worker_params_t {
                 field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-                thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+                thread_mode: if options.serialized {
+                    sys::UCS_THREAD_MODE_SERIALIZED
+                } else {
+                    sys::UCS_THREAD_MODE_SINGLE
+                },
                 ..Default::default()
             };
             let mut worker: sys::ucp_worker_h = ptr::null_mut();
