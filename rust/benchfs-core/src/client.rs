@@ -614,39 +614,38 @@ impl Client {
         Ok(size.saturating_sub(offset).min(total as u64) as usize)
     }
 
-    /// The file's size: the end of its furthest byte on any server.
-    pub fn file_size(&self, path: &str) -> Result<u64> {
+    /// Sends a header-only request about `path` to every worker of every server; returns the
+    /// replies (for requests that concern all of a file's chunks).
+    fn broadcast(&self, op: Op, path: &str) -> Result<Vec<Header>> {
         let file = FileId::from_path(path);
         let window = self.config.client.max_inflight as usize;
         self.run(async {
-            let calls = self.all_workers().into_iter().map(|target| {
-                let header = Header::request(Op::FileExtent, 0, file.0, 0, 0, 0);
-                self.call(target, header, &[], None)
-            });
+            let calls = self
+                .all_workers()
+                .into_iter()
+                .map(|target| self.call(target, Header::request(op, 0, file.0, 0, 0, 0), &[], None));
             let mut results = stream::iter(calls).buffer_unordered(window);
-            let mut size = 0u64;
+            let mut replies = Vec::new();
             while let Some(r) = results.next().await {
-                size = size.max(r?.length);
+                replies.push(r?);
             }
-            Ok(size)
+            Ok(replies)
         })
+    }
+
+    /// The file's size: the end of its furthest byte on any server.
+    pub fn file_size(&self, path: &str) -> Result<u64> {
+        Ok(self
+            .broadcast(Op::FileExtent, path)?
+            .iter()
+            .map(|h| h.length)
+            .max()
+            .unwrap_or(0))
     }
 
     /// Makes everything this file's servers hold of it durable on their devices.
     pub fn fsync(&self, path: &str) -> Result<()> {
-        let file = FileId::from_path(path);
-        let window = self.config.client.max_inflight as usize;
-        self.run(async {
-            let calls = self.all_workers().into_iter().map(|target| {
-                let header = Header::request(Op::Fsync, 0, file.0, 0, 0, 0);
-                self.call(target, header, &[], None)
-            });
-            let mut results = stream::iter(calls).buffer_unordered(window);
-            while let Some(r) = results.next().await {
-                r?;
-            }
-            Ok(())
-        })
+        self.broadcast(Op::Fsync, path).map(|_| ())
     }
 
     /// Replies that arrived after their request was abandoned, and undecodable replies.
