@@ -261,6 +261,27 @@ impl Reactor {
         )
     }
 
+    /// Opens `path` (relative to the working directory) through the ring, so a slow open or
+    /// create never stalls the loop. Resolves to the new descriptor.
+    pub fn openat(self: &Rc<Self>, path: &std::path::Path, flags: i32, mode: u32) -> IoOp {
+        use std::os::unix::ffi::OsStrExt;
+        // The path is owned by the slot until the kernel is done reading it.
+        let mut bytes = path.as_os_str().as_bytes().to_vec();
+        bytes.push(0);
+        let buf = IoBuffer::Heap(bytes);
+        let ptr = buf.as_ptr().cast::<libc::c_char>();
+        self.start(
+            |token| {
+                opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), ptr)
+                    .flags(flags | libc::O_CLOEXEC)
+                    .mode(mode)
+                    .build()
+                    .user_data(token)
+            },
+            Some(buf),
+        )
+    }
+
     /// `fdatasync(fd)` through the ring.
     pub fn fdatasync(self: &Rc<Self>, fd: RawFd) -> IoOp {
         self.start(

@@ -12,6 +12,7 @@ use std::rc::Rc;
 use lru::LruCache;
 
 use crate::chunking::FileId;
+use crate::runtime::Reactor;
 
 /// A chunk file's descriptors: buffered, and O_DIRECT when a direction uses direct I/O.
 pub struct Handle {
@@ -49,21 +50,24 @@ impl HandleCache {
     }
 
     /// The chunk's handle and whether it was cached; `None` if it does not exist and `create`
-    /// is false.
-    pub fn get(
+    /// is false. Misses open through io_uring, so they never stall the event loop.
+    pub async fn get(
         &self,
+        reactor: &Rc<Reactor>,
         file: FileId,
         chunk: u64,
         create: bool,
-        path: impl FnOnce() -> PathBuf,
+        path: PathBuf,
     ) -> io::Result<Option<(Rc<Handle>, bool)>> {
         if let Some(h) = self.cache.borrow_mut().get(&(file, chunk)) {
             return Ok(Some((h.clone(), true)));
         }
-        let Some(handle) = super::open_handle(&path(), create, self.direct)? else {
+        let Some(handle) = super::open_handle_async(reactor, &path, create, self.direct).await? else {
             return Ok(None);
         };
         let handle = Rc::new(handle);
+        // Two concurrent misses may both open; the later entry wins, the other handle closes
+        // when its operation finishes.
         self.cache.borrow_mut().put((file, chunk), handle.clone());
         Ok(Some((handle, false)))
     }

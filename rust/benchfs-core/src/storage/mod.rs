@@ -150,12 +150,12 @@ impl ChunkStore {
         self.policy
     }
 
-    fn locate(&self, file: FileId, chunk: u64, create: bool) -> io::Result<Option<Location>> {
+    async fn locate(&self, file: FileId, chunk: u64, create: bool) -> io::Result<Option<Location>> {
         match &self.layout {
             Layout::ChunkFiles { root, handles } => {
                 let hex = file.hex();
-                let path = || root.join(&hex[..2]).join(format!("{hex}.{chunk}"));
-                let (handle, hit) = match handles.get(file, chunk, create, path)? {
+                let path = root.join(&hex[..2]).join(format!("{hex}.{chunk}"));
+                let (handle, hit) = match handles.get(&self.reactor, file, chunk, create, path).await? {
                     Some(h) => h,
                     None => return Ok(None),
                 };
@@ -187,7 +187,7 @@ impl ChunkStore {
         start: usize,
         len: usize,
     ) -> (io::Result<usize>, IoBuffer) {
-        let loc = match self.locate(file, chunk, true) {
+        let loc = match self.locate(file, chunk, true).await {
             Ok(Some(l)) => l,
             Ok(None) => return (Err(io::Error::from_raw_os_error(libc::ENOENT)), buf),
             Err(e) => return (Err(e), buf),
@@ -257,7 +257,7 @@ impl ChunkStore {
         buf: IoBuffer,
         len: usize,
     ) -> (io::Result<(usize, usize)>, IoBuffer) {
-        let loc = match self.locate(file, chunk, false) {
+        let loc = match self.locate(file, chunk, false).await {
             Ok(Some(l)) => l,
             Ok(None)
                 if self
@@ -314,7 +314,7 @@ impl ChunkStore {
         let mut seen = HashSet::new();
         let mut targets = Vec::new();
         for chunk in chunks {
-            if let Some(loc) = self.locate(file, chunk, false)? {
+            if let Some(loc) = self.locate(file, chunk, false).await? {
                 if seen.insert(loc.file_key) {
                     targets.push(loc.handle);
                 }
@@ -332,6 +332,33 @@ impl ChunkStore {
             .await;
         results.into_iter().find_map(|r| r.err()).map_or(Ok(()), Err)
     }
+}
+
+/// [`open_handle`] through io_uring (chunk files are opened on the event loop's thread).
+async fn open_handle_async(
+    reactor: &Rc<Reactor>,
+    path: &Path,
+    create: bool,
+    direct: bool,
+) -> io::Result<Option<Handle>> {
+    use std::os::fd::FromRawFd;
+    let open = |flags: i32| async move {
+        let (res, _) = reactor.openat(path, flags, 0o600).await;
+        // SAFETY: a successful openat returns a new descriptor that nothing else owns.
+        res.map(|fd| unsafe { fs::File::from_raw_fd(fd as i32) })
+    };
+    let base = libc::O_RDWR | if create { libc::O_CREAT } else { 0 };
+    let buffered = match open(base).await {
+        Ok(f) => f,
+        Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let direct = if direct {
+        Some(open(libc::O_RDWR | libc::O_DIRECT).await?)
+    } else {
+        None
+    };
+    Ok(Some(Handle::new(buffered, direct)))
 }
 
 /// Opens a chunk's descriptors: buffered always, O_DIRECT when a direction uses it.
