@@ -2,12 +2,17 @@
 
 `benchfs-bench storage` runs the chunk store alone against fio on the same directory (ten cases,
 interleaved repeats, medians), then the whole path through one `benchfsd`: in-flight depth at
-the device with 64 reads in flight, idle CPU, and telemetry overhead. See docs/bench.md.
+the device with 64 reads in flight, idle CPU, and telemetry overhead.
+
+`benchfs-bench rpc` measures the network layer on tmpfs: bandwidth and round trips of one client
+and one server beside `ucx_perftest`, over TCP and shared memory, then an overload shaped like
+seed 002 against the peak of well-behaved windows. See docs/bench.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import shutil
@@ -28,6 +33,7 @@ from rich.table import Table
 
 from benchfs import __version__
 from benchfs.bench.fio import find_fio
+from benchfs.bench.rpc import CASE_NAMES, LOAD_INFLIGHT, RpcBench, Settings, filesystem_type
 from benchfs.bench.storage import CHUNK_SIZE, Sizes, StorageBench, check_engine, check_size
 from benchfs.bench.system import BenchError, free_bytes, oserror_code, tool_version
 from benchfs.bench.wholepath import WholePathBench
@@ -404,6 +410,302 @@ def storage(
         click.echo(json.dumps(report))
     else:
         print_report(out, report)
+
+
+RPC_DEFAULT_ROOT = "/dev/shm"
+RPC_RATIO_TARGET = 0.8
+RPC_RTT_TARGET_US = {"shm": 25.0, "tcp": 60.0}
+RPC_PEAK_SHARE_TARGET = 0.9
+FULL_LOAD_CLIENTS = Settings.full().load_clients
+RPC_TABLE_WIDTH = 120
+"""Width of the report when stdout is not a terminal (rich would use 80 columns)."""
+
+
+def rpc_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 4's targets, checked against this report's medians."""
+    found: list[dict[str, Any]] = []
+    for case in report["cases"]:
+        name, transport = case["name"], case["transport"]
+        if name in ("write-4m", "read-4m") and case["ratio"] is not None:
+            found.append(
+                {
+                    "target": f"{name} over {transport}: ratio >= {RPC_RATIO_TARGET}",
+                    "value": case["ratio"],
+                    "met": case["ratio"] >= RPC_RATIO_TARGET,
+                }
+            )
+        if name in ("rtt-write-4k", "rtt-read-4k") and case["p50_us"] is not None:
+            limit = RPC_RTT_TARGET_US[transport]
+            found.append(
+                {
+                    "target": f"{name} over {transport}: p50 <= {limit:g} µs",
+                    "value": case["p50_us"],
+                    "met": case["p50_us"] <= limit,
+                }
+            )
+    over = report["overload"]
+    found.append(
+        {
+            "target": "overload: zero timeouts",
+            "value": over["timeouts"],
+            "met": over["timeouts"] == 0,
+        }
+    )
+    found.append(
+        {"target": "overload: zero retries", "value": over["retries"], "met": over["retries"] == 0}
+    )
+    share = over["ratio_to_peak"]
+    found.append(
+        {
+            "target": f"overload: throughput >= {RPC_PEAK_SHARE_TARGET} x peak",
+            "value": share,
+            "met": share is not None and share >= RPC_PEAK_SHARE_TARGET,
+        }
+    )
+    return found
+
+
+def _duration(us: float | None) -> str:
+    """Microseconds as µs, or as ms from 10 ms on."""
+    if us is None or not math.isfinite(us):
+        return "-"
+    return f"{us:,.0f} µs" if us < 10_000 else f"{us / 1000:,.0f} ms"
+
+
+def print_rpc_report(console: Console, report: dict[str, Any]) -> None:
+    """The table of cases, the overload lines and the rendezvous study, for people."""
+    table = Table(
+        title="benchfs-bench rpc: medians (bandwidth in MiB/s, round trips in µs)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("case", no_wrap=True)
+    for col in (
+        "benchfs\nMiB/s",
+        "perftest\nMiB/s",
+        "ratio",
+        "benchfs\np50",
+        "benchfs\np99",
+        "perftest\np50",
+        "perftest\np99",
+        "perftest\nsleep p50",
+        "server\np50",
+    ):
+        table.add_column(col, justify="right", no_wrap=True)
+    for case in report["cases"]:
+        value = case["ratio"]
+        style = "" if value is None else ("green" if value >= RPC_RATIO_TARGET else "yellow")
+        table.add_row(
+            f"{case['transport']} {case['name']}",
+            _fmt(case["mib_s"], 0),
+            _fmt(case["perftest_mib_s"], 0),
+            f"[{style}]{_fmt(value, 2)}[/]" if style else _fmt(value, 2),
+            _fmt(case["p50_us"], 1),
+            _fmt(case["p99_us"], 1),
+            _fmt(case["perftest_us"], 1),
+            _fmt(case.get("perftest_p99_us"), 1),
+            _fmt(case.get("perftest_sleep_us"), 1),
+            _fmt(case.get("server_p50_us"), 1),
+        )
+    console.print(table)
+    over = report["overload"]
+    peaks = ", ".join(f"w{w} {_fmt(v, 0)}" for w, v in over["peak_by_window"].items())
+    lines = [
+        (
+            "overload",
+            f"{over['clients']} clients x {over['inflight_per_client']} in flight, "
+            f"{over['servers']} servers x {over['buffer_count']} buffers, "
+            f"{format_size(over['transfer_size'])} transfers over "
+            f"{format_size(over['chunk_size'])} chunks ({over['op']}, {over['transport']}, "
+            f"{over['duration_s']:g} s): {_fmt(over['mib_s'], 0)} MiB/s = "
+            f"{_fmt(over['ratio_to_peak'], 2)} x peak",
+        ),
+        (
+            "peak",
+            f"{_fmt(over['peak_mib_s'], 0)} MiB/s (window {over['peak_window']}, "
+            f"{over['peak_buffer_count']} buffers; by window: {peaks})",
+        ),
+        (
+            "chunk ops",
+            f"p50 {_duration(over['p50_us'])}, p99 {_duration(over['p99_us'])} at the servers "
+            f"(arrival to reply ready); slowest client's call p99 "
+            f"{_duration(over['call_p99_us'])}",
+        ),
+        (
+            "faults",
+            f"timeouts {over['timeouts']}, retries {over['retries']}, failures "
+            f"{over['failures']}, failed calls {over['failed_calls']}, refused busy "
+            f"{over['rejected_busy']}, buffer waits {over['pool_waits']}",
+        ),
+    ]
+    study = report.get("rndv_threshold_study")
+    if study:
+        lines.append(
+            (
+                "rndv study",
+                "; ".join(
+                    f"{row['label']}: write-4m {_fmt(row['write-4m_mib_s'], 0)}, read-4m "
+                    f"{_fmt(row['read-4m_mib_s'], 0)} MiB/s"
+                    for row in study["rows"]
+                )
+                + " (tcp)",
+            )
+        )
+    lines.append(
+        (
+            "settings",
+            f"data on {report['data_dir']} ({report['data_fs']}, {report['io_mode']} I/O), "
+            f"{report['repeats']} repeat{'s' if report['repeats'] != 1 else ''}, "
+            f"UCX {report['versions']['ucx'] or '?'}",
+        )
+    )
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for label, text in lines:
+        grid.add_row(label, escape(text))
+    console.print(grid)
+    for target in report["targets"]:
+        mark = "[green]met[/]" if target["met"] else "[red]missed[/]"
+        console.print(f"  target {escape(target['target'])}: {mark}", highlight=False)
+    for text in report["notes"]:
+        console.print(f"  note: {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def method_notes(settings: Settings, quick: bool) -> list[str]:
+    """What the output's figures are, said where they are read."""
+    notes = [
+        "rtt-null is Client.file_size on a 1-server cluster (BenchFS has no null op): one "
+        "file-extent round trip with no payload and no disk",
+        "perftest RTT = 2 x ucx_perftest's ucp_am_lat latency, which is one-way (half the "
+        "ping-pong round trip); ucx_perftest busy-polls, BenchFS sleeps in the kernel when idle",
+        "overload p50/p99_us are chunk write times at the servers (request arrival to reply "
+        "ready, from telemetry) over the load minus its first "
+        f"{settings.load_ramp_s:g} s; each client call moves 128 MiB (64 transfers of 2 MiB)",
+    ]
+    if settings.load_clients != FULL_LOAD_CLIENTS:
+        why = " (--quick: 16 processes are heavy on a small host)" if quick else ""
+        notes.append(
+            f"overload and peak ran with {settings.load_clients} client processes, "
+            f"not {FULL_LOAD_CLIENTS}{why}"
+        )
+    if not settings.rndv_study:
+        notes.append("no rendezvous threshold study (--quick or --no-rndv-study)")
+    return notes
+
+
+def ucx_version() -> str | None:
+    line = tool_version(["ucx_info", "-v"])
+    return line.lstrip("# ").removeprefix("Version ").strip() if line else None
+
+
+@main.command()
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=RPC_DEFAULT_ROOT,
+    show_default=True,
+    help="tmpfs directory for the servers' data; a fresh subdirectory is used and removed.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    help="Interleaved repeats of every case and load; medians are reported [3; --quick: 1].",
+)
+@click.option("--quick", is_flag=True, help="Short runs, 1 repeat, 4 load clients (for tests).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=1, min_open=False),
+    help="Seconds of each overload and peak load [10; --quick: 2].",
+)
+@click.option(
+    "--clients",
+    type=click.IntRange(min=1, max=64),
+    help="Client processes of the overload and peak loads [16; --quick: 4].",
+)
+@click.option(
+    "--rndv-study/--no-rndv-study",
+    default=None,
+    help="Measure write-4m and read-4m at three rendezvous thresholds [on; --quick: off].",
+)
+def rpc(
+    root: Path,
+    repeats: int | None,
+    quick: bool,
+    as_json: bool,
+    duration: float | None,
+    clients: int | None,
+    rndv_study: bool | None,
+) -> None:
+    """The network layer vs ucx_perftest (tcp, shm), then overload vs peak, on tmpfs."""
+    out, err = Console(), Console(stderr=True)
+    notes: list[str] = []
+
+    def progress(message: str) -> None:
+        if not as_json:
+            err.print(f"[dim]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    def note(message: str) -> None:
+        notes.append(message)
+        err.print(f"[yellow]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    base = Settings.quick() if quick else Settings.full()
+    settings = dataclasses.replace(
+        base,
+        repeats=repeats or base.repeats,
+        load_seconds=duration or base.load_seconds,
+        load_clients=clients or base.load_clients,
+        rndv_study=base.rndv_study if rndv_study is None else rndv_study,
+    )
+    started = time.monotonic()
+    try:
+        try:
+            benchfsd = find_benchfsd()
+        except FileNotFoundError as e:
+            raise BenchError("ENOENT", str(e)) from e
+        bench = RpcBench(root, settings, benchfsd, progress=progress, note=note)
+        with sigterm_as_interrupt():
+            results = bench.run()
+    except BenchError as e:
+        err.print(
+            f"[red]benchfs-bench: error {e.code}:[/] {escape(e.message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        err.print("[red]benchfs-bench: interrupted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    report: dict[str, Any] = {
+        **results,
+        "data_dir": str(bench.workdir),
+        "io_mode": "buffered",
+        "data_fs": filesystem_type(root),
+        "direct_write": False,
+        "direct_read": False,
+        "case_names": list(CASE_NAMES),
+        "overload_inflight": LOAD_INFLIGHT,
+        "repeats": settings.repeats,
+        "quick": quick,
+        "settings": dataclasses.asdict(settings),
+        "versions": {
+            "benchfs": __version__,
+            "ucx": ucx_version(),
+            "ucx_perftest": bench.perftest,
+        },
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }
+    report["targets"] = rpc_targets(report)
+    report["notes"] = method_notes(settings, quick) + notes
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        print_rpc_report(out if out.is_terminal else Console(width=RPC_TABLE_WIDTH), report)
 
 
 if __name__ == "__main__":
