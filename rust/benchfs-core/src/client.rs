@@ -234,6 +234,9 @@ impl Client {
         };
         let worker = Worker::with_options(&options)?;
         runtime.reactor().attach_ucx(worker.clone());
+        runtime
+            .reactor()
+            .set_spin(Duration::from_micros(config.network.spin_us));
         let shared = Rc::new(Shared {
             pending: RefCell::new(HashMap::new()),
             orphans: RefCell::new(Vec::new()),

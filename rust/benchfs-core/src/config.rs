@@ -147,6 +147,9 @@ pub struct NetworkConfig {
     /// Detect failed peers so their requests fail instead of hanging until the timeout. UCX
     /// 1.13's shared-memory transports cannot do this, so `false` is needed to use them.
     pub peer_error_handling: bool,
+    /// Microseconds an event loop keeps polling after activity before it sleeps in the
+    /// kernel (a wake-up costs tens of microseconds); 0 never spins. Idle loops never spin.
+    pub spin_us: u64,
 }
 
 impl Default for NetworkConfig {
@@ -155,6 +158,7 @@ impl Default for NetworkConfig {
             transports: String::new(),
             rndv_threshold: 0,
             peer_error_handling: true,
+            spin_us: 50,
         }
     }
 }
@@ -241,6 +245,9 @@ impl Config {
         }
         if self.client.max_retries > 10 {
             return bad("client.max_retries must be at most 10");
+        }
+        if self.network.spin_us > 10_000 {
+            return bad("network.spin_us must be at most 10000");
         }
         if self.network.transports.contains(char::is_whitespace) {
             return bad("network.transports is a comma-separated list without spaces");

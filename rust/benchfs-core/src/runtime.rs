@@ -76,6 +76,10 @@ pub struct Reactor {
     last_flush: Cell<Instant>,
     /// The pool whose buffers are registered as fixed buffers.
     fixed_pool: Cell<Option<usize>>,
+    /// How long to keep polling after activity before sleeping (0: never spin).
+    spin: Cell<Duration>,
+    /// Whether the last turn did work (only then does the loop spin before sleeping).
+    was_active: Cell<bool>,
 }
 
 /// A cloneable, `Send` handle that wakes a sleeping loop from another thread.
@@ -124,6 +128,8 @@ impl Reactor {
             hold,
             last_flush: Cell::new(Instant::now()),
             fixed_pool: Cell::new(None),
+            spin: Cell::new(Duration::ZERO),
+            was_active: Cell::new(false),
         }))
     }
 
@@ -300,6 +306,11 @@ impl Reactor {
         self.inflight.get()
     }
 
+    /// Polls for up to `spin` after activity before sleeping in the kernel.
+    pub fn set_spin(&self, spin: Duration) {
+        self.spin.set(spin);
+    }
+
     /// Records this loop's submissions (in-flight depth, batch size) into `metrics`.
     pub fn set_metrics(&self, metrics: Rc<WorkerMetrics>) {
         *self.metrics.borrow_mut() = Some(metrics);
@@ -450,7 +461,28 @@ impl Reactor {
             }
         };
         if self.woke.get() || !may_sleep {
+            self.was_active.set(true);
             return submit(0, None);
+        }
+        // A bounded spin after activity: a reply or completion often follows within
+        // microseconds, and sleeping would add the kernel's wake-up latency to it. An idle
+        // loop (no activity since its last sleep) does not spin.
+        if self.was_active.replace(false) && !self.spin.get().is_zero() {
+            submit(0, None)?;
+            let until = Instant::now() + self.spin.get();
+            while Instant::now() < until {
+                if let Some(w) = &ucx {
+                    if w.progress() > 0 {
+                        self.woke.set(true);
+                    }
+                }
+                self.reap();
+                if self.woke.get() {
+                    self.was_active.set(true);
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
         }
         if let Some(w) = &ucx {
             if !w.arm()? {
@@ -479,6 +511,7 @@ impl Reactor {
         submit(1, timeout)?;
         self.reap();
         self.fire_timers();
+        self.was_active.set(self.woke.get());
         Ok(())
     }
 

@@ -420,6 +420,7 @@ fn run_worker(
             .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
         let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
         let reactor = runtime.reactor().clone();
+        reactor.set_spin(std::time::Duration::from_micros(config.network.spin_us));
         let worker = Worker::with_options(&config.network.worker_options())?;
         reactor.attach_ucx(worker.clone());
         let metrics = Rc::new(WorkerMetrics::new(config.telemetry.enabled));
