@@ -120,10 +120,10 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:.{digits}f}"
 
 
-def print_report(console: Console, report: dict[str, Any]) -> None:
-    """The table of cases and the whole-path lines, for people."""
+def _report_table(title: str, numeric_columns: list[str]) -> Table:
+    """A results table: a case column, then right-aligned figures."""
     table = Table(
-        title="benchfs-bench storage: medians (MiB/s, latency in µs)",
+        title=title,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -131,16 +131,25 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         pad_edge=False,
     )
     table.add_column("case", no_wrap=True)
-    for col in (
-        "benchfs\nMiB/s",
-        "fio\nMiB/s",
-        "ratio",
-        "benchfs\np50",
-        "fio\np50",
-        "benchfs\np99",
-        "fio\np99",
-    ):
+    for col in numeric_columns:
         table.add_column(col, justify="right", no_wrap=True)
+    return table
+
+
+def print_report(console: Console, report: dict[str, Any]) -> None:
+    """The table of cases and the whole-path lines, for people."""
+    table = _report_table(
+        "benchfs-bench storage: medians (MiB/s, latency in µs)",
+        [
+            "benchfs\nMiB/s",
+            "fio\nMiB/s",
+            "ratio",
+            "benchfs\np50",
+            "fio\np50",
+            "benchfs\np99",
+            "fio\np99",
+        ],
+    )
     for case in report["cases"]:
         ratio = case["ratio"]
         style = "" if ratio is None else ("green" if ratio >= 0.95 else "yellow")
@@ -474,27 +483,20 @@ def _duration(us: float | None) -> str:
 
 def print_rpc_report(console: Console, report: dict[str, Any]) -> None:
     """The table of cases, the overload lines and the rendezvous study, for people."""
-    table = Table(
-        title="benchfs-bench rpc: medians (bandwidth in MiB/s, round trips in µs)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        collapse_padding=True,
-        pad_edge=False,
+    table = _report_table(
+        "benchfs-bench rpc: medians (bandwidth in MiB/s, round trips in µs)",
+        [
+            "benchfs\nMiB/s",
+            "perftest\nMiB/s",
+            "ratio",
+            "benchfs\np50",
+            "benchfs\np99",
+            "perftest\np50",
+            "perftest\np99",
+            "perftest\nsleep p50",
+            "server\np50",
+        ],
     )
-    table.add_column("case", no_wrap=True)
-    for col in (
-        "benchfs\nMiB/s",
-        "perftest\nMiB/s",
-        "ratio",
-        "benchfs\np50",
-        "benchfs\np99",
-        "perftest\np50",
-        "perftest\np99",
-        "perftest\nsleep p50",
-        "server\np50",
-    ):
-        table.add_column(col, justify="right", no_wrap=True)
     for case in report["cases"]:
         value = case["ratio"]
         style = "" if value is None else ("green" if value >= RPC_RATIO_TARGET else "yellow")
