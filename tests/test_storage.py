@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchfs import Client
+from benchfs.cluster import LocalCluster
 from conftest import KIB, MIB, InProcessCluster, data_for
 
 LAYOUTS = ["chunkfile", "packed"]
@@ -251,3 +252,18 @@ def test_timer_gated_submission_still_serves_and_batches(tmp_path: Path) -> None
     batch = hist[hist["metric"] == "submit_batch"]
     mean = (batch["bucket_lo"] * batch["count"]).sum() / batch["count"].sum()
     assert mean > 2, f"mean batch {mean}: the timer should have gathered SQEs"
+
+
+def test_server_registers_its_buffer_pool_with_io_uring(
+    daemon_cluster: Callable[..., LocalCluster],
+) -> None:
+    """The kernel lists a ring's fixed buffers in fdinfo: every worker registers its pool."""
+    cluster = daemon_cluster(1, "storage.buffer_count=5", "server.workers=2")
+    fdinfo = Path(f"/proc/{cluster.daemons[0].pid}/fdinfo")
+    counts = sorted(
+        int(line.split()[1])
+        for info in fdinfo.iterdir()
+        for line in info.read_text().splitlines()
+        if line.startswith("UserBufs:")
+    )
+    assert counts == [5, 5], f"registered buffers per ring: {counts}"

@@ -91,6 +91,43 @@ def plan_sizes(
     return sizes, file_size
 
 
+class _Reporter:
+    """Progress (hidden with --json) and notes (always shown, and kept for the report)."""
+
+    def __init__(self, err: Console, quiet: bool) -> None:
+        self.err, self.quiet = err, quiet
+        self.notes: list[str] = []
+
+    def progress(self, message: str) -> None:
+        if not self.quiet:
+            self.err.print(
+                f"[dim]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True
+            )
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        self.err.print(
+            f"[yellow]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True
+        )
+
+
+@contextlib.contextmanager
+def _failures_exit(err: Console) -> Iterator[None]:
+    """A BenchError or Ctrl-C ends the command with its message and exit status."""
+    try:
+        yield
+    except BenchError as e:
+        err.print(
+            f"[red]benchfs-bench: error {e.code}:[/] {escape(e.message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        err.print("[red]benchfs-bench: interrupted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM tears down like Ctrl-C: daemons and readers stopped, scratch removed."""
@@ -369,18 +406,11 @@ def storage(
 ) -> None:
     """The chunk store alone vs fio, then depth, idle CPU and telemetry overhead via benchfsd."""
     out, err = Console(), Console(stderr=True)
-    notes: list[str] = []
-
-    def progress(message: str) -> None:
-        if not as_json:
-            err.print(f"[dim]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-    def note(message: str) -> None:
-        notes.append(message)
-        err.print(f"[yellow]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    report_to = _Reporter(err, quiet=as_json)
+    progress, note, notes = report_to.progress, report_to.note, report_to.notes
 
     defaults = QUICK if quick else FULL
-    try:
+    with _failures_exit(err):
         if root is None:
             root = default_root()
         sizes = Sizes(size or defaults["seq"], rand_size or defaults["rand"])
@@ -404,16 +434,6 @@ def storage(
                 progress,
                 note,
             )
-    except BenchError as e:
-        err.print(
-            f"[red]benchfs-bench: error {e.code}:[/] {escape(e.message)}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(EXIT_FAILED)
-    except KeyboardInterrupt:
-        err.print("[red]benchfs-bench: interrupted[/]")
-        sys.exit(EXIT_INTERRUPTED)
     report["notes"] = notes
     if as_json:
         click.echo(json.dumps(report))
@@ -646,15 +666,8 @@ def rpc(
 ) -> None:
     """The network layer vs ucx_perftest (tcp, shm), then overload vs peak, on tmpfs."""
     out, err = Console(), Console(stderr=True)
-    notes: list[str] = []
-
-    def progress(message: str) -> None:
-        if not as_json:
-            err.print(f"[dim]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-    def note(message: str) -> None:
-        notes.append(message)
-        err.print(f"[yellow]benchfs-bench:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    report_to = _Reporter(err, quiet=as_json)
+    progress, note, notes = report_to.progress, report_to.note, report_to.notes
 
     base = Settings.quick() if quick else Settings.full()
     settings = dataclasses.replace(
@@ -665,7 +678,7 @@ def rpc(
         rndv_study=base.rndv_study if rndv_study is None else rndv_study,
     )
     started = time.monotonic()
-    try:
+    with _failures_exit(err):
         try:
             benchfsd = find_benchfsd()
         except FileNotFoundError as e:
@@ -673,16 +686,6 @@ def rpc(
         bench = RpcBench(root, settings, benchfsd, progress=progress, note=note)
         with sigterm_as_interrupt():
             results = bench.run()
-    except BenchError as e:
-        err.print(
-            f"[red]benchfs-bench: error {e.code}:[/] {escape(e.message)}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(EXIT_FAILED)
-    except KeyboardInterrupt:
-        err.print("[red]benchfs-bench: interrupted[/]")
-        sys.exit(EXIT_INTERRUPTED)
     report: dict[str, Any] = {
         **results,
         "data_dir": str(bench.workdir),

@@ -3,7 +3,7 @@
 //! allocation storm.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -14,6 +14,7 @@ use std::task::{Context, Poll, Waker};
 use benchfs_ucx::{MemHandle, Worker};
 
 use crate::error::{Error, Result};
+use crate::telemetry::WorkerMetrics;
 
 pub const ALIGN: usize = 4096;
 
@@ -52,10 +53,9 @@ impl Drop for Aligned {
 pub struct PoolInner {
     free: RefCell<Vec<Aligned>>,
     waiters: RefCell<VecDeque<Waker>>,
-    buffer_size: usize,
     total: usize,
-    /// Times a request had to wait for a buffer (exhaustion shows here).
-    waits: Cell<u64>,
+    /// Where each wait for a buffer is counted (exhaustion shows there).
+    metrics: OnceCell<Rc<WorkerMetrics>>,
     /// UCX registrations of the buffers, by index, once `register_ucx` ran.
     memhs: OnceCell<Vec<MemHandle>>,
 }
@@ -81,9 +81,8 @@ impl BufferPool {
             inner: Rc::new(PoolInner {
                 free: RefCell::new(free),
                 waiters: RefCell::new(VecDeque::new()),
-                buffer_size,
                 total: count,
-                waits: Cell::new(0),
+                metrics: OnceCell::new(),
                 memhs: OnceCell::new(),
             }),
         })
@@ -127,20 +126,13 @@ impl BufferPool {
         Ok(())
     }
 
-    pub fn buffer_size(&self) -> usize {
-        self.inner.buffer_size
-    }
-
     pub fn available(&self) -> usize {
         self.inner.free.borrow().len()
     }
 
-    pub fn total(&self) -> usize {
-        self.inner.total
-    }
-
-    pub fn waits(&self) -> u64 {
-        self.inner.waits.get()
+    /// Counts every request that has to wait for a buffer in `metrics` (`pool_waits`).
+    pub fn set_metrics(&self, metrics: Rc<WorkerMetrics>) {
+        let _ = self.inner.metrics.set(metrics);
     }
 
     /// Forgets parked waiters (at shutdown, to break waker reference cycles).
@@ -178,7 +170,9 @@ impl Future for Acquire {
             }
         }
         if !self.waited {
-            inner.waits.set(inner.waits.get() + 1);
+            if let Some(m) = inner.metrics.get() {
+                m.count_pool_wait();
+            }
         }
         inner.waiters.borrow_mut().push_back(cx.waker().clone());
         self.waited = true;
@@ -275,6 +269,8 @@ mod tests {
     #[test]
     fn exhaustion_waits_and_release_wakes() -> Result<()> {
         let pool = BufferPool::new(2, 8192)?;
+        let metrics = Rc::new(WorkerMetrics::new(true));
+        pool.set_metrics(metrics.clone());
         let waker = noop_waker();
         let mut cx = Context::from_waker(&waker);
         let poll = |a: &mut Acquire, cx: &mut Context<'_>| match Pin::new(a).poll(cx) {
@@ -287,7 +283,7 @@ mod tests {
         assert_eq!(a.as_ref().map(|b| b.as_ptr() as usize % ALIGN), Some(0));
         let mut third = pool.acquire();
         assert!(poll(&mut third, &mut cx).is_none());
-        assert_eq!(pool.waits(), 1);
+        assert_eq!(metrics.pool_waits(), 1);
         drop(a);
         assert!(poll(&mut third, &mut cx).is_some());
         assert_eq!(pool.available(), 1);

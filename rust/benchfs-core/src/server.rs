@@ -228,13 +228,6 @@ impl ServerState {
         }
     }
 
-    async fn acquire_buffer(&self) -> IoBuffer {
-        if self.pool.available() == 0 {
-            self.metrics.count_pool_wait();
-        }
-        self.pool.acquire().await
-    }
-
     async fn serve_one(&self, req: Incoming) {
         let h = req.header;
         // Set when the storage operation starts (queue wait ends, device time begins).
@@ -247,7 +240,7 @@ impl ServerState {
                     Payload::Eager(v) => Ok((IoBuffer::Heap(v), 0)),
                     Payload::None => Ok((IoBuffer::empty(), 0)),
                     Payload::Rendezvous(desc) => {
-                        let mut buf = self.acquire_buffer().await;
+                        let mut buf = self.pool.acquire().await;
                         // Mirror the file's alignment so direct I/O can take the aligned middle.
                         let start = (h.offset % ALIGN as u64) as usize;
                         // The registration lives in the pool, which `buf` keeps alive.
@@ -278,7 +271,7 @@ impl ServerState {
                 }
             }
             Op::ReadChunk => {
-                let buf = self.acquire_buffer().await;
+                let buf = self.pool.acquire().await;
                 device_start = Some(Instant::now());
                 match self.store.read(file, h.chunk, h.offset, buf, len).await {
                     (Ok((skip, n)), buf) => (0, n as u64, Some((buf, skip))),
@@ -437,6 +430,10 @@ fn run_worker(
             config.storage.buffer_count as usize,
             io_buffer_size(config.client.chunk_size),
         )?;
+        // Pool buffers move with READ_FIXED/WRITE_FIXED and UCX knows their memory.
+        runtime.reactor().register_buffers(&pool)?;
+        pool.register_ucx(&worker)?;
+        pool.set_metrics(metrics.clone());
         let state = Rc::new(ServerState {
             worker: worker.clone(),
             store,
