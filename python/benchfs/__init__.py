@@ -3,6 +3,6 @@
 The native module `benchfs._core` is private; this package is its typed public face.
 """
 
-from benchfs._core import Client, Server, __version__
+from benchfs._core import Client, File, Server, __version__
 
-__all__ = ["Client", "Server", "__version__"]
+__all__ = ["Client", "File", "Server", "__version__"]

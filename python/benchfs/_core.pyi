@@ -3,6 +3,8 @@
 Private: import the public names from `benchfs` instead. Every blocking call releases the GIL.
 """
 
+from collections.abc import Buffer
+
 __version__: str
 JOB_SECRET_FILE: str
 """Name of the per-job secret file in the registry directory (mode 0600)."""
@@ -65,18 +67,62 @@ class Client:
         self, registry_dir: str, config: str | None = None, expected_servers: int | None = None
     ) -> None:
         """Connect once the expected membership has registered (TimeoutError names the missing)."""
-    def write(self, path: str, offset: int, data: bytes | bytearray | memoryview) -> int: ...
-    def read(self, path: str, offset: int, length: int) -> bytes:
-        """Short at the end of the file; never-written ranges inside the file read as zeros."""
-    def readinto(self, path: str, offset: int, buffer: bytearray | memoryview) -> int: ...
-    def file_size(self, path: str) -> int: ...
-    def fsync(self, path: str) -> None:
-        """Return once every byte written to `path` is durable on the servers' devices."""
+    def open(self, path: str, flags: int = 0, mode: int = 0o644) -> File:
+        """Open `path`; flags take os.O_CREAT, os.O_EXCL, os.O_TRUNC (access bits are ignored).
+        OSError with errno ENOENT, EEXIST, EISDIR, ENOTDIR, ENAMETOOLONG or EINVAL on failure."""
+    def stat(self, path: str) -> dict[str, int | str]:
+        """kind ("file"/"dir"), size, mode, id (hex), mtime_ns, ctime_ns, chunk_size,
+        stripe_count, stripe_start."""
+    def unlink(self, path: str) -> None:
+        """Remove a file and free its chunks on every server holding them."""
+    def mkdir(self, path: str, mode: int = 0o755) -> None: ...
+    def rmdir(self, path: str) -> None:
+        """ENOTEMPTY when the directory has entries."""
+    def readdir(self, path: str) -> list[tuple[str, str]]:
+        """(name, kind) pairs in name order; one metadata owner answers."""
+    def rename(self, src: str, dst: str) -> None:
+        """Data does not move. Non-empty directories: EXDEV (see docs/namespace.md)."""
+    def truncate(self, path: str, size: int) -> None:
+        """Shrinking frees the chunks beyond `size`."""
     def locate(self, path: str, offset: int) -> int:
-        """The id of the server that holds byte `offset` of `path`."""
+        """The id of the server that holds byte `offset` of the file at `path`."""
     def server_stats(self) -> list[dict[str, int]]:
         """Per server: id, requests, retries, timeouts, failures (as this client saw them)."""
     def server_ids(self) -> list[int]: ...
     def close(self) -> None: ...
     def __enter__(self) -> Client: ...
     def __exit__(self, *exc: object) -> None: ...
+
+class File:
+    """An open file: positional I/O; close publishes the size it wrote (close-to-open)."""
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> int: ...
+    def read(self, offset: int, length: int) -> bytes:
+        """Short at the end of the file; never-written ranges inside the file read as zeros."""
+    def readinto(self, offset: int, buffer: bytearray | memoryview) -> int: ...
+    def fsync(self) -> None:
+        """Return once every byte of the file is durable on its servers' devices."""
+    @property
+    def size(self) -> int: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> File: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+class PlacementStudy:
+    """Simulated creation of `paths` on `servers` servers, then batched chunk placement by
+    `scheme` with the servers' own code (see analysis/placement)."""
+
+    def __init__(self, scheme: str, servers: int, paths: list[str]) -> None: ...
+    @staticmethod
+    def schemes() -> list[str]:
+        """Scheme names, the default ("layout") first."""
+    def with_servers(self, servers: int) -> PlacementStudy:
+        """The same files after the cluster grew (stored layouts do not change)."""
+    def servers_into(self, files: Buffer, chunks: Buffer, out: Buffer) -> None:
+        """out[i] = server index of chunk chunks[i] of file files[i] (uint64, uint64, uint32)."""

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from benchfs import Client
+from benchfs import Client, File
 from benchfs.config import resolve_config_text
 from benchfs.units import parse_size
 
@@ -35,14 +36,16 @@ def say(obj: dict[str, Any]) -> None:
 
 def write_file(client: Client, path: str, size: int, piece: int) -> None:
     data = bytes([FILL]) * piece
-    for offset in range(0, size, piece):
-        n = min(piece, size - offset)
-        written = client.write(path, offset, memoryview(data)[:n])
-        if written != n:
-            raise OSError(f"short write of {path} at {offset}: {written} of {n} bytes")
+    with client.open(path, os.O_CREAT | os.O_TRUNC) as f:
+        for offset in range(0, size, piece):
+            n = min(piece, size - offset)
+            written = f.write(offset, memoryview(data)[:n])
+            if written != n:
+                raise OSError(f"short write of {path} at {offset}: {written} of {n} bytes")
 
 
-def read_for(client: Client, path: str, size: int, piece: int, seconds: float) -> dict[str, Any]:
+def read_for(file: File, size: int, piece: int, seconds: float) -> dict[str, Any]:
+    path = file.path
     buf = bytearray(piece)
     offsets = list(range(0, size - piece + 1, piece)) or [0]
     total = reads = 0
@@ -50,7 +53,7 @@ def read_for(client: Client, path: str, size: int, piece: int, seconds: float) -
     deadline = start + seconds
     while True:
         for offset in offsets:
-            got = client.readinto(path, offset, buf)
+            got = file.readinto(offset, buf)
             if got <= 0:
                 raise OSError(f"read of {path} at {offset} returned {got} bytes")
             total += got
@@ -76,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Client(args.registry, config=resolve_config_text(args.config)) as client:
             write_file(client, args.path, args.file_size, args.range_size)
+            file = client.open(args.path)
             say({"ready": True})
             for line in sys.stdin:
                 words = line.split()
@@ -85,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     break
                 if words[0] != "read" or len(words) != 2:
                     raise ValueError(f"unknown command {line.strip()!r}")
-                say(read_for(client, args.path, args.file_size, args.range_size, float(words[1])))
+                say(read_for(file, args.file_size, args.range_size, float(words[1])))
     except Exception as e:
         say({"error": f"{type(e).__name__}: {e}"})
         return 1

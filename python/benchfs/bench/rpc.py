@@ -137,7 +137,7 @@ class Case:
     @property
     def server_op(self) -> str:
         """The operation the server's telemetry counts it under."""
-        return "extent" if self.op == "null" else self.op
+        return "meta" if self.op == "null" else self.op
 
     @property
     def perftest(self) -> tuple[str, int]:
@@ -415,7 +415,7 @@ HISTOGRAMS = {"total": "total_ns", "device": "device_ns", "queue_wait": "queue_w
 def op_window(
     tel: telemetry.Telemetry, start: float, end: float, op: str, enclose: bool
 ) -> OpWindow:
-    """The servers' work on `op` ("write", "read", "extent") between `start` and `end`.
+    """The servers' work on `op` ("write", "read", "meta") between `start` and `end`.
 
     Each server worker's window is bounded by two of its snapshots: with `enclose`, the last at
     or before `start` (none: its start, when all was zero) and the first at or after `end`, so

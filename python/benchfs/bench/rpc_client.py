@@ -9,8 +9,8 @@ commands, `/<NAME>-4k.dat` of 4 KiB for the round trips; `--no-prepare` skips th
   until SECONDS have passed; a call of B bytes is B / chunk_size chunk requests, issued
   concurrently up to the client's windows. Answer `{"bytes", "calls", "seconds"}`.
 - `rtt null|write|read COUNT SECONDS`: COUNT calls (or fewer if SECONDS run out), each timed
-  alone with `time.perf_counter_ns`, after a short untimed warm-up. `null` is `file_size` (one
-  file-extent round trip per server, no payload and no disk), `write` and `read` move 4 KiB at
+  alone with `time.perf_counter_ns`, after a short untimed warm-up. `null` is `stat` (one
+  round trip to the metadata owner, no payload and no disk), `write` and `read` move 4 KiB at
   offset 0 (one chunk request). Answer `{"count", "p50_us", "p99_us", "mean_us", "min_us"}`.
 - `load write|read SECONDS`: like `bw`, but a failed call is counted (`errors`, with the first
   message in `first_error`) instead of ending the process, and the answer also has the per-call
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -72,20 +73,27 @@ class Driver:
         self.small_buf = bytearray(SMALL)
 
     def prepare(self) -> None:
+        """Create both files (the open handles serve every later call)."""
+        self.file = self.client.open(self.path, os.O_CREAT | os.O_TRUNC)
+        self.small_file = self.client.open(self.small_path, os.O_CREAT | os.O_TRUNC)
         self.write_call()
-        self._check(self.client.write(self.small_path, 0, self.small), SMALL, "write")
+        self._check(self.small_file.write(0, self.small), SMALL, "write")
+        self.file.close()
+        self.small_file.close()
+        self.file = self.client.open(self.path)
+        self.small_file = self.client.open(self.small_path)
 
     def _check(self, got: int, want: int, what: str) -> None:
         if got != want:
             raise OSError(f"short {what}: {got} of {want} bytes")
 
     def write_call(self) -> int:
-        n = self.client.write(self.path, 0, self.data)
+        n = self.file.write(0, self.data)
         self._check(n, len(self.data), f"write of {self.path}")
         return n
 
     def read_call(self) -> int:
-        n = self.client.readinto(self.path, 0, self.buf)
+        n = self.file.readinto(0, self.buf)
         self._check(n, len(self.buf), f"read of {self.path}")
         return n
 
@@ -108,23 +116,23 @@ class Driver:
                 return {"bytes": total, "calls": calls, "seconds": time.perf_counter() - start}
 
     def round_trip(self, op: str, count: int, seconds: float) -> dict[str, Any]:
-        client, path = self.client, self.small_path
+        client, path, small = self.client, self.small_path, self.small_file
         if op == "null":
 
             def once() -> None:
-                client.file_size(path)
+                client.stat(path)
 
         elif op == "write":
             data = self.small
 
             def once() -> None:
-                client.write(path, 0, data)
+                small.write(0, data)
 
         elif op == "read":
             buf = self.small_buf
 
             def once() -> None:
-                client.readinto(path, 0, buf)
+                small.readinto(0, buf)
 
         else:
             raise ValueError(f"unknown round trip {op!r} (null, write or read)")

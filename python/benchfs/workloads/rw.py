@@ -178,16 +178,18 @@ def write_file(
     client: Client, path: str, pattern: PatternBuffer, file_size: int, transfer_size: int
 ) -> PhaseResult:
     result = PhaseResult()
-    for offset, length in transfers(file_size, transfer_size):
-        t0 = time.perf_counter()
-        data = pattern.view(offset, length)
-        result.pattern_s += time.perf_counter() - t0
-        written = client.write(path, offset, data)
-        if written != length:
-            raise OSError(
-                errno.EIO, f"short write of {path} at offset {offset}: {written} of {length} bytes"
-            )
-        result.bytes += written
+    with client.open(path, os.O_CREAT | os.O_TRUNC) as f:
+        for offset, length in transfers(file_size, transfer_size):
+            t0 = time.perf_counter()
+            data = pattern.view(offset, length)
+            result.pattern_s += time.perf_counter() - t0
+            written = f.write(offset, data)
+            if written != length:
+                raise OSError(
+                    errno.EIO,
+                    f"short write of {path} at offset {offset}: {written} of {length} bytes",
+                )
+            result.bytes += written
     return result
 
 
@@ -197,20 +199,21 @@ def read_and_verify(
     """Read the file and compare every byte; raises VerificationError at the first mismatch."""
     result = PhaseResult()
     buffers: dict[int, bytearray] = {}
-    for offset, length in transfers(file_size, transfer_size):
-        buf = buffers.setdefault(length, bytearray(length))
-        got = client.readinto(path, offset, buf)
-        result.bytes += got
-        if got != length:
-            raise VerificationError(
-                f"short read of {path} at offset {offset}: {got} of {length} bytes"
-            )
-        t0 = time.perf_counter()
-        expected = pattern.view(offset, length)
-        same = buf == expected
-        result.pattern_s += time.perf_counter() - t0
-        if not same:
-            raise VerificationError(f"{path}: {first_mismatch(offset, buf, expected)}")
+    with client.open(path) as f:
+        for offset, length in transfers(file_size, transfer_size):
+            buf = buffers.setdefault(length, bytearray(length))
+            got = f.readinto(offset, buf)
+            result.bytes += got
+            if got != length:
+                raise VerificationError(
+                    f"short read of {path} at offset {offset}: {got} of {length} bytes"
+                )
+            t0 = time.perf_counter()
+            expected = pattern.view(offset, length)
+            same = buf == expected
+            result.pattern_s += time.perf_counter() - t0
+            if not same:
+                raise VerificationError(f"{path}: {first_mismatch(offset, buf, expected)}")
     return result
 
 
@@ -333,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def check_size() -> None:
         assert client is not None
-        size_seen = client.file_size(file_path(peer))
+        size_seen = client.stat(file_path(peer))["size"]
         if size_seen != args.file_size:
             raise VerificationError(
                 f"{file_path(peer)} has size {size_seen}, expected {args.file_size}"

@@ -1,15 +1,11 @@
 //! Splitting byte ranges into chunks and placing chunks on servers.
 
-/// A collision-free file identity: 128 bits, so distinct paths never share chunks in practice
-/// (the namespace service will hand out ids at create time; for now a 128-bit hash of the path).
+/// A file's identity: 128 bits handed out by its metadata owner at create time (the owner's
+/// index and a per-start nonce above a counter), so no two files ever share chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId(pub u128);
 
 impl FileId {
-    pub fn from_path(path: &str) -> FileId {
-        FileId(xxhash_rust::xxh3::xxh3_128(path.as_bytes()))
-    }
-
     /// On-disk and log form.
     pub fn hex(self) -> String {
         format!("{:032x}", self.0)
@@ -47,16 +43,6 @@ pub fn split(offset: u64, len: u64, chunk_size: u64) -> impl Iterator<Item = Chu
         pos += take;
         Some(piece)
     })
-}
-
-/// Placement of the walking skeleton: a file's chunks go round-robin over the servers from a
-/// start chosen by the file id. The namespace work replaces this with layouts decided at create.
-pub fn place(file: FileId, chunk: u64, servers: usize) -> usize {
-    if servers == 0 {
-        return 0;
-    }
-    let mixed = (file.0 as u64) ^ ((file.0 >> 64) as u64);
-    ((mixed % servers as u64 + chunk % servers as u64) % servers as u64) as usize
 }
 
 /// The worker (event loop) of the chosen server that serves a chunk: a file's consecutive
@@ -111,34 +97,13 @@ mod tests {
     }
 
     #[test]
-    fn distinct_paths_get_distinct_ids() {
-        // Pairs that collide under a digit-summing or order-blind hash.
-        let pairs = [("file.mdtest.3.7", "file.mdtest.7.3"), ("/d/ab", "/d/ba")];
-        for (a, b) in pairs {
-            assert_ne!(FileId::from_path(a), FileId::from_path(b));
-        }
-        let ids: std::collections::HashSet<_> = (0..100_000)
-            .map(|i| FileId::from_path(&format!("/dir/file.mdtest.{i}.{}", i % 97)))
-            .collect();
-        assert_eq!(ids.len(), 100_000);
-    }
-
-    #[test]
     fn a_servers_chunks_rotate_over_its_workers() {
-        let f = FileId::from_path("/w");
-        let (servers, workers) = (3, 4);
+        let f = FileId(0x1234_5678_9abc_def0_1122_3344_5566_7788);
+        let (servers, workers) = (3u32, 4);
         let mut per_worker = vec![0; workers];
-        for c in (0..120).filter(|&c| place(f, c, servers) == 0) {
-            per_worker[place_worker(f, c, servers, workers)] += 1;
+        for c in (0..120).filter(|&c| crate::placement::stripe_index(0, c, servers) == 0) {
+            per_worker[place_worker(f, c, servers as usize, workers)] += 1;
         }
         assert_eq!(per_worker, vec![10; 4]);
-    }
-
-    #[test]
-    fn placement_uses_every_server_round_robin() {
-        let f = FileId::from_path("/x");
-        let servers: std::collections::HashSet<_> = (0..8).map(|c| place(f, c, 8)).collect();
-        assert_eq!(servers.len(), 8);
-        assert_eq!(place(f, 0, 0), 0);
     }
 }

@@ -19,12 +19,33 @@ use futures::stream::{self, StreamExt};
 
 use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, Worker};
 
-use crate::chunking::{place, place_worker, split, FileId};
+use crate::chunking::{place_worker, split};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::namespace::{self, Attr, DirEntry, Kind, MetaRequest};
+use crate::placement::metadata_owner;
 use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Runtime};
+
+/// An open file: its identity and layout as its owner gave them at open, and what this handle
+/// wrote (reported to the owner at fsync and close: close-to-open consistency).
+#[derive(Debug)]
+pub struct FileHandle {
+    pub path: String,
+    pub attr: Attr,
+    written_end: Cell<u64>,
+    reported_end: Cell<u64>,
+    /// The size as last seen from the owner.
+    known_size: Cell<u64>,
+}
+
+impl FileHandle {
+    /// The size as this handle knows it: the owner's at open (or last refresh) and its writes.
+    pub fn size(&self) -> u64 {
+        self.known_size.get().max(self.written_end.get())
+    }
+}
 
 /// Where a reply's payload goes: a raw view of the caller's buffer for this request.
 #[derive(Clone, Copy)]
@@ -267,6 +288,17 @@ impl Client {
                 lost: None,
             });
         }
+        for (i, entry) in membership.iter().enumerate() {
+            if entry.id as usize != i || entry.ucx_addresses.len() != membership[0].ucx_addresses.len() {
+                return Err(Error::Config(format!(
+                    "membership must be servers 0..{} with equal worker counts (server {} at position {i} has {} \
+                     workers): metadata owners and layouts are numbered that way",
+                    membership.len(),
+                    entry.id,
+                    entry.ucx_addresses.len()
+                )));
+            }
+        }
         let windows = links
             .iter()
             .map(|l| l.endpoints.iter().map(|_| Window::default()).collect())
@@ -324,17 +356,20 @@ impl Client {
         self.membership[index].ucx_addresses.len()
     }
 
-    /// Every (server, worker) pair, for requests that concern all of a file's chunks.
-    fn all_workers(&self) -> Vec<(usize, usize)> {
-        (0..self.server_count())
-            .flat_map(|s| (0..self.workers(s)).map(move |w| (s, w)))
-            .collect()
+    /// Where a chunk of a file lives: (server index, worker index), by the file's layout.
+    fn route(&self, attr: &Attr, chunk: u64) -> (usize, usize) {
+        let s = attr.layout.server_index(chunk) as usize;
+        (
+            s,
+            place_worker(attr.id, chunk, self.server_count(), self.workers(s)),
+        )
     }
 
-    /// Where a chunk lives: (server index, worker index).
-    fn route(&self, file: FileId, chunk: u64) -> (usize, usize) {
-        let s = place(file, chunk, self.server_count());
-        (s, place_worker(file, chunk, self.server_count(), self.workers(s)))
+    /// The (server, worker) that owns `path`'s metadata.
+    fn owner(&self, path: &str) -> (usize, usize) {
+        let w = self.workers(0);
+        let o = metadata_owner(path, (self.server_count() * w) as u32) as usize;
+        (o / w, o % w)
     }
 
     /// One request to worker `target.1` of server `target.0`, within that worker's window,
@@ -350,7 +385,10 @@ impl Client {
     ) -> Result<Header> {
         let (index, worker) = target;
         let client = &self.config.client;
-        let idempotent = matches!(header.op, Op::ReadChunk | Op::FileExtent | Op::Fsync);
+        let idempotent = matches!(
+            header.op,
+            Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::DirRemove
+        );
         let mut attempt = 0u32;
         loop {
             let attempt_header = Header {
@@ -399,10 +437,17 @@ impl Client {
         x % (ceiling + 1)
     }
 
-    /// The id of the server that holds byte `offset` of `path`.
-    pub fn locate(&self, path: &str, offset: u64) -> u32 {
-        let chunk = offset / self.config.client.chunk_size;
-        self.membership[self.route(FileId::from_path(path), chunk).0].id
+    /// The id of the server that holds byte `offset` of the file at `path`.
+    pub fn locate(&self, path: &str, offset: u64) -> Result<u32> {
+        let attr = self.stat(path)?;
+        if attr.kind != Kind::File {
+            return Err(Error::Path {
+                op: "locate",
+                path: path.into(),
+                errno: libc::EISDIR,
+            });
+        }
+        Ok(self.membership[self.route(&attr, offset / attr.layout.chunk_size).0].id)
     }
 
     /// What this client saw of each server, ordered like the membership.
@@ -554,19 +599,179 @@ impl Client {
         std::process::abort();
     }
 
-    /// Writes `data` at `offset` of the file at `path`; returns the bytes written.
-    pub fn write(&self, path: &str, offset: u64, data: &[u8]) -> Result<usize> {
-        let file = FileId::from_path(path);
-        let chunk_size = self.config.client.chunk_size;
-        offset
+    /// One metadata request to `path`'s owner; returns the reply header and payload. A POSIX
+    /// error from the owner becomes [`Error::Path`] naming `what` and the path.
+    async fn meta(&self, op: Op, what: &'static str, req: &MetaRequest) -> Result<(Header, Vec<u8>)> {
+        let payload = req.encode();
+        let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
+        let mut reply = vec![0u8; namespace::REPLY_MAX];
+        match self
+            .call(self.owner(&req.path), header, &payload, Some(&mut reply[..]))
+            .await
+        {
+            Ok(h) => {
+                reply.truncate((h.length as usize).min(namespace::REPLY_MAX));
+                Ok((h, reply))
+            }
+            Err(Error::Remote { errno, .. }) => Err(Error::Path {
+                op: what,
+                path: req.path.clone(),
+                errno,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn meta_attr(&self, op: Op, what: &'static str, req: &MetaRequest) -> Result<(Attr, u64)> {
+        let (h, body) = self.meta(op, what, req).await?;
+        let attr = Attr::decode(&body)
+            .ok_or_else(|| Error::Protocol(format!("malformed attribute in {what} reply")))?;
+        Ok((attr, h.offset))
+    }
+
+    /// Adds `name` to its parent directory's entries; Ok(true) if new.
+    async fn dir_add(&self, what: &'static str, path: &str, kind: Kind) -> Result<bool> {
+        let (parent, name) = namespace::split_parent(path).ok_or_else(|| Error::Path {
+            op: what,
+            path: path.into(),
+            errno: libc::EEXIST,
+        })?;
+        let mut req = MetaRequest::new(parent);
+        req.name = name.into();
+        req.mode = kind as u32;
+        let (h, _) = self.meta(Op::DirAdd, what, &req).await.map_err(|e| match e {
+            // The parent's errors are about the parent; an entry of the other kind is the
+            // path's own conflict.
+            Error::Path { errno, .. } if errno == libc::EEXIST => Error::Path {
+                op: what,
+                path: path.into(),
+                errno: if kind == Kind::File {
+                    libc::EISDIR
+                } else {
+                    libc::EEXIST
+                },
+            },
+            other => other,
+        })?;
+        Ok(h.offset == 1)
+    }
+
+    async fn dir_remove(&self, what: &'static str, path: &str) -> Result<()> {
+        if let Some((parent, name)) = namespace::split_parent(path) {
+            let mut req = MetaRequest::new(parent);
+            req.name = name.into();
+            self.meta(Op::DirRemove, what, &req).await?;
+        }
+        Ok(())
+    }
+
+    /// The (server, worker) pairs holding the chunks of `attr`'s bytes in `[from, to)`.
+    fn data_targets(&self, attr: &Attr, from: u64, to: u64) -> Vec<(usize, usize)> {
+        let cs = attr.layout.chunk_size.max(1);
+        let (first, last) = (from / cs, to.div_ceil(cs));
+        let stripe = attr.layout.stripe_count as usize;
+        let mut targets: Vec<(usize, usize)> = if last - first > (stripe * self.workers(0) * 4) as u64 {
+            (0..stripe)
+                .flat_map(|s| (0..self.workers(s)).map(move |w| (s, w)))
+                .collect()
+        } else {
+            (first..last).map(|c| self.route(attr, c)).collect()
+        };
+        targets.sort_unstable();
+        targets.dedup();
+        targets
+    }
+
+    /// Sends a header-only request about `attr`'s file to each target.
+    async fn to_targets(&self, op: Op, attr: &Attr, targets: Vec<(usize, usize)>, length: u64) -> Result<()> {
+        let window = self.config.client.max_inflight as usize;
+        let calls = targets
+            .into_iter()
+            .map(|t| self.call(t, Header::request(op, 0, attr.id.0, 0, 0, length), &[], None));
+        let mut results = stream::iter(calls).buffer_unordered(window);
+        while let Some(r) = results.next().await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Frees `attr`'s bytes at and beyond `size`, up to `old_size`, on the servers holding them.
+    async fn free_data(&self, attr: &Attr, size: u64, old_size: u64) -> Result<()> {
+        if old_size <= size {
+            return Ok(());
+        }
+        let targets = self.data_targets(attr, size, old_size);
+        self.to_targets(Op::TruncateData, attr, targets, size).await
+    }
+
+    fn checked(&self, what: &'static str, path: &str) -> Result<String> {
+        namespace::normalize(path).map_err(|errno| Error::Path {
+            op: what,
+            path: path.into(),
+            errno,
+        })
+    }
+
+    fn check_layout(&self, path: &str, attr: &Attr) -> Result<()> {
+        if attr.kind == Kind::File && attr.layout.stripe_count as usize > self.server_count() {
+            return Err(Error::Protocol(format!(
+                "{path} stripes over {} servers but this client knows {}",
+                attr.layout.stripe_count,
+                self.server_count()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the file at `path` (flags: `namespace::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
+    /// adds the name to its parent directory first, then makes the inode at its owner.
+    pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
+        let path = self.checked("open", path)?;
+        let attr = self.run(async {
+            let added = if flags & namespace::CREATE != 0 {
+                self.dir_add("open", &path, Kind::File).await?
+            } else {
+                false
+            };
+            let mut req = MetaRequest::new(&path);
+            req.flags = flags;
+            req.mode = mode;
+            let (attr, old) = match self.meta_attr(Op::Create, "open", &req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    if added {
+                        // Undo our half of the create; the original error is what matters.
+                        let _ = self.dir_remove("open", &path).await;
+                    }
+                    return Err(e);
+                }
+            };
+            self.check_layout(&path, &attr)?;
+            // Only O_TRUNC makes the size smaller than it was.
+            self.free_data(&attr, attr.size, old).await?;
+            Ok(attr)
+        })?;
+        Ok(FileHandle {
+            path,
+            attr,
+            written_end: Cell::new(0),
+            reported_end: Cell::new(0),
+            known_size: Cell::new(attr.size),
+        })
+    }
+
+    /// Writes `data` at `offset` of an open file; returns the bytes written.
+    pub fn write(&self, file: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
+        let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
+        let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
-        self.run(async {
-            let calls = split(offset, data.len() as u64, chunk_size).map(|p| {
-                let header = Header::request(Op::WriteChunk, 0, file.0, p.chunk, p.offset, p.len);
+        let written = self.run(async {
+            let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| {
+                let header = Header::request(Op::WriteChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                self.call(self.route(file, p.chunk), header, part, None)
+                self.call(self.route(attr, p.chunk), header, part, None)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
             let mut written = 0u64;
@@ -574,81 +779,216 @@ impl Client {
                 written += r?.length;
             }
             Ok(written as usize)
-        })
+        })?;
+        if !data.is_empty() {
+            file.written_end.set(file.written_end.get().max(end));
+        }
+        Ok(written)
     }
 
-    /// Reads into `buf` from `offset`; returns the bytes read (short only at the end of the
-    /// file). Ranges never written inside the file size read as zeros.
-    pub fn read_into(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let file = FileId::from_path(path);
-        let chunk_size = self.config.client.chunk_size;
+    /// Reads into `buf` from `offset`; returns the bytes read, short only at the end of the
+    /// file. Holes inside the file read as zeros. The size is the one seen at open plus this
+    /// handle's writes (close-to-open); a read reaching past it asks the owner once more.
+    pub fn read(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let mut size = file.size();
+        let want_end = offset.saturating_add(buf.len() as u64);
+        if want_end > size {
+            let attr = self.stat(&file.path)?;
+            if attr.id == file.attr.id {
+                file.known_size.set(file.known_size.get().max(attr.size));
+                size = file.size();
+            }
+        }
+        let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
-        let total = buf.len();
-        let pieces: Vec<_> = split(offset, total as u64, chunk_size).collect();
-        let short = self.run(async {
-            // Disjoint slices of the caller's buffer, one per piece.
-            let mut rest = &mut buf[..];
+        let pieces: Vec<_> = split(offset, n as u64, attr.layout.chunk_size).collect();
+        self.run(async {
+            let mut rest = &mut buf[..n];
             let mut calls = Vec::with_capacity(pieces.len());
             for p in &pieces {
                 let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
                 rest = tail;
-                let header = Header::request(Op::ReadChunk, 0, file.0, p.chunk, p.offset, p.len);
+                let header = Header::request(Op::ReadChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
                 calls.push(async move {
                     let reply = self
-                        .call(self.route(file, p.chunk), header, &[], Some(&mut *head))
+                        .call(self.route(attr, p.chunk), header, &[], Some(&mut *head))
                         .await?;
                     let got = (reply.length as usize).min(head.len());
+                    // Never-written ranges inside the size are holes.
                     head[got..].fill(0);
-                    Ok::<bool, Error>(got < head.len())
+                    Ok::<(), Error>(())
                 });
             }
             let mut results = stream::iter(calls).buffer_unordered(window);
-            let mut any_short = false;
             while let Some(r) = results.next().await {
-                any_short |= r?;
+                r?;
             }
-            Ok(any_short)
+            Ok(())
         })?;
-        if !short {
-            return Ok(total);
-        }
-        // Some piece was short: a hole or the end of the file. Only the size can tell.
-        let size = self.file_size(path)?;
-        Ok(size.saturating_sub(offset).min(total as u64) as usize)
+        Ok(n)
     }
 
-    /// Sends a header-only request about `path` to every worker of every server; returns the
-    /// replies (for requests that concern all of a file's chunks).
-    fn broadcast(&self, op: Op, path: &str) -> Result<Vec<Header>> {
-        let file = FileId::from_path(path);
-        let window = self.config.client.max_inflight as usize;
+    /// Reports this handle's largest written end to the owner (the size is the largest end
+    /// any writer reported).
+    fn report_size(&self, file: &FileHandle) -> Result<()> {
+        let end = file.written_end.get();
+        if end <= file.reported_end.get() {
+            return Ok(());
+        }
+        let mut req = MetaRequest::new(&file.path);
+        req.arg = end;
+        let (attr, _) = self.run(self.meta_attr(Op::SetSize, "close", &req))?;
+        file.reported_end.set(end);
+        file.known_size.set(file.known_size.get().max(attr.size));
+        Ok(())
+    }
+
+    /// Makes this file's bytes durable on the servers holding them, then reports its size.
+    pub fn fsync(&self, file: &FileHandle) -> Result<()> {
+        let targets = self.data_targets(&file.attr, 0, file.size());
+        self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
+        self.report_size(file)
+    }
+
+    /// Publishes what this handle wrote (its size) so that later opens see it.
+    pub fn close(&self, file: &FileHandle) -> Result<()> {
+        self.report_size(file)
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Attr> {
+        let path = self.checked("stat", path)?;
         self.run(async {
-            let calls = self
-                .all_workers()
-                .into_iter()
-                .map(|target| self.call(target, Header::request(op, 0, file.0, 0, 0, 0), &[], None));
-            let mut results = stream::iter(calls).buffer_unordered(window);
-            let mut replies = Vec::new();
-            while let Some(r) = results.next().await {
-                replies.push(r?);
-            }
-            Ok(replies)
+            Ok(self
+                .meta_attr(Op::Stat, "stat", &MetaRequest::new(&path))
+                .await?
+                .0)
         })
     }
 
-    /// The file's size: the end of its furthest byte on any server.
-    pub fn file_size(&self, path: &str) -> Result<u64> {
-        Ok(self
-            .broadcast(Op::FileExtent, path)?
-            .iter()
-            .map(|h| h.length)
-            .max()
-            .unwrap_or(0))
+    /// Removes a file: its inode, its chunks on every server holding them, its entry.
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        let path = self.checked("unlink", path)?;
+        self.run(async {
+            let (attr, _) = self
+                .meta_attr(Op::Unlink, "unlink", &MetaRequest::new(&path))
+                .await?;
+            self.check_layout(&path, &attr)?;
+            self.free_data(&attr, 0, attr.size).await?;
+            self.dir_remove("unlink", &path).await
+        })
     }
 
-    /// Makes everything this file's servers hold of it durable on their devices.
-    pub fn fsync(&self, path: &str) -> Result<()> {
-        self.broadcast(Op::Fsync, path).map(|_| ())
+    pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        let path = self.checked("mkdir", path)?;
+        self.run(async {
+            let added = self.dir_add("mkdir", &path, Kind::Dir).await?;
+            let mut req = MetaRequest::new(&path);
+            req.mode = mode;
+            match self.meta(Op::Mkdir, "mkdir", &req).await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if added {
+                        let _ = self.dir_remove("mkdir", &path).await;
+                    }
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        let path = self.checked("rmdir", path)?;
+        self.run(async {
+            self.meta(Op::Rmdir, "rmdir", &MetaRequest::new(&path)).await?;
+            self.dir_remove("rmdir", &path).await
+        })
+    }
+
+    /// Every entry of a directory, in name order (one owner answers, a page at a time).
+    pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let path = self.checked("readdir", path)?;
+        self.run(async {
+            let mut all = Vec::new();
+            loop {
+                let mut req = MetaRequest::new(&path);
+                req.arg = namespace::READDIR_PAGE as u64;
+                req.name = all.last().map(|e: &DirEntry| e.name.clone()).unwrap_or_default();
+                let (h, body) = self.meta(Op::Readdir, "readdir", &req).await?;
+                let page = namespace::decode_entries(&body)
+                    .ok_or_else(|| Error::Protocol("malformed readdir reply".into()))?;
+                let done = h.offset == 0 || page.is_empty();
+                all.extend(page);
+                if done {
+                    return Ok(all);
+                }
+            }
+        })
+    }
+
+    /// Renames within the file system; data never moves (the file keeps its id and layout).
+    /// A file replaces a file, a directory an empty directory. Non-empty directories are
+    /// refused with EXDEV (their children's inodes are keyed by path), which `mv` handles.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let from = self.checked("rename", from)?;
+        let to = self.checked("rename", to)?;
+        let fail = |errno| Error::Path {
+            op: "rename",
+            path: from.clone(),
+            errno,
+        };
+        if from == "/" || to == "/" {
+            return Err(fail(libc::EBUSY));
+        }
+        if to.starts_with(&format!("{from}/")) {
+            return Err(fail(libc::EINVAL));
+        }
+        self.run(async {
+            let (attr, _) = self
+                .meta_attr(Op::Stat, "rename", &MetaRequest::new(&from))
+                .await?;
+            if from == to {
+                return Ok(());
+            }
+            if attr.kind == Kind::Dir {
+                let mut req = MetaRequest::new(&from);
+                req.arg = 1;
+                let (_, body) = self.meta(Op::Readdir, "rename", &req).await?;
+                if !body.is_empty() {
+                    return Err(fail(libc::EXDEV));
+                }
+            }
+            self.dir_add("rename", &to, attr.kind).await?;
+            let mut req = MetaRequest::new(&to);
+            req.attr = Some(attr);
+            let (_, replaced) = self.meta(Op::Install, "rename", &req).await?;
+            let old = MetaRequest::new(&from);
+            if attr.kind == Kind::Dir {
+                self.meta(Op::Rmdir, "rename", &old).await?;
+            } else {
+                self.meta(Op::Unlink, "rename", &old).await?;
+            }
+            self.dir_remove("rename", &from).await?;
+            if let Some(gone) = Attr::decode(&replaced) {
+                if gone.kind == Kind::File && gone.id != attr.id {
+                    self.free_data(&gone, 0, gone.size).await?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets a file's size; shrinking frees the chunks beyond it on their servers.
+    pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        let path = self.checked("truncate", path)?;
+        self.run(async {
+            let mut req = MetaRequest::new(&path);
+            req.arg = size;
+            req.flags = 1;
+            let (attr, old) = self.meta_attr(Op::SetSize, "truncate", &req).await?;
+            self.check_layout(&path, &attr)?;
+            self.free_data(&attr, size, old).await
+        })
     }
 
     /// Replies that arrived after their request was abandoned, and undecodable replies.

@@ -34,6 +34,12 @@ pub enum Error {
         op: &'static str,
         errno: i32,
     },
+    #[error("{op} {path}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Path {
+        op: &'static str,
+        path: String,
+        errno: i32,
+    },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{context}: {source}")]
@@ -56,7 +62,7 @@ impl Error {
             Error::Registry { .. } | Error::Protocol(_) => libc::EPROTO,
             Error::MissingServers { .. } | Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::ServerLost { .. } | Error::Ucx(_) => libc::ECONNRESET,
-            Error::Remote { errno, .. } => *errno,
+            Error::Remote { errno, .. } | Error::Path { errno, .. } => *errno,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Stopped => libc::ESHUTDOWN,
         }

@@ -7,6 +7,8 @@ pub mod chunking;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod namespace;
+pub mod placement;
 pub mod protocol;
 pub mod registry;
 pub mod runtime;

@@ -20,10 +20,32 @@ pub enum Op {
     WriteChunk = 1,
     /// Reply payload: up to `length` bytes from `offset` within the chunk.
     ReadChunk = 2,
-    /// Reply `length`: the end of the furthest byte of `file_id` this server stores.
-    FileExtent = 3,
     /// Makes every byte of `file_id` written to this server durable before the reply.
     Fsync = 4,
+    /// Frees the bytes of `file_id` at and beyond `length` (truncate, unlink). Op 3 is retired.
+    TruncateData = 5,
+    // Metadata operations: the payload is a `namespace::MetaRequest` of `length` bytes; the
+    // reply payload (its size in the reply's `length`) is an attribute or directory entries.
+    /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute; `offset` = the
+    /// size before truncation.
+    Create = 16,
+    /// Reply: attribute.
+    Stat = 17,
+    /// Removes a file's inode. Reply: its attribute.
+    Unlink = 18,
+    /// Reply: attribute.
+    Mkdir = 19,
+    Rmdir = 20,
+    /// Adds entry `name` (kind in `mode`) to directory `path`. Reply `offset`: 1 if new.
+    DirAdd = 21,
+    DirRemove = 22,
+    /// Entries of `path` after `name`. Reply: entries; `offset`: 1 if more follow.
+    Readdir = 23,
+    /// Puts the request's attribute at `path` (rename). Reply: the replaced attribute, if any.
+    Install = 24,
+    /// Sets the size to `arg` (flags 0: at least; 1: exactly). Reply: attribute; `offset` =
+    /// the old size.
+    SetSize = 25,
 }
 
 impl Op {
@@ -31,8 +53,18 @@ impl Op {
         match v {
             1 => Some(Op::WriteChunk),
             2 => Some(Op::ReadChunk),
-            3 => Some(Op::FileExtent),
             4 => Some(Op::Fsync),
+            5 => Some(Op::TruncateData),
+            16 => Some(Op::Create),
+            17 => Some(Op::Stat),
+            18 => Some(Op::Unlink),
+            19 => Some(Op::Mkdir),
+            20 => Some(Op::Rmdir),
+            21 => Some(Op::DirAdd),
+            22 => Some(Op::DirRemove),
+            23 => Some(Op::Readdir),
+            24 => Some(Op::Install),
+            25 => Some(Op::SetSize),
             _ => None,
         }
     }
@@ -41,9 +73,42 @@ impl Op {
         match self {
             Op::WriteChunk => "write_chunk",
             Op::ReadChunk => "read_chunk",
-            Op::FileExtent => "file_extent",
             Op::Fsync => "fsync",
+            Op::TruncateData => "truncate_data",
+            Op::Create => "create",
+            Op::Stat => "stat",
+            Op::Unlink => "unlink",
+            Op::Mkdir => "mkdir",
+            Op::Rmdir => "rmdir",
+            Op::DirAdd => "dir_add",
+            Op::DirRemove => "dir_remove",
+            Op::Readdir => "readdir",
+            Op::Install => "install",
+            Op::SetSize => "set_size",
         }
+    }
+
+    /// Every op, for tests and documentation.
+    pub const ALL: [Op; 14] = [
+        Op::WriteChunk,
+        Op::ReadChunk,
+        Op::Fsync,
+        Op::TruncateData,
+        Op::Create,
+        Op::Stat,
+        Op::Unlink,
+        Op::Mkdir,
+        Op::Rmdir,
+        Op::DirAdd,
+        Op::DirRemove,
+        Op::Readdir,
+        Op::Install,
+        Op::SetSize,
+    ];
+
+    /// Whether this op is served by the metadata store (payload: a `MetaRequest`).
+    pub fn is_metadata(self) -> bool {
+        (self as u16) >= 16
     }
 }
 
@@ -201,10 +266,20 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
             "write_chunk header says {} bytes but {payload_len} arrived",
             h.length
         ))),
-        Op::ReadChunk | Op::FileExtent | Op::Fsync if payload_len != 0 => Err(Error::Protocol(format!(
+        Op::ReadChunk | Op::Fsync | Op::TruncateData if payload_len != 0 => Err(Error::Protocol(format!(
             "{} carries an unexpected payload of {payload_len} bytes",
             h.op.name()
         ))),
+        op if op.is_metadata()
+            && (h.length != payload_len as u64
+                || !(24..=crate::namespace::REQUEST_MAX).contains(&payload_len)) =>
+        {
+            Err(Error::Protocol(format!(
+                "{} payload of {payload_len} bytes (header says {})",
+                op.name(),
+                h.length
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -219,7 +294,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        for op in [Op::WriteChunk, Op::ReadChunk, Op::FileExtent, Op::Fsync] {
+        for op in Op::ALL {
             let h = Header { op, ..sample() }.reply(-libc::ENOENT, 99);
             assert_eq!(Header::decode(&h.encode()), Ok(h));
         }

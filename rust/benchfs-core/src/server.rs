@@ -6,7 +6,7 @@
 //! EAGAIN. Rendezvous payloads stay at the client until a pool buffer is free to receive them.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -20,6 +20,7 @@ use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::namespace::{self, Kind, MetaRequest, MetaStore, SizeUpdate};
 use crate::protocol::{check_request, Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
 use crate::runtime::{Notifier, Runtime};
@@ -144,8 +145,8 @@ struct ServerState {
     store: ChunkStore,
     pool: BufferPool,
     queue: Rc<RequestQueue>,
-    /// End of the furthest byte stored per file (answers `FileExtent`).
-    extents: RefCell<HashMap<FileId, u64>>,
+    /// The metadata of the paths this worker owns.
+    meta: RefCell<MetaStore>,
     chunk_size: u64,
     metrics: Rc<WorkerMetrics>,
     /// Set at shutdown: new requests are refused with ESHUTDOWN, accepted ones still served.
@@ -234,6 +235,8 @@ impl ServerState {
         let mut device_start = None;
         let file = FileId(h.file_id);
         let len = h.length as usize;
+        // A metadata reply: the reply's `offset` and its payload.
+        let mut meta_reply: Option<(u64, Vec<u8>)> = None;
         let (status, count, data) = match h.op {
             Op::WriteChunk => {
                 let buf = match req.payload {
@@ -258,13 +261,7 @@ impl ServerState {
                     Ok((buf, start)) => {
                         device_start = Some(Instant::now());
                         match self.store.write(file, h.chunk, h.offset, buf, start, len).await {
-                            (Ok(n), _) => {
-                                let end = h.chunk * self.chunk_size + h.offset + n as u64;
-                                let mut extents = self.extents.borrow_mut();
-                                let e = extents.entry(file).or_insert(0);
-                                *e = (*e).max(end);
-                                (0, n as u64, None)
-                            }
+                            (Ok(n), _) => (0, n as u64, None),
                             (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
                         }
                     }
@@ -278,9 +275,12 @@ impl ServerState {
                     (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
                 }
             }
-            Op::FileExtent => {
-                let end = self.extents.borrow().get(&file).copied().unwrap_or(0);
-                (0, end, None)
+            Op::TruncateData => {
+                device_start = Some(Instant::now());
+                match self.store.truncate(file, h.length, self.chunk_size) {
+                    Ok(()) => (0, 0, None),
+                    Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                }
             }
             Op::Fsync => {
                 device_start = Some(Instant::now());
@@ -288,6 +288,26 @@ impl ServerState {
                     Ok(()) => (0, 0, None),
                     Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
                 }
+            }
+            op => {
+                let request = match req.payload {
+                    Payload::Eager(v) => Ok(v),
+                    Payload::None => Ok(Vec::new()),
+                    Payload::Rendezvous(desc) => {
+                        let mut v = vec![0u8; len];
+                        // SAFETY: the descriptor was kept by the handler and is used once; `v`
+                        // lives until the receive completes.
+                        let recv = unsafe { self.worker.recv_data(desc, &mut v, None) };
+                        recv.await.map(|_| v)
+                    }
+                };
+                device_start = Some(Instant::now());
+                let (status, offset, body) = match request {
+                    Ok(bytes) => self.serve_meta(op, &bytes),
+                    Err(_) => (-libc::ECOMM, 0, Vec::new()),
+                };
+                meta_reply = Some((offset, body));
+                (status, 0, None)
             }
         };
         let done = Instant::now();
@@ -297,7 +317,7 @@ impl ServerState {
             Op::WriteChunk => OpKind::Write,
             Op::ReadChunk => OpKind::Read,
             Op::Fsync => OpKind::Fsync,
-            Op::FileExtent => OpKind::Extent,
+            _ => OpKind::Meta,
         };
         let moved = if matches!(h.op, Op::WriteChunk | Op::ReadChunk) {
             count
@@ -312,9 +332,14 @@ impl ServerState {
             moved,
             status == 0,
         );
-        let reply = h.reply(status, count);
-        let payload: &[u8] = match (&data, h.op) {
-            (Some((buf, skip)), Op::ReadChunk) => &buf.as_slice(skip + count as usize)[*skip..],
+        let mut reply = h.reply(status, count);
+        if let Some((offset, body)) = &meta_reply {
+            reply.offset = *offset;
+            reply.length = body.len() as u64;
+        }
+        let payload: &[u8] = match (&data, &meta_reply) {
+            (Some((buf, skip)), _) => &buf.as_slice(skip + count as usize)[*skip..],
+            (None, Some((_, body))) => body,
             _ => &[],
         };
         let memh = data.as_ref().and_then(|(buf, _)| buf.memh());
@@ -326,6 +351,70 @@ impl ServerState {
         // A reply that cannot be sent means the client is gone; it will not read the result.
         let _ = sent.await;
         drop(data);
+        drop(meta_reply);
+    }
+
+    /// Serves a metadata op from this worker's store: (status, reply offset, reply payload).
+    /// A malformed payload is EINVAL and changes nothing.
+    fn serve_meta(&self, op: Op, bytes: &[u8]) -> (i32, u64, Vec<u8>) {
+        let r = match MetaRequest::decode(bytes) {
+            Ok(r) => r,
+            Err(_) => {
+                self.metrics.count_malformed();
+                return (-libc::EINVAL, 0, Vec::new());
+            }
+        };
+        let mut meta = self.meta.borrow_mut();
+        let attr = |a: namespace::Attr| {
+            let mut out = Vec::with_capacity(namespace::ATTR_LEN);
+            a.encode(&mut out);
+            out
+        };
+        let kind = |mode: u32| {
+            if mode == Kind::Dir as u32 {
+                Kind::Dir
+            } else {
+                Kind::File
+            }
+        };
+        let result: std::result::Result<(u64, Vec<u8>), i32> = match op {
+            Op::Create => meta
+                .create(&r.path, r.flags, r.mode)
+                .map(|(a, old)| (old, attr(a))),
+            Op::Stat => meta.stat(&r.path).map(|a| (0, attr(a))),
+            Op::Unlink => meta.unlink(&r.path).map(|a| (0, attr(a))),
+            Op::Mkdir => meta.mkdir(&r.path, r.mode).map(|a| (0, attr(a))),
+            Op::Rmdir => meta.rmdir(&r.path).map(|()| (0, Vec::new())),
+            Op::DirAdd if r.name.is_empty() => Err(libc::EINVAL),
+            Op::DirAdd => meta
+                .dir_add(&r.path, &r.name, kind(r.mode))
+                .map(|new| (new as u64, Vec::new())),
+            Op::DirRemove => meta.dir_remove(&r.path, &r.name).map(|()| (0, Vec::new())),
+            Op::Readdir => {
+                let max = (r.arg as usize).clamp(1, namespace::READDIR_PAGE);
+                meta.readdir(&r.path, &r.name, max)
+                    .map(|(page, more)| (more as u64, namespace::encode_entries(&page)))
+            }
+            Op::Install => match r.attr {
+                Some(a) => meta
+                    .install(&r.path, a, r.flags)
+                    .map(|old| (0, old.map(attr).unwrap_or_default())),
+                None => Err(libc::EINVAL),
+            },
+            Op::SetSize => {
+                let how = if r.flags == 1 {
+                    SizeUpdate::Exact
+                } else {
+                    SizeUpdate::AtLeast
+                };
+                meta.set_size(&r.path, r.arg, how).map(|(a, old)| (old, attr(a)))
+            }
+            _ => Err(libc::EINVAL),
+        };
+        match result {
+            Ok((offset, body)) => (0, offset, body),
+            Err(errno) => (-errno, 0, Vec::new()),
+        }
     }
 
     fn set_gauges(&self) {
@@ -443,7 +532,13 @@ fn run_worker(
                 waiters: RefCell::new(VecDeque::new()),
                 capacity: config.server.max_queued as usize,
             }),
-            extents: RefCell::new(HashMap::new()),
+            meta: RefCell::new(MetaStore::new(
+                opts.id * config.server.workers + index,
+                config.cluster.expected_servers * config.server.workers,
+                config.cluster.expected_servers,
+                config.client.chunk_size,
+                id_nonce(),
+            )),
             chunk_size: config.client.chunk_size,
             metrics,
             draining: Cell::new(false),
@@ -550,10 +645,28 @@ fn run_worker(
     Ok(stats)
 }
 
+/// Distinguishes file ids made by a restarted server from those of its previous life.
+fn id_nonce() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed =
+        xxhash_rust::xxh3::xxh3_64(&[t.to_le_bytes(), (std::process::id() as u64).to_le_bytes()].concat());
+    mixed as u32
+}
+
 /// Runs a server until stopped: `server.workers` event loops on their own threads. `on_ready`
 /// is called once every worker serves and the server is registered.
 pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHandle)) -> Result<ServerStats> {
     opts.config.validate()?;
+    let expected = opts.config.cluster.expected_servers;
+    if expected == 0 || opts.id >= expected {
+        return Err(Error::Config(format!(
+            "server id {} needs cluster.expected_servers above it (got {expected}): ids are 0..N-1, \
+             and files stripe over the N servers",
+            opts.id
+        )));
+    }
     let workers = opts.config.server.workers;
     let (tx, rx) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(workers as usize);

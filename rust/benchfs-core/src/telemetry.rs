@@ -267,13 +267,13 @@ pub enum OpKind {
     Write = 0,
     Read = 1,
     Fsync = 2,
-    /// Size and extent queries (metadata without data transfer).
-    Extent = 3,
+    /// Metadata operations and truncations (no payload bytes).
+    Meta = 3,
 }
 
 impl OpKind {
     pub const COUNT: usize = 4;
-    pub const ALL: [OpKind; OpKind::COUNT] = [OpKind::Write, OpKind::Read, OpKind::Fsync, OpKind::Extent];
+    pub const ALL: [OpKind; OpKind::COUNT] = [OpKind::Write, OpKind::Read, OpKind::Fsync, OpKind::Meta];
 
     /// Index into per-operation arrays (and the `op` field of a record).
     #[inline(always)]
@@ -286,7 +286,7 @@ impl OpKind {
             OpKind::Write => "write",
             OpKind::Read => "read",
             OpKind::Fsync => "fsync",
-            OpKind::Extent => "extent",
+            OpKind::Meta => "meta",
         }
     }
 }

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use benchfs_core::client::Client;
 use benchfs_core::config::Config;
+use benchfs_core::namespace::{Kind, CREATE, EXCLUSIVE, TRUNCATE};
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::{Error, Result};
 
@@ -67,25 +68,35 @@ fn write_read_verify_across_chunks_and_servers() -> Result<()> {
     {
         let path = format!("/f{i}");
         let data = pattern(i as u64, len);
-        assert_eq!(client.write(&path, offset, &data)?, len);
+        let f = client.open(&path, CREATE | EXCLUSIVE, 0o644)?;
+        assert_eq!(client.write(&f, offset, &data)?, len);
+        client.close(&f)?;
+        let f = client.open(&path, 0, 0)?;
+        assert_eq!(f.size(), offset + len as u64);
         let mut back = vec![0xAAu8; len];
-        assert_eq!(client.read_into(&path, offset, &mut back)?, len);
-        assert!(back == data, "data mismatch in {path}");
-        assert_eq!(client.file_size(&path)?, offset + len as u64);
+        assert_eq!(client.read(&f, offset, &mut back)?, len);
+        assert!(
+            back == data,
+            "data mismatch in {path}: {:?} vs {:?}",
+            &back[..8],
+            &data[..8]
+        );
+        assert_eq!(client.stat(&path)?.size, offset + len as u64);
         // The hole before `offset` reads as zeros; reading past the end is short.
         if offset > 0 {
             let mut hole = vec![1u8; offset as usize];
-            assert_eq!(client.read_into(&path, 0, &mut hole)?, offset as usize);
+            assert_eq!(client.read(&f, 0, &mut hole)?, offset as usize);
             assert!(hole.iter().all(|&b| b == 0));
         }
         let mut tail = vec![0u8; 1000];
-        assert_eq!(client.read_into(&path, offset + len as u64 - 10, &mut tail)?, 10);
+        assert_eq!(client.read(&f, offset + len as u64 - 10, &mut tail)?, 10);
         assert_eq!(&tail[..10], &data[len - 10..]);
-        assert_eq!(client.read_into(&path, offset + len as u64 + 5, &mut tail)?, 0);
+        assert_eq!(client.read(&f, offset + len as u64 + 5, &mut tail)?, 0);
     }
     // Zero-length operations.
-    assert_eq!(client.write("/f0", 5, &[])?, 0);
-    assert_eq!(client.read_into("/f0", 5, &mut [])?, 0);
+    let f = client.open("/f0", 0, 0)?;
+    assert_eq!(client.write(&f, 5, &[])?, 0);
+    assert_eq!(client.read(&f, 5, &mut [])?, 0);
     drop(client);
     for s in &mut servers {
         s.stop()?;
@@ -201,9 +212,10 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
 
     // The server still serves well-formed requests.
     let client = Client::connect(&dir.path().join("registry"), c)?;
-    assert_eq!(client.write("/after", 0, b"still fine")?, 10);
+    let f = client.open("/after", CREATE, 0o644)?;
+    assert_eq!(client.write(&f, 0, b"still fine")?, 10);
     let mut back = [0u8; 10];
-    assert_eq!(client.read_into("/after", 0, &mut back)?, 10);
+    assert_eq!(client.read(&f, 0, &mut back)?, 10);
     assert_eq!(&back, b"still fine");
     drop(client);
     let stats = servers[0].stop()?;
@@ -220,18 +232,136 @@ fn servers_with_several_workers_serve_every_chunk() -> Result<()> {
     assert!(servers.iter().all(|s| s.entry.ucx_addresses.len() == 3));
     let client = Client::connect(&dir.path().join("registry"), c)?;
     let data = pattern(9, 3 << 20);
-    assert_eq!(client.write("/wide", 1234, &data)?, data.len());
+    let f = client.open("/wide", CREATE, 0o644)?;
+    assert_eq!(client.write(&f, 1234, &data)?, data.len());
     let mut back = vec![0u8; data.len()];
-    assert_eq!(client.read_into("/wide", 1234, &mut back)?, data.len());
+    assert_eq!(client.read(&f, 1234, &mut back)?, data.len());
     assert!(back == data);
-    assert_eq!(client.file_size("/wide")?, 1234 + data.len() as u64);
-    client.fsync("/wide")?;
+    client.fsync(&f)?;
+    assert_eq!(client.stat("/wide")?.size, 1234 + data.len() as u64);
     drop(client);
     let mut requests = 0;
     for s in &mut servers {
         requests += s.stop()?.map_or(0, |st| st.requests);
     }
-    // 49 chunk writes + 49 reads + extent and fsync on 6 workers (each counted once).
-    assert!(requests >= 98 + 12, "only {requests} requests");
+    // 49 chunk writes + 49 reads + fsync on the 6 workers + metadata.
+    assert!(requests >= 98 + 6, "only {requests} requests");
+    Ok(())
+}
+
+/// Chunk files under every server's data directory (for checking that data is freed).
+fn chunk_files(dir: &Path) -> usize {
+    fn walk(p: &Path) -> usize {
+        std::fs::read_dir(p).map_or(0, |rd| {
+            rd.flatten()
+                .map(|e| {
+                    let path = e.path();
+                    if path.is_dir() {
+                        walk(&path)
+                    } else {
+                        1
+                    }
+                })
+                .sum()
+        })
+    }
+    (0..8).map(|i| walk(&dir.join(format!("data-{i}/chunks")))).sum()
+}
+
+#[test]
+fn namespace_operations_across_owners() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let c = config(3, 4096)?;
+    let mut servers = start(dir.path(), 3, &c)?;
+    let client = Client::connect(&dir.path().join("registry"), c)?;
+    let errno = |r: Result<()>| r.err().map(|e| e.errno());
+    client.mkdir("/d", 0o755)?;
+    assert_eq!(errno(client.mkdir("/d", 0o755)), Some(libc::EEXIST));
+    assert_eq!(errno(client.mkdir("/nope/x", 0o755)), Some(libc::ENOENT));
+    for i in 0..20 {
+        let f = client.open(&format!("/d/f{i:02}"), CREATE | EXCLUSIVE, 0o600)?;
+        client.write(&f, 0, &pattern(i, 10_000))?;
+        client.close(&f)?;
+    }
+    assert_eq!(chunk_files(dir.path()), 20 * 3);
+    let names: Vec<String> = client.readdir("/d")?.into_iter().map(|e| e.name).collect();
+    assert_eq!(names, (0..20).map(|i| format!("f{i:02}")).collect::<Vec<_>>());
+    assert_eq!(
+        client
+            .open("/d/f00", CREATE | EXCLUSIVE, 0)
+            .err()
+            .map(|e| e.errno()),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(
+        client.open("/d/f00/x", CREATE, 0).err().map(|e| e.errno()),
+        Some(libc::ENOTDIR)
+    );
+    assert_eq!(
+        client.open("/d", CREATE, 0).err().map(|e| e.errno()),
+        Some(libc::EISDIR)
+    );
+    assert_eq!(errno(client.rmdir("/d")), Some(libc::ENOTEMPTY));
+    // Rename keeps the id (data does not move), replacing a file frees the replaced data.
+    let id = client.stat("/d/f00")?.id;
+    client.rename("/d/f00", "/d/f01")?;
+    assert_eq!(client.stat("/d/f01")?.id, id);
+    assert_eq!(client.stat("/d/f00").err().map(|e| e.errno()), Some(libc::ENOENT));
+    assert_eq!(chunk_files(dir.path()), 19 * 3);
+    let f = client.open("/d/f01", 0, 0)?;
+    let mut back = vec![0u8; 10_000];
+    assert_eq!(client.read(&f, 0, &mut back)?, 10_000);
+    assert!(back == pattern(0, 10_000));
+    // Truncate frees whole chunks beyond the size and zeroes the cut chunk's tail.
+    client.truncate("/d/f01", 5000)?;
+    assert_eq!(chunk_files(dir.path()), 19 * 3 - 1);
+    client.truncate("/d/f01", 10_000)?;
+    let f = client.open("/d/f01", 0, 0)?;
+    assert_eq!(client.read(&f, 0, &mut back)?, 10_000);
+    assert!(back[..5000] == pattern(0, 10_000)[..5000] && back[5000..].iter().all(|&b| b == 0));
+    // O_TRUNC frees the data too; unlink frees everything.
+    let f = client.open("/d/f02", CREATE | TRUNCATE, 0)?;
+    assert_eq!(f.size(), 0);
+    assert_eq!(chunk_files(dir.path()), 18 * 3 - 1);
+    for i in 1..20 {
+        client.unlink(&format!("/d/f{i:02}"))?;
+    }
+    assert_eq!(chunk_files(dir.path()), 0);
+    assert!(client.readdir("/d")?.is_empty());
+    client.rmdir("/d")?;
+    assert_eq!(client.readdir("/")?.len(), 0);
+    // Directory rename: empty works, non-empty is EXDEV.
+    client.mkdir("/a", 0o755)?;
+    client.mkdir("/a/b", 0o755)?;
+    assert_eq!(errno(client.rename("/a", "/c")), Some(libc::EXDEV));
+    assert_eq!(errno(client.rename("/a", "/a/b/c")), Some(libc::EINVAL));
+    client.rename("/a/b", "/b")?;
+    assert_eq!(client.stat("/b")?.kind, Kind::Dir);
+    assert_eq!(
+        client
+            .readdir("/")?
+            .into_iter()
+            .map(|e| e.name)
+            .collect::<Vec<_>>(),
+        vec!["a", "b"]
+    );
+    // Bad paths are POSIX errors and change nothing.
+    for (path, e) in [
+        ("", libc::ENOENT),
+        ("rel", libc::EINVAL),
+        ("/..", libc::EINVAL),
+        ("/a\0b", libc::EINVAL),
+    ] {
+        assert_eq!(client.stat(path).err().map(|x| x.errno()), Some(e), "{path:?}");
+    }
+    let long = format!("/{}", "n".repeat(300));
+    assert_eq!(
+        client.open(&long, CREATE, 0).err().map(|x| x.errno()),
+        Some(libc::ENAMETOOLONG)
+    );
+    drop(client);
+    for s in &mut servers {
+        s.stop()?;
+    }
     Ok(())
 }

@@ -11,8 +11,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use benchfs_core::bench::{self, Pattern, StorageBenchSpec};
-use benchfs_core::client::Client as CoreClient;
+use benchfs_core::client::{Client as CoreClient, FileHandle};
 use benchfs_core::config::{self, Config};
+use benchfs_core::namespace::{self, Attr, Kind};
+use benchfs_core::placement::{Scheme, Study};
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::Error;
@@ -174,7 +176,7 @@ unsafe impl Send for MovableClient {}
 
 /// A client of a running cluster. Safe to share between threads, which then take turns; use
 /// one client per thread for parallel I/O.
-#[pyclass(name = "Client", module = "benchfs._core")]
+#[pyclass(name = "Client", module = "benchfs._core", frozen)]
 struct PyClient {
     inner: Mutex<Option<MovableClient>>,
 }
@@ -229,65 +231,67 @@ impl PyClient {
         })
     }
 
-    /// Writes a bytes-like object at `offset`; returns the bytes written.
-    fn write(&self, py: Python<'_>, path: &str, offset: u64, data: PyBuffer<u8>) -> PyResult<usize> {
-        contiguous(&data, "data")?;
-        // SAFETY: the buffer is held (and its exporter pinned) for the whole call.
-        let bytes = OnThisThread(unsafe {
-            std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes())
-        });
-        self.with(py, move |c| {
-            let b = bytes;
-            c.write(path, offset, b.0)
-        })
-    }
-
-    /// Reads up to `length` bytes from `offset` (short only at the end of the file).
-    fn read<'py>(
-        &self,
-        py: Python<'py>,
-        path: &str,
-        offset: u64,
-        length: usize,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let mut buf = vec![0u8; length];
-        let target = OnThisThread(&mut buf[..]);
-        let n = self.with(py, move |c| {
-            let t = target;
-            c.read_into(path, offset, t.0)
-        })?;
-        Ok(PyBytes::new(py, &buf[..n]))
-    }
-
-    /// Reads into a writable buffer (bytearray, memoryview, numpy array) without an extra copy.
-    fn readinto(&self, py: Python<'_>, path: &str, offset: u64, buffer: PyBuffer<u8>) -> PyResult<usize> {
-        contiguous(&buffer, "buffer")?;
-        if buffer.readonly() {
-            return Err(PyValueError::new_err("buffer is read-only"));
+    /// Opens the file at `path`. `flags` takes os.O_CREAT, os.O_EXCL and os.O_TRUNC (the
+    /// access mode bits are accepted and ignored: there are no permission checks).
+    #[pyo3(signature = (path, flags=0, mode=0o644))]
+    fn open(slf: Py<Self>, py: Python<'_>, path: &str, flags: i32, mode: u32) -> PyResult<PyFile> {
+        let mut ns_flags = 0;
+        for (os, ns) in [
+            (libc_flags::O_CREAT, namespace::CREATE),
+            (libc_flags::O_EXCL, namespace::EXCLUSIVE),
+            (libc_flags::O_TRUNC, namespace::TRUNCATE),
+        ] {
+            if flags & os != 0 {
+                ns_flags |= ns;
+            }
         }
-        // SAFETY: writable, contiguous, held for the whole call.
-        let target = OnThisThread(unsafe {
-            std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes())
-        });
-        self.with(py, move |c| {
-            let t = target;
-            c.read_into(path, offset, t.0)
+        let handle = slf
+            .get()
+            .with(py, |c| c.open(path, ns_flags, mode).map(MovableHandle))?;
+        Ok(PyFile {
+            client: slf.clone_ref(py),
+            handle: Mutex::new(Some(handle)),
         })
     }
 
-    /// The file's size in bytes.
-    fn file_size(&self, py: Python<'_>, path: &str) -> PyResult<u64> {
-        self.with(py, |c| c.file_size(path))
+    /// Attributes of `path`: kind ("file" or "dir"), size, mode, id (32 hex digits),
+    /// mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start.
+    fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
+        let a = self.with(py, |c| c.stat(path))?;
+        attr_dict(py, &a)
     }
 
-    /// Returns once every byte written to `path` is durable on the servers' devices.
-    fn fsync(&self, py: Python<'_>, path: &str) -> PyResult<()> {
-        self.with(py, |c| c.fsync(path))
+    fn unlink(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        self.with(py, |c| c.unlink(path))
     }
 
-    /// The id of the server holding byte `offset` of `path`.
+    #[pyo3(signature = (path, mode=0o755))]
+    fn mkdir(&self, py: Python<'_>, path: &str, mode: u32) -> PyResult<()> {
+        self.with(py, |c| c.mkdir(path, mode))
+    }
+
+    fn rmdir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        self.with(py, |c| c.rmdir(path))
+    }
+
+    /// The entries of a directory as (name, kind) pairs, in name order.
+    fn readdir(&self, py: Python<'_>, path: &str) -> PyResult<Vec<(String, &'static str)>> {
+        let entries = self.with(py, |c| c.readdir(path))?;
+        Ok(entries.into_iter().map(|e| (e.name, kind_name(e.kind))).collect())
+    }
+
+    /// Renames within the file system (data does not move).
+    fn rename(&self, py: Python<'_>, src: &str, dst: &str) -> PyResult<()> {
+        self.with(py, |c| c.rename(src, dst))
+    }
+
+    fn truncate(&self, py: Python<'_>, path: &str, size: u64) -> PyResult<()> {
+        self.with(py, |c| c.truncate(path, size))
+    }
+
+    /// The id of the server holding byte `offset` of the file at `path`.
     fn locate(&self, py: Python<'_>, path: &str, offset: u64) -> PyResult<u32> {
-        self.with(py, |c| Ok(c.locate(path, offset)))
+        self.with(py, |c| c.locate(path, offset))
     }
 
     /// Per server (membership order): requests sent, retries, timeouts and failures.
@@ -334,6 +338,258 @@ impl PyClient {
         _tb: Py<PyAny>,
     ) -> PyResult<()> {
         self.close(py)
+    }
+}
+
+/// The O_* values of this platform (Linux), as Python's `os` module has them.
+mod libc_flags {
+    pub const O_CREAT: i32 = 0o100;
+    pub const O_EXCL: i32 = 0o200;
+    pub const O_TRUNC: i32 = 0o1000;
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::File => "file",
+        Kind::Dir => "dir",
+    }
+}
+
+fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kind", kind_name(a.kind))?;
+    d.set_item("size", a.size)?;
+    d.set_item("mode", a.mode)?;
+    d.set_item("id", a.id.hex())?;
+    d.set_item("mtime_ns", a.mtime_ns)?;
+    d.set_item("ctime_ns", a.ctime_ns)?;
+    d.set_item("chunk_size", a.layout.chunk_size)?;
+    d.set_item("stripe_count", a.layout.stripe_count)?;
+    d.set_item("stripe_start", a.layout.start)?;
+    Ok(d)
+}
+
+/// An open file handle; used only under its `PyFile`'s mutex (see `MovableClient`).
+struct MovableHandle(FileHandle);
+// SAFETY: as for MovableClient: every use happens under the owning mutex.
+unsafe impl Send for MovableHandle {}
+
+/// An open file of a `Client`: positional I/O (offsets are explicit), fsync, close.
+/// Close publishes the size this handle wrote (close-to-open consistency).
+#[pyclass(name = "File", module = "benchfs._core", frozen)]
+struct PyFile {
+    client: Py<PyClient>,
+    handle: Mutex<Option<MovableHandle>>,
+}
+
+impl PyFile {
+    fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&CoreClient, &FileHandle) -> Result<R, Error>,
+    ) -> PyResult<R> {
+        let handle = &self.handle;
+        self.client.get().with(py, move |c| {
+            let guard = handle
+                .lock()
+                .map_err(|_| Error::InvalidArgument("file lock poisoned".into()))?;
+            let h = guard
+                .as_ref()
+                .ok_or_else(|| Error::InvalidArgument("I/O operation on a closed file".into()))?;
+            f(c, &h.0)
+        })
+    }
+}
+
+#[pymethods]
+impl PyFile {
+    /// Writes a bytes-like object at `offset`; returns the bytes written.
+    fn write(&self, py: Python<'_>, offset: u64, data: PyBuffer<u8>) -> PyResult<usize> {
+        contiguous(&data, "data")?;
+        // SAFETY: the buffer is held (and its exporter pinned) for the whole call.
+        let bytes = OnThisThread(unsafe {
+            std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes())
+        });
+        self.with(py, move |c, f| {
+            let b = bytes;
+            c.write(f, offset, b.0)
+        })
+    }
+
+    /// Reads up to `length` bytes from `offset` (short only at the end of the file).
+    fn read<'py>(&self, py: Python<'py>, offset: u64, length: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let mut buf = vec![0u8; length];
+        let target = OnThisThread(&mut buf[..]);
+        let n = self.with(py, move |c, f| {
+            let t = target;
+            c.read(f, offset, t.0)
+        })?;
+        Ok(PyBytes::new(py, &buf[..n]))
+    }
+
+    /// Reads into a writable buffer (bytearray, memoryview, numpy array) without an extra copy.
+    fn readinto(&self, py: Python<'_>, offset: u64, buffer: PyBuffer<u8>) -> PyResult<usize> {
+        contiguous(&buffer, "buffer")?;
+        if buffer.readonly() {
+            return Err(PyValueError::new_err("buffer is read-only"));
+        }
+        // SAFETY: writable, contiguous, held for the whole call.
+        let target = OnThisThread(unsafe {
+            std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes())
+        });
+        self.with(py, move |c, f| {
+            let t = target;
+            c.read(f, offset, t.0)
+        })
+    }
+
+    /// Returns once every byte of the file is durable on its servers' devices; publishes the size.
+    fn fsync(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |c, f| c.fsync(f))
+    }
+
+    /// The size as this handle knows it (the owner's at open, and its own writes).
+    #[getter]
+    fn size(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |_, f| Ok(f.size()))
+    }
+
+    #[getter]
+    fn path(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |_, f| Ok(f.path.clone()))
+    }
+
+    /// The file's 128-bit id as 32 hex digits.
+    #[getter]
+    fn id(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |_, f| Ok(f.attr.id.hex()))
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.handle.lock().map_or(true, |g| g.is_none())
+    }
+
+    /// Publishes the size this handle wrote, then closes it. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let result = self.with(py, |c, f| c.close(f));
+        match result {
+            Err(e) if self.closed() => {
+                // Already closed: nothing to publish.
+                drop(e);
+                Ok(())
+            }
+            other => {
+                if let Ok(mut g) = self.handle.lock() {
+                    g.take();
+                }
+                other
+            }
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Py<PyAny>,
+        _exc: Py<PyAny>,
+        _tb: Py<PyAny>,
+    ) -> PyResult<()> {
+        self.close(py)
+    }
+}
+
+/// Simulated creation of `paths` on `servers` servers (one metadata owner per server), then
+/// batched chunk placement by a scheme: the placement study's view of the real code.
+#[pyclass(name = "PlacementStudy", module = "benchfs._core", frozen)]
+struct PyPlacementStudy {
+    study: Study,
+    files: usize,
+}
+
+#[pymethods]
+impl PyPlacementStudy {
+    #[new]
+    fn new(py: Python<'_>, scheme: &str, servers: u32, paths: Vec<String>) -> PyResult<Self> {
+        let scheme = Scheme::from_name(scheme).ok_or_else(|| {
+            let names: Vec<&str> = Scheme::ALL.iter().map(|s| s.name()).collect();
+            PyValueError::new_err(format!("unknown scheme {scheme:?}; one of {names:?}"))
+        })?;
+        if servers == 0 {
+            return Err(PyValueError::new_err("servers must be at least 1"));
+        }
+        let files = paths.len();
+        let study = py.detach(|| Study::new(scheme, servers, &paths));
+        Ok(PyPlacementStudy { study, files })
+    }
+
+    /// The names of the schemes, BenchFS's default first.
+    #[staticmethod]
+    fn schemes() -> Vec<&'static str> {
+        Scheme::ALL.iter().map(|s| s.name()).collect()
+    }
+
+    /// The same files after the cluster grew to `servers` (existing layouts unchanged).
+    fn with_servers(&self, servers: u32) -> PyResult<Self> {
+        if servers == 0 {
+            return Err(PyValueError::new_err("servers must be at least 1"));
+        }
+        Ok(PyPlacementStudy {
+            study: self.study.with_servers(servers),
+            files: self.files,
+        })
+    }
+
+    /// Fills `out[i]` (uint32) with the server index of chunk `chunks[i]` of file `files[i]`
+    /// (both uint64, file numbers index the paths given at construction).
+    fn servers_into(
+        &self,
+        py: Python<'_>,
+        files: PyBuffer<u64>,
+        chunks: PyBuffer<u64>,
+        out: PyBuffer<u32>,
+    ) -> PyResult<()> {
+        if !(files.is_c_contiguous() && chunks.is_c_contiguous() && out.is_c_contiguous()) || out.readonly() {
+            return Err(PyValueError::new_err(
+                "files, chunks and out must be contiguous; out writable",
+            ));
+        }
+        let n = files.item_count();
+        if chunks.item_count() != n || out.item_count() != n {
+            return Err(PyValueError::new_err(
+                "files, chunks and out must have the same length",
+            ));
+        }
+        // SAFETY: contiguous buffers of the checked element types and lengths, held for the
+        // whole call; `out` is writable and distinct from the inputs' memory by contract.
+        let (f, c, o) = unsafe {
+            (
+                OnThisThread(std::slice::from_raw_parts(files.buf_ptr() as *const u64, n)),
+                OnThisThread(std::slice::from_raw_parts(chunks.buf_ptr() as *const u64, n)),
+                OnThisThread(std::slice::from_raw_parts_mut(out.buf_ptr() as *mut u32, n)),
+            )
+        };
+        let study = &self.study;
+        let bad = detached(py, (f, c, o), |(f, c, o)| {
+            for ((&file, &chunk), slot) in f.0.iter().zip(c.0.iter()).zip(o.0.iter_mut()) {
+                match study.server(file as usize, chunk) {
+                    Some(s) => *slot = s,
+                    None => return Some(file),
+                }
+            }
+            None
+        });
+        match bad {
+            Some(file) => Err(PyValueError::new_err(format!(
+                "file number {file} out of range (0..{})",
+                self.files
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -393,5 +649,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bench_storage, m)?)?;
     m.add_class::<PyServer>()?;
     m.add_class::<PyClient>()?;
+    m.add_class::<PyFile>()?;
+    m.add_class::<PyPlacementStudy>()?;
     Ok(())
 }

@@ -49,6 +49,11 @@ impl HandleCache {
         }
     }
 
+    /// Drops a cached handle (the chunk file is being removed or cut).
+    pub fn forget(&self, file: FileId, chunk: u64) {
+        self.cache.borrow_mut().pop(&(file, chunk));
+    }
+
     /// The chunk's handle and whether it was cached; `None` if it does not exist and `create`
     /// is false. Misses open through io_uring, so they never stall the event loop.
     pub async fn get(

@@ -299,6 +299,56 @@ impl ChunkStore {
         (res, buf)
     }
 
+    /// Frees what this store holds of `file` at and beyond byte `size` (chunks of
+    /// `chunk_size`): later chunks are removed, the chunk containing `size` is cut, so that a
+    /// file that grows again reads zeros there. Only chunks this store wrote are known.
+    pub fn truncate(&self, file: FileId, size: u64, chunk_size: u64) -> io::Result<()> {
+        let chunks: Vec<u64> = match self.stored.borrow().get(&file) {
+            Some(c) => c
+                .iter()
+                .copied()
+                .filter(|&c| (c + 1) * chunk_size > size)
+                .collect(),
+            None => return Ok(()),
+        };
+        for chunk in chunks {
+            let keep = size.saturating_sub(chunk * chunk_size);
+            match &self.layout {
+                Layout::ChunkFiles { root, handles } => {
+                    let hex = file.hex();
+                    let path = root.join(&hex[..2]).join(format!("{hex}.{chunk}"));
+                    handles.forget(file, chunk);
+                    let res = if keep == 0 {
+                        fs::remove_file(&path)
+                    } else {
+                        OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .and_then(|f| f.set_len(keep))
+                    };
+                    match res {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                }
+                Layout::Packed(p) => p.cut(file, chunk, keep)?,
+            }
+            if keep == 0 {
+                let mut stored = self.stored.borrow_mut();
+                if let Some(set) = stored.get_mut(&file) {
+                    set.remove(&chunk);
+                    if set.is_empty() {
+                        stored.remove(&file);
+                    }
+                }
+                if let Some(set) = self.dirty.borrow_mut().get_mut(&file) {
+                    set.remove(&chunk);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Saves what the layout keeps in memory (the packed index). Called when a server or a
     /// benchmark stops.
     pub fn close(&self) -> io::Result<()> {

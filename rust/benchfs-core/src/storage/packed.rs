@@ -47,6 +47,8 @@ pub struct Packed {
     allocated: Cell<u64>,
     index: RefCell<HashMap<(FileId, u64), Slot>>,
     next_slot: Cell<u64>,
+    /// Slots of removed chunks, reused before new ones (their bytes were punched out).
+    free: RefCell<Vec<u64>>,
 }
 
 impl Packed {
@@ -62,6 +64,7 @@ impl Packed {
             allocated: Cell::new(0),
             index: RefCell::new(HashMap::new()),
             next_slot: Cell::new(0),
+            free: RefCell::new(Vec::new()),
         };
         packed.load_index()?;
         Ok(packed)
@@ -167,17 +170,15 @@ impl Packed {
         let (slot, len) = match existing {
             Some(found) => found,
             None if !create => return Ok(None),
-            None => {
-                let slot = self.next_slot.get();
-                // Pack files are created in order, so slot / slots_per_file exists or is next.
-                let handle = self.pack_file(slot / self.slots_per_file)?;
-                self.reserve(&handle, slot % self.slots_per_file)?;
-                self.next_slot.set(slot + 1);
-                self.index
-                    .borrow_mut()
-                    .insert((file, chunk), Slot { slot, len: 0 });
-                (slot, 0)
-            }
+            None => match self.free.borrow_mut().pop() {
+                Some(slot) => {
+                    self.index
+                        .borrow_mut()
+                        .insert((file, chunk), Slot { slot, len: 0 });
+                    (slot, 0)
+                }
+                None => self.new_slot(file, chunk)?,
+            },
         };
         let file_index = slot / self.slots_per_file;
         Ok(Some(SlotLocation {
@@ -186,6 +187,54 @@ impl Packed {
             len,
             file_index,
         }))
+    }
+
+    fn new_slot(&self, file: FileId, chunk: u64) -> io::Result<(u64, u64)> {
+        {
+            {
+                let slot = self.next_slot.get();
+                // Pack files are created in order, so slot / slots_per_file exists or is next.
+                let handle = self.pack_file(slot / self.slots_per_file)?;
+                self.reserve(&handle, slot % self.slots_per_file)?;
+                self.next_slot.set(slot + 1);
+                self.index
+                    .borrow_mut()
+                    .insert((file, chunk), Slot { slot, len: 0 });
+                Ok((slot, 0))
+            }
+        }
+    }
+
+    /// Cuts the chunk to `len` bytes (0 removes it): the bytes beyond are punched out of the
+    /// pack file, so they read as zeros if the chunk grows again, and their space is returned.
+    pub fn cut(&self, file: FileId, chunk: u64, len: u64) -> io::Result<()> {
+        let Some((slot, old)) = self.index.borrow().get(&(file, chunk)).map(|s| (s.slot, s.len)) else {
+            return Ok(());
+        };
+        let handle = self.pack_file(slot / self.slots_per_file)?;
+        let base = (slot % self.slots_per_file) * self.slot_size;
+        if old > len {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: fallocate on a descriptor we own, inside this slot.
+            let rc = unsafe {
+                libc::fallocate(
+                    handle.buffered_fd(),
+                    mode,
+                    (base + len) as i64,
+                    (old - len) as i64,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if len == 0 {
+            self.index.borrow_mut().remove(&(file, chunk));
+            self.free.borrow_mut().push(slot);
+        } else if let Some(s) = self.index.borrow_mut().get_mut(&(file, chunk)) {
+            s.len = s.len.min(len);
+        }
+        Ok(())
     }
 
     /// Records that the chunk now holds bytes up to `end`.

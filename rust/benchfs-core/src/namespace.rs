@@ -1,0 +1,674 @@
+//! The namespace: path rules, file attributes, and the in-memory metadata store each owner
+//! (one per server worker) keeps for the paths that hash to it. docs/namespace.md describes
+//! the semantics; docs/protocol.md the encodings below.
+//!
+//! Who holds what: a path's inode (kind, id, size, mode, times, layout) lives on
+//! `metadata_owner(path)`; a directory's entries live with the directory's inode, so readdir
+//! asks one owner. Creating a file touches two owners: the parent's (entry) and the file's
+//! (inode); the client drives both steps (see client.rs).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::chunking::FileId;
+use crate::placement::{Layout, LayoutAllocator};
+
+pub const PATH_MAX: usize = 4096;
+pub const NAME_MAX: usize = 255;
+
+/// Open flags on the wire (the client maps O_* to these).
+pub const CREATE: u32 = 1;
+pub const EXCLUSIVE: u32 = 2;
+pub const TRUNCATE: u32 = 4;
+/// Rename: fail with EEXIST instead of replacing the target.
+pub const NO_REPLACE: u32 = 8;
+
+/// Readdir pages hold at most this many entries (and stay well under [`REPLY_MAX`]).
+pub const READDIR_PAGE: usize = 512;
+/// The largest metadata reply payload.
+pub const REPLY_MAX: usize = 64 * 1024;
+/// The largest metadata request payload: two paths, the fixed part and an attribute.
+pub const REQUEST_MAX: usize = 24 + 2 * PATH_MAX + ATTR_LEN;
+
+type Errno = i32;
+
+/// Normalizes an absolute path: collapses `//` and `.`, resolves `..` lexically. Errors:
+/// ENOENT for an empty path, EINVAL for a relative path, a NUL byte or `..` above the root,
+/// ENAMETOOLONG for a path over PATH_MAX or a component over NAME_MAX.
+pub fn normalize(path: &str) -> Result<String, Errno> {
+    if path.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    if path.len() >= PATH_MAX {
+        return Err(libc::ENAMETOOLONG);
+    }
+    if path.as_bytes().contains(&0) || !path.starts_with('/') {
+        return Err(libc::EINVAL);
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(libc::EINVAL);
+                }
+            }
+            name if name.len() > NAME_MAX => return Err(libc::ENAMETOOLONG),
+            name => parts.push(name),
+        }
+    }
+    Ok(if parts.is_empty() {
+        "/".to_string()
+    } else {
+        parts.iter().flat_map(|p| ["/", p]).collect()
+    })
+}
+
+/// `(parent, name)` of a normalized path; None for the root.
+pub fn split_parent(path: &str) -> Option<(&str, &str)> {
+    if path == "/" {
+        return None;
+    }
+    let at = path.rfind('/')?;
+    Some((if at == 0 { "/" } else { &path[..at] }, &path[at + 1..]))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        match v {
+            1 => Some(Kind::File),
+            2 => Some(Kind::Dir),
+            _ => None,
+        }
+    }
+}
+
+/// What stat reports. Directories have a zero id and layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub kind: Kind,
+    /// Permission bits (the file type is `kind`).
+    pub mode: u32,
+    pub id: FileId,
+    pub size: u64,
+    pub mtime_ns: u64,
+    pub ctime_ns: u64,
+    pub layout: Layout,
+}
+
+pub const ATTR_LEN: usize = 64;
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Attr {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.kind as u8);
+        out.extend_from_slice(&[0; 3]);
+        out.extend_from_slice(&self.mode.to_le_bytes());
+        out.extend_from_slice(&self.id.0.to_le_bytes());
+        out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.mtime_ns.to_le_bytes());
+        out.extend_from_slice(&self.ctime_ns.to_le_bytes());
+        out.extend_from_slice(&self.layout.chunk_size.to_le_bytes());
+        out.extend_from_slice(&self.layout.stripe_count.to_le_bytes());
+        out.extend_from_slice(&self.layout.start.to_le_bytes());
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Attr> {
+        if b.len() != ATTR_LEN {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[8..24]);
+        let layout = Layout {
+            chunk_size: le_u64(b, 48),
+            stripe_count: le_u32(b, 56),
+            start: le_u32(b, 60),
+        };
+        let kind = Kind::from_u8(b[0])?;
+        if kind == Kind::File && (layout.chunk_size == 0 || layout.stripe_count == 0) {
+            return None;
+        }
+        if layout.stripe_count > 0 && layout.start >= layout.stripe_count {
+            return None;
+        }
+        Some(Attr {
+            kind,
+            mode: le_u32(b, 4),
+            id: FileId(u128::from_le_bytes(id)),
+            size: le_u64(b, 24),
+            mtime_ns: le_u64(b, 32),
+            ctime_ns: le_u64(b, 40),
+            layout,
+        })
+    }
+}
+
+/// A metadata request's payload: flags, mode, a numeric argument, one or two paths (or a
+/// directory and an entry name) and, for install, an attribute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaRequest {
+    pub flags: u32,
+    pub mode: u32,
+    pub arg: u64,
+    pub path: String,
+    pub name: String,
+    pub attr: Option<Attr>,
+}
+
+impl MetaRequest {
+    pub fn new(path: &str) -> MetaRequest {
+        MetaRequest {
+            flags: 0,
+            mode: 0,
+            arg: 0,
+            path: path.to_string(),
+            name: String::new(),
+            attr: None,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + self.path.len() + self.name.len() + ATTR_LEN);
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.mode.to_le_bytes());
+        out.extend_from_slice(&self.arg.to_le_bytes());
+        out.extend_from_slice(&(self.path.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.path.as_bytes());
+        out.extend_from_slice(self.name.as_bytes());
+        if let Some(a) = &self.attr {
+            a.encode(&mut out);
+        }
+        out
+    }
+
+    /// Decodes and validates: paths must be normalized absolute paths (the server never trusts
+    /// a client to have normalized them), names valid single components.
+    pub fn decode(b: &[u8]) -> Result<MetaRequest, String> {
+        if b.len() < 24 || b.len() > REQUEST_MAX {
+            return Err(format!("metadata payload of {} bytes", b.len()));
+        }
+        let (plen, nlen) = (le_u32(b, 16) as usize, le_u32(b, 20) as usize);
+        let rest = b.len() - 24;
+        if plen > rest || nlen > rest - plen {
+            return Err("metadata payload shorter than its paths".into());
+        }
+        let tail = rest - plen - nlen;
+        let attr = match tail {
+            0 => None,
+            ATTR_LEN => Some(Attr::decode(&b[24 + plen + nlen..]).ok_or("malformed attribute")?),
+            n => return Err(format!("{n} unexpected trailing bytes")),
+        };
+        let text =
+            |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| "path is not UTF-8".to_string());
+        let path = text(&b[24..24 + plen])?;
+        let name = text(&b[24 + plen..24 + plen + nlen])?;
+        if normalize(&path).ok().as_deref() != Some(path.as_str()) {
+            return Err(format!("path {path:?} is not a normalized absolute path"));
+        }
+        if !name.is_empty()
+            && (name.len() > NAME_MAX || name.contains(['/', '\0']) || name == "." || name == "..")
+        {
+            return Err(format!("entry name {name:?} is not a valid name"));
+        }
+        Ok(MetaRequest {
+            flags: le_u32(b, 0),
+            mode: le_u32(b, 4),
+            arg: le_u64(b, 8),
+            path,
+            name,
+            attr,
+        })
+    }
+}
+
+/// One directory entry as readdir returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// Encodes readdir entries: per entry a kind byte, a u16 length and the name.
+pub fn encode_entries(entries: &[DirEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in entries {
+        out.push(e.kind as u8);
+        out.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(e.name.as_bytes());
+    }
+    out
+}
+
+pub fn decode_entries(mut b: &[u8]) -> Option<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        if b.len() < 3 {
+            return None;
+        }
+        let kind = Kind::from_u8(b[0])?;
+        let len = u16::from_le_bytes([b[1], b[2]]) as usize;
+        let name = std::str::from_utf8(b.get(3..3 + len)?).ok()?.to_string();
+        out.push(DirEntry { name, kind });
+        b = &b[3 + len..];
+    }
+    Some(out)
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+struct Node {
+    attr: Attr,
+    /// A directory's entries (name to kind); None for files.
+    entries: Option<BTreeMap<String, Kind>>,
+}
+
+/// How [`MetaStore::set_size`] changes the size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeUpdate {
+    /// The size becomes at least this (a writer's largest end, at close or fsync).
+    AtLeast,
+    /// The size becomes exactly this (truncate).
+    Exact,
+}
+
+/// The metadata one owner keeps, in memory, for the job's lifetime.
+pub struct MetaStore {
+    nodes: HashMap<String, Node>,
+    /// Ids are `id_base | counter`: the owner's index and a per-start nonce in the high 64 bits,
+    /// so no two files of a job, on any owner, ever share an id (and thus chunks).
+    id_base: u128,
+    next_id: u64,
+    layouts: LayoutAllocator,
+}
+
+impl MetaStore {
+    /// Owner `owner` of `owners`; files stripe over `stripe_count` servers in `chunk_size`
+    /// chunks. The owner of "/" creates the root directory.
+    pub fn new(owner: u32, owners: u32, stripe_count: u32, chunk_size: u64, nonce: u32) -> MetaStore {
+        let mut store = MetaStore {
+            nodes: HashMap::new(),
+            id_base: ((owner as u128) << 96) | ((nonce as u128) << 64),
+            next_id: 1,
+            layouts: LayoutAllocator::new(owner, owners, stripe_count, chunk_size),
+        };
+        if crate::placement::metadata_owner("/", owners) == owner {
+            store.nodes.insert("/".into(), Self::dir_node(0o755));
+        }
+        store
+    }
+
+    fn dir_node(mode: u32) -> Node {
+        let t = now_ns();
+        Node {
+            attr: Attr {
+                kind: Kind::Dir,
+                mode: mode & 0o7777,
+                id: FileId(0),
+                size: 0,
+                mtime_ns: t,
+                ctime_ns: t,
+                layout: Layout {
+                    chunk_size: 0,
+                    stripe_count: 0,
+                    start: 0,
+                },
+            },
+            entries: Some(BTreeMap::new()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Opens or creates a file. Returns its attribute and, when O_TRUNC cut it, its old size
+    /// (the caller frees the chunks beyond the new size).
+    pub fn create(&mut self, path: &str, flags: u32, mode: u32) -> Result<(Attr, u64), Errno> {
+        if let Some(node) = self.nodes.get_mut(path) {
+            if flags & CREATE != 0 && flags & EXCLUSIVE != 0 {
+                return Err(libc::EEXIST);
+            }
+            if node.attr.kind == Kind::Dir {
+                return Err(libc::EISDIR);
+            }
+            let old = node.attr.size;
+            if flags & TRUNCATE != 0 && old > 0 {
+                node.attr.size = 0;
+                node.attr.mtime_ns = now_ns();
+                node.attr.ctime_ns = node.attr.mtime_ns;
+            }
+            return Ok((node.attr, old));
+        }
+        if flags & CREATE == 0 {
+            return Err(libc::ENOENT);
+        }
+        let t = now_ns();
+        let attr = Attr {
+            kind: Kind::File,
+            mode: mode & 0o7777,
+            id: FileId(self.id_base | self.next_id as u128),
+            size: 0,
+            mtime_ns: t,
+            ctime_ns: t,
+            layout: self.layouts.allocate(),
+        };
+        self.next_id += 1;
+        self.nodes.insert(path.to_string(), Node { attr, entries: None });
+        Ok((attr, 0))
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Attr, Errno> {
+        self.nodes.get(path).map(|n| n.attr).ok_or(libc::ENOENT)
+    }
+
+    /// Removes a file's inode and returns it (the caller frees its chunks).
+    pub fn unlink(&mut self, path: &str) -> Result<Attr, Errno> {
+        match self.nodes.get(path) {
+            None => Err(libc::ENOENT),
+            Some(n) if n.attr.kind == Kind::Dir => Err(libc::EISDIR),
+            Some(_) => self.nodes.remove(path).map(|n| n.attr).ok_or(libc::ENOENT),
+        }
+    }
+
+    pub fn mkdir(&mut self, path: &str, mode: u32) -> Result<Attr, Errno> {
+        if self.nodes.contains_key(path) {
+            return Err(libc::EEXIST);
+        }
+        let node = Self::dir_node(mode);
+        let attr = node.attr;
+        self.nodes.insert(path.to_string(), node);
+        Ok(attr)
+    }
+
+    pub fn rmdir(&mut self, path: &str) -> Result<(), Errno> {
+        if path == "/" {
+            return Err(libc::EBUSY);
+        }
+        match self.nodes.get(path) {
+            None => Err(libc::ENOENT),
+            Some(Node { entries: None, .. }) => Err(libc::ENOTDIR),
+            Some(Node { entries: Some(e), .. }) if !e.is_empty() => Err(libc::ENOTEMPTY),
+            Some(_) => {
+                self.nodes.remove(path);
+                Ok(())
+            }
+        }
+    }
+
+    fn dir_entries(&mut self, dir: &str) -> Result<&mut BTreeMap<String, Kind>, Errno> {
+        match self.nodes.get_mut(dir) {
+            None => Err(libc::ENOENT),
+            Some(Node { entries: None, .. }) => Err(libc::ENOTDIR),
+            Some(Node { entries: Some(e), .. }) => Ok(e),
+        }
+    }
+
+    /// Adds `name` to directory `dir`; Ok(true) if it was not there. An existing entry of
+    /// another kind is EEXIST (a file cannot shadow a directory, nor the reverse).
+    pub fn dir_add(&mut self, dir: &str, name: &str, kind: Kind) -> Result<bool, Errno> {
+        let entries = self.dir_entries(dir)?;
+        match entries.get(name) {
+            Some(&k) if k == kind => Ok(false),
+            Some(_) => Err(libc::EEXIST),
+            None => {
+                entries.insert(name.to_string(), kind);
+                Ok(true)
+            }
+        }
+    }
+
+    pub fn dir_remove(&mut self, dir: &str, name: &str) -> Result<(), Errno> {
+        self.dir_entries(dir)?.remove(name);
+        Ok(())
+    }
+
+    /// Up to `max` entries after `after` (exclusive; "" from the start), and whether more follow.
+    pub fn readdir(&mut self, dir: &str, after: &str, max: usize) -> Result<(Vec<DirEntry>, bool), Errno> {
+        let entries = self.dir_entries(dir)?;
+        let mut range = entries.range::<str, _>((
+            if after.is_empty() {
+                std::ops::Bound::Unbounded
+            } else {
+                std::ops::Bound::Excluded(after)
+            },
+            std::ops::Bound::Unbounded,
+        ));
+        let page: Vec<DirEntry> = range
+            .by_ref()
+            .take(max)
+            .map(|(n, &k)| DirEntry {
+                name: n.clone(),
+                kind: k,
+            })
+            .collect();
+        Ok((page, range.next().is_some()))
+    }
+
+    /// Puts `attr` at `path` (the second half of a rename). Replacing follows rename(2): a
+    /// file may replace a file, a directory an empty directory. Returns what was replaced.
+    pub fn install(&mut self, path: &str, attr: Attr, flags: u32) -> Result<Option<Attr>, Errno> {
+        if let Some(old) = self.nodes.get(path) {
+            if flags & NO_REPLACE != 0 {
+                return Err(libc::EEXIST);
+            }
+            match (attr.kind, &old.entries) {
+                (Kind::File, Some(_)) => return Err(libc::EISDIR),
+                (Kind::Dir, None) => return Err(libc::ENOTDIR),
+                (Kind::Dir, Some(e)) if !e.is_empty() => return Err(libc::ENOTEMPTY),
+                _ => {}
+            }
+        }
+        let node = Node {
+            attr: Attr {
+                ctime_ns: now_ns(),
+                ..attr
+            },
+            entries: (attr.kind == Kind::Dir).then(BTreeMap::new),
+        };
+        Ok(self.nodes.insert(path.to_string(), node).map(|n| n.attr))
+    }
+
+    /// Updates a file's size; returns the new attribute and the old size.
+    pub fn set_size(&mut self, path: &str, size: u64, how: SizeUpdate) -> Result<(Attr, u64), Errno> {
+        let node = self.nodes.get_mut(path).ok_or(libc::ENOENT)?;
+        if node.attr.kind == Kind::Dir {
+            return Err(libc::EISDIR);
+        }
+        let old = node.attr.size;
+        let new = match how {
+            SizeUpdate::AtLeast => old.max(size),
+            SizeUpdate::Exact => size,
+        };
+        if new != old || how == SizeUpdate::Exact {
+            node.attr.size = new;
+            node.attr.mtime_ns = now_ns();
+            node.attr.ctime_ns = node.attr.mtime_ns;
+        }
+        Ok((node.attr, old))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_rules() {
+        assert_eq!(normalize("/"), Ok("/".into()));
+        assert_eq!(normalize("//a/./b//"), Ok("/a/b".into()));
+        assert_eq!(normalize("/a/b/../c"), Ok("/a/c".into()));
+        assert_eq!(normalize("/a/.."), Ok("/".into()));
+        assert_eq!(normalize(""), Err(libc::ENOENT));
+        assert_eq!(normalize("a/b"), Err(libc::EINVAL));
+        assert_eq!(normalize("/.."), Err(libc::EINVAL));
+        assert_eq!(normalize("/a/../.."), Err(libc::EINVAL));
+        assert_eq!(normalize("/a\0b"), Err(libc::EINVAL));
+        assert_eq!(
+            normalize(&format!("/{}", "x".repeat(256))),
+            Err(libc::ENAMETOOLONG)
+        );
+        assert!(normalize(&format!("/{}", "x".repeat(255))).is_ok());
+        assert_eq!(normalize(&"/abc".repeat(1100)), Err(libc::ENAMETOOLONG));
+        assert_eq!(split_parent("/a/b"), Some(("/a", "b")));
+        assert_eq!(split_parent("/a"), Some(("/", "a")));
+        assert_eq!(split_parent("/"), None);
+    }
+
+    #[test]
+    fn create_flags_and_errors() {
+        let mut m = MetaStore::new(0, 1, 4, 1 << 20, 7);
+        assert_eq!(m.create("/f", 0, 0o644), Err(libc::ENOENT));
+        let (a, _) = m.create("/f", CREATE | EXCLUSIVE, 0o644).expect("create");
+        assert_eq!(m.create("/f", CREATE | EXCLUSIVE, 0o644), Err(libc::EEXIST));
+        assert_eq!(m.create("/f", CREATE, 0o644).map(|r| r.0.id), Ok(a.id));
+        m.set_size("/f", 10, SizeUpdate::AtLeast).expect("size");
+        m.set_size("/f", 5, SizeUpdate::AtLeast).expect("size");
+        assert_eq!(m.stat("/f").map(|a| a.size), Ok(10));
+        assert_eq!(
+            m.create("/f", TRUNCATE, 0).map(|(a, old)| (a.size, old)),
+            Ok((0, 10))
+        );
+        assert_eq!(m.create("/", CREATE, 0), Err(libc::EISDIR));
+        assert_eq!(m.unlink("/"), Err(libc::EISDIR));
+        assert_eq!(m.rmdir("/f"), Err(libc::ENOTDIR));
+        assert_eq!(m.rmdir("/"), Err(libc::EBUSY));
+        m.mkdir("/d", 0o755).expect("mkdir");
+        assert_eq!(m.mkdir("/d", 0o755), Err(libc::EEXIST));
+        assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(true));
+        assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(false));
+        assert_eq!(m.dir_add("/d", "x", Kind::Dir), Err(libc::EEXIST));
+        assert_eq!(m.dir_add("/f", "x", Kind::File), Err(libc::ENOTDIR));
+        assert_eq!(m.dir_add("/nope", "x", Kind::File), Err(libc::ENOENT));
+        assert_eq!(m.rmdir("/d"), Err(libc::ENOTEMPTY));
+        m.dir_remove("/d", "x").expect("remove");
+        assert_eq!(m.rmdir("/d"), Ok(()));
+        assert_eq!(m.unlink("/f").map(|a| a.id), Ok(a.id));
+        assert_eq!(m.stat("/f"), Err(libc::ENOENT));
+    }
+
+    #[test]
+    fn readdir_pages_in_order() {
+        let mut m = MetaStore::new(0, 1, 1, 4096, 1);
+        for i in 0..1000 {
+            m.dir_add("/", &format!("n{i:04}"), Kind::File).expect("add");
+        }
+        let (mut all, mut after) = (Vec::new(), String::new());
+        loop {
+            let (page, more) = m.readdir("/", &after, 300).expect("readdir");
+            after = page.last().map(|e| e.name.clone()).unwrap_or_default();
+            all.extend(page);
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(all.len(), 1000);
+        assert!(all.windows(2).all(|w| w[0].name < w[1].name));
+        assert_eq!(decode_entries(&encode_entries(&all)), Some(all));
+    }
+
+    #[test]
+    fn install_follows_rename_rules() {
+        let mut m = MetaStore::new(0, 1, 1, 4096, 1);
+        let (f, _) = m.create("/a", CREATE, 0o600).expect("create");
+        let (g, _) = m.create("/b", CREATE, 0o600).expect("create");
+        m.mkdir("/d", 0o755).expect("mkdir");
+        assert_eq!(m.install("/b", f, NO_REPLACE), Err(libc::EEXIST));
+        assert_eq!(m.install("/d", f, 0), Err(libc::EISDIR));
+        assert_eq!(m.install("/b", f, 0).map(|r| r.map(|a| a.id)), Ok(Some(g.id)));
+        let d = m.stat("/d").expect("stat");
+        assert_eq!(m.install("/a", d, 0), Err(libc::ENOTDIR));
+        m.dir_add("/d", "x", Kind::File).expect("add");
+        m.mkdir("/e", 0o755).expect("mkdir");
+        let e = m.stat("/e").expect("stat");
+        assert_eq!(m.install("/d", e, 0), Err(libc::ENOTEMPTY));
+    }
+
+    /// Names that collide under the original's byte-summing hash get distinct ids, and 400k
+    /// mdtest-hard-style names spread over 16 owners all get distinct ids.
+    #[test]
+    fn ids_never_collide() {
+        let owners = 16u32;
+        let mut stores: Vec<MetaStore> = (0..owners)
+            .map(|o| MetaStore::new(o, owners, 16, 1 << 20, 42))
+            .collect();
+        let mut create = |p: &str| {
+            let o = crate::placement::metadata_owner(p, owners) as usize;
+            stores[o].create(p, CREATE | EXCLUSIVE, 0o644).map(|(a, _)| a.id)
+        };
+        for (a, b) in [("/file.mdtest.3.7", "/file.mdtest.7.3"), ("/d/ab", "/d/ba")] {
+            assert_eq!(
+                crate::placement::byte_sum_hash(a),
+                crate::placement::byte_sum_hash(b)
+            );
+            assert_ne!(create(a), create(b));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for rank in 0..400u32 {
+            for i in 0..1000u32 {
+                let id = create(&format!("/mdtest/file.mdtest.{rank}.{i}")).expect("create");
+                assert!(ids.insert(id), "id {id:?} repeated");
+            }
+        }
+        assert_eq!(ids.len(), 400_000);
+    }
+
+    #[test]
+    fn requests_round_trip_and_reject_garbage() {
+        let mut r = MetaRequest::new("/a/b");
+        r.flags = CREATE;
+        r.name = "c".into();
+        let mut m = MetaStore::new(0, 1, 1, 4096, 1);
+        r.attr = Some(m.create("/x", CREATE, 0o600).expect("create").0);
+        assert_eq!(MetaRequest::decode(&r.encode()), Ok(r.clone()));
+        let good = r.encode();
+        for cut in 0..good.len() {
+            let _ = MetaRequest::decode(&good[..cut]);
+        }
+        for bad in ["a/b", "/a/../b", "/a//b", ""] {
+            let mut q = MetaRequest::new(bad);
+            q.path = bad.into();
+            assert!(MetaRequest::decode(&q.encode()).is_err(), "{bad:?} accepted");
+        }
+        let mut q = MetaRequest::new("/");
+        q.name = "..".into();
+        assert!(MetaRequest::decode(&q.encode()).is_err());
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            let mut b = good.clone();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = (x % b.len() as u64) as usize;
+            b[at] = (x >> 32) as u8;
+            let _ = MetaRequest::decode(&b);
+        }
+    }
+}
