@@ -25,6 +25,7 @@ def _runtime_params(obj: Callable[..., object]) -> list[str]:
 def test_public_names() -> None:
     assert benchfs.Client is _core.Client
     assert benchfs.Server is _core.Server
+    assert benchfs.File is _core.File
     assert benchfs.__version__ == _core.__version__
     assert (Path(benchfs.__file__).parent / "py.typed").exists()
 
@@ -53,3 +54,20 @@ def test_stub_matches_the_native_module() -> None:
     native = {n for n in dir(_core) if not n.startswith("_") and callable(getattr(_core, n))}
     assert stubbed == native, "the stub and the native module disagree on their public names"
     assert checked > len(stubbed)
+
+
+def test_client_does_io_through_files() -> None:
+    """Path-based I/O moved to `File`: the client opens, names and places; the file reads,
+    writes and publishes."""
+    client_methods = {
+        "open", "stat", "unlink", "mkdir", "rmdir", "readdir", "rename", "truncate", "locate",
+        "server_stats", "server_ids", "close",
+    }  # fmt: skip
+    assert client_methods <= set(dir(_core.Client))
+    for removed in ("write", "read", "readinto", "file_size", "fsync"):
+        assert not hasattr(_core.Client, removed), removed
+    assert {"write", "read", "readinto", "fsync", "close", "size", "path", "id", "closed"} <= set(
+        dir(_core.File)
+    )
+    assert {"schemes", "with_servers", "servers_into"} <= set(dir(_core.PlacementStudy))
+    assert _core.PlacementStudy.schemes()[0] == "layout"  # the default first

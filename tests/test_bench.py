@@ -362,7 +362,7 @@ HISTOGRAMS = {
     "device_ns": (19, True),
     "total_ns": (20, True),
 }
-OPS = ["write", "read", "fsync", "extent"]
+OPS = ["write", "read", "fsync", "meta"]
 
 
 def bucket_index(v: int) -> int:

@@ -212,7 +212,7 @@ def test_cases_have_the_issue_names() -> None:
     assert by_name["rtt-null"].perftest == ("ucp_am_lat", 8)
     assert by_name["rtt-read-4k"].perftest == ("ucp_am_lat", 4096)
     assert [by_name[n].op for n in CASE_NAMES] == ["write", "read", "null", "write", "read"]
-    assert by_name["rtt-null"].server_op == "extent"
+    assert by_name["rtt-null"].server_op == "meta"
 
 
 def test_schedule_interleaves_benchfs_and_perftest() -> None:
@@ -325,7 +325,7 @@ def test_driver_commands_against_a_server(inproc_cluster: Callable[..., InProces
     with Client(str(cluster.registry), config=cluster.config) as client:
         driver = Driver(client, "t", 4 * 65536)
         driver.prepare()
-        assert client.file_size("/t.dat") == 4 * 65536
+        assert client.stat("/t.dat")["size"] == 4 * 65536
         for op in ("write", "read"):
             bw = driver.obey(["bw", op, "0.05"])
             assert bw["calls"] >= 1 and bw["bytes"] == bw["calls"] * 4 * 65536
@@ -403,7 +403,7 @@ def test_rpc_quick_json_end_to_end() -> None:
         assert isinstance(over[key], int) and over[key] >= 0, key
     assert over["clients"] == 4 and over["inflight_per_client"] == 64
     assert report["rndv_threshold_study"] is None and report["repeats"] == 1
-    assert any("file_size" in n for n in report["notes"])
+    assert any("Client.stat" in n for n in report["notes"])
     assert any("4 client processes" in n for n in report["notes"])
     assert {t["target"] for t in report["targets"]} >= {"overload: zero timeouts"}
     # Daemons and client processes name the data directory; ucx_perftest is found by name.

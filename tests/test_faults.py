@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -47,7 +48,9 @@ def test_expected_servers_from_config(inproc_cluster) -> None:
 def test_wait_for_servers_reports_membership_sorted_by_numeric_id(tmp_path: Path) -> None:
     registry = tmp_path / "registry"
     registry.mkdir()
-    config = config_text()
+    # Ids are 0..N-1 of the configured membership; three of eleven are enough to tell numeric
+    # from text order ("10" < "2").
+    config = config_text("cluster.expected_servers=11")
     ids = [10, 2, 1]
     servers = []
     try:
@@ -106,12 +109,14 @@ def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_clus
 
     def writer() -> None:
         client = None
+        f = None
         try:
             client = Client(str(cluster.registry_dir), config=config)
+            f = client.open("/victim.dat", os.O_CREAT)
             deadline = time.monotonic() + 30
             i = 0
             while time.monotonic() < deadline:
-                client.write("/victim.dat", (i % 8) * len(data), data)
+                f.write((i % 8) * len(data), data)
                 i += 1
                 writing.set()
             outcome["error"] = AssertionError("writes kept succeeding after the kill")
@@ -120,6 +125,12 @@ def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_clus
             outcome["at"] = time.monotonic()
         finally:
             writing.set()
+            if f is not None:
+                try:
+                    f.close()  # publishing may need the dead server too
+                except OSError as e:
+                    outcome["close_error"] = e
+                del f
             if client is not None:
                 try:
                     client.close()

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
+import os
 import random
 import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchfs import Client
+from benchfs import Client, File
 from benchfs.cluster import child_env
 from benchfs.mpi import MpiLauncher
 from benchfs.results import read_json
@@ -28,16 +32,25 @@ from benchfs.workloads.rw import (
 from conftest import KIB, MIB, data_for
 
 CHUNK = 64 * KIB
+CREATE = os.O_CREAT
 
 
-def write_in_random_pieces(client: Client, path: str, seed: int, start: int, end: int) -> None:
+def write_in_random_pieces(f: File, seed: int, start: int, end: int) -> None:
     """Write [start, end) in pieces of random, unaligned sizes (and in a shuffled order)."""
     rng = random.Random(seed)
     cuts = sorted({start, end, *(rng.randrange(start, end) for _ in range(40))})
     pieces = list(itertools.pairwise(cuts))
     rng.shuffle(pieces)
     for lo, hi in pieces:
-        assert client.write(path, lo, data_for(seed, lo, hi - lo)) == hi - lo
+        assert f.write(lo, data_for(seed, lo, hi - lo)) == hi - lo
+
+
+@contextmanager
+def fails_with(code: int) -> Iterator[None]:
+    """The block raises an OSError with errno `code`."""
+    with pytest.raises(OSError) as failure:
+        yield
+    assert failure.value.errno == code, f"{failure.value!r}: expected {errno.errorcode[code]}"
 
 
 @pytest.mark.timeout(120)
@@ -54,19 +67,24 @@ def test_clients_in_threads_verify_every_byte(inproc_cluster, servers: int) -> N
         try:
             with Client(str(cluster.registry), config=cluster.config) as client:
                 assert client.server_ids() == list(range(servers))
-                own = f"/thread-{rank}.dat"
-                write_in_random_pieces(client, own, rank, 0, size)
-                # Each client also fills its own unaligned slice of one shared file.
+                with client.open(f"/thread-{rank}.dat", CREATE | os.O_TRUNC) as f:
+                    write_in_random_pieces(f, rank, 0, size)
+                # Each client also fills its own unaligned slice of one shared file, through
+                # its own handle; closing publishes the end it wrote.
                 lo, hi = rank * 777_777, (rank + 1) * 777_777
-                write_in_random_pieces(client, "/shared.dat", 100, lo, hi)
+                with client.open("/shared.dat", CREATE) as f:
+                    write_in_random_pieces(f, 100, lo, hi)
                 barrier.wait(timeout=60)
                 # Read back another client's file, so the data crosses clients.
                 peer = (rank + 1) % clients
-                got = client.read(f"/thread-{peer}.dat", 0, size)
+                with client.open(f"/thread-{peer}.dat") as f:
+                    assert f.size == size
+                    got = f.read(0, size)
                 assert got == data_for(peer, 0, size), f"client {rank} read bad data of {peer}"
-                assert client.file_size(f"/thread-{peer}.dat") == size
-                assert client.read("/shared.dat", 0, shared_size) == data_for(100, 0, shared_size)
-                assert client.file_size("/shared.dat") == shared_size
+                assert client.stat(f"/thread-{peer}.dat")["size"] == size
+                with client.open("/shared.dat") as f:
+                    assert f.read(0, shared_size + 1) == data_for(100, 0, shared_size)
+                assert client.stat("/shared.dat")["size"] == shared_size
         except BaseException:
             # Keep the text only: a saved traceback would drop the client on another thread.
             errors.append(traceback.format_exc())
@@ -88,30 +106,37 @@ def test_holes_read_as_zeros_and_reads_past_end_are_short(inproc_cluster) -> Non
         # One write far into the file leaves a hole spanning several chunks before it.
         offset = 5 * CHUNK + 1_001
         data = data_for(7, offset, 3_000)
-        assert client.write("/holes.dat", offset, data) == len(data)
         size = offset + len(data)
-        assert client.file_size("/holes.dat") == size
+        with client.open("/holes.dat", CREATE) as f:
+            assert f.write(offset, data) == len(data)
+            assert f.size == size
+            # The writer's own handle reads the hole before publishing.
+            assert f.read(0, size + 10) == bytes(offset) + data
+        assert client.stat("/holes.dat")["size"] == size
 
-        assert client.read("/holes.dat", 0, offset) == bytes(offset)
-        assert client.read("/holes.dat", CHUNK - 10, 20) == bytes(20)
-        assert client.read("/holes.dat", offset - 5, 10) == bytes(5) + data[:5]
+        with client.open("/holes.dat") as f:
+            assert f.size == size
+            assert f.read(0, offset) == bytes(offset)
+            assert f.read(CHUNK - 10, 20) == bytes(20)
+            assert f.read(offset - 5, 10) == bytes(5) + data[:5]
 
-        # Past the end: a short count, then nothing.
-        assert client.read("/holes.dat", size - 100, 1_000) == data[-100:]
-        assert client.read("/holes.dat", size, 10) == b""
-        assert client.read("/holes.dat", size + 10 * CHUNK, 10) == b""
+            # Past the end: a short count, then nothing.
+            assert f.read(size - 100, 1_000) == data[-100:]
+            assert f.read(size, 10) == b""
+            assert f.read(size + 10 * CHUNK, 10) == b""
 
-        buf = bytearray(b"\xff" * 500)
-        assert client.readinto("/holes.dat", size - 200, buf) == 200
-        assert bytes(buf[:200]) == data[-200:]
-        view = memoryview(bytearray(4 * KIB))
-        assert client.readinto("/holes.dat", 2 * CHUNK, view) == 4 * KIB
-        assert bytes(view) == bytes(4 * KIB)
+            buf = bytearray(b"\xff" * 500)
+            assert f.readinto(size - 200, buf) == 200
+            assert bytes(buf[:200]) == data[-200:]
+            view = memoryview(bytearray(4 * KIB))
+            assert f.readinto(2 * CHUNK, view) == 4 * KIB
+            assert bytes(view) == bytes(4 * KIB)
 
-        # Zero-length operations are no-ops.
-        assert client.write("/holes.dat", 10, b"") == 0
-        assert client.read("/holes.dat", 10, 0) == b""
-        assert client.file_size("/holes.dat") == size
+            # Zero-length operations are no-ops.
+            assert f.write(10, b"") == 0
+            assert f.read(10, 0) == b""
+            assert f.size == size
+        assert client.stat("/holes.dat")["size"] == size
 
 
 @pytest.mark.timeout(60)
@@ -119,12 +144,15 @@ def test_write_accepts_buffer_types_and_overwrites(inproc_cluster) -> None:
     cluster = inproc_cluster(2)
     with Client(str(cluster.registry), config=cluster.config) as client:
         base = data_for(1, 0, 3 * CHUNK)
-        assert client.write("/types.dat", 0, bytearray(base)) == len(base)
+        with client.open("/types.dat", CREATE) as f:
+            assert f.write(0, bytearray(base)) == len(base)
         patch = data_for(2, CHUNK - 3, 10)
-        assert client.write("/types.dat", CHUNK - 3, memoryview(patch)) == 10
+        with client.open("/types.dat") as f:
+            assert f.write(CHUNK - 3, memoryview(patch)) == 10
         want = base[: CHUNK - 3] + patch + base[CHUNK + 7 :]
-        assert client.read("/types.dat", 0, len(base)) == want
-        assert client.file_size("/types.dat") == len(base)
+        with client.open("/types.dat") as f:
+            assert f.read(0, len(base)) == want
+        assert client.stat("/types.dat")["size"] == len(base)
 
 
 _file_counter = iter(range(1_000_000))
@@ -147,16 +175,22 @@ def test_random_writes_match_a_model(inproc_cluster) -> None:
     def check(writes: list[tuple[int, int, int]], reads: list[tuple[int, int]]) -> None:
         path = f"/model-{next(_file_counter)}.dat"
         model = bytearray()
-        for offset, length, seed in writes:
-            data = data_for(seed, offset, length)
-            assert client.write(path, offset, data) == length
-            if length:
-                model.extend(bytes(max(0, offset + length - len(model))))
-                model[offset : offset + length] = data
-        assert client.file_size(path) == len(model)
-        assert client.read(path, 0, len(model) + 100) == bytes(model)
-        for offset, length in reads:
-            assert client.read(path, offset, length) == bytes(model[offset : offset + length])
+        with client.open(path, CREATE | os.O_EXCL) as f:
+            for offset, length, seed in writes:
+                data = data_for(seed, offset, length)
+                assert f.write(offset, data) == length
+                if length:
+                    model.extend(bytes(max(0, offset + length - len(model))))
+                    model[offset : offset + length] = data
+            # The writer sees its own writes before publishing them.
+            assert f.size == len(model)
+            assert f.read(0, len(model) + 100) == bytes(model)
+        assert client.stat(path)["size"] == len(model)
+        with client.open(path) as f:
+            assert f.size == len(model)
+            assert f.read(0, len(model) + 100) == bytes(model)
+            for offset, length in reads:
+                assert f.read(offset, length) == bytes(model[offset : offset + length])
 
     try:
         check()
@@ -224,3 +258,313 @@ def test_daemons_and_mpi_clients_cross_read(daemon_cluster, tmp_path: Path) -> N
         record = read_json(out / f"rank-{rank}.json")
         assert record["verified"] is True
         assert record["read"] == f"/rank-{(rank + 1) % 3}.dat"
+
+
+# ---------------------------------------------------------------------------------------------
+# The namespace through Python: paths, directories, errors, consistency, truncation
+
+
+@pytest.mark.timeout(60)
+def test_namespace_operations_and_their_errors(inproc_cluster) -> None:
+    cluster = inproc_cluster(3)  # inodes and directory entries spread over three owners
+    with Client(str(cluster.registry), config=cluster.config) as client:
+        assert client.stat("/")["kind"] == "dir"
+        assert client.readdir("/") == []
+        client.mkdir("/d")
+        attr = client.stat("/d")
+        assert (attr["kind"], attr["mode"]) == ("dir", 0o755)
+        with fails_with(errno.EEXIST):
+            client.mkdir("/d")
+
+        data = data_for(1, 0, 3 * CHUNK + 5)
+        with client.open("/d/f", CREATE | os.O_EXCL, 0o600) as f:
+            assert (f.path, f.size) == ("/d/f", 0)
+            assert f.write(0, data) == len(data)
+            file_id = f.id
+        assert f.closed
+        attr = client.stat("/d/f")
+        assert (attr["kind"], attr["size"], attr["id"], attr["mode"]) == (
+            "file",
+            len(data),
+            file_id,
+            0o600,
+        )
+        assert attr["chunk_size"] == CHUNK and 1 <= attr["stripe_count"] <= 3
+        assert attr["mtime_ns"] > 0 and attr["ctime_ns"] > 0
+        assert client.readdir("/") == [("d", "dir")]
+        assert client.readdir("/d") == [("f", "file")]
+        # Paths are normalized: the same file under another spelling.
+        assert client.stat("//d/./f")["id"] == file_id
+        assert client.stat("/d/x/../f")["id"] == file_id
+
+        # Creating and opening.
+        with fails_with(errno.EEXIST):
+            client.open("/d/f", CREATE | os.O_EXCL)
+        with fails_with(errno.ENOENT):
+            client.open("/d/missing")
+        with fails_with(errno.ENOENT):
+            client.stat("/d/missing")
+        with fails_with(errno.ENOENT):
+            client.open("/nodir/f", CREATE)
+        with fails_with(errno.ENOENT):
+            client.mkdir("/nodir/sub")
+        with fails_with(errno.ENOENT):
+            client.readdir("/nodir")
+        with fails_with(errno.EISDIR):
+            client.open("/d", CREATE)
+        with fails_with(errno.EISDIR):
+            client.open("/d")
+        with fails_with(errno.EISDIR):
+            client.locate("/d", 0)
+        with fails_with(errno.ENOTDIR):
+            client.open("/d/f/x", CREATE)
+        with fails_with(errno.ENOTDIR):
+            client.mkdir("/d/f/sub")
+        with fails_with(errno.ENOTDIR):
+            client.readdir("/d/f")
+        with fails_with(errno.EEXIST):
+            client.mkdir("/d/f")
+        # The failed creations left no entries behind.
+        assert client.readdir("/") == [("d", "dir")]
+        assert client.readdir("/d") == [("f", "file")]
+
+        # Names and paths.
+        with fails_with(errno.ENAMETOOLONG):
+            client.open("/" + "n" * 256, CREATE)
+        with fails_with(errno.ENAMETOOLONG):
+            client.mkdir("/d/" + "n" * 256)
+        with client.open("/d/" + "n" * 255, CREATE) as f:
+            assert f.size == 0
+        for bad in ("relative", "d/f", "/a\0b", "/..", "/d/../.."):
+            with fails_with(errno.EINVAL):
+                client.open(bad, CREATE)
+            with fails_with(errno.EINVAL):
+                client.stat(bad)
+        with fails_with(errno.EINVAL):
+            client.mkdir("/d/\0")
+
+        # Directories that are not empty stay where they are.
+        with fails_with(errno.ENOTEMPTY):
+            client.rmdir("/d")
+        with fails_with(errno.EXDEV):
+            client.rename("/d", "/e")
+        with fails_with(errno.ENOENT):
+            client.stat("/e")
+        assert client.readdir("/d") == sorted([("f", "file"), ("n" * 255, "file")])
+
+        # Renaming a file moves its name, not its data.
+        client.rename("/d/f", "/g")
+        with fails_with(errno.ENOENT):
+            client.stat("/d/f")
+        attr = client.stat("/g")
+        assert (attr["id"], attr["size"]) == (file_id, len(data))
+        with client.open("/g") as f:
+            assert f.read(0, len(data) + 10) == data
+        assert client.readdir("/") == [("d", "dir"), ("g", "file")]
+        assert client.readdir("/d") == [("n" * 255, "file")]
+        # A file replaces a file.
+        with client.open("/h", CREATE) as f:
+            f.write(0, b"the old h")
+        client.rename("/g", "/h")
+        with fails_with(errno.ENOENT):
+            client.stat("/g")
+        assert client.stat("/h")["id"] == file_id
+        with client.open("/h") as f:
+            assert f.read(0, len(data) + 10) == data
+        # An empty directory moves; a directory never moves into itself.
+        client.mkdir("/empty")
+        with fails_with(errno.EINVAL):
+            client.rename("/empty", "/empty/inside")
+        client.rename("/empty", "/moved")
+        assert client.stat("/moved")["kind"] == "dir"
+        with fails_with(errno.ENOENT):
+            client.stat("/empty")
+        assert client.readdir("/") == [("d", "dir"), ("h", "file"), ("moved", "dir")]
+
+        # Removing.
+        with fails_with(errno.EISDIR):
+            client.unlink("/d")
+        with fails_with(errno.ENOTDIR):
+            client.rmdir("/h")
+        client.unlink("/d/" + "n" * 255)
+        assert client.readdir("/d") == []
+        client.rmdir("/d")
+        with fails_with(errno.ENOENT):
+            client.rmdir("/d")
+        with fails_with(errno.ENOENT):
+            client.unlink("/d/f")
+        client.unlink("/h")
+        with fails_with(errno.ENOENT):
+            client.unlink("/h")
+        with fails_with(errno.ENOENT):
+            client.locate("/h", 0)
+        client.rmdir("/moved")
+        assert client.readdir("/") == []
+        # The name can be used again: a new, empty file.
+        with client.open("/h", CREATE) as f:
+            assert f.size == 0 and f.id != file_id
+            assert f.read(0, 100) == b""
+
+
+@pytest.mark.timeout(60)
+def test_close_to_open_consistency(inproc_cluster) -> None:
+    """The size is the largest end a writer published (at close or fsync); readers that
+    opened earlier see it when they read past what they knew."""
+    cluster = inproc_cluster(2)
+    registry, config = str(cluster.registry), cluster.config
+    data = data_for(3, 0, 5 * CHUNK + 77)
+    with Client(registry, config=config) as writer, Client(registry, config=config) as reader:
+        w = writer.open("/c2o.dat", CREATE)
+        assert w.write(0, data[: 2 * CHUNK]) == 2 * CHUNK
+        # Nothing is published yet.
+        assert reader.stat("/c2o.dat")["size"] == 0
+        early = reader.open("/c2o.dat")
+        assert early.size == 0
+        # fsync publishes.
+        w.fsync()
+        assert reader.stat("/c2o.dat")["size"] == 2 * CHUNK
+        assert w.write(2 * CHUNK, data[2 * CHUNK :]) == len(data) - 2 * CHUNK
+        assert w.size == len(data)
+        assert w.read(0, len(data) + 1) == data  # a handle sees its own writes
+        w.close()
+        assert reader.stat("/c2o.dat")["size"] == len(data)
+        # The early reader asks again when it reads past the size it knew.
+        assert early.read(0, len(data) + 100) == data
+        assert early.size == len(data)
+        early.close()
+        # A writer with a smaller end does not shrink the file.
+        with writer.open("/c2o.dat", CREATE) as small:
+            assert small.write(0, data[:10]) == 10
+        assert reader.stat("/c2o.dat")["size"] == len(data)
+        with reader.open("/c2o.dat") as late:
+            assert late.size == len(data)
+            assert late.read(0, len(data)) == data
+
+
+@pytest.mark.timeout(120)
+def test_shared_file_neighbours_from_separate_clients(inproc_cluster) -> None:
+    """IOR-hard through the namespace: four clients, each with its own handle on one file,
+    write neighbouring unaligned 47008-byte ranges; every byte survives and the size is the
+    largest end, whichever writer closes last."""
+    cluster = inproc_cluster(3)
+    transfer, writers, per_writer = 47_008, 4, 10
+    size = transfer * writers * per_writer
+    expected = data_for(11, 0, size)
+    path = "/ior-hard.dat"
+    errors: list[str] = []
+    start = threading.Barrier(writers)
+    wrote = threading.Barrier(writers)
+    closed = [threading.Event() for _ in range(writers)]
+
+    def work(rank: int) -> None:
+        try:
+            with Client(str(cluster.registry), config=cluster.config) as client:
+                f = client.open(path, CREATE)
+                start.wait(timeout=30)
+                ends = []
+                for k in range(per_writer):
+                    offset = (k * writers + rank) * transfer
+                    chunk = expected[offset : offset + transfer]
+                    assert f.write(offset, chunk) == transfer
+                    ends.append(offset + transfer)
+                assert f.size >= max(ends)
+                wrote.wait(timeout=60)
+                # Close from the writer of the largest end down: later, smaller ends must not
+                # shrink the published size.
+                if rank + 1 < writers:
+                    assert closed[rank + 1].wait(timeout=60)
+                f.close()
+                assert client.stat(path)["size"] == size
+                closed[rank].set()
+        except BaseException:
+            errors.append(traceback.format_exc())
+            start.abort()
+            wrote.abort()
+            closed[rank].set()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=100)
+    assert not any(t.is_alive() for t in threads), "a writer hung"
+    assert not errors, errors[0]
+    with Client(str(cluster.registry), config=cluster.config) as client:
+        assert client.stat(path)["size"] == size
+        with client.open(path) as f:
+            assert f.size == size
+            got = f.read(0, size + 1)
+    assert len(got) == size
+    bad = next((i for i in range(0, size, 8) if got[i : i + 8] != expected[i : i + 8]), None)
+    assert bad is None, f"first wrong word at byte {bad} (transfer {bad // transfer})"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("layout", ["chunkfile", "packed"])
+def test_truncation_frees_data(inproc_cluster, tmp_path: Path, layout: str) -> None:
+    """Shrinking (truncate or O_TRUNC) frees the bytes beyond the new size: growing again
+    reads zeros there, never the old data."""
+    cluster = inproc_cluster(2, f"storage.layout={layout}")
+    size = 5 * CHUNK + 123
+    data = data_for(5, 0, size)
+    cut = 2 * CHUNK + 100  # inside a chunk: part of it stays
+    with Client(str(cluster.registry), config=cluster.config) as client:
+        with client.open("/t.dat", CREATE) as f:
+            assert f.write(0, data) == size
+            file_id = f.id
+
+        def chunk_files() -> list[int]:
+            found = tmp_path.glob(f"data-*/chunks/{file_id[:2]}/{file_id}.*")
+            return sorted(int(p.suffix[1:]) for p in found)
+
+        if layout == "chunkfile":
+            assert chunk_files() == [0, 1, 2, 3, 4, 5]
+
+        client.truncate("/t.dat", cut)
+        assert client.stat("/t.dat")["size"] == cut
+        if layout == "chunkfile":
+            assert chunk_files() == [0, 1, 2]
+        with client.open("/t.dat") as f:
+            assert f.size == cut
+            assert f.read(0, size) == data[:cut]
+        # Growing again: the freed range reads as zeros, in the cut chunk and beyond.
+        client.truncate("/t.dat", size)
+        assert client.stat("/t.dat")["size"] == size
+        with client.open("/t.dat") as f:
+            assert f.read(0, size + 1) == data[:cut] + bytes(size - cut)
+        # Growing by a write past the end: zeros up to it.
+        with client.open("/t.dat") as f:
+            assert f.write(size + 10, b"tail") == 4
+        with client.open("/t.dat") as f:
+            assert f.read(0, size + 20) == data[:cut] + bytes(size + 10 - cut) + b"tail"
+
+        # O_TRUNC empties the file (same id), and its old data does not come back.
+        with client.open("/t.dat", CREATE | os.O_TRUNC) as f:
+            assert (f.size, f.id) == (0, file_id)
+            assert client.stat("/t.dat")["size"] == 0
+            if layout == "chunkfile":
+                assert chunk_files() == []
+            assert f.write(3 * CHUNK + 7, b"new") == 3
+        assert client.stat("/t.dat")["size"] == 3 * CHUNK + 10
+        with client.open("/t.dat") as f:
+            assert f.read(0, 4 * CHUNK) == bytes(3 * CHUNK + 7) + b"new"
+
+        # Truncating to zero and unlinking free everything.
+        client.truncate("/t.dat", 0)
+        assert client.stat("/t.dat")["size"] == 0
+        with client.open("/t.dat") as f:
+            assert f.read(0, 100) == b""
+        client.truncate("/t.dat", 2 * CHUNK)
+        with client.open("/t.dat") as f:
+            assert f.read(0, 2 * CHUNK) == bytes(2 * CHUNK)
+        with fails_with(errno.ENOENT):
+            client.truncate("/missing.dat", 0)
+        client.mkdir("/dir")
+        with fails_with(errno.EISDIR):
+            client.truncate("/dir", 0)
+        with client.open("/u.dat", CREATE) as f:
+            f.write(0, data)
+            gone = f.id
+        client.unlink("/u.dat")
+        if layout == "chunkfile":
+            assert not list(tmp_path.glob(f"data-*/chunks/*/{gone}.*"))

@@ -14,21 +14,28 @@ from pathlib import Path
 
 import pytest
 
-from benchfs import Client, _core
+from benchfs import Client, File, _core
 from benchfs.cluster import LocalCluster
 from conftest import KIB, data_for
 
 FAST = ("client.request_timeout_s=3.0", "client.max_retries=1", "client.retry_backoff_ms=20")
 
 
-def files_on(client: Client, server: int, count: int, prefix: str) -> list[str]:
-    """`count` paths whose first chunk lives on `server`."""
-    found: list[str] = []
+def files_on(client: Client, server: int, count: int, prefix: str, size: int) -> list[File]:
+    """Open handles on `count` new files whose first chunk lives on `server`, each holding
+    `size` bytes already written and published (fsync), so that rewriting them touches only
+    that server: no metadata owner is asked again, and closing has nothing to publish."""
+    found: list[File] = []
     i = 0
     while len(found) < count:
         path = f"/{prefix}-{i}"
+        f = client.open(path, os.O_CREAT | os.O_EXCL)
         if client.locate(path, 0) == server:
-            found.append(path)
+            assert f.write(0, bytes(size)) == size
+            f.fsync()
+            found.append(f)
+        else:
+            f.close()
         i += 1
     return found
 
@@ -48,14 +55,16 @@ def test_killed_server_fails_only_the_clients_that_touch_it(
         target = rank % 3
         try:
             with Client(str(cluster.registry_dir), config) as client:
-                paths = files_on(client, target, 400, f"r{rank}")
+                files = files_on(client, target, 400, f"r{rank}", size)
                 started.wait(timeout=30)
-                for n, path in enumerate(paths):
+                for n, f in enumerate(files):
                     data = data_for(rank * 1000 + n, 0, size)
-                    client.write(path, 0, data)
-                    assert client.read(path, 0, size) == data
+                    f.write(0, data)
+                    assert f.read(0, size) == data
                     if target != victim:
                         time.sleep(0.002)
+                for f in files:
+                    f.close()
             results[rank] = None
         except BaseException as e:  # inspected below
             results[rank] = e
@@ -87,15 +96,19 @@ def test_stopped_and_resumed_server_completes_every_request(
     config = cluster.config_path.read_text()
     data = data_for(3, 0, 2048 * KIB)
     with Client(str(cluster.registry_dir), config) as client:
+        f = client.open("/paused", os.O_CREAT)
         paused = cluster.daemons[1].pid
         os.kill(paused, signal.SIGSTOP)
         resume = threading.Timer(1.5, os.kill, args=(paused, signal.SIGCONT))
         resume.start()
         try:
             start = time.monotonic()
-            assert client.write("/paused", 0, data) == len(data)
+            assert f.write(0, data) == len(data)
             assert time.monotonic() - start >= 1.0, "the write did not wait for the stopped server"
-            assert client.read("/paused", 0, len(data)) == data
+            assert f.read(0, len(data)) == data
+            f.close()
+            with client.open("/paused") as again:
+                assert again.read(0, len(data) + 1) == data
             stats = {s["id"]: s for s in client.server_stats()}
             assert stats[1]["timeouts"] == 0 and stats[1]["failures"] == 0
         finally:
@@ -114,16 +127,19 @@ def test_timed_out_reads_are_retried_and_counted(
     config = cluster.config_path.read_text()
     data = data_for(9, 0, 64 * KIB)
     with Client(str(cluster.registry_dir), config) as client:
-        client.write("/retry", 0, data)
+        with client.open("/retry", os.O_CREAT) as f:
+            f.write(0, data)
+        f = client.open("/retry")
         pid = cluster.daemons[0].pid
         os.kill(pid, signal.SIGSTOP)
         resume = threading.Timer(1.2, os.kill, args=(pid, signal.SIGCONT))
         resume.start()
         try:
-            assert client.read("/retry", 0, len(data)) == data
+            assert f.read(0, len(data)) == data
         finally:
             resume.join()
             os.kill(pid, signal.SIGCONT)
+        f.close()
         stats = client.server_stats()[0]
         assert stats["retries"] >= 1
         assert stats["timeouts"] == stats["retries"]
@@ -143,12 +159,14 @@ def test_client_of_another_job_is_refused_and_logged_once(
     with Client(str(stranger), config) as intruder:
         for _ in range(3):
             with pytest.raises(PermissionError) as refused:
-                intruder.write("/x", 0, b"not yours")
+                intruder.open("/x", os.O_CREAT)
             assert refused.value.errno == errno.EACCES
             assert "server 0" in str(refused.value)
     with Client(str(cluster.registry_dir), config) as member:
-        member.write("/x", 0, b"mine")
-        assert member.read("/x", 0, 4) == b"mine"
+        with member.open("/x", os.O_CREAT | os.O_EXCL) as f:
+            f.write(0, b"mine")
+        with member.open("/x") as f:
+            assert f.read(0, 5) == b"mine"
     cluster.stop(grace_s=5.0)
     log = cluster.daemons[0].log_path.read_text()
     assert log.count("refused a request without this job's token") == 1, log

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -19,6 +20,8 @@ import pytest
 from benchfs import Client
 from benchfs.cluster import LocalCluster
 from conftest import KIB, MIB, InProcessCluster, data_for
+
+CREATE = os.O_CREAT
 
 LAYOUTS = ["chunkfile", "packed"]
 MODES = {
@@ -56,6 +59,33 @@ def loop_filesystem(
         subprocess.run(["losetup", "-d", device], check=True, timeout=30)
 
 
+PACK_FILE_BYTES = 1 << 30
+
+
+def packed_contents(packed: Path, file_id: str, size: int, slot_size: int = 64 * KIB) -> bytes:
+    """The first `size` bytes of a file as worker 0's packed store keeps them on disk, read
+    through its saved index (40-byte little-endian records: file id, chunk, slot, length;
+    rust/benchfs-core/src/storage/packed.rs)."""
+    records = packed.joinpath("w0.index").read_bytes()
+    assert len(records) % 40 == 0
+    slots_per_file = PACK_FILE_BYTES // slot_size
+    out = bytearray(size)
+    found = 0
+    for at in range(0, len(records), 40):
+        lo, hi, chunk, slot, length = struct.unpack_from("<QQQQQ", records, at)
+        if lo | hi << 64 != int(file_id, 16):
+            continue
+        found += 1
+        pack = packed / f"w0-{slot // slots_per_file:05}.pack"
+        with pack.open("rb") as f:
+            f.seek((slot % slots_per_file) * slot_size)
+            stored = f.read(length)
+        start = chunk * slot_size
+        out[start : start + length] = stored[: max(0, size - start)]
+    assert found == -(-size // slot_size), f"{found} chunks of {file_id} in the index"
+    return bytes(out)
+
+
 def flushes(device: str) -> int:
     """Completed flush requests of a block device (field 16 of /sys/block/<dev>/stat)."""
     fields = Path(f"/sys/block/{device}/stat").read_text().split()
@@ -73,13 +103,19 @@ def test_unaligned_ranges_round_trip(
         for i, (offset, length) in enumerate(cases):
             path = f"/u{i}"
             data = data_for(i, offset, length)
-            assert client.write(path, offset, data) == length
-            assert client.read(path, offset, length) == data
-            # Unaligned sub-ranges read back through the aligned direct path.
-            assert client.read(path, offset + 1, length - 1) == data[1:]
-            # Past the end of a chunk and of the file.
-            assert client.read(path, offset + length, 10) == b""
-            assert client.write(path, offset, b"") == 0
+            with client.open(path, CREATE) as f:
+                assert f.write(offset, data) == length
+                assert f.read(offset, length) == data
+                # Unaligned sub-ranges read back through the aligned direct path.
+                assert f.read(offset + 1, length - 1) == data[1:]
+                # Past the end of a chunk and of the file.
+                assert f.read(offset + length, 10) == b""
+                assert f.write(offset, b"") == 0
+            # The same through a fresh handle, once the size is published.
+            assert client.stat(path)["size"] == offset + length
+            with client.open(path) as f:
+                assert f.read(0, offset + length + 10) == bytes(offset) + data
+                assert f.read(offset + 1, length - 1) == data[1:]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -101,10 +137,12 @@ def test_concurrent_unaligned_neighbours_never_lose_bytes(
     def write(rank: int) -> None:
         try:
             with Client(str(cluster.registry), cluster.config) as client:
-                start.wait(timeout=30)
-                for k in range(per_writer):
-                    offset = (k * writers + rank) * transfer
-                    client.write("/shared", offset, expected[offset : offset + transfer])
+                # Each writer its own handle; closing publishes the largest end it wrote.
+                with client.open("/shared", CREATE) as f:
+                    start.wait(timeout=30)
+                    for k in range(per_writer):
+                        offset = (k * writers + rank) * transfer
+                        f.write(offset, expected[offset : offset + transfer])
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -115,8 +153,9 @@ def test_concurrent_unaligned_neighbours_never_lose_bytes(
         t.join(timeout=120)
     assert not errors
     with Client(str(cluster.registry), cluster.config) as client:
-        assert client.file_size("/shared") == size
-        got = client.read("/shared", 0, size)
+        assert client.stat("/shared")["size"] == size
+        with client.open("/shared") as f:
+            got = f.read(0, size)
     bad = next((i for i in range(0, size, 8) if got[i : i + 8] != expected[i : i + 8]), None)
     assert bad is None, f"first wrong word at byte {bad}"
 
@@ -127,8 +166,9 @@ def test_more_requests_than_buffers_completes(
     cluster = inproc_cluster(1, "storage.buffer_count=2", "client.max_inflight=32")
     data = data_for(3, 0, 64 * 64 * KIB)
     with Client(str(cluster.registry), cluster.config) as client:
-        assert client.write("/many", 0, data) == len(data)
-        assert client.read("/many", 0, len(data)) == data
+        with client.open("/many", CREATE) as f:
+            assert f.write(0, data) == len(data)
+            assert f.read(0, len(data)) == data
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -147,14 +187,19 @@ def test_fsync_flushes_the_device(tmp_path: Path, layout: str) -> None:
             _core.wait_for_servers(str(registry), 1, 10.0)
             with Client(str(registry), config) as client:
                 data = data_for(1, 0, 300 * KIB + 5)
-                client.write("/durable", 0, data)
+                f = client.open("/durable", CREATE)
+                f.write(0, data)
                 before = flushes(device)
-                client.write("/durable", len(data), b"tail")
+                f.write(len(data), b"tail")
                 assert flushes(device) == before, "a plain write flushed the device"
-                client.fsync("/durable")
+                f.fsync()
                 assert flushes(device) > before, "fsync returned without a device flush"
-                client.fsync("/never-written")
-                assert client.read("/durable", 0, len(data)) == data
+                # fsync also publishes the size.
+                assert client.stat("/durable")["size"] == len(data) + 4
+                with client.open("/never-written", CREATE) as empty:
+                    empty.fsync()
+                assert f.read(0, len(data)) == data
+                f.close()
         finally:
             server.stop()
 
@@ -171,12 +216,14 @@ def test_full_disk_is_a_clear_error_and_the_server_keeps_serving(tmp_path: Path)
             _core.wait_for_servers(str(registry), 1, 10.0)
             with Client(str(registry), config) as client:
                 small = data_for(2, 0, 100 * KIB)
-                client.write("/small", 0, small)
-                with pytest.raises(OSError) as failure:
-                    client.write("/huge", 0, bytes(64 * MIB))
+                with client.open("/small", CREATE) as f:
+                    f.write(0, small)
+                with client.open("/huge", CREATE) as f, pytest.raises(OSError) as failure:
+                    f.write(0, bytes(64 * MIB))
                 assert failure.value.errno == errno.ENOSPC
                 assert "server 0" in str(failure.value)
-                assert client.read("/small", 0, len(small)) == small
+                with client.open("/small") as f:
+                    assert f.read(0, len(small)) == small
         finally:
             server.stop()
 
@@ -187,17 +234,22 @@ def test_deleted_chunk_file_is_an_error_not_zeros(
     cluster = inproc_cluster(1, "storage.handle_cache=1")
     with Client(str(cluster.registry), cluster.config) as client:
         data = data_for(5, 0, 128 * KIB)
-        client.write("/victim", 0, data)
+        with client.open("/victim", CREATE) as f:
+            f.write(0, data)
+            victim_id = f.id
         chunk_files = sorted(tmp_path.glob("data-*/chunks/*/*.0"))
-        assert len(chunk_files) == 1
+        assert [p.name for p in chunk_files] == [f"{victim_id}.0"]
         os.remove(chunk_files[0])
-        client.write("/other", 0, b"evicts the cached handle")
-        with pytest.raises(OSError) as failure:
-            client.read("/victim", 0, 10)
-        assert failure.value.errno == errno.ENODATA
-        # The other chunk and other files are still served.
-        assert client.read("/victim", 64 * KIB, 64 * KIB) == data[64 * KIB :]
-        assert client.read("/other", 0, 6) == b"evicts"
+        with client.open("/other", CREATE) as f:
+            f.write(0, b"evicts the cached handle")
+        with client.open("/victim") as f:
+            with pytest.raises(OSError) as failure:
+                f.read(0, 10)
+            assert failure.value.errno == errno.ENODATA
+            # The other chunk and other files are still served.
+            assert f.read(64 * KIB, 64 * KIB) == data[64 * KIB :]
+        with client.open("/other") as f:
+            assert f.read(0, 6) == b"evicts"
 
 
 def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_path: Path) -> None:
@@ -207,18 +259,30 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
     registry, data_dir = tmp_path / "registry", tmp_path / "data"
     config = config_text("cluster.expected_servers=1", "storage.layout=packed")
     data = data_for(11, 0, 200 * KIB + 3)
+    want = bytes(5) + data
     server = Server(str(registry), str(data_dir), 0, config=config)
     with Client(str(registry), config) as client:
-        client.write("/kept", 5, data)
+        with client.open("/kept", CREATE) as f:
+            f.write(5, data)
+            kept = f.id
     server.stop()
+    # The namespace lives in memory for a job's lifetime, so a restarted server's chunks are
+    # checked where they are kept: the index names each chunk's slot, the slot holds its bytes.
+    assert packed_contents(data_dir / "packed", kept, len(want)) == want
     server = Server(str(registry), str(data_dir), 0, config=config)
     try:
         with Client(str(registry), config) as client:
-            assert client.read("/kept", 5, len(data)) == data
-            client.write("/new", 0, b"after restart")
-            assert client.read("/new", 0, 13) == b"after restart"
+            with client.open("/new", CREATE) as f:
+                f.write(0, b"after restart")
+                new = f.id
+            with client.open("/new") as f:
+                assert f.read(0, 13) == b"after restart"
     finally:
         server.stop()
+    # The restarted server loaded the index: it saved the old chunks with the new one, and
+    # put the new chunk in a slot of its own.
+    assert packed_contents(data_dir / "packed", kept, len(want)) == want
+    assert packed_contents(data_dir / "packed", new, 13) == b"after restart"
     index = data_dir / "packed" / "w0.index"
     index.write_bytes(index.read_bytes()[:-3])
     with pytest.raises(ValueError, match="truncated"):
@@ -244,8 +308,9 @@ def test_timer_gated_submission_still_serves_and_batches(tmp_path: Path) -> None
         _core.wait_for_servers(str(registry), 1, 10.0)
         with Client(str(registry), config) as client:
             data = data_for(4, 0, 32 * 64 * KIB)
-            client.write("/held", 0, data)
-            assert client.read("/held", 0, len(data)) == data
+            with client.open("/held", CREATE) as f:
+                f.write(0, data)
+                assert f.read(0, len(data)) == data
     finally:
         server.stop()
     hist = telemetry.load(tmp_path / "tel").latest_histograms()

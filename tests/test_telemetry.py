@@ -4,6 +4,7 @@ on files crafted here from docs/telemetry.md alone (so the document is checked t
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import time
@@ -26,7 +27,7 @@ from benchfs.telemetry import (
 from conftest import KIB, MIB, data_for
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "telemetry.md"
-OPS = ["write", "read", "fsync", "extent"]
+OPS = ["write", "read", "fsync", "meta"]
 
 
 def doc_metrics() -> list[dict[str, Any]]:
@@ -56,11 +57,13 @@ def test_servers_write_telemetry_that_loads(inproc_cluster, tmp_path: Path) -> N
     nodes = {0: "test-0", 1: "test-1"}
     size_a, size_b = 1 * MIB + 123, 300 * KIB + 7
     with Client(str(cluster.registry), config=cluster.config) as client:
-        assert client.write("/a.dat", 0, data_for(1, 0, size_a)) == size_a
-        assert client.write("/b.dat", 5000, data_for(2, 5000, size_b)) == size_b
+        with client.open("/a.dat", os.O_CREAT) as a, client.open("/b.dat", os.O_CREAT) as b:
+            assert a.write(0, data_for(1, 0, size_a)) == size_a
+            assert b.write(5000, data_for(2, 5000, size_b)) == size_b
         time.sleep(0.35)  # a few periodic snapshots in between
-        assert client.read("/a.dat", 0, size_a) == data_for(1, 0, size_a)
-        assert client.read("/b.dat", 5000, size_b) == data_for(2, 5000, size_b)
+        with client.open("/a.dat") as a, client.open("/b.dat") as b:
+            assert a.read(0, size_a) == data_for(1, 0, size_a)
+            assert b.read(5000, size_b) == data_for(2, 5000, size_b)
         written, read = size_a + size_b, size_a + size_b
     stopped_at = pd.Timestamp(time.time_ns(), unit="ns", tz="UTC")
     cluster.stop()
@@ -98,6 +101,7 @@ def test_servers_write_telemetry_that_loads(inproc_cluster, tmp_path: Path) -> N
     assert total[("bytes", "read")] == read
     assert total[("ops", "write")] >= 17 + 5  # at least one operation per chunk touched
     assert total[("ops", "read")] >= 17 + 5
+    assert total[("ops", "meta")] >= 4  # at least the two creations and the two reopenings
     for metric in ("errors", "malformed", "rejected_busy"):
         assert total[metric].sum() == 0, metric
 
@@ -344,8 +348,8 @@ def test_torn_tail_is_skipped(tmp_path: Path) -> None:
     [
         (lambda head, body: b"NOTTELEM" + head[8:] + body, "bad magic"),
         (lambda head, body: b"BFS", "bad magic"),
-        (lambda head, body: head[:8] + struct.pack("<I", 2) + head[12:] + body, "version 2"),
-        (lambda head, body: header_bytes(version=2) + body, "version 2"),
+        (lambda head, body: head[:8] + struct.pack("<I", 3) + head[12:] + body, "version 3"),
+        (lambda head, body: header_bytes(version=3) + body, "version 3"),
         (lambda head, body: head[:12] + struct.pack("<I", 10**6) + head[16:], "header length"),
         (lambda head, body: head[:16] + b"x" + head[17:] + body, "malformed telemetry header"),
         (lambda head, body: header_bytes(record_size=24) + body, "record_size"),

@@ -106,7 +106,9 @@ def _shared(block_chunks: int) -> Workload:
             files, base + offset + np.uint64(per_step * k)
         )
 
-    return Workload(f"seed-shared-{block_chunks}chunk{'s' if block_chunks > 1 else ''}", paths, steps)
+    return Workload(
+        f"seed-shared-{block_chunks}chunk{'s' if block_chunks > 1 else ''}", paths, steps
+    )
 
 
 def _mdtest() -> Workload:
@@ -179,11 +181,24 @@ def study_row(
     total_steps, step = workload.steps(servers)
     sampled = _sample(total_steps, max_steps)
     names = "random" if random_names else "sequential"
-    row = Row(scheme, scheme == DEFAULT_SCHEME, workload.name, names, servers, None, None, None,
-              None, len(sampled), total_steps)
+    row = Row(
+        scheme,
+        scheme == DEFAULT_SCHEME,
+        workload.name,
+        names,
+        servers,
+        None,
+        None,
+        None,
+        None,
+        len(sampled),
+        total_steps,
+    )
     lookups = sum(len(step(k).files) for k in sampled[:1]) * len(sampled)
     if scheme == "rendezvous" and lookups * servers > RENDEZVOUS_BUDGET:
-        row.skipped = f"rendezvous needs {lookups * servers:.2e} hashes (budget {RENDEZVOUS_BUDGET:.0e})"
+        row.skipped = (
+            f"rendezvous needs {lookups * servers:.2e} hashes (budget {RENDEZVOUS_BUDGET:.0e})"
+        )
         return row
     study = PlacementStudy(scheme, servers, workload.paths(servers, random_names))
     grown = study.with_servers(servers + 1)

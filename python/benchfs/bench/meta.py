@@ -68,9 +68,7 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
     cluster.start()
     try:
         config = cluster.config_text()
-        clients = [
-            Client(str(cluster.registry), config=config) for _ in range(settings.clients)
-        ]
+        clients = [Client(str(cluster.registry), config=config) for _ in range(settings.clients)]
         try:
             for i in range(settings.clients):
                 clients[0].mkdir(f"/c{i}")
@@ -91,9 +89,7 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
             for name, work in zip(PHASES, (create, stat, unlink), strict=True):
                 seconds = _phase(clients, work)
                 ops = per_client * settings.clients
-                cases.append(
-                    {"name": name, "ops": ops, "seconds": seconds, "ops_s": ops / seconds}
-                )
+                cases.append({"name": name, "ops": ops, "seconds": seconds, "ops_s": ops / seconds})
             left = sum(len(clients[0].readdir(f"/c{i}")) for i in range(settings.clients))
             if left:
                 raise OSError(f"{left} entries left after unlink")

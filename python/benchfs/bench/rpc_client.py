@@ -25,6 +25,7 @@ status 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchfs import Client
+from benchfs import Client, File
 from benchfs.config import resolve_config_text
 from benchfs.units import parse_size
 
@@ -73,15 +74,19 @@ class Driver:
         self.small_buf = bytearray(SMALL)
 
     def prepare(self) -> None:
-        """Create both files (the open handles serve every later call)."""
-        self.file = self.client.open(self.path, os.O_CREAT | os.O_TRUNC)
-        self.small_file = self.client.open(self.small_path, os.O_CREAT | os.O_TRUNC)
+        """Write both files and publish their sizes."""
         self.write_call()
         self._check(self.small_file.write(0, self.small), SMALL, "write")
-        self.file.close()
-        self.small_file.close()
-        self.file = self.client.open(self.path)
-        self.small_file = self.client.open(self.small_path)
+        self.file.fsync()
+        self.small_file.fsync()
+
+    @functools.cached_property
+    def file(self) -> File:
+        return self.client.open(self.path, os.O_CREAT)
+
+    @functools.cached_property
+    def small_file(self) -> File:
+        return self.client.open(self.small_path, os.O_CREAT)
 
     def _check(self, got: int, want: int, what: str) -> None:
         if got != want:

@@ -28,6 +28,19 @@ use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Runtime};
 
+/// The errors a metadata owner answers about a path (anything else is about the server).
+const NAMESPACE_ERRNOS: [i32; 9] = [
+    libc::ENOENT,
+    libc::EEXIST,
+    libc::EISDIR,
+    libc::ENOTDIR,
+    libc::ENOTEMPTY,
+    libc::ENAMETOOLONG,
+    libc::EINVAL,
+    libc::EBUSY,
+    libc::EXDEV,
+];
+
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).
 #[derive(Debug)]
@@ -613,7 +626,9 @@ impl Client {
                 reply.truncate((h.length as usize).min(namespace::REPLY_MAX));
                 Ok((h, reply))
             }
-            Err(Error::Remote { errno, .. }) => Err(Error::Path {
+            // Namespace errors are about the path; others (a refused token, a draining or busy
+            // server) keep naming the server.
+            Err(Error::Remote { errno, .. }) if NAMESPACE_ERRNOS.contains(&errno) => Err(Error::Path {
                 op: what,
                 path: req.path.clone(),
                 errno,
@@ -629,8 +644,17 @@ impl Client {
         Ok((attr, h.offset))
     }
 
-    /// Adds `name` to its parent directory's entries; Ok(true) if new.
-    async fn dir_add(&self, what: &'static str, path: &str, kind: Kind) -> Result<bool> {
+    /// Adds `name` to its parent directory's entries; Ok(true) if new. An entry of the other
+    /// kind is the path's own conflict, reported as `conflict` (EISDIR for open, EEXIST for
+    /// mkdir, EISDIR or ENOTDIR for rename, as POSIX has them).
+    /// Returns None if the entry existed, else the stripe start for a new file.
+    async fn dir_add(
+        &self,
+        what: &'static str,
+        path: &str,
+        kind: Kind,
+        conflict: i32,
+    ) -> Result<Option<u32>> {
         let (parent, name) = namespace::split_parent(path).ok_or_else(|| Error::Path {
             op: what,
             path: path.into(),
@@ -642,18 +666,14 @@ impl Client {
         let (h, _) = self.meta(Op::DirAdd, what, &req).await.map_err(|e| match e {
             // The parent's errors are about the parent; an entry of the other kind is the
             // path's own conflict.
-            Error::Path { errno, .. } if errno == libc::EEXIST => Error::Path {
+            Error::Path { errno, .. } => Error::Path {
                 op: what,
                 path: path.into(),
-                errno: if kind == Kind::File {
-                    libc::EISDIR
-                } else {
-                    libc::EEXIST
-                },
+                errno: if errno == libc::EEXIST { conflict } else { errno },
             },
             other => other,
         })?;
-        Ok(h.offset == 1)
+        Ok(h.offset.checked_sub(1).map(|s| s as u32))
     }
 
     async fn dir_remove(&self, what: &'static str, path: &str) -> Result<()> {
@@ -728,14 +748,16 @@ impl Client {
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
         let path = self.checked("open", path)?;
         let attr = self.run(async {
-            let added = if flags & namespace::CREATE != 0 {
-                self.dir_add("open", &path, Kind::File).await?
+            let start = if flags & namespace::CREATE != 0 {
+                self.dir_add("open", &path, Kind::File, libc::EISDIR).await?
             } else {
-                false
+                None
             };
+            let added = start.is_some();
             let mut req = MetaRequest::new(&path);
             req.flags = flags;
             req.mode = mode;
+            req.arg = start.map_or(0, |s| s as u64 + 1);
             let (attr, old) = match self.meta_attr(Op::Create, "open", &req).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -882,7 +904,10 @@ impl Client {
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
         let path = self.checked("mkdir", path)?;
         self.run(async {
-            let added = self.dir_add("mkdir", &path, Kind::Dir).await?;
+            let added = self
+                .dir_add("mkdir", &path, Kind::Dir, libc::EEXIST)
+                .await?
+                .is_some();
             let mut req = MetaRequest::new(&path);
             req.mode = mode;
             match self.meta(Op::Mkdir, "mkdir", &req).await {
@@ -958,7 +983,12 @@ impl Client {
                     return Err(fail(libc::EXDEV));
                 }
             }
-            self.dir_add("rename", &to, attr.kind).await?;
+            let conflict = if attr.kind == Kind::File {
+                libc::EISDIR
+            } else {
+                libc::ENOTDIR
+            };
+            self.dir_add("rename", &to, attr.kind, conflict).await?;
             let mut req = MetaRequest::new(&to);
             req.attr = Some(attr);
             let (_, replaced) = self.meta(Op::Install, "rename", &req).await?;

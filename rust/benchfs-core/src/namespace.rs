@@ -284,6 +284,8 @@ struct Node {
     attr: Attr,
     /// A directory's entries (name to kind); None for files.
     entries: Option<BTreeMap<String, Kind>>,
+    /// Entries ever added to this directory: the next file's stripe start (see `dir_add`).
+    added: u64,
 }
 
 /// How [`MetaStore::set_size`] changes the size.
@@ -338,6 +340,7 @@ impl MetaStore {
                 },
             },
             entries: Some(BTreeMap::new()),
+            added: 0,
         }
     }
 
@@ -349,9 +352,17 @@ impl MetaStore {
         self.nodes.is_empty()
     }
 
-    /// Opens or creates a file. Returns its attribute and, when O_TRUNC cut it, its old size
-    /// (the caller frees the chunks beyond the new size).
-    pub fn create(&mut self, path: &str, flags: u32, mode: u32) -> Result<(Attr, u64), Errno> {
+    /// Opens or creates a file. Returns its attribute and its size before this call (O_TRUNC
+    /// makes the new size smaller; the caller frees the chunks beyond it). A new file stripes
+    /// from `start` when given (what its directory's owner chose, see [`MetaStore::dir_add`]),
+    /// else from this owner's own counter.
+    pub fn create(
+        &mut self,
+        path: &str,
+        flags: u32,
+        mode: u32,
+        start: Option<u32>,
+    ) -> Result<(Attr, u64), Errno> {
         if let Some(node) = self.nodes.get_mut(path) {
             if flags & CREATE != 0 && flags & EXCLUSIVE != 0 {
                 return Err(libc::EEXIST);
@@ -378,10 +389,20 @@ impl MetaStore {
             size: 0,
             mtime_ns: t,
             ctime_ns: t,
-            layout: self.layouts.allocate(),
+            layout: match start {
+                Some(s) => self.layouts.at(s).ok_or(libc::EINVAL)?,
+                None => self.layouts.allocate(),
+            },
         };
         self.next_id += 1;
-        self.nodes.insert(path.to_string(), Node { attr, entries: None });
+        self.nodes.insert(
+            path.to_string(),
+            Node {
+                attr,
+                entries: None,
+                added: 0,
+            },
+        );
         Ok((attr, 0))
     }
 
@@ -431,16 +452,29 @@ impl MetaStore {
         }
     }
 
-    /// Adds `name` to directory `dir`; Ok(true) if it was not there. An existing entry of
-    /// another kind is EEXIST (a file cannot shadow a directory, nor the reverse).
-    pub fn dir_add(&mut self, dir: &str, name: &str, kind: Kind) -> Result<bool, Errno> {
-        let entries = self.dir_entries(dir)?;
+    /// Adds `name` to directory `dir`. Returns None if it was there already, else the stripe
+    /// start for a new file: the directory's own rotation (a start derived from its path) plus
+    /// the number of entries it was ever given, so the files of one directory take consecutive
+    /// starts and balance by construction, whatever their names. An existing entry of another
+    /// kind is EEXIST (a file cannot shadow a directory, nor the reverse).
+    pub fn dir_add(&mut self, dir: &str, name: &str, kind: Kind) -> Result<Option<u32>, Errno> {
+        let stripe = self.layouts.stripe_count().max(1) as u64;
+        let node = match self.nodes.get_mut(dir) {
+            None => return Err(libc::ENOENT),
+            Some(n) => n,
+        };
+        let Some(entries) = node.entries.as_mut() else {
+            return Err(libc::ENOTDIR);
+        };
         match entries.get(name) {
-            Some(&k) if k == kind => Ok(false),
+            Some(&k) if k == kind => Ok(None),
             Some(_) => Err(libc::EEXIST),
             None => {
                 entries.insert(name.to_string(), kind);
-                Ok(true)
+                let start =
+                    (crate::placement::directory_rotation(dir, stripe as u32) as u64 + node.added) % stripe;
+                node.added += 1;
+                Ok(Some(start as u32))
             }
         }
     }
@@ -492,6 +526,7 @@ impl MetaStore {
                 ..attr
             },
             entries: (attr.kind == Kind::Dir).then(BTreeMap::new),
+            added: 0,
         };
         Ok(self.nodes.insert(path.to_string(), node).map(|n| n.attr))
     }
@@ -545,25 +580,28 @@ mod tests {
     #[test]
     fn create_flags_and_errors() {
         let mut m = MetaStore::new(0, 1, 4, 1 << 20, 7);
-        assert_eq!(m.create("/f", 0, 0o644), Err(libc::ENOENT));
-        let (a, _) = m.create("/f", CREATE | EXCLUSIVE, 0o644).expect("create");
-        assert_eq!(m.create("/f", CREATE | EXCLUSIVE, 0o644), Err(libc::EEXIST));
-        assert_eq!(m.create("/f", CREATE, 0o644).map(|r| r.0.id), Ok(a.id));
+        assert_eq!(m.create("/f", 0, 0o644, None), Err(libc::ENOENT));
+        let (a, _) = m.create("/f", CREATE | EXCLUSIVE, 0o644, None).expect("create");
+        assert_eq!(m.create("/f", CREATE | EXCLUSIVE, 0o644, None), Err(libc::EEXIST));
+        assert_eq!(m.create("/f", CREATE, 0o644, None).map(|r| r.0.id), Ok(a.id));
         m.set_size("/f", 10, SizeUpdate::AtLeast).expect("size");
         m.set_size("/f", 5, SizeUpdate::AtLeast).expect("size");
         assert_eq!(m.stat("/f").map(|a| a.size), Ok(10));
         assert_eq!(
-            m.create("/f", TRUNCATE, 0).map(|(a, old)| (a.size, old)),
+            m.create("/f", TRUNCATE, 0, None).map(|(a, old)| (a.size, old)),
             Ok((0, 10))
         );
-        assert_eq!(m.create("/", CREATE, 0), Err(libc::EISDIR));
+        assert_eq!(m.create("/", CREATE, 0, None), Err(libc::EISDIR));
         assert_eq!(m.unlink("/"), Err(libc::EISDIR));
         assert_eq!(m.rmdir("/f"), Err(libc::ENOTDIR));
         assert_eq!(m.rmdir("/"), Err(libc::EBUSY));
         m.mkdir("/d", 0o755).expect("mkdir");
         assert_eq!(m.mkdir("/d", 0o755), Err(libc::EEXIST));
-        assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(true));
-        assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(false));
+        let first = m.dir_add("/d", "x", Kind::File).expect("add");
+        assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(None));
+        let second = m.dir_add("/d", "y", Kind::File).expect("add");
+        assert_eq!(second.map(|s| (s + 4 - 1) % 4), first, "consecutive starts");
+        m.dir_remove("/d", "y").expect("remove");
         assert_eq!(m.dir_add("/d", "x", Kind::Dir), Err(libc::EEXIST));
         assert_eq!(m.dir_add("/f", "x", Kind::File), Err(libc::ENOTDIR));
         assert_eq!(m.dir_add("/nope", "x", Kind::File), Err(libc::ENOENT));
@@ -597,8 +635,8 @@ mod tests {
     #[test]
     fn install_follows_rename_rules() {
         let mut m = MetaStore::new(0, 1, 1, 4096, 1);
-        let (f, _) = m.create("/a", CREATE, 0o600).expect("create");
-        let (g, _) = m.create("/b", CREATE, 0o600).expect("create");
+        let (f, _) = m.create("/a", CREATE, 0o600, None).expect("create");
+        let (g, _) = m.create("/b", CREATE, 0o600, None).expect("create");
         m.mkdir("/d", 0o755).expect("mkdir");
         assert_eq!(m.install("/b", f, NO_REPLACE), Err(libc::EEXIST));
         assert_eq!(m.install("/d", f, 0), Err(libc::EISDIR));
@@ -621,7 +659,9 @@ mod tests {
             .collect();
         let mut create = |p: &str| {
             let o = crate::placement::metadata_owner(p, owners) as usize;
-            stores[o].create(p, CREATE | EXCLUSIVE, 0o644).map(|(a, _)| a.id)
+            stores[o]
+                .create(p, CREATE | EXCLUSIVE, 0o644, None)
+                .map(|(a, _)| a.id)
         };
         for (a, b) in [("/file.mdtest.3.7", "/file.mdtest.7.3"), ("/d/ab", "/d/ba")] {
             assert_eq!(
@@ -646,7 +686,7 @@ mod tests {
         r.flags = CREATE;
         r.name = "c".into();
         let mut m = MetaStore::new(0, 1, 1, 4096, 1);
-        r.attr = Some(m.create("/x", CREATE, 0o600).expect("create").0);
+        r.attr = Some(m.create("/x", CREATE, 0o600, None).expect("create").0);
         assert_eq!(MetaRequest::decode(&r.encode()), Ok(r.clone()));
         let good = r.encode();
         for cut in 0..good.len() {

@@ -74,6 +74,19 @@ impl LayoutAllocator {
         }
     }
 
+    pub fn stripe_count(&self) -> u32 {
+        self.stripe_count
+    }
+
+    /// The layout starting at `start`, or None when `start` is not a server of the stripe.
+    pub fn at(&self, start: u32) -> Option<Layout> {
+        (start < self.stripe_count.max(1)).then_some(Layout {
+            chunk_size: self.chunk_size,
+            stripe_count: self.stripe_count,
+            start,
+        })
+    }
+
     pub fn allocate(&mut self) -> Layout {
         let n = self.stripe_count.max(1) as u64;
         let start = (self.next % n) as u32;
@@ -84,6 +97,12 @@ impl LayoutAllocator {
             start,
         }
     }
+}
+
+/// Where a directory's files start striping: a per-directory rotation, so that small
+/// directories do not all start at server 0.
+pub fn directory_rotation(dir: &str, servers: u32) -> u32 {
+    (xxh3_64_with_seed(dir.as_bytes(), 0x726F_7461) % servers.max(1) as u64) as u32
 }
 
 /// The metadata owner of `path` among `owners` (every server worker is one owner).
@@ -108,8 +127,11 @@ pub fn jump_hash(mut key: u64, buckets: u32) -> u32 {
 /// The placement schemes the study compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheme {
-    /// BenchFS's default: stored layouts, per-owner staggered counters, rotated rounds.
+    /// BenchFS's default: stored layouts; a new file starts where its directory's owner says
+    /// (the directory's rotation plus its entry count), rounds rotated by digit sums.
     Layout,
+    /// Stored layouts whose starts come from each inode owner's own staggered counter.
+    LayoutOwner,
     /// Stored layouts with the naive `start + chunk mod n` mapping.
     LayoutNaive,
     /// `hash(file, chunk) mod n`.
@@ -124,8 +146,9 @@ pub enum Scheme {
 }
 
 impl Scheme {
-    pub const ALL: [Scheme; 6] = [
+    pub const ALL: [Scheme; 7] = [
         Scheme::Layout,
+        Scheme::LayoutOwner,
         Scheme::LayoutNaive,
         Scheme::HashMod,
         Scheme::Jump,
@@ -136,6 +159,7 @@ impl Scheme {
     pub fn name(self) -> &'static str {
         match self {
             Scheme::Layout => "layout",
+            Scheme::LayoutOwner => "layout-owner",
             Scheme::LayoutNaive => "layout-naive",
             Scheme::HashMod => "hash-mod",
             Scheme::Jump => "jump",
@@ -159,7 +183,9 @@ pub fn byte_sum_hash(path: &str) -> u32 {
 struct StudyFile {
     key: u64,
     byte_sum: u32,
+    /// The layout by directory sequence (the default) and by owner counter.
     layout: Layout,
+    owner_layout: Layout,
 }
 
 /// A simulated creation of `paths` (in order) on `servers` servers with one metadata owner per
@@ -176,12 +202,26 @@ impl Study {
         let mut owners: Vec<LayoutAllocator> = (0..servers)
             .map(|o| LayoutAllocator::new(o, servers, servers, 1))
             .collect();
+        let mut added: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
         let files = paths
             .iter()
-            .map(|p| StudyFile {
-                key: xxh3_64_with_seed(p.as_bytes(), 0x6669_6C65),
-                byte_sum: byte_sum_hash(p),
-                layout: owners[metadata_owner(p, servers) as usize].allocate(),
+            .map(|p| {
+                let dir = p
+                    .rsplit_once('/')
+                    .map_or("/", |(d, _)| if d.is_empty() { "/" } else { d });
+                let seq = added.entry(dir).or_insert(0);
+                let start = ((directory_rotation(dir, servers) as u64 + *seq) % servers as u64) as u32;
+                *seq += 1;
+                StudyFile {
+                    key: xxh3_64_with_seed(p.as_bytes(), 0x6669_6C65),
+                    byte_sum: byte_sum_hash(p),
+                    layout: Layout {
+                        chunk_size: 1,
+                        stripe_count: servers,
+                        start,
+                    },
+                    owner_layout: owners[metadata_owner(p, servers) as usize].allocate(),
+                }
             })
             .collect();
         Study {
@@ -203,6 +243,7 @@ impl Study {
                     key: f.key,
                     byte_sum: f.byte_sum,
                     layout: f.layout,
+                    owner_layout: f.owner_layout,
                 })
                 .collect(),
         }
@@ -215,6 +256,7 @@ impl Study {
         let chunk_key = || xxh3_64_with_seed(&chunk.to_le_bytes(), f.key);
         Some(match self.scheme {
             Scheme::Layout => f.layout.server_index(chunk),
+            Scheme::LayoutOwner => f.owner_layout.server_index(chunk),
             Scheme::LayoutNaive => naive_stripe_index(f.layout.start, chunk, f.layout.stripe_count),
             Scheme::HashMod => (chunk_key() % n as u64) as u32,
             Scheme::Jump => jump_hash(chunk_key(), n),

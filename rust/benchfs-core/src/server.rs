@@ -378,9 +378,12 @@ impl ServerState {
             }
         };
         let result: std::result::Result<(u64, Vec<u8>), i32> = match op {
-            Op::Create => meta
-                .create(&r.path, r.flags, r.mode)
-                .map(|(a, old)| (old, attr(a))),
+            Op::Create => {
+                // arg: 1 + the stripe start the parent's owner chose, or 0 for none.
+                let start = r.arg.checked_sub(1).map(|s| u32::try_from(s).unwrap_or(u32::MAX));
+                meta.create(&r.path, r.flags, r.mode, start)
+                    .map(|(a, old)| (old, attr(a)))
+            }
             Op::Stat => meta.stat(&r.path).map(|a| (0, attr(a))),
             Op::Unlink => meta.unlink(&r.path).map(|a| (0, attr(a))),
             Op::Mkdir => meta.mkdir(&r.path, r.mode).map(|a| (0, attr(a))),
@@ -388,7 +391,7 @@ impl ServerState {
             Op::DirAdd if r.name.is_empty() => Err(libc::EINVAL),
             Op::DirAdd => meta
                 .dir_add(&r.path, &r.name, kind(r.mode))
-                .map(|new| (new as u64, Vec::new())),
+                .map(|start| (start.map_or(0, |s| s as u64 + 1), Vec::new())),
             Op::DirRemove => meta.dir_remove(&r.path, &r.name).map(|()| (0, Vec::new())),
             Op::Readdir => {
                 let max = (r.arg as usize).clamp(1, namespace::READDIR_PAGE);

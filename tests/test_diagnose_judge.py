@@ -1,0 +1,199 @@
+"""benchfs-diagnose judgment rules and the nodes file: edge cases, without probing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchfs.config import load_config
+from benchfs.diagnose.judge import (
+    KIND_DEVICE,
+    Flag,
+    MetricSpec,
+    Thresholds,
+    decide,
+    exclusion_cap,
+    outliers,
+)
+from benchfs.diagnose.screen import NodeProbe, judge_screen, screen_csv
+from benchfs.nodes import (
+    Exclusion,
+    Node,
+    NodesFileError,
+    from_allocation,
+    load_nodes,
+    read_exclusions,
+    write_exclusions,
+    write_nodes,
+)
+
+BW = MetricSpec("bw", "bandwidth", "MiB/s", higher_is_worse=False)
+LAT = MetricSpec("lat", "latency", "ms", higher_is_worse=True, floor=2.0)
+
+
+@pytest.fixture
+def th() -> Thresholds:
+    return Thresholds.from_config(load_config())
+
+
+def keys(found: list) -> list[str]:
+    return sorted(o.key for o in found)
+
+
+def test_defaults_come_from_the_one_config(th: Thresholds) -> None:
+    assert th.z_threshold == 3.5 and th.member_ratio == 5.0 and 0 < th.max_exclude_share <= 1
+    tighter = Thresholds.from_config(load_config(None, ["diagnose.r_await_ms=5"]))
+    assert tighter.r_await_ms == 5.0
+    with pytest.raises(ValueError, match=r"diagnose\.member_ratio"):
+        load_config(None, ["diagnose.member_ratio=0.5"])
+
+
+def test_one_slow_node_among_many(th: Thresholds) -> None:
+    values = {f"n{i}": 1000.0 + 10 * i for i in range(8)}
+    values["n3"] = 400.0
+    (o,) = outliers(values, BW, th)
+    assert o.key == "n3" and o.rule == "mad" and o.worse == pytest.approx(1040 / 400, rel=0.02)
+    assert "bandwidth 400 MiB/s vs median" in o.evidence()
+
+
+def test_all_equal_mad_zero_flags_nothing_but_a_real_outlier(th: Thresholds) -> None:
+    assert outliers(dict.fromkeys("abcdef", 5.0), LAT, th) == []
+    # Tiny differences among equal nodes are noise (MAD floor), a 10% one is below min_worse.
+    assert outliers({"a": 5.0, "b": 5.0, "c": 5.0, "d": 5.05, "e": 5.5}, LAT, th) == []
+    assert keys(outliers({"a": 5.0, "b": 5.0, "c": 5.0, "d": 5.0, "e": 50.0}, LAT, th)) == ["e"]
+
+
+def test_one_sided_and_absolute_floor(th: Thresholds) -> None:
+    # Higher latency is worse; lower latency (faster than the others) is never an outlier.
+    assert keys(outliers({"a": 100.0, "b": 100.0, "c": 100.0, "d": 1000.0}, LAT, th)) == ["d"]
+    assert outliers({"a": 10.0, "b": 10.0, "c": 10.0, "d": 1.0}, LAT, th) == []
+    # 10x the median but under the absolute floor (fast devices' noise): not flagged.
+    assert outliers({"a": 0.1, "b": 0.1, "c": 0.11, "d": 1.0}, LAT, th) == []
+    assert keys(outliers({"a": 0.1, "b": 0.1, "c": 0.11, "d": 3.0}, LAT, th)) == ["d"]
+
+
+def test_two_nodes(th: Thresholds) -> None:
+    (o,) = outliers({"a": 100.0, "b": 30.0}, BW, th)
+    assert o.key == "b" and o.rule == "two-node" and "two nodes" in o.evidence()
+    assert outliers({"a": 100.0, "b": 60.0}, BW, th) == []
+    assert outliers({"a": 100.0}, BW, th) == []
+    assert outliers({"a": 100.0, "b": None, "c": math.nan}, BW, th) == []
+
+
+def test_half_the_nodes_slow(th: Thresholds) -> None:
+    values = {"a": 1000.0, "b": 990.0, "c": 1010.0, "d": 100.0, "e": 95.0, "f": 105.0}
+    found = outliers(values, BW, th)
+    assert keys(found) == ["d", "e", "f"] and {o.rule for o in found} == {"group"}
+    assert all(o.reference == pytest.approx(1000.0) for o in found)
+    # More than half slow: the minority is not called slow, nothing is flagged relatively.
+    assert outliers({"a": 1000.0, "b": 100.0, "c": 95.0, "d": 105.0}, BW, th) == []
+
+
+def test_cap_on_exclusions_worst_first(th: Thresholds) -> None:
+    assert exclusion_cap(8, th) == 2 and exclusion_cap(3, th) == 1 and exclusion_cap(1, th) == 0
+    flags = {f"n{i}": [] for i in range(8)}
+    for i, sev in ((1, 3.0), (2, 10.0), (5, 5.0)):
+        flags[f"n{i}"] = [Flag("bw", KIND_DEVICE, f"slow {sev}", sev)]
+    flags["n6"] = [Flag("pair", "slow network", "pair n6<->n7", 9.0, excludable=False)]
+    verdicts, excluded = decide(flags, th)
+    assert excluded == ["n2", "n5"]
+    assert verdicts["n1"].status == "flagged" and "cap" in verdicts["n1"].reasons[-1]
+    assert verdicts["n6"].status == "flagged" and "no flag alone" in verdicts["n6"].reasons[-1]
+    assert verdicts["n0"].status == "ok" and verdicts["n2"].kind == KIND_DEVICE
+
+
+def probe(name: str, **fio: tuple[float, float]) -> NodeProbe:
+    p = NodeProbe(Node(name, f"host-{name}", "/scr"))
+    for probe_name, (mib_s, p50_us) in fio.items():
+        p.fio[probe_name] = {"mib_s": mib_s, "iops": 1.0, "p50_us": p50_us, "p99_us": p50_us * 2}
+    return p
+
+
+def device(r_await: float) -> dict[str, float]:
+    return {"r_s": 100.0, "r_await": r_await, "r_await_max": r_await, "aqu_sz": 1.0,
+            "util": 50.0, "rkB_s": 1000.0}  # fmt: skip
+
+
+def test_kind_device_vs_above_and_member_asymmetry(th: Thresholds) -> None:
+    """The same fio slowness is a slow device when the device's r_await is high, and slow
+    above the device when it is not; one member 100x its twin is flagged on its own."""
+    probes = []
+    for name, r_await, p50 in (("a", 1.0, 3000), ("b", 1.1, 3100), ("c", 0.9, 2900),
+                               ("dev", 40.0, 60000), ("cg", 1.0, 900000)):  # fmt: skip
+        p = probe(
+            name,
+            seqread=(500.0 if name not in ("dev", "cg") else 30.0, 1000),
+            workload=(400.0, p50),
+        )
+        p.devices = {"loop0": {"r_s": 100.0, "r_await": r_await, "r_await_max": r_await,
+                               "aqu_sz": 1.0, "util": 50.0, "rkB_s": 1000.0}}  # fmt: skip
+        probes.append(p)
+    twin = probe("twin", seqread=(500.0, 1000), workload=(400.0, 3000))
+    twin.devices = {"loopA": device(0.8), "loopB": device(90.0)}
+    twin.members = ["loopA", "loopB"]
+    probes.append(twin)
+    result = judge_screen(probes, [], th.__class__(**{**th.to_json(), "max_exclude_share": 0.5}))
+    by = {n["name"]: n for n in result.nodes}
+    assert by["dev"]["verdict"]["kind"] == "slow device"
+    assert by["cg"]["verdict"]["kind"] == "slow above the device"
+    assert any("the device is not slow" in f["evidence"] for f in by["cg"]["flags"])
+    twin_flags = {f["flag"]: f for f in by["twin"]["flags"]}
+    assert "member_asymmetry" in twin_flags
+    assert (
+        "loopB r_await 90 ms vs its twin loopA 0.8 ms" in twin_flags["member_asymmetry"]["evidence"]
+    )
+    for ok in ("a", "b", "c"):
+        assert by[ok]["verdict"]["status"] == "ok", by[ok]
+    assert {e.host for e in result.excluded} == {"host-dev", "host-cg", "host-twin"}
+    csv_text = screen_csv(result.to_json())
+    assert csv_text.splitlines()[0].startswith("host,name,verdict,kind,flags,")
+    assert len(csv_text.splitlines()) == 1 + len(probes)
+
+
+def test_nodes_file_round_trip_and_errors(tmp_path: Path) -> None:
+    nodes = [
+        Node("n1", "bnode001", "/scr", ("nvme0n1", "nvme1n1")),
+        Node("n2", "bnode002", "/scr", (), ("ip", "netns", "exec", "n2")),
+    ]
+    path = tmp_path / "nodes.toml"
+    write_nodes(path, nodes)
+    assert load_nodes(path) == nodes
+    bad = {
+        '[[node]]\nname = "a"\nhost = "h"\n': r"node\[0\]\.scratch is missing",
+        '[[node]]\nname = "a"\nhost = "h"\nscratch = "rel"\n': "not an absolute path",
+        '[[node]]\nname = "a"\nhost = "h"\nscratch = "/s"\ndevices = "sda"\n': r"\.devices must",
+        '[[node]]\nname = "a"\nhost = "h"\nscratch = "/s"\ncolour = 1\n': "unknown key 'colour'",
+        '[[node]]\nname = "a"\nhost = "h"\nscratch = "/s"\n[[node]]\nname = "a"\nhost = "h"\n'
+        'scratch = "/s"\n': r"node\[1\]\.name 'a' repeats",
+        "[[node]\n": "malformed TOML",
+        "": "no \\[\\[node\\]\\] tables",
+    }
+    for text, message in bad.items():
+        path.write_text(text)
+        with pytest.raises(NodesFileError, match=f"{path}.*{message}"):
+            load_nodes(path)
+    with pytest.raises(FileNotFoundError, match=r"nodes file .* does not exist"):
+        load_nodes(tmp_path / "missing.toml")
+
+
+def test_nodes_from_allocation(tmp_path: Path) -> None:
+    nodefile = tmp_path / "pbs_nodes"
+    nodefile.write_text("b2\nb2\nb10\nb1\nb10\n")
+    nodes = from_allocation("/scr", ["nvme0n1"], env={"PBS_NODEFILE": str(nodefile)})
+    assert [n.host for n in nodes] == ["b2", "b10", "b1"] and nodes[0].devices == ("nvme0n1",)
+    assert [n.host for n in from_allocation("/scr", env={"SLURM_JOB_NODELIST": "b7"})] == ["b7"]
+    with pytest.raises(NodesFileError, match="SLURM_JOB_NODELIST"):
+        from_allocation("/scr", env={})
+
+
+def test_exclusions_round_trip(tmp_path: Path) -> None:
+    excluded = [Exclusion("b4", ("slow device: nvme1n1 r_await 120 ms",)), Exclusion("b9", ())]
+    write_exclusions(tmp_path, excluded)
+    assert (tmp_path / "excluded.txt").read_text() == "b4\nb9\n"
+    assert read_exclusions(tmp_path) == excluded
+    assert [e.host for e in read_exclusions(tmp_path / "excluded.txt")] == ["b4", "b9"]
+    (tmp_path / "bad.json").write_text('[{"reasons": []}]')
+    with pytest.raises(NodesFileError, match=r"bad\.json.*host"):
+        read_exclusions(tmp_path / "bad.json")

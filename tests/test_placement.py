@@ -1,0 +1,87 @@
+"""The placement study's command and library: output shape, bad input, the targets at 16."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchfs._core import PlacementStudy
+
+ROW_KEYS = {
+    "scheme",
+    "default",
+    "workload",
+    "names",
+    "servers",
+    "max_over_mean",
+    "step_max_over_mean",
+    "cv",
+    "moved_fraction",
+}
+
+
+def bench(*args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchfs.cli.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_placement_quick_json_shape_and_targets() -> None:
+    report = bench("placement", "--quick", "--json")
+    rows = report["rows"]
+    assert rows and all(ROW_KEYS <= set(r) for r in rows)
+    assert {r["servers"] for r in rows} == {16, 64}
+    assert {r["workload"] for r in rows} == {
+        "seed-fpp-2chunks",
+        "seed-fpp-4096chunks",
+        "seed-shared-16chunks",
+        "seed-shared-1chunk",
+        "mdtest-100k",
+    }
+    assert {r["scheme"] for r in rows if r["default"]} == {"layout"}
+    assert report["targets"] and all(t["met"] for t in report["targets"]), report["targets"]
+    by = {(r["scheme"], r["workload"], r["names"], r["servers"]): r for r in rows}
+    # The seed's trap, reproduced by the naive stripe and by the original system.
+    assert by[("layout-naive", "seed-shared-16chunks", "sequential", 16)]["step_max_over_mean"] == 8
+    assert by[("original", "seed-fpp-2chunks", "sequential", 16)]["max_over_mean"] > 2
+    # Stored layouts move nothing when a server is added; modulo hashing moves almost all.
+    assert by[("layout", "mdtest-100k", "random", 64)]["moved_fraction"] == 0
+    assert by[("hash-mod", "mdtest-100k", "random", 64)]["moved_fraction"] > 0.9
+    assert 0 < by[("jump", "mdtest-100k", "random", 64)]["moved_fraction"] < 0.05
+
+
+def test_placement_study_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="unknown scheme"):
+        PlacementStudy("nope", 4, ["/a"])
+    with pytest.raises(ValueError, match="at least 1"):
+        PlacementStudy("layout", 0, ["/a"])
+    study = PlacementStudy("layout", 4, ["/d/a", "/d/b"])
+    files = np.array([0, 1, 2], dtype=np.uint64)
+    chunks = np.zeros(3, dtype=np.uint64)
+    out = np.empty(3, dtype=np.uint32)
+    with pytest.raises(ValueError, match="out of range"):
+        study.servers_into(files, chunks, out)
+    with pytest.raises(ValueError, match="same length"):
+        study.servers_into(files[:2], chunks, out)
+    study.servers_into(files[:2], chunks[:2], out[:2])
+    # Two files of one directory start on consecutive servers.
+    assert (int(out[1]) - int(out[0])) % 4 == 1
+
+
+def test_meta_quick_json_shape() -> None:
+    report = bench("meta", "--quick", "--json")
+    assert [c["name"] for c in report["cases"]] == ["create", "stat", "unlink"]
+    for c in report["cases"]:
+        assert c["ops"] == report["files"] and c["ops_s"] > 0 and c["seconds"] > 0
+    assert not os.path.exists(report["data_dir"])
