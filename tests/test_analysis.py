@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -21,7 +20,7 @@ import pandas as pd
 import pytest
 
 from benchfs import analysis as A
-from benchfs import iostat
+from benchfs.analysis import iostat
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds
 from benchfs.config import load_config
 from benchfs.telemetry import TelemetryFormatError, load, load_trace
@@ -358,35 +357,33 @@ def test_rpc_latency_and_retries_by_target(tmp_path: Path) -> None:
     assert A.placement(run).set_index("server").loc[1, "client_requests"] == 800
 
 
-def test_iostat_parser_reads_real_and_truncated_output() -> None:
+def test_iostat_captures_become_a_frame(tmp_path: Path) -> None:
     iostat_bin = shutil.which("iostat")
     if iostat_bin is None:
         pytest.skip("iostat (sysstat) is not installed: scripts/bootstrap installs it")
     env = {**os.environ, "S_TIME_FORMAT": "ISO"}
-    text = subprocess.run(
-        [iostat_bin, "-x", "-y", "-t", "-o", "JSON", "1", "1"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        timeout=30,
-    ).stdout
-    f = iostat.parse(text, node="here")
-    assert len(f) >= 1 and set(f["node"]) == {"here"} and not f.attrs["naive_times"]
-    assert {"r_await", "w_await", "aqu_sz", "util"} <= set(f.columns)
-    assert str(f["t"].dtype) == "datetime64[ns, UTC]"
+    real = tmp_path / "here.json"
+    real.write_text(
+        subprocess.run(
+            [iostat_bin, "-x", "-y", "-t", "-k", "-o", "JSON", "1", "1"],
+            capture_output=True, text=True, check=True, env=env, timeout=30,
+        ).stdout
+    )  # fmt: skip
+    f = iostat.load_file(real)
+    assert len(f) >= 1 and set(f["node"]) == {"here"}
+    assert {"r_await", "w_await", "aqu_sz", "util", "rkB_s"} <= set(f.columns)
+    assert str(f["t"].dtype) == "datetime64[ns, UTC]" and f["t"].notna().all()
     two = iostat_json("n", [{"nvme0n1": {"r_await": 1.5}}, {"nvme0n1": {"r_await": 2.5}}], T0)
-    cut = two[: two.rindex('"timestamp"') + 20]  # killed in the middle of the second sample
-    g = iostat.parse(cut)
-    assert g["r_await"].tolist() == [1.5] and g.attrs["truncated_bytes"] > 0
-    assert g["node"].tolist() == ["n"]
-    with pytest.raises(iostat.IostatFormatError):
-        iostat.parse("not json at all")
+    cut = tmp_path / "cut.json"
+    cut.write_text(two[: two.rindex('"timestamp"') + 20])  # killed in the second interval
+    g = iostat.load_file(cut, node="n")
+    assert g["r_await"].tolist() == [1.5] and g["node"].tolist() == ["n"]
+    assert g["t"][0] == pd.Timestamp(T0, unit="ns", tz="UTC")
+    bad = tmp_path / "bad.json"
+    bad.write_text("not iostat output at all")
+    with pytest.raises(ValueError, match=r"bad\.json"):
+        iostat.load_file(bad)
     assert iostat.is_member_device("nvme1n1") and not iostat.is_member_device("md0")
-    # the locale format (no zone) is read as UTC and flagged
-    local = re.sub(r'"timestamp": "[^"]*"', '"timestamp": "01/15/27 08:00:01"', two)
-    h = iostat.parse(local)
-    assert h.attrs["naive_times"] and h["t"][0] == pd.Timestamp("2027-01-15 08:00:01", tz="UTC")
 
 
 def test_iostat_devices_keeps_the_run_window(tmp_path: Path) -> None:

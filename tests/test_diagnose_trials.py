@@ -21,7 +21,8 @@ from benchfs.diagnose import iostat
 from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.judge import Thresholds
 from benchfs.diagnose.screen import Settings, load_screen, run_screen
-from benchfs.nodes import read_exclusions, write_nodes
+from benchfs.mpi import MpiLauncher
+from benchfs.nodes import Node, read_exclusions, write_nodes
 from benchfs.results import create_run_dir
 from diagnose_sim import MIB, Sim, delayfs_or_skip, node, simulation
 
@@ -231,3 +232,29 @@ def test_screen_random_slow_node_and_delay(sim: Sim, tmp_path: Path) -> None:
     doc = by_name(result.to_json())
     assert doc[slow]["verdict"]["kind"] == "slow device"
     assert all(doc[n]["verdict"]["status"] == "ok" for n in names if n != slow)
+
+
+@pytest.mark.long
+def test_screen_under_mpi_one_rank_per_node(tmp_path: Path) -> None:
+    """`--mpi`: two ranks, each probes its node (plain directories here), rank 0 judges."""
+    nodes_file = tmp_path / "nodes.toml"
+    for n in ("a", "b"):
+        (tmp_path / n).mkdir()
+    write_nodes(nodes_file, [Node(n, f"host-{n}", str(tmp_path / n)) for n in ("a", "b")])
+    launcher = MpiLauncher()
+    argv = [sys.executable, "-m", "benchfs.cli.diagnose", "screen", "--mpi", "--no-network"]
+    argv += ["--nodes", str(nodes_file), "--quick", "--seconds", "2", "--json"]
+    argv += ["--results-root", str(tmp_path / "results")]
+    out = subprocess.run(
+        launcher.command(2, argv),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=launcher.env(dict(os.environ)),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert sorted(n["name"] for n in doc["nodes"]) == ["a", "b"]
+    for n in doc["nodes"]:
+        assert n["metrics"]["fio_workload_mib_s"] > 0 and n["metrics"]["dev_r_await_ms"] is not None

@@ -113,10 +113,22 @@ class LocalCluster:
     extra_args: Sequence[str] = ()
     daemons: list[Daemon] = field(default_factory=list)
 
-    def start(self, server_id: int, data_dir: Path, log_path: Path, node: str) -> Daemon:
-        """Start one daemon; it registers itself once it serves (see `wait_ready`)."""
+    def start(
+        self,
+        server_id: int,
+        data_dir: Path,
+        log_path: Path,
+        node: str,
+        prefix: Sequence[str] = (),
+    ) -> Daemon:
+        """Start one daemon; it registers itself once it serves (see `wait_ready`).
+
+        `prefix` is the node's command prefix (nodes file): e.g. `ip netns exec n1`, under
+        which the daemon runs (the prefix must exec the daemon, so that its PID is ours).
+        """
         data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
+            *prefix,
             self.benchfsd,
             "--registry",
             str(self.registry_dir),

@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ANALYSIS_DIR",
+    "EXCLUDED_JSON",
+    "EXCLUDED_TXT",
     "MANIFEST_SCHEMA_VERSION",
     "TELEMETRY_DIR",
     "TELEMETRY_PATTERN",
+    "TRACE_PATTERN",
     "Manifest",
     "RunDir",
+    "ScreenDir",
     "create_run_dir",
+    "create_screen_dir",
     "read_json",
     "utc_now",
     "write_json_atomic",
@@ -46,6 +52,16 @@ TELEMETRY_DIR = "telemetry"
 TELEMETRY_PATTERN = "*.tel"
 """Telemetry files in TELEMETRY_DIR: `<source>-<id>-w<worker>[.<n>].tel`, named by the writer
 in rust/benchfs-core/src/telemetry.rs (format: docs/telemetry.md)."""
+TRACE_PATTERN = "*.trace"
+"""Per-operation trace files in TELEMETRY_DIR: `server-<id>-w<worker>[.<n>].trace`, beside
+the worker's snapshots (format: docs/telemetry.md, "Per-operation traces")."""
+ANALYSIS_DIR = "analysis"
+"""What `benchfs-analyze --save` writes: report.html, report.json, tables/<name>.csv."""
+IOSTAT_DIR = "iostat"
+DIAGNOSE_DIR = "diagnose"
+EXCLUDED_JSON = "excluded.json"
+EXCLUDED_TXT = "excluded.txt"
+"""The one node-exclusion shape: a JSON list of {"host", "reasons"} and one host per line."""
 
 
 def utc_now() -> str:
@@ -95,6 +111,20 @@ class RunDir:
         """The telemetry files of the run, sorted by name."""
         return sorted(self.telemetry_dir.glob(TELEMETRY_PATTERN))
 
+    def trace_files(self) -> list[Path]:
+        """The per-operation trace files of the run, sorted by name (none unless tracing)."""
+        return sorted(self.telemetry_dir.glob(TRACE_PATTERN))
+
+    @property
+    def analysis_dir(self) -> Path:
+        """Where `benchfs-analyze --save` puts its report and tables."""
+        return self.path / ANALYSIS_DIR
+
+    @property
+    def analysis_tables_dir(self) -> Path:
+        """The CSV export of every analysis table (`analysis/tables/<name>.csv`)."""
+        return self.analysis_dir / "tables"
+
     def server_log(self, server_id: int) -> Path:
         return self.servers_dir / f"server-{server_id}.log"
 
@@ -110,6 +140,83 @@ class RunDir:
         """stdout and stderr of the workload launcher (mpiexec) and its ranks."""
         return self.workload_dir / "output.log"
 
+    @property
+    def iostat_dir(self) -> Path:
+        """iostat captured on every node during the run (`benchfs.diagnose.iostat.capture`)."""
+        return self.path / IOSTAT_DIR
+
+    def iostat_capture(self, node: str) -> Path:
+        """One node's capture: the output of `iostat -x -y -t -o JSON` (text if no JSON)."""
+        return self.iostat_dir / f"{node}.json"
+
+    @property
+    def diagnose_dir(self) -> Path:
+        """Diagnose output of the run: the pre-run screen it used, the in-run judgment."""
+        return self.path / DIAGNOSE_DIR
+
+    @property
+    def prerun_screen(self) -> Path:
+        """A copy of the pre-run screen's `screen.json`, if the run was screened."""
+        return self.diagnose_dir / "screen.json"
+
+    @property
+    def judge_json(self) -> Path:
+        """`benchfs-diagnose judge`: the in-run judgment (JSON)."""
+        return self.diagnose_dir / "judge.json"
+
+    @property
+    def judge_csv(self) -> Path:
+        """`benchfs-diagnose judge`: one row per node."""
+        return self.diagnose_dir / "judge.csv"
+
+
+@dataclass(frozen=True)
+class ScreenDir:
+    """Paths inside one screen's results directory (`benchfs-diagnose screen`)."""
+
+    path: Path
+
+    @property
+    def screen_csv(self) -> Path:
+        """One row per node: metrics, flags, verdict."""
+        return self.path / "screen.csv"
+
+    @property
+    def screen_json(self) -> Path:
+        """{"nodes": [{"host", "name", "metrics", "flags", "verdict", ...}], "excluded": [...]}"""
+        return self.path / "screen.json"
+
+    @property
+    def excluded_json(self) -> Path:
+        return self.path / EXCLUDED_JSON
+
+    @property
+    def excluded_txt(self) -> Path:
+        return self.path / EXCLUDED_TXT
+
+    @property
+    def nodes_path(self) -> Path:
+        """The nodes file that was screened (a copy)."""
+        return self.path / "nodes.toml"
+
+    @property
+    def config_path(self) -> Path:
+        """The effective configuration (thresholds included)."""
+        return self.path / CONFIG_NAME
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.path / "raw"
+
+    def raw(self, node: str, probe: str) -> Path:
+        """Raw output of one probe on one node, e.g. raw/n1/fio-seqread.json."""
+        return self.raw_dir / node / probe
+
+    @property
+    def network_dir(self) -> Path:
+        """Raw output of the network probe (per pair: server and client logs, answers)."""
+        return self.raw_dir / "network"
+
 
 def create_run_dir(root: str | os.PathLike[str], mode: str, now: datetime | None = None) -> RunDir:
     """Create `root/<UTC timestamp>-<mode>-<short id>/` with its subdirectories.
@@ -117,6 +224,16 @@ def create_run_dir(root: str | os.PathLike[str], mode: str, now: datetime | None
     The timestamp sorts runs in time; the random short id keeps two runs started in the same
     second apart.
     """
+    run_dir = RunDir(_new_dir(root, mode, now))
+    run_dir.servers_dir.mkdir()
+    run_dir.workload_dir.mkdir()
+    run_dir.telemetry_dir.mkdir()
+    run_dir.registry_dir.mkdir(mode=0o700)
+    return run_dir
+
+
+def _new_dir(root: str | os.PathLike[str], mode: str, now: datetime | None) -> Path:
+    """Create `root/<UTC timestamp>-<mode>-<short id>/` and return its absolute path."""
     if not mode or not mode.replace("-", "").isalnum():
         raise ValueError(f"invalid run mode {mode!r}: use letters, digits and '-'")
     stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -126,15 +243,16 @@ def create_run_dir(root: str | os.PathLike[str], mode: str, now: datetime | None
         path = root_path / f"{stamp}-{mode}-{secrets.token_hex(3)}"
         try:
             path.mkdir()
-            break
+            return path.resolve()
         except FileExistsError:
             continue
-    run_dir = RunDir(path.resolve())
-    run_dir.servers_dir.mkdir()
-    run_dir.workload_dir.mkdir()
-    run_dir.telemetry_dir.mkdir()
-    run_dir.registry_dir.mkdir(mode=0o700)
-    return run_dir
+
+
+def create_screen_dir(root: str | os.PathLike[str], now: datetime | None = None) -> ScreenDir:
+    """Create `root/<UTC timestamp>-screen-<short id>/` with its `raw/` directory."""
+    screen = ScreenDir(_new_dir(root, "screen", now))
+    screen.raw_dir.mkdir()
+    return screen
 
 
 @dataclass

@@ -21,27 +21,36 @@ import json
 import os
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from benchfs.results import TELEMETRY_PATTERN, RunDir
+from benchfs.results import TELEMETRY_PATTERN, TRACE_PATTERN, RunDir
 
 __all__ = [
     "BUCKETS",
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "NO_TARGET",
     "RECORD_DTYPE",
+    "RECORD_DTYPE_V2",
+    "TRACE_DTYPE",
     "Telemetry",
     "TelemetryFormatError",
     "bucket_bounds",
+    "histogram_quantile",
     "load",
+    "load_trace",
 ]
 
 MAGIC = b"BFSTELEM"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest format version this loader reads (and the one client telemetry needs)."""
+FORMAT_VERSIONS = (1, 2)
+"""Every version this loader reads: 1 (servers only) and 2 (adds `target` and clients)."""
 PREAMBLE_SIZE = 16
 RECORD_SIZE = 32
 RECORD_DTYPE = np.dtype(
@@ -57,8 +66,24 @@ RECORD_DTYPE = np.dtype(
         ("reserved", "<u2"),
     ]
 )
-"""One record, as in docs/telemetry.md."""
-assert RECORD_DTYPE.itemsize == RECORD_SIZE
+"""One record of a version 1 file, as in docs/telemetry.md."""
+RECORD_DTYPE_V2 = np.dtype(
+    [
+        ("t_ns", "<u8"),
+        ("value", "<u8"),
+        ("id", "<u4"),
+        ("seq", "<u4"),
+        ("worker", "<u2"),
+        ("metric", "u1"),
+        ("op", "u1"),
+        ("bucket", "<u2"),
+        ("target", "<u2"),
+    ]
+)
+"""One record of a version 2 file: version 1's `reserved` field became `target`."""
+assert RECORD_DTYPE.itemsize == RECORD_DTYPE_V2.itemsize == RECORD_SIZE
+NO_TARGET = 0xFFFF
+"""`target` of a version 2 record whose metric is not per target server."""
 
 SUB_BUCKET_BITS = 2
 BUCKETS = (65 - SUB_BUCKET_BITS) * (1 << SUB_BUCKET_BITS)
@@ -69,11 +94,37 @@ BUCKET_NONE = 0xFFFF
 _STATS = ((0xFFFE, "count", "counter"), (0xFFFD, "sum", "counter"))
 _STATS += ((0xFFFC, "min", "gauge"), (0xFFFB, "max", "gauge"))
 _LOWEST_SPECIAL = 0xFFFB
-SOURCES = ("server",)
-"""Sources this loader reads (issue 9 adds clients)."""
+SOURCES = ("server", "client")
+"""Sources this loader reads; `client` needs format version 2."""
+SOURCES_V1 = ("server",)
 
 KEYS = ["source", "server", "worker", "node"]
 """Columns that name the writer of a row (one worker of one server)."""
+CLIENT_KEYS = ["source", "client", "worker", "node"]
+"""Columns that name the writer of a client row (one Client object of one client process)."""
+
+TRACE_MAGIC = b"BFSTRACE"
+TRACE_VERSION = 1
+TRACE_RECORD_SIZE = 72
+TRACE_DTYPE = np.dtype(
+    [
+        ("t_ns", "<u8"),
+        ("queue_ns", "<u8"),
+        ("device_ns", "<u8"),
+        ("total_ns", "<u8"),
+        ("file_lo", "<u8"),
+        ("file_hi", "<u8"),
+        ("chunk", "<u8"),
+        ("bytes", "<u8"),
+        ("server", "<u4"),
+        ("worker", "<u2"),
+        ("op", "u1"),
+        ("flags", "u1"),
+    ]
+)
+"""One per-operation trace record (docs/telemetry.md, "Per-operation traces")."""
+assert TRACE_DTYPE.itemsize == TRACE_RECORD_SIZE
+TRACE_FLAG_ERROR = 1
 
 
 class TelemetryFormatError(ValueError):
@@ -107,13 +158,16 @@ class _File:
     records: np.ndarray  # of complete snapshots, end markers removed
     snapshots: int
     torn_bytes: int
+    version: int = 1
 
 
 def _max_snapshot_records(header: dict[str, Any]) -> int:
     """Records of the largest snapshot the header's metrics allow (the longest torn tail)."""
     total = 1  # the end marker
+    targets = max(1, len(header.get("targets") or []))
     for m in header["metrics"]:
         series = len(header["ops"]) if m["per_op"] else 1
+        series *= targets if m.get("per_target") else 1
         total += series * ((4 + BUCKETS) if m["kind"] == "histogram" else 1)
     return total
 
@@ -131,11 +185,18 @@ def _check_header(path: Path, header: Any, version: int) -> dict[str, Any]:
     hist = header.get("histogram") or {}
     if hist.get("sub_bucket_bits") != SUB_BUCKET_BITS or hist.get("buckets") != BUCKETS:
         raise bad(f"histogram scheme {hist!r}, expected {SUB_BUCKET_BITS} sub-bucket bits")
-    if header.get("source") not in SOURCES:
+    sources = SOURCES_V1 if version == 1 else SOURCES
+    if header.get("source") not in sources:
         raise TelemetryFormatError(
-            f"{path}: telemetry source {header.get('source')!r} is not supported by this "
-            f"version of benchfs (reads {', '.join(SOURCES)})"
+            f"{path}: telemetry source {header.get('source')!r} is not supported in format "
+            f"version {version} (reads {', '.join(sources)})"
         )
+    if version >= 2 and header["source"] == "client":
+        targets = header.get("targets")
+        if not isinstance(targets, list) or not all(
+            isinstance(t, int) and 0 <= t < NO_TARGET for t in targets
+        ):
+            raise bad("a client header needs 'targets', the list of server ids it talks to")
     for key, kind in (("id", int), ("worker", int), ("node", str), ("ops", list)):
         if not isinstance(header.get(key), kind):
             raise bad(f"{key!r} missing or not {kind.__name__}")
@@ -150,6 +211,8 @@ def _check_header(path: Path, header: Any, version: int) -> dict[str, Any]:
             or not isinstance(m.get("name"), str)
             or m.get("kind") not in ("counter", "gauge", "histogram")
             or not isinstance(m.get("per_op"), bool)
+            or not isinstance(m.get("per_target", False), bool)
+            or (version == 1 and m.get("per_target", False))
         ):
             raise bad(f"bad metric entry {m!r}")
     return header
@@ -163,10 +226,10 @@ def _read(path: Path) -> _File:
     if len(data) < PREAMBLE_SIZE or data[:8] != MAGIC:
         raise TelemetryFormatError(f"{path}: not a BenchFS telemetry file (bad magic)")
     version, header_len = struct.unpack_from("<II", data, 8)
-    if version != FORMAT_VERSION:
+    if version not in FORMAT_VERSIONS:
         raise TelemetryFormatError(
             f"{path}: telemetry format version {version}; this version of benchfs reads "
-            f"version {FORMAT_VERSION}"
+            f"versions {', '.join(map(str, FORMAT_VERSIONS))}"
         )
     start = PREAMBLE_SIZE + header_len
     if start > len(data) or start % RECORD_SIZE:
@@ -178,7 +241,10 @@ def _read(path: Path) -> _File:
     header = _check_header(path, header, version)
 
     records = np.frombuffer(
-        data, dtype=RECORD_DTYPE, count=(len(data) - start) // RECORD_SIZE, offset=start
+        data,
+        dtype=RECORD_DTYPE if version == 1 else RECORD_DTYPE_V2,
+        count=(len(data) - start) // RECORD_SIZE,
+        offset=start,
     )
     ends = np.flatnonzero(records["metric"] == END_METRIC)
     complete = int(ends[-1]) + 1 if ends.size else 0
@@ -208,7 +274,7 @@ def _read(path: Path) -> _File:
             f"{path}: record {k} names id {int(body['id'][k])} worker {int(body['worker'][k])}"
             f", the header id {header['id']} worker {header['worker']}: the file is damaged"
         )
-    return _File(path, header, body, int(ends.size), torn)
+    return _File(path, header, body, int(ends.size), torn, version)
 
 
 class _Categories:
@@ -231,17 +297,35 @@ class _Categories:
 
 
 def _times(ns: np.ndarray) -> pd.DatetimeIndex:
-    return pd.to_datetime(ns.astype(np.int64), unit="ns", utc=True)
+    """ns since the epoch as UTC times (a view and a no-op localisation: no per-value work)."""
+    return pd.DatetimeIndex(ns.astype(np.int64, copy=False).view("M8[ns]")).tz_localize("UTC")
 
 
-def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The counters and histograms frames of `files` (vectorised: Python loops per file)."""
+def _targets(records: np.ndarray) -> np.ndarray:
+    """The records' `target` field (version 2), or NO_TARGET for every version 1 record."""
+    if "target" in (records.dtype.names or ()):
+        return records["target"]
+    return np.full(len(records), NO_TARGET, dtype=np.uint16)
+
+
+def _build(
+    files: list[_File], id_column: str = "server", with_target: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The counters and histograms frames of `files` (vectorised: Python loops per file).
+
+    `id_column` names the writer's id column ("server" or "client"); `with_target` adds the
+    `target` column (the server id of per-target series, -1 for the others).
+    """
     sources, nodes = _Categories(), _Categories()
-    ops = _Categories(["write", "read", "fsync", "extent", ""])
+    ops = _Categories(["write", "read", "fsync", "meta", ""])
     counter_names, hist_names = _Categories(), _Categories()
     kinds = _Categories(["counter", "gauge"])
-    cols_c: dict[str, list[np.ndarray]] = {k: [] for k in ("t", "metric", "op", "kind", "value")}
-    cols_h: dict[str, list[np.ndarray]] = {k: [] for k in ("t", "metric", "op", "bucket", "count")}
+    cols_c: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("t", "metric", "op", "kind", "value", "target")
+    }
+    cols_h: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("t", "metric", "op", "bucket", "count", "target")
+    }
     # Per file: (source, server, worker, node) codes, and its row counts in each frame.
     owners: list[tuple[int, int, int, int]] = []
     n_c: list[int] = []
@@ -253,8 +337,10 @@ def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
         kind_lut = np.full((256, 5), -1, dtype=np.int32)
         hist_lut = np.full(256, -1, dtype=np.int32)
         per_op = np.zeros(256, dtype=bool)
+        per_target = np.zeros(256, dtype=bool)
         for m in h["metrics"]:
             per_op[m["id"]] = m["per_op"]
+            per_target[m["id"]] = m.get("per_target", False)
             if m["kind"] == "histogram":
                 hist_lut[m["id"]] = hist_names.code(m["name"])
                 for stat, (_, suffix, kind) in enumerate(_STATS, start=1):
@@ -280,12 +366,15 @@ def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
         op_h = op_lut[rh["op"]]
         for rows, names, op_codes in ((rc, name_c, op_c), (rh, name_h, op_h)):
             with_op = rows["op"] != NO_OP
+            targeted = _targets(rows) != NO_TARGET
             valid = (names >= 0) & (op_codes >= 0) & (with_op == per_op[rows["metric"]])
+            valid &= targeted == per_target[rows["metric"]]
             if not valid.all():
                 k = int(np.flatnonzero(~valid)[0])
                 raise TelemetryFormatError(
                     f"{f.path}: a record (metric {int(rows['metric'][k])}, op "
-                    f"{int(rows['op'][k])}, bucket {int(rows['bucket'][k])}, snapshot "
+                    f"{int(rows['op'][k])}, bucket {int(rows['bucket'][k])}, target "
+                    f"{int(_targets(rows)[k])}, snapshot "
                     f"{int(rows['seq'][k])}) does not fit the header's metrics: the file is "
                     "damaged"
                 )
@@ -297,11 +386,13 @@ def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
         cols_c["op"].append(op_c)
         cols_c["kind"].append(kind_lut[rc["metric"], stat])
         cols_c["value"].append(rc["value"])
+        cols_c["target"].append(_targets(rc))
         cols_h["t"].append(rh["t_ns"])
         cols_h["metric"].append(name_h)
         cols_h["op"].append(op_h)
         cols_h["bucket"].append(rh["bucket"])
         cols_h["count"].append(rh["value"])
+        cols_h["target"].append(_targets(rh))
 
     def cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
         if not parts:
@@ -312,15 +403,19 @@ def _build(files: list[_File]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     def frame(cols: dict[str, list[np.ndarray]], counts: list[int], names: _Categories) -> Any:
         per_row = np.repeat(owner, counts, axis=0)
-        return {
+        columns = {
             "t": _times(cat(cols["t"], np.uint64)),
             "source": sources.categorical(per_row[:, 0]),
-            "server": per_row[:, 1].copy(),
+            id_column: per_row[:, 1].copy(),
             "worker": per_row[:, 2].copy(),
             "node": nodes.categorical(per_row[:, 3]),
             "metric": names.categorical(cat(cols["metric"], np.int32)),
             "op": ops.categorical(cat(cols["op"], np.int32)),
         }
+        if with_target:
+            target = cat(cols["target"], np.int64)
+            columns["target"] = np.where(target == NO_TARGET, -1, target)
+        return columns
 
     counters = pd.DataFrame(
         {
@@ -358,43 +453,93 @@ def _quantile(buckets: np.ndarray, counts: np.ndarray, q: float, vmin: int, vmax
     return min(max(lo + (hi - lo) // 2, vmin), vmax)
 
 
+def _empty_like(frame: pd.DataFrame, id_column: str) -> pd.DataFrame:
+    """An empty frame with `frame`'s columns, its writer id column renamed and `target` added."""
+    columns = {(id_column if c == "server" else c): frame[c].iloc[:0] for c in frame.columns}
+    out = pd.DataFrame(columns)
+    out.insert(out.columns.get_loc("op") + 1, "target", np.zeros(0, dtype=np.int64))
+    return out
+
+
+def histogram_quantile(
+    buckets: np.ndarray, counts: np.ndarray, q: float, vmin: int, vmax: int
+) -> int:
+    """Quantile `q` of merged bucket counts (bucket indexes ascending), by the Rust rule:
+    the exact `vmin`/`vmax` at the extreme ranks, else the midpoint of the bucket holding rank
+    ceil(q * n), clamped to [vmin, vmax]. 0 if the counts are all zero."""
+    return _quantile(np.asarray(buckets), np.asarray(counts), q, vmin, vmax)
+
+
 @dataclass(frozen=True)
 class Telemetry:
     """Telemetry of one run (or any set of telemetry files), as pandas DataFrames.
 
-    `counters`: one row per counter, gauge and histogram statistic per snapshot, columns
-    t (UTC), source, server, worker, node, metric, op ("" for metrics without one), kind
-    ("counter": cumulative; "gauge": value at t), value. Histogram statistics appear as
+    `counters`: one row per counter, gauge and histogram statistic per server snapshot,
+    columns t (UTC), source, server, worker, node, metric, op ("" for metrics without one),
+    kind ("counter": cumulative; "gauge": value at t), value. Histogram statistics appear as
     `<histogram>.count`, `.sum` (counters) and `.min`, `.max` (gauges, cumulative extremes).
 
-    `histograms`: one row per non-empty bucket per histogram per snapshot, cumulative, columns
-    t, source, server, worker, node, metric, op, bucket, bucket_lo, bucket_hi (inclusive,
-    uint64), count.
+    `histograms`: one row per non-empty bucket per histogram per server snapshot, cumulative,
+    columns t, source, server, worker, node, metric, op, bucket, bucket_lo, bucket_hi
+    (inclusive, uint64), count.
 
-    `files`: one row per file: path, source, server, worker, node, pid, snapshots,
-    torn_bytes (a snapshot being written or torn at the end, skipped), created (UTC).
+    `client_counters`, `client_histograms`: the same for client telemetry (format version 2),
+    with `client` (the client's id) instead of `server` and a `target` column after `op`: the
+    server id a per-target series belongs to, -1 for the others. Empty when no client wrote
+    telemetry (`has_clients` is then False).
+
+    `files`: one row per file: path, source, server (the writer's id: a server id, or a
+    client id for client files), worker, node, pid, snapshots, torn_bytes (a snapshot being
+    written or torn at the end, skipped), created (UTC), version.
     """
 
     counters: pd.DataFrame
     histograms: pd.DataFrame
     files: pd.DataFrame
+    client_counters: pd.DataFrame | None = None
+    client_histograms: pd.DataFrame | None = None
+    _cache: dict[Any, pd.DataFrame] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
-    def rates(self) -> pd.DataFrame:
+    def __post_init__(self) -> None:
+        if self.client_counters is None:
+            object.__setattr__(self, "client_counters", _empty_like(self.counters, "client"))
+        if self.client_histograms is None:
+            object.__setattr__(self, "client_histograms", _empty_like(self.histograms, "client"))
+
+    @property
+    def has_clients(self) -> bool:
+        """True if any client wrote telemetry (format version 2, `source = "client"`)."""
+        return len(self.client_counters) > 0  # type: ignore[arg-type]
+
+    def _frames(self, source: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[str]]:
+        """Counters, histograms, writer keys and series keys (beyond metric and op) of `source`."""
+        if source == "server":
+            return self.counters, self.histograms, KEYS, []
+        if source == "client":
+            assert self.client_counters is not None and self.client_histograms is not None
+            return self.client_counters, self.client_histograms, CLIENT_KEYS, ["target"]
+        raise ValueError(f"unknown telemetry source {source!r} (have: {', '.join(SOURCES)})")
+
+    def rates(self, source: str = "server") -> pd.DataFrame:
         """Per-interval deltas of the counters (gauges and min/max left out).
 
-        Columns t, source, server, worker, node, metric, op, delta, dt (seconds since the
-        writer's previous snapshot; NaN for its first, whose delta is the value since the
-        writer started), rate (delta / dt). A counter that went down (a restarted server)
-        starts again from its value.
+        Columns t, source, server (client and target for `source="client"`), worker, node,
+        metric, op, delta, dt (seconds since the writer's previous snapshot; NaN for its
+        first, whose delta is the value since the writer started), rate (delta / dt). A
+        counter that went down (a restarted server) starts again from its value.
         """
-        c = self.counters[self.counters["kind"] == "counter"]
+        counters, _, keys_w, extra = self._frames(source)
+        c = counters[counters["kind"] == "counter"]
         t = pd.DatetimeIndex(c["t"]).asi8
         keys = [
             c["source"].cat.codes.to_numpy(),
-            c["server"].to_numpy(),
+            c[keys_w[1]].to_numpy(),
             c["worker"].to_numpy(),
             c["metric"].cat.codes.to_numpy(),
             c["op"].cat.codes.to_numpy(),
+            *(c[col].to_numpy() for col in extra),
         ]
         order = np.lexsort([t, *reversed(keys)])
         c = c.iloc[order]
@@ -411,23 +556,42 @@ class Telemetry:
         dt = np.where(new, np.nan, (t - prev_t) / 1e9)
         with np.errstate(divide="ignore", invalid="ignore"):
             rate = delta / dt
-        out = c[["t", *KEYS, "metric", "op"]].reset_index(drop=True)
+        out = c[["t", *keys_w, "metric", "op", *extra]].reset_index(drop=True)
         out["delta"] = delta
         out["dt"] = dt
         out["rate"] = rate
         return out
 
-    def _last_times(self) -> pd.DataFrame:
+    def _last_times(self, source: str = "server") -> pd.DataFrame:
         """The time of each writer's last snapshot."""
-        return self.counters.groupby(KEYS, observed=True, as_index=False)["t"].max()
+        counters, _, keys, _ = self._frames(source)
+        return counters.groupby(keys, observed=True, as_index=False)["t"].max()
 
-    def latest_counters(self) -> pd.DataFrame:
-        """The rows of `counters` from each writer's last snapshot (its final values)."""
-        return self.counters.merge(self._last_times(), on=[*KEYS, "t"], how="inner")
+    def latest_counters(self, source: str = "server") -> pd.DataFrame:
+        """The rows of `counters` from each writer's last snapshot (its final values).
 
-    def latest_histograms(self) -> pd.DataFrame:
-        """The rows of `histograms` from each writer's last snapshot (the whole run)."""
-        return self.histograms.merge(self._last_times(), on=[*KEYS, "t"], how="inner")
+        Computed once per source and shared: treat the frame as read-only.
+        """
+        key = ("latest_counters", source)
+        if key not in self._cache:
+            counters, _, keys, _ = self._frames(source)
+            self._cache[key] = counters.merge(
+                self._last_times(source), on=[*keys, "t"], how="inner"
+            )
+        return self._cache[key]
+
+    def latest_histograms(self, source: str = "server") -> pd.DataFrame:
+        """The rows of `histograms` from each writer's last snapshot (the whole run).
+
+        Computed once per source and shared: treat the frame as read-only.
+        """
+        key = ("latest_histograms", source)
+        if key not in self._cache:
+            _, histograms, keys, _ = self._frames(source)
+            self._cache[key] = histograms.merge(
+                self._last_times(source), on=[*keys, "t"], how="inner"
+            )
+        return self._cache[key]
 
     def quantile(
         self,
@@ -435,43 +599,49 @@ class Telemetry:
         op: str | None = None,
         q: float = 0.5,
         by: str | Sequence[str] | None = None,
+        source: str = "server",
     ) -> int | pd.Series:
         """Quantile `q` of histogram `metric` (for `op`) over the whole run.
 
-        Merges the last snapshot of every writer (or of each group `by`, e.g. "server" or
-        "node") and computes as the Rust `Histogram::quantile` does: the exact minimum or
-        maximum at the extreme ranks, else the midpoint of the bucket holding rank
-        ceil(q * count), within 12.5% of the true value. 0 for an empty histogram.
+        Merges the last snapshot of every writer (or of each group `by`, e.g. "server",
+        "node", or "target" for client telemetry) and computes as the Rust
+        `Histogram::quantile` does: the exact minimum or maximum at the extreme ranks, else the
+        midpoint of the bucket holding rank ceil(q * count), within 12.5% of the true value.
+        0 for an empty histogram. `source="client"` reads client telemetry.
         """
-        hists = self.histograms["metric"].cat.categories
+        _, histograms, keys, extra = self._frames(source)
+        hists = histograms["metric"].cat.categories
         if metric not in hists:
             raise ValueError(f"no histogram {metric!r} (have: {', '.join(map(str, hists))})")
         op_name = op or ""
-        h = self.latest_histograms()
+        h = self.latest_histograms(source)
         h = h[(h["metric"] == metric) & (h["op"] == op_name)]
-        c = self.latest_counters()
+        c = self.latest_counters(source)
         c = c[(c["op"] == op_name) & c["metric"].isin([f"{metric}.min", f"{metric}.max"])]
         c = c.assign(metric=c["metric"].astype(str))
         groups = [by] if isinstance(by, str) else list(by or [])
+        series_keys = [*keys, *extra]
         if not groups:
-            return self._merged_quantile(h, c, q)
-        keys: list[tuple[Any, ...]] = []
+            return self._merged_quantile(h, c, q, series_keys)
+        out_keys: list[tuple[Any, ...]] = []
         values: list[int] = []
         for key, hg in h.groupby(groups, observed=True):
             key = key if isinstance(key, tuple) else (key,)
             cg = c
             for col, value in zip(groups, key, strict=True):
                 cg = cg[cg[col] == value]
-            keys.append(key)
-            values.append(self._merged_quantile(hg, cg, q))
+            out_keys.append(key)
+            values.append(self._merged_quantile(hg, cg, q, series_keys))
         if len(groups) == 1:
-            index = pd.Index([k[0] for k in keys], name=groups[0])
+            index = pd.Index([k[0] for k in out_keys], name=groups[0])
         else:
-            index = pd.MultiIndex.from_tuples(keys, names=groups)
+            index = pd.MultiIndex.from_tuples(out_keys, names=groups)
         return pd.Series(values, index=index, dtype=np.int64, name=f"{metric} q{q:g}")
 
     @staticmethod
-    def _merged_quantile(h: pd.DataFrame, c: pd.DataFrame, q: float) -> int:
+    def _merged_quantile(
+        h: pd.DataFrame, c: pd.DataFrame, q: float, series_keys: list[str] = KEYS
+    ) -> int:
         merged = h.groupby("bucket")["count"].sum().sort_index()
         counts = merged.to_numpy()
         if counts.sum() == 0:
@@ -479,8 +649,8 @@ class Telemetry:
         nonempty = c[c["metric"].str.endswith(".max") & (c["value"] > 0)]
         vmax = int(nonempty["value"].max()) if len(nonempty) else 0
         # A writer whose histogram is empty reports min 0; only non-empty writers count.
-        writers = h.groupby(KEYS, observed=True).size().reset_index()[KEYS]
-        mins = c[c["metric"].str.endswith(".min")].merge(writers, on=KEYS)
+        writers = h.groupby(series_keys, observed=True).size().reset_index()[series_keys]
+        mins = c[c["metric"].str.endswith(".min")].merge(writers, on=series_keys)
         vmin = int(mins["value"].min()) if len(mins) else 0
         return _quantile(merged.index.to_numpy(), counts, q, vmin, vmax)
 
@@ -499,6 +669,7 @@ def _files_frame(files: list[_File]) -> pd.DataFrame:
             "created": _times(
                 np.array([int(f.header.get("created_unix_ns", 0)) for f in files], np.uint64)
             ),
+            "version": np.array([f.version for f in files], dtype=np.int64),
         }
     )
 
@@ -537,5 +708,164 @@ def load(path: str | os.PathLike[str]) -> Telemetry:
             str(f.path),
         )
     )
-    counters, histograms = _build(files)
-    return Telemetry(counters, histograms, _files_frame(files))
+    servers = [f for f in files if f.header["source"] == "server"]
+    clients = [f for f in files if f.header["source"] == "client"]
+    counters, histograms = _build(servers)
+    client_counters, client_histograms = _build(clients, "client", with_target=True)
+    return Telemetry(counters, histograms, _files_frame(files), client_counters, client_histograms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-operation traces
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One trace file's header and what was found at its end."""
+
+    path: Path
+    header: dict[str, Any]
+    records: int
+    torn_bytes: int
+
+
+def _trace_header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
+    """The JSON header of a trace file and the offset of its first record."""
+    if len(data) < PREAMBLE_SIZE or data[:8] != TRACE_MAGIC:
+        raise TelemetryFormatError(f"{path}: not a BenchFS trace file (bad magic)")
+    version, header_len = struct.unpack_from("<II", data, 8)
+    if version != TRACE_VERSION:
+        raise TelemetryFormatError(
+            f"{path}: trace format version {version}; this version of benchfs reads version "
+            f"{TRACE_VERSION}"
+        )
+    start = PREAMBLE_SIZE + header_len
+    if len(data) < start or start % 8:
+        raise TelemetryFormatError(f"{path}: header length {header_len} does not fit the file")
+    try:
+        header = json.loads(data[PREAMBLE_SIZE:start])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TelemetryFormatError(f"{path}: malformed trace header: {e}") from e
+    if (
+        not isinstance(header, dict)
+        or header.get("format") != "benchfs-trace"
+        or header.get("version") != version
+        or header.get("record_size") != TRACE_RECORD_SIZE
+        or header.get("byte_order") != "little"
+        or header.get("source") != "server"
+        or not isinstance(header.get("id"), int)
+        or not isinstance(header.get("worker"), int)
+        or not isinstance(header.get("node"), str)
+        or not isinstance(header.get("ops"), list)
+    ):
+        raise TelemetryFormatError(f"{path}: malformed trace header: {header!r:.200}")
+    return header, start
+
+
+def _read_traces(paths: list[Path]) -> tuple[list[TraceFile], np.ndarray, list[int]]:
+    """Every trace file's records in one array (read straight into it: one copy from disk)."""
+    layout: list[tuple[Path, dict[str, Any], int, int, int]] = []
+    total = 0
+    for p in paths:
+        size = p.stat().st_size
+        with p.open("rb") as f:
+            head = f.read(PREAMBLE_SIZE)
+            length = struct.unpack_from("<I", head, 12)[0] if len(head) == PREAMBLE_SIZE else 0
+            head += f.read(length)
+        header, start = _trace_header(p, head)
+        count = (size - start) // TRACE_RECORD_SIZE
+        layout.append((p, header, start, count, size - start - count * TRACE_RECORD_SIZE))
+        total += count
+    rec = np.empty(total, dtype=TRACE_DTYPE)
+    raw = rec.view(np.uint8).reshape(-1)
+    infos: list[TraceFile] = []
+    counts: list[int] = []
+    at = 0
+    for p, header, start, count, torn in layout:
+        nbytes = count * TRACE_RECORD_SIZE
+        with p.open("rb") as f:
+            f.seek(start)
+            got = f.readinto(memoryview(raw[at * TRACE_RECORD_SIZE :][:nbytes]))
+        if got != nbytes:
+            raise TelemetryFormatError(f"{p}: the file shrank while it was read")
+        part = rec[at : at + count]
+        wrong = (part["server"] != header["id"]) | (part["worker"] != header["worker"])
+        wrong |= part["op"] >= len(header["ops"])
+        if wrong.any():
+            k = int(np.flatnonzero(wrong)[0])
+            raise TelemetryFormatError(
+                f"{p}: trace record {k} (server {int(part['server'][k])}, worker "
+                f"{int(part['worker'][k])}, op {int(part['op'][k])}) does not fit the header "
+                f"(id {header['id']}, worker {header['worker']}, {len(header['ops'])} ops): "
+                "the file is damaged"
+            )
+        infos.append(TraceFile(p, header, count, torn))
+        counts.append(count)
+        at += count
+    return infos, rec, counts
+
+
+def trace_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """The trace files at `path` (a results directory, a telemetry directory, or a file)."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such trace file or directory")
+    found = sorted(p.glob(TRACE_PATTERN))
+    return found or RunDir(p).trace_files()
+
+
+def load_trace(path: str | os.PathLike[str]) -> pd.DataFrame | None:
+    """The per-operation trace records at `path` as one DataFrame, or None if there are none.
+
+    Columns: t (arrival at the server, UTC), server (uint32), worker (uint16), node
+    (categorical), op (categorical), file_hi, file_lo (the 128-bit file id), chunk, bytes,
+    queue_ns, device_ns, total_ns (uint64), error (bool). `df.attrs["files"]` lists the files
+    with their record counts and torn tails. The records of every file are read straight into
+    one numpy array (no Python loop per record).
+    """
+    paths = trace_paths(path)
+    if not paths:
+        return None
+    infos, rec, counts = _read_traces(paths)
+    nodes = _Categories()
+    ops = _Categories(["write", "read", "fsync", "meta"])
+    node_of_file = np.array([nodes.code(i.header["node"]) for i in infos], dtype=np.int32)
+    node_codes = np.repeat(node_of_file, counts)
+    op_codes = np.empty(len(rec), dtype=np.int32)
+    at = 0
+    for info, n in zip(infos, counts, strict=True):
+        lut = np.array([ops.code(str(name)) for name in info.header["ops"]], dtype=np.int32)
+        op_codes[at : at + n] = lut[rec["op"][at : at + n]]
+        at += n
+    df = pd.DataFrame(
+        {
+            "t": _times(rec["t_ns"]),
+            "server": rec["server"],
+            "worker": rec["worker"],
+            "node": nodes.categorical(node_codes),
+            "op": ops.categorical(op_codes),
+            "file_hi": rec["file_hi"],
+            "file_lo": rec["file_lo"],
+            "chunk": rec["chunk"],
+            "bytes": rec["bytes"],
+            "queue_ns": rec["queue_ns"],
+            "device_ns": rec["device_ns"],
+            "total_ns": rec["total_ns"],
+            "error": (rec["flags"] & TRACE_FLAG_ERROR) != 0,
+        },
+        copy=False,
+    )
+    df.attrs["files"] = [
+        {
+            "path": str(i.path),
+            "server": i.header["id"],
+            "worker": i.header["worker"],
+            "node": i.header["node"],
+            "records": i.records,
+            "torn_bytes": i.torn_bytes,
+        }
+        for i in infos
+    ]
+    return df

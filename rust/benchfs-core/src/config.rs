@@ -298,7 +298,8 @@ pub struct InsightsConfig {
     pub batch_mean_max: f64,
     /// ... while the device had at least this mean depth: one enter per SQE under load.
     pub batch_depth_min: f64,
-    /// BFS-003: a node with at least this percentage of slow operations is slow ...
+    /// BFS-003: a node whose percentage of slow operations exceeds the other nodes' median by
+    /// at least this many points is slow ...
     pub slow_node_pct: f64,
     /// ... and so is one whose mean op time is this many times the other nodes' median.
     pub slow_node_factor: f64,

@@ -1,0 +1,217 @@
+"""Telemetry to answers: the seeds' analyses of a results directory, as a library.
+
+    >>> from benchfs import analysis
+    >>> a = analysis.analyze("results/20250102T030405Z-local-3fa9c1")
+    >>> a.tables.per_node              # one DataFrame per analysis (docs/analysis.md)
+    >>> [i.id for i in a.insights if i.fired]
+    >>> a.write_csv("tables/")         # every table as CSV
+
+`analyze` loads the run (`load_run`), computes the standard tables (`compute_tables`) and
+evaluates the coded insights with the `[insights]` thresholds of the one configuration
+(`resolve_thresholds`, or explicit `Thresholds`). Nothing here raises because a run lacks an
+optional part (client telemetry, traces, iostat): the tables are then empty and `notes` says
+why.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchfs.analysis.insights import CATALOG, Insight, Tables, evaluate
+from benchfs.analysis.run import (
+    NO_CLIENT_TELEMETRY,
+    NO_IOSTAT,
+    NO_TRACE,
+    Run,
+    latest_run,
+    load_run,
+)
+from benchfs.analysis.tables import (
+    DEPTH_RANGES,
+    OP_TIME_RANGES,
+    bimodal,
+    io_depth,
+    iostat_devices,
+    onset,
+    op_time_distribution,
+    per_node,
+    placement,
+    placement_summary,
+    rpc_by_target,
+    rpc_timeseries,
+    timeseries,
+)
+from benchfs.analysis.thresholds import Thresholds, resolve_thresholds
+
+__all__ = [
+    "CATALOG",
+    "DEPTH_RANGES",
+    "NO_CLIENT_TELEMETRY",
+    "NO_IOSTAT",
+    "NO_TRACE",
+    "OP_TIME_RANGES",
+    "Analysis",
+    "Insight",
+    "Run",
+    "Tables",
+    "Thresholds",
+    "analyze",
+    "bimodal",
+    "compute_tables",
+    "evaluate",
+    "io_depth",
+    "iostat_devices",
+    "latest_run",
+    "load_run",
+    "onset",
+    "op_time_distribution",
+    "per_node",
+    "placement",
+    "placement_summary",
+    "resolve_thresholds",
+    "rpc_by_target",
+    "rpc_timeseries",
+    "summary",
+    "timeseries",
+]
+
+
+def compute_tables(run: Run, thresholds: Thresholds, interval_s: float | None = None) -> Tables:
+    """Every standard table of `run` (what the report, the CSV export and the insights use)."""
+    ts = timeseries(run, thresholds.slow_op_ms, interval_s)
+    place = placement(run)
+    return Tables(
+        io_depth=io_depth(run),
+        op_time=op_time_distribution(run, thresholds.bimodal_mode_share, "total_ns"),
+        device_time=op_time_distribution(run, thresholds.bimodal_mode_share, "device_ns"),
+        per_node=per_node(run, thresholds.slow_op_ms),
+        timeseries=ts,
+        onset=onset(ts, thresholds.slow_node_pct),
+        placement=place,
+        placement_summary=placement_summary(place),
+        rpc_by_target=rpc_by_target(run),
+        rpc_timeseries=rpc_timeseries(run, interval_s),
+        iostat_devices=iostat_devices(run),
+    )
+
+
+def _num(v: Any) -> Any:
+    """A JSON-friendly number (NaN and infinities become None)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if hasattr(v, "item"):
+        return _num(v.item())
+    return v
+
+
+def summary(run: Run, tables: Tables) -> dict[str, Any]:
+    """The run at a glance: what ran, how it went, and the headline figures."""
+    m = run.manifest or {}
+    w = m.get("workload") or {}
+    start, end = run.window()
+    out: dict[str, Any] = {
+        "run": run.name,
+        "path": str(run.path),
+        "mode": m.get("mode"),
+        "outcome": (m.get("outcome") or {}).get("status"),
+        "outcome_code": (m.get("outcome") or {}).get("code"),
+        "started_at": m.get("started_at"),
+        "duration_s": (end - start).total_seconds()
+        if start is not None and end is not None
+        else None,
+        "servers": len(run.servers()),
+        "clients": w.get("ranks"),
+        "write_mib_s": w.get("write_mib_s"),
+        "read_mib_s": w.get("read_mib_s"),
+        "verified": w.get("verified"),
+        "client_telemetry": run.has_clients,
+        "trace_records": 0 if run.trace is None else len(run.trace),
+        "iostat": run.iostat is not None,
+    }
+    d = tables.io_depth
+    if not d.empty:
+        row = d[d["node"] == "all"].iloc[0]
+        out["mean_depth"] = float(row["mean"])
+        out["share_depth1"] = float(row["share_depth1"])
+    for row in tables.op_time.itertuples():
+        out[f"{row.op}_ops"] = int(row.ops)
+        out[f"{row.op}_p50_ms"] = float(row.p50_ms)
+        out[f"{row.op}_p99_ms"] = float(row.p99_ms)
+        out[f"{row.op}_mean_ms"] = float(row.mean_ms)
+    s = tables.placement_summary
+    out["placement_max_over_mean"] = s.get("write_bytes_max_over_mean")
+    if not tables.rpc_by_target.empty:
+        r = tables.rpc_by_target
+        req = int(r["requests"].sum())
+        out["retry_rate"] = int(r["retries"].sum()) / req if req else None
+    return {k: _num(v) for k, v in out.items()}
+
+
+@dataclass
+class Analysis:
+    """A run, its standard tables and the insights' verdicts."""
+
+    run: Run
+    thresholds: Thresholds
+    tables: Tables
+    insights: list[Insight]
+
+    @property
+    def notes(self) -> list[str]:
+        return self.run.notes
+
+    @property
+    def fired(self) -> list[Insight]:
+        return [i for i in self.insights if i.fired]
+
+    def summary(self) -> dict[str, Any]:
+        return summary(self.run, self.tables)
+
+    def write_csv(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Every table as `<directory>/<name>.csv` (created if needed); returns the paths."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, frame in self.tables.frames().items():
+            path = d / f"{name}.csv"
+            frame.to_csv(path, index=False)
+            paths.append(path)
+        path = d / "insights.csv"
+        pd.DataFrame(
+            [
+                {
+                    "id": i.id,
+                    "title": i.title,
+                    "fired": i.fired,
+                    "evaluated": i.evaluated,
+                    "evidence": " | ".join(i.evidence),
+                    "reason": i.reason,
+                }
+                for i in self.insights
+            ]
+        ).to_csv(path, index=False)
+        paths.append(path)
+        return paths
+
+
+def analyze(
+    run: Run | str | os.PathLike[str],
+    thresholds: Thresholds | None = None,
+    interval_s: float | None = None,
+) -> Analysis:
+    """Load (if given a path), tabulate and judge one run.
+
+    `thresholds` defaults to the `[insights]` section of the effective configuration
+    (`resolve_thresholds()`); `interval_s` is the time-series step (default: the run's
+    telemetry.interval_ms).
+    """
+    r = run if isinstance(run, Run) else load_run(run)
+    th = thresholds if thresholds is not None else resolve_thresholds()
+    t = compute_tables(r, th, interval_s)
+    return Analysis(r, th, t, evaluate(r, t, th))

@@ -1,0 +1,190 @@
+"""`benchfs-analyze RESULTS_DIR`: the seeds' analyses, coded insights and reports of one run.
+
+Prints a terminal summary (rich); `--html` writes one self-contained report, `--json` prints
+one JSON object instead of the summary, `--csv` writes every table, `--baseline` compares with
+another run (figures and effective configs), `--chrome-trace` exports per-operation traces for
+Perfetto, `--save` puts report.html, report.json and tables/ into RESULTS_DIR/analysis/.
+See docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from benchfs import __version__
+from benchfs.analysis import Analysis, analyze, load_run
+from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
+from benchfs.analysis.report import print_terminal, render_html, to_json
+from benchfs.analysis.thresholds import Thresholds, resolve_thresholds
+from benchfs.results import RunDir, write_json_atomic, write_text_atomic
+
+EXIT_FAILED = 1
+
+
+class AnalyzeError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _thresholds(config: Path | None, overrides: tuple[str, ...]) -> Thresholds:
+    try:
+        return resolve_thresholds(config, overrides)
+    except FileNotFoundError as e:
+        raise AnalyzeError("ENOENT", f"configuration: {e}") from e
+    except ValueError as e:
+        raise AnalyzeError("EINVAL", f"configuration: {e}") from e
+
+
+def _analyze(path: Path, thresholds: Thresholds, interval: float | None) -> Analysis:
+    try:
+        return analyze(load_run(path), thresholds, interval)
+    except FileNotFoundError as e:
+        raise AnalyzeError("ENOENT", str(e)) from e
+    except ValueError as e:
+        raise AnalyzeError("EIO", str(e)) from e
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, text)
+    except OSError as e:
+        raise AnalyzeError("EIO", f"{path}: {e.strerror or e}") from e
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="benchfs-analyze")
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one self-contained HTML report (plots and tables) to FILE.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary."
+)
+@click.option(
+    "--csv",
+    "csv_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write every table as <name>.csv into DIR.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Another results directory to compare with (figures and effective configs).",
+)
+@click.option(
+    "--chrome-trace",
+    "chrome_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Export the per-operation trace as Chrome trace JSON (Perfetto) to FILE.",
+)
+@click.option(
+    "--chrome-trace-limit",
+    type=click.IntRange(min=1),
+    default=DEFAULT_LIMIT,
+    show_default=True,
+    help="Operations exported at most (the earliest).",
+)
+@click.option(
+    "--save",
+    is_flag=True,
+    help="Also write report.html, report.json and tables/ into RESULTS_DIR/analysis/.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds per time-series interval [the run's telemetry.interval_ms].",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Configuration file for the [insights] thresholds [$BENCHFS_CONFIG].",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override one configuration key, e.g. insights.slow_op_ms=50 (repeatable).",
+)
+def main(
+    results_dir: Path,
+    html_path: Path | None,
+    as_json: bool,
+    csv_dir: Path | None,
+    baseline: Path | None,
+    chrome_path: Path | None,
+    chrome_trace_limit: int,
+    save: bool,
+    interval: float | None,
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Analyze the results directory RESULTS_DIR (see docs/analysis.md)."""
+    out, err = Console(), Console(stderr=True)
+    try:
+        thresholds = _thresholds(config_path, overrides)
+        a = _analyze(results_dir, thresholds, interval)
+        b = _analyze(baseline, thresholds, interval) if baseline else None
+        report = to_json(a, b)
+        if html_path:
+            _write(html_path, render_html(a, b))
+        if csv_dir:
+            try:
+                a.write_csv(csv_dir)
+            except OSError as e:
+                raise AnalyzeError("EIO", f"{csv_dir}: {e.strerror or e}") from e
+        if save:
+            rd = RunDir(a.run.path)
+            _write(rd.analysis_dir / "report.html", render_html(a, b))
+            try:
+                rd.analysis_dir.mkdir(exist_ok=True)
+                write_json_atomic(rd.analysis_dir / "report.json", report)
+                a.write_csv(rd.analysis_tables_dir)
+            except OSError as e:
+                raise AnalyzeError("EIO", f"{rd.analysis_dir}: {e.strerror or e}") from e
+        if as_json:
+            click.echo(json.dumps(report))
+        else:
+            print_terminal(out if out.is_terminal else Console(width=120), a, b)
+        for what, path in (("HTML report", html_path), ("tables", csv_dir)):
+            if path and not as_json:
+                err.print(
+                    f"[dim]benchfs-analyze: {what} in {escape(str(path))}[/]", highlight=False
+                )
+        if chrome_path:
+            if a.run.trace is None:
+                raise AnalyzeError(
+                    "ENOENT",
+                    f"no per-operation trace in {a.run.path} (telemetry.trace was off): "
+                    "nothing to export",
+                )
+            info = write_chrome_trace(a.run.trace, chrome_path, chrome_trace_limit)
+            note = " (truncated: raise --chrome-trace-limit)" if info["truncated"] else ""
+            err.print(
+                f"[dim]benchfs-analyze: {info['exported_ops']:,} of {info['trace_ops']:,} "
+                f"operations in {escape(str(chrome_path))}{note}[/]",
+                highlight=False,
+            )
+    except AnalyzeError as e:
+        err.print(
+            f"[red]benchfs-analyze: error {e.code}:[/] {escape(e.message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    main()

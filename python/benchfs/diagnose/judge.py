@@ -1,0 +1,266 @@
+"""Judgment: which nodes are slow, of which kind, on what evidence, and which to exclude.
+
+Per metric, across nodes, one-sided: a node is an outlier when it is worse than the others
+both statistically and materially (docs/diagnose.md):
+
+- badness b = log(x) for higher-is-worse metrics (latency), -log(x) for lower-is-worse ones
+  (bandwidth), so a ratio to the median becomes a difference;
+- modified z-score M = 0.6745 (b - median b) / MAD, with MAD = median |b - median b| (times a
+  small-sample correction for n < 10) but never less than log(1 + min_spread) (equal nodes,
+  MAD = 0, flag no noise);
+- flagged when M > z_threshold AND the node is at least min_worse worse than the median AND
+  (for device latency) above an absolute floor;
+- two nodes: the worse one is flagged when it is two_node_ratio times worse than the other;
+- when up to half the nodes are slow the median may sit among them: if the MAD test flags
+  nothing, the sorted values are split at their widest gap, and a worse group of at most half
+  the nodes, group_ratio times worse than the better group, is flagged against that group.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from benchfs.diagnose.errors import DiagnoseError
+
+__all__ = [
+    "KIND_ABOVE",
+    "KIND_DEVICE",
+    "KIND_NETWORK",
+    "Flag",
+    "MetricSpec",
+    "Outlier",
+    "Thresholds",
+    "outliers",
+]
+
+KIND_DEVICE = "slow device"
+KIND_ABOVE = "slow above the device"
+KIND_UNCLEAR = "slow (cause unclear)"
+KIND_NETWORK = "slow network"
+KIND_MD = "md resync"
+KIND_HEALTH = "device health"
+KIND_PROBE = "probe failed"
+KIND_FULL = "scratch full"
+EPSILON = 1e-9
+MAD_TO_SIGMA = 0.6745
+SMALL_SAMPLE_MAD = {3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
+"""Croux & Rousseeuw's (1992) small-sample correction of the MAD (n > 9: n / (n - 0.8)): the
+MAD of a few values underestimates their spread (of 3, it is the distance to the nearer one)."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The `[diagnose]` section of the configuration (defaults: rust/benchfs-core/src/config.rs,
+    docs/config.md)."""
+
+    workload_seconds: float
+    quick_seconds: float
+    budget_s: float
+    z_threshold: float
+    min_worse: float
+    min_spread: float
+    two_node_ratio: float
+    group_ratio: float
+    r_await_ms: float
+    r_await_floor_ms: float
+    member_ratio: float
+    above_device_ratio: float
+    max_exclude_share: float
+    rise_ratio: float
+
+    @staticmethod
+    def from_config(config: Mapping[str, Any]) -> Thresholds:
+        """From an effective configuration (`benchfs.config.load_config`)."""
+        section = config.get("diagnose")
+        if not isinstance(section, Mapping):
+            raise DiagnoseError(
+                "EINVAL",
+                "the configuration has no [diagnose] section: the native module benchfs._core "
+                "was built before it existed; rebuild it (make build)",
+            )
+        names = [f.name for f in fields(Thresholds)]
+        missing = [n for n in names if n not in section]
+        if missing:
+            raise DiagnoseError("EINVAL", f"[diagnose] lacks {', '.join(missing)}: rebuild")
+        return Thresholds(**{n: float(section[n]) for n in names})
+
+    def to_json(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How a metric is judged: which direction is worse, its unit, an absolute floor."""
+
+    name: str
+    label: str
+    unit: str
+    higher_is_worse: bool
+    floor: float = 0.0
+    """Values on the good side of this (below it, for higher-is-worse) are never flagged."""
+
+    def fmt(self, value: float) -> str:
+        return f"{value:.3g} {self.unit}"
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """One node (or pair) worse than its peers on one metric."""
+
+    key: str
+    spec: MetricSpec
+    value: float
+    reference: float
+    worse: float
+    """How many times worse than the reference (>= 1)."""
+    z: float | None
+    rule: str
+
+    def evidence(self) -> str:
+        how = {
+            "mad": f"M={self.z:.1f}" if self.z is not None else "MAD",
+            "two-node": "two nodes: against the other",
+            "group": "a slow group: against the better group's median",
+        }[self.rule]
+        ref = "median" if self.rule == "mad" else "reference"
+        return (
+            f"{self.spec.label} {self.spec.fmt(self.value)} vs {ref} "
+            f"{self.spec.fmt(self.reference)} ({self.worse:.1f}x worse; {how})"
+        )
+
+
+def _badness(x: float, spec: MetricSpec) -> float:
+    v = math.log(max(x, EPSILON))
+    return v if spec.higher_is_worse else -v
+
+
+def _value(b: float, spec: MetricSpec) -> float:
+    return math.exp(b if spec.higher_is_worse else -b)
+
+
+def _floor_ok(x: float, spec: MetricSpec) -> bool:
+    return x >= spec.floor if spec.higher_is_worse else True
+
+
+def outliers(values: Mapping[str, float | None], spec: MetricSpec, th: Thresholds) -> list[Outlier]:
+    """The keys (nodes or pairs) whose value of `spec` is an outlier on the worse side."""
+    data = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
+    n = len(data)
+    if n < 2:
+        return []
+    bad = {k: _badness(v, spec) for k, v in data.items()}
+    floor = math.log1p(th.min_worse)
+    if n == 2:
+        (k1, b1), (k2, b2) = sorted(bad.items(), key=lambda kv: kv[1])
+        worse = math.exp(b2 - b1)
+        if worse >= th.two_node_ratio and b2 - b1 >= floor and _floor_ok(data[k2], spec):
+            return [Outlier(k2, spec, data[k2], data[k1], worse, None, "two-node")]
+        return []
+    med = statistics.median(bad.values())
+    mad = statistics.median(abs(b - med) for b in bad.values())
+    mad *= SMALL_SAMPLE_MAD.get(n, n / (n - 0.8))
+    scale = max(mad, math.log1p(th.min_spread))
+    found = []
+    for k, b in bad.items():
+        z = MAD_TO_SIGMA * (b - med) / scale
+        if z > th.z_threshold and b - med >= floor and _floor_ok(data[k], spec):
+            found.append(Outlier(k, spec, data[k], _value(med, spec), math.exp(b - med), z, "mad"))
+    if found:
+        return sorted(found, key=lambda o: -o.worse)
+    # Up to half the nodes slow: split at the widest gap of the sorted badness.
+    ordered = sorted(bad.items(), key=lambda kv: kv[1])
+    gaps = [ordered[i + 1][1] - ordered[i][1] for i in range(n - 1)]
+    cut = max(range(n - 1), key=lambda i: gaps[i]) + 1
+    better, worse_group = ordered[:cut], ordered[cut:]
+    if len(worse_group) > n / 2:
+        return []
+    ref = statistics.median(b for _, b in better)
+    if math.exp(statistics.median(b for _, b in worse_group) - ref) < th.group_ratio:
+        return []
+    return [
+        Outlier(k, spec, data[k], _value(ref, spec), math.exp(b - ref), None, "group")
+        for k, b in reversed(worse_group)
+        if b - ref >= floor and _floor_ok(data[k], spec)
+    ]
+
+
+@dataclass
+class Flag:
+    """One reason to distrust a node: what, which kind of slowness, the evidence, and whether
+    it alone justifies excluding the node."""
+
+    name: str
+    kind: str
+    evidence: str
+    severity: float = 1.0
+    excludable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "flag": self.name,
+            "kind": self.kind,
+            "evidence": self.evidence,
+            "severity": round(self.severity, 3) if math.isfinite(self.severity) else None,
+            "excludable": self.excludable,
+        }
+
+
+@dataclass
+class Verdict:
+    status: str  # "ok", "flagged", "excluded"
+    kind: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "kind": self.kind, "reasons": self.reasons}
+
+
+def kind_of(flags: Sequence[Flag]) -> str | None:
+    """The node's kind of slowness: the most specific one among its flags."""
+    order = (KIND_HEALTH, KIND_MD, KIND_DEVICE, KIND_ABOVE, KIND_NETWORK, KIND_FULL, KIND_PROBE)
+    kinds = {f.kind for f in flags}
+    for kind in order:
+        if kind in kinds:
+            return kind
+    return next(iter(kinds), None)
+
+
+def exclusion_cap(n: int, th: Thresholds) -> int:
+    """How many of `n` nodes a screen may exclude: max_exclude_share of them, but at least one
+    when there are two or more nodes and the share is not zero."""
+    if n < 2 or th.max_exclude_share <= 0:
+        return 0
+    return max(1, math.floor(th.max_exclude_share * n + 1e-9))
+
+
+def decide(
+    flags: Mapping[str, Sequence[Flag]], th: Thresholds
+) -> tuple[dict[str, Verdict], list[str]]:
+    """Verdicts per node and the excluded nodes (worst first, at most the cap)."""
+    n = len(flags)
+    cap = exclusion_cap(n, th)
+    candidates = sorted(
+        (k for k, fs in flags.items() if any(f.excludable for f in fs)),
+        key=lambda k: -max(f.severity for f in flags[k] if f.excludable),
+    )
+    excluded = candidates[:cap]
+    verdicts: dict[str, Verdict] = {}
+    for key, fs in flags.items():
+        reasons = [f"{f.kind}: {f.evidence}" for f in fs]
+        if not fs:
+            verdicts[key] = Verdict("ok")
+        elif key in excluded:
+            verdicts[key] = Verdict("excluded", kind_of(fs), reasons)
+        else:
+            why = (
+                f"kept: the cap of {cap} excluded node(s) ({th.max_exclude_share:g} of {n}) "
+                "was reached"
+                if key in candidates
+                else "kept: no flag alone justifies exclusion"
+            )
+            verdicts[key] = Verdict("flagged", kind_of(fs), [*reasons, why])
+    return verdicts, excluded

@@ -1,0 +1,603 @@
+"""A screen: every probe on every node at once, then the judgment, into a screen directory.
+
+Locally (simulated nodes on this host) each node's probes run in a thread of their own, every
+command under the node's prefix; under MPI (`mpiexec -n N ... benchfs-diagnose screen --mpi`,
+one rank per node) each rank probes its node and rank 0 judges. Per node, in order: the
+health and triage snapshots, then the fio probes (seqwrite, seqread, workload, rand4k) with
+iostat capturing the node's devices throughout; then, one pair at a time, the network probe.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchfs.bench.fio import FioResult
+from benchfs.bench.system import BenchError
+from benchfs.diagnose import fio as fioprobe
+from benchfs.diagnose import iostat, mdraid, smart, triage
+from benchfs.diagnose.errors import DiagnoseError, ParseError
+from benchfs.diagnose.judge import (
+    KIND_ABOVE,
+    KIND_DEVICE,
+    KIND_FULL,
+    KIND_HEALTH,
+    KIND_MD,
+    KIND_NETWORK,
+    KIND_PROBE,
+    KIND_UNCLEAR,
+    Flag,
+    MetricSpec,
+    Thresholds,
+    decide,
+    outliers,
+)
+from benchfs.diagnose.network import PairResult, measure_pairs
+from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
+from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
+
+__all__ = ["NodeProbe", "Settings", "judge_screen", "probe_node", "run_screen", "write_screen"]
+
+FULL_SCRATCH_PCT = 95.0
+IOSTAT_TAIL_S = 1.2
+SPECS = {
+    "fio_seqwrite_mib_s": MetricSpec("fio_seqwrite_mib_s", "sequential write", "MiB/s", False),
+    "fio_seqread_mib_s": MetricSpec("fio_seqread_mib_s", "sequential read", "MiB/s", False),
+    "fio_workload_mib_s": MetricSpec("fio_workload_mib_s", "many-files read", "MiB/s", False),
+    "fio_workload_p50_ms": MetricSpec("fio_workload_p50_ms", "many-files read p50", "ms", True),
+    "fio_workload_p99_ms": MetricSpec("fio_workload_p99_ms", "many-files read p99", "ms", True),
+    "fio_rand4k_p50_us": MetricSpec("fio_rand4k_p50_us", "4 KiB read p50", "us", True),
+}
+"""Application-side metrics (fio), judged across nodes."""
+DEVICE_SPEC_NAME = "dev_qd1_r_await_ms"
+PAIR_SPECS = (
+    MetricSpec("mib_s", "pair bandwidth", "MiB/s", False),
+    MetricSpec("rtt_p50_us", "pair 4 KiB write round trip p50", "us", True),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long and how big the probes are (full, or --quick)."""
+
+    workload_seconds: float
+    short_seconds: float
+    sizes: fioprobe.Sizes
+    network: bool
+    network_seconds: float
+    budget_s: float
+
+    @staticmethod
+    def from_thresholds(
+        th: Thresholds, quick: bool, network: bool = True, seconds: float | None = None
+    ) -> Settings:
+        workload = (
+            seconds if seconds is not None else (th.quick_seconds if quick else th.workload_seconds)
+        )
+        return Settings(
+            workload_seconds=workload,
+            short_seconds=max(2.0, workload / 4) if quick else max(2.0, min(15.0, workload / 4)),
+            sizes=fioprobe.Sizes.quick() if quick else fioprobe.Sizes.full(),
+            network=network,
+            network_seconds=1.0 if quick else 3.0,
+            budget_s=th.budget_s,
+        )
+
+
+@dataclass
+class NodeProbe:
+    """Everything measured on one node (picklable, so MPI ranks can send it to rank 0)."""
+
+    node: Node
+    fio: dict[str, dict[str, float]] = field(default_factory=dict)
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per device, iostat over the workload probe (DeviceStats.to_json): latency under load."""
+    devices_qd1: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per device, iostat over the rand4k probe: the device's service time, 1 in flight."""
+    members: list[str] = field(default_factory=list)
+    """Devices compared as twins (md/dm members, or the nodes file's devices)."""
+    md: list[dict[str, Any]] = field(default_factory=list)
+    health: list[dict[str, Any]] = field(default_factory=list)
+    triage: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def block_device_of(path: str) -> str | None:
+    """The whole-disk name (e.g. nvme0n1, md0, loop3) holding `path`, if it is a block device."""
+    st = os.stat(path)
+    sysfs = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    try:
+        real = sysfs.resolve(strict=True)
+    except OSError:
+        return None
+    return real.parent.name if (real / "partition").exists() else real.name
+
+
+def watched_devices(node: Node) -> tuple[list[str], list[str]]:
+    """(devices iostat watches, devices compared as twins) for `node`."""
+    if node.devices:
+        devices = list(node.devices)
+    else:
+        dev = block_device_of(node.scratch)
+        devices = [dev] if dev else []
+    members: list[str] = []
+    for d in devices:
+        below = mdraid.member_devices(d)
+        members.extend(below)
+    watched = list(dict.fromkeys([*devices, *members]))
+    twins = members if len(members) >= 2 else (devices if len(devices) >= 2 else [])
+    return watched, twins
+
+
+def _run(argv: list[str], deadline: float, what: str) -> subprocess.CompletedProcess[str]:
+    remaining = deadline - time.monotonic()
+    if remaining <= 1:
+        raise DiagnoseError("ETIMEDOUT", f"{what}: the screen's time budget is spent")
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=remaining, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise DiagnoseError("ETIMEDOUT", f"{what}: still running when the budget ran out") from e
+    if out.returncode != 0:
+        detail = (out.stderr or out.stdout).strip()[-500:]
+        raise DiagnoseError("EIO", f"{what}: `{' '.join(argv)}` exited {out.returncode}: {detail}")
+    return out
+
+
+def _fio_metrics(probe: str, r: FioResult) -> dict[str, float]:
+    iops = r.ops / r.seconds if r.seconds > 0 else 0.0
+    return {
+        "mib_s": r.mib_s,
+        "iops": iops,
+        "p50_us": r.p50_us,
+        "p99_us": r.p99_us,
+        "seconds": r.seconds,
+    }
+
+
+def probe_node(node: Node, screen: ScreenDir, settings: Settings, deadline: float) -> NodeProbe:
+    """Run every per-node probe on `node` under its prefix; failures are recorded, not raised."""
+    probe = NodeProbe(node)
+    raw = screen.raw_dir / node.name
+    raw.mkdir(parents=True, exist_ok=True)
+    watched, probe.members = watched_devices(node)
+    try:
+        probe.md = [a.to_json() for a in mdraid.read_md_arrays()]
+    except ParseError as e:
+        probe.errors.append(f"md: {e}")
+    for device in watched:
+        if device.startswith(("loop", "zram", "ram")):
+            continue
+        try:
+            health, _command, out = smart.probe_health(device, node.prefix)
+        except (ParseError, OSError, subprocess.TimeoutExpired) as e:
+            probe.errors.append(f"health of {device}: {e}")
+            continue
+        (raw / f"health-{device}.json").write_text(out)
+        if health is not None:
+            probe.health.append(health.to_json())
+    probe.triage, problems = triage.run_triage(node.scratch, node.prefix, raw)
+    probe.notes.extend(f"triage: {p}" for p in problems)
+
+    work = Path(node.scratch) / fioprobe.WORK_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    if fioprobe.scratch_free(node.scratch) < settings.sizes.need():
+        probe.errors.append(
+            f"{node.scratch} has less than the {settings.sizes.need() >> 20} MiB the probes need"
+        )
+        return probe
+    files = fioprobe.prepare_tree(work, settings.sizes)
+    cap = iostat.Capture(raw / "iostat.json", watched, 1.0, node.prefix) if watched else None
+    windows: dict[str, tuple[float, float]] = {}
+    try:
+        for name in fioprobe.PROBES:
+            seconds = settings.workload_seconds if name == "workload" else settings.short_seconds
+            job = raw / f"fio-{name}.fio"
+            job.write_text(fioprobe.job_file(name, work, seconds, settings.sizes, files))
+            out = raw / f"fio-{name}.json"
+            try:
+                # fio lays out missing files before its runtime starts; the window for iostat
+                # is the last `seconds` of the probe.
+                _run(
+                    node.command(fioprobe.fio_argv(job, out)),
+                    deadline,
+                    f"fio {name} on {node.name}",
+                )
+                end = time.time()
+                windows[name] = (end - seconds, end)
+                probe.fio[name] = _fio_metrics(name, fioprobe.result_of(out, name))
+            except (DiagnoseError, BenchError, OSError) as e:
+                probe.errors.append(f"fio {name}: {getattr(e, 'message', e)}")
+    finally:
+        if cap is not None:
+            time.sleep(IOSTAT_TAIL_S)  # iostat reports the last interval at its end
+            cap.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if cap is not None:
+        try:
+            samples = cap.samples()
+        except ParseError as e:
+            probe.errors.append(f"iostat: {e}")
+            samples = []
+        for name, attr in (("workload", "devices"), ("rand4k", "devices_qd1")):
+            window = windows.get(name)
+            if window is not None:
+                # An interval ending in the first second after the probe still belongs to it.
+                stats = iostat.summarize(samples, window[0], window[1] + 1.0, watched)
+                setattr(probe, attr, {d: s.to_json() for d, s in stats.items()})
+        if samples and not probe.devices:
+            probe.notes.append("iostat saw no interval within the workload probe")
+    return probe
+
+
+def node_metrics(p: NodeProbe) -> dict[str, Any]:
+    """The flat row of screen.csv for one node (None where a probe gave nothing)."""
+    m: dict[str, Any] = {}
+    f = p.fio
+    m["fio_seqwrite_mib_s"] = f.get("seqwrite", {}).get("mib_s")
+    m["fio_seqread_mib_s"] = f.get("seqread", {}).get("mib_s")
+    m["fio_workload_mib_s"] = f.get("workload", {}).get("mib_s")
+    w = f.get("workload")
+    m["fio_workload_p50_ms"] = w["p50_us"] / 1000 if w else None
+    m["fio_workload_p99_ms"] = w["p99_us"] / 1000 if w else None
+    m["fio_rand4k_p50_us"] = f.get("rand4k", {}).get("p50_us")
+    m["fio_rand4k_iops"] = f.get("rand4k", {}).get("iops")
+    active = {d: s for d, s in p.devices.items() if s["r_s"] > 0}
+    if active:
+        worst = max(active, key=lambda d: active[d]["r_await"])
+        m["dev_worst"] = worst
+        m["dev_r_await_ms"] = active[worst]["r_await"]
+        m["dev_r_await_max_ms"] = active[worst]["r_await_max"]
+        m["dev_aqu_sz"] = active[worst]["aqu_sz"]
+        m["dev_util_pct"] = active[worst]["util"]
+        m["dev_r_s"] = active[worst]["r_s"]
+        m["dev_rkB_s"] = active[worst]["rkB_s"]
+    else:
+        for key in ("dev_worst", "dev_r_await_ms", "dev_r_await_max_ms", "dev_aqu_sz"):
+            m[key] = None
+        m.update(dev_util_pct=None, dev_r_s=None, dev_rkB_s=None)
+    qd1 = {d: s for d, s in p.devices_qd1.items() if s["r_s"] > 0}
+    if qd1:
+        worst = max(qd1, key=lambda d: qd1[d]["r_await"])
+        m["dev_qd1_worst"] = worst
+        m["dev_qd1_r_await_ms"] = qd1[worst]["r_await"]
+    else:
+        m["dev_qd1_worst"] = m["dev_qd1_r_await_ms"] = None
+    twins = [d for d in p.members if d in active]
+    if len(twins) >= 2:
+        awaits = sorted((active[d]["r_await"], d) for d in twins)
+        m["dev_member_ratio"] = awaits[-1][0] / max(awaits[0][0], 1e-3)
+    else:
+        m["dev_member_ratio"] = None
+    t = p.triage
+    for key in (
+        "load1",
+        "blocked",
+        "iowait_pct",
+        "cpu_iowait_max_pct",
+        "mem_available_mib",
+        "fs_type",
+        "fs_use_pct",
+        "kernel_errors",
+        "d_state_tasks",
+    ):
+        m[f"triage_{key}"] = t.get(key)
+    m["md_busy"] = ",".join(a["name"] for a in p.md if a.get("busy")) or None
+    m["health_warnings"] = sum(len(h.get("warnings", [])) for h in p.health)
+    return m
+
+
+@dataclass
+class ScreenResult:
+    nodes: list[dict[str, Any]]
+    excluded: list[Exclusion]
+    pairs: list[dict[str, Any]]
+    thresholds: Thresholds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "excluded": [e.to_json() for e in self.excluded],
+            "pairs": self.pairs,
+            "thresholds": self.thresholds.to_json(),
+        }
+
+
+def _device_flags(p: NodeProbe, m: Mapping[str, Any], th: Thresholds) -> list[Flag]:
+    flags = []
+    r_await = m.get("dev_r_await_ms")
+    qd1 = m.get("dev_qd1_r_await_ms")
+    if r_await is not None and r_await >= th.r_await_ms:
+        flags.append(
+            Flag(
+                "dev_r_await_abs",
+                KIND_DEVICE,
+                f"{m['dev_worst']} r_await {r_await:.3g} ms >= {th.r_await_ms:g} ms under the "
+                f"many-files load (aqu-sz {m['dev_aqu_sz']:.3g}, %util {m['dev_util_pct']:.3g})",
+                r_await / max(th.r_await_ms, 1e-3),
+            )
+        )
+    elif qd1 is not None and qd1 >= th.r_await_ms:
+        flags.append(
+            Flag(
+                "dev_r_await_abs",
+                KIND_DEVICE,
+                f"{m['dev_qd1_worst']} r_await {qd1:.3g} ms >= {th.r_await_ms:g} ms at 1 in flight",
+                qd1 / max(th.r_await_ms, 1e-3),
+            )
+        )
+    ratio = m.get("dev_member_ratio")
+    if ratio is not None and ratio >= th.member_ratio:
+        active = {d: p.devices[d]["r_await"] for d in p.members if d in p.devices}
+        slow = max(active, key=lambda d: active[d])
+        fast = min(active, key=lambda d: active[d])
+        if active[slow] >= th.r_await_floor_ms:
+            flags.append(
+                Flag(
+                    "member_asymmetry",
+                    KIND_DEVICE,
+                    f"member {slow} r_await {active[slow]:.3g} ms vs its twin {fast} "
+                    f"{active[fast]:.3g} ms ({ratio:.1f}x >= {th.member_ratio:g}x)",
+                    ratio,
+                )
+            )
+    for array in p.md:
+        if array.get("busy") or array.get("degraded") or array.get("failed"):
+            what = f"{array['name']} {array['action']}"
+            if array.get("progress_pct") is not None:
+                what += f" {array['progress_pct']:g}%"
+            if array.get("degraded"):
+                what += " (degraded)"
+            flags.append(Flag("md", KIND_MD, what, math.inf))
+    for h in p.health:
+        for warning in h.get("warnings", []):
+            flags.append(Flag("health", KIND_HEALTH, f"{h['device']}: {warning}", math.inf))
+    use = m.get("triage_fs_use_pct")
+    if use is not None and use >= FULL_SCRATCH_PCT:
+        flags.append(Flag("scratch_full", KIND_FULL, f"{p.node.scratch} {use:g}% full", 1.0))
+    for error in p.errors:
+        flags.append(Flag("probe_failed", KIND_PROBE, error, 1.0))
+    return flags
+
+
+def judge_screen(
+    probes: Sequence[NodeProbe], pairs: Sequence[PairResult], th: Thresholds
+) -> ScreenResult:
+    """Metrics, flags, verdicts and exclusions of a screen (pure: no probing)."""
+    names = [p.node.name for p in probes]
+    metrics = {p.node.name: node_metrics(p) for p in probes}
+    flags: dict[str, list[Flag]] = {n: [] for n in names}
+    by_name = {p.node.name: p for p in probes}
+    for n in names:
+        flags[n].extend(_device_flags(by_name[n], metrics[n], th))
+    for spec in SPECS.values():
+        for o in outliers({n: metrics[n][spec.name] for n in names}, spec, th):
+            flags[o.key].append(Flag(spec.name, "", o.evidence(), o.worse))
+    # The device's service time (1 in flight) is compared across nodes; its latency under the
+    # many-files load includes queueing, which varies with the load itself, so it is judged
+    # by the absolute threshold and against the node's own twin devices only.
+    spec = MetricSpec(DEVICE_SPEC_NAME, "device r_await at 1 in flight", "ms", True)
+    spec = MetricSpec(spec.name, spec.label, spec.unit, True, th.r_await_floor_ms)
+    for o in outliers({n: metrics[n][DEVICE_SPEC_NAME] for n in names}, spec, th):
+        ev = f"{metrics[o.key]['dev_qd1_worst']}: {o.evidence()}"
+        flags[o.key].append(Flag(DEVICE_SPEC_NAME, KIND_DEVICE, ev, o.worse))
+    # The kind of the application-side flags: device or above it.
+    for n in names:
+        device_slow = any(f.kind == KIND_DEVICE for f in flags[n])
+        m = metrics[n]
+        for f in flags[n]:
+            if f.kind:
+                continue
+            app_ms, dev_ms = m.get("fio_workload_p50_ms"), m.get("dev_r_await_ms")
+            if device_slow:
+                f.kind = KIND_DEVICE
+            elif (
+                app_ms is not None
+                and dev_ms is not None
+                and app_ms >= th.above_device_ratio * max(dev_ms, 1e-3)
+            ):
+                f.kind = KIND_ABOVE
+                f.evidence += (
+                    f"; the device is not slow: r_await {dev_ms:.3g} ms, %util "
+                    f"{m.get('dev_util_pct') or 0:.3g}, while fio's p50 is {app_ms:.3g} ms "
+                    f"({app_ms / max(dev_ms, 1e-3):.0f}x)"
+                )
+            else:
+                f.kind = KIND_UNCLEAR
+    pair_rows = _pair_flags(pairs, names, flags, th)
+    verdicts, excluded = decide(flags, th)
+    nodes = []
+    for n in names:
+        p = by_name[n]
+        nodes.append(
+            {
+                "host": p.node.host,
+                "name": n,
+                "metrics": metrics[n],
+                "flags": [f.to_json() for f in flags[n]],
+                "verdict": verdicts[n].to_json(),
+                "devices": p.devices,
+                "members": p.members,
+                "md": p.md,
+                "health": p.health,
+                "triage": p.triage,
+                "notes": p.notes,
+            }
+        )
+    exclusions = [Exclusion(by_name[n].node.host, tuple(verdicts[n].reasons)) for n in excluded]
+    return ScreenResult(nodes, exclusions, pair_rows, th)
+
+
+def _pair_flags(
+    pairs: Sequence[PairResult], names: Sequence[str], flags: dict[str, list[Flag]], th: Thresholds
+) -> list[dict[str, Any]]:
+    rows = [p.to_json() for p in pairs]
+    measured = [p for p in pairs if p.error is None]
+    slow: dict[str, list[str]] = {}
+    severity: dict[str, float] = {}
+    for spec in PAIR_SPECS:
+        values = {p.key: getattr(p, spec.name) for p in measured}
+        for o in outliers(values, spec, th):
+            slow.setdefault(o.key, []).append(o.evidence())
+            severity[o.key] = max(severity.get(o.key, 1.0), o.worse)
+    for row in rows:
+        row["flags"] = slow.get(row["pair"], [])
+    of_node: dict[str, list[PairResult]] = {n: [] for n in names}
+    for p in measured:
+        of_node[p.server].append(p)
+        of_node[p.client].append(p)
+    for n in names:
+        mine = of_node[n]
+        bad = [p for p in mine if p.key in slow]
+        if not bad:
+            continue
+        # A node all of whose (two or more) pairs are slow has the slow link; one slow pair
+        # among good ones does not say which end is at fault, so it is not grounds to exclude.
+        whole = len(mine) >= 2 and len(bad) == len(mine)
+        for p in bad:
+            flags[n].append(
+                Flag(
+                    "network_pair",
+                    KIND_NETWORK,
+                    f"pair {p.key}: " + "; ".join(slow[p.key]),
+                    severity[p.key],
+                    excludable=whole,
+                )
+            )
+    for p in pairs:
+        if p.error is not None:
+            for n in (p.server, p.client):
+                flags[n].append(
+                    Flag("network_failed", KIND_NETWORK, f"pair {p.key}: {p.error}", 1.0, False)
+                )
+    return rows
+
+
+CSV_FIRST = ["host", "name", "verdict", "kind", "flags"]
+
+
+def screen_csv(result: Mapping[str, Any]) -> str:
+    """screen.csv text: one row per node, metrics then flags."""
+    nodes = result["nodes"]
+    metric_keys: list[str] = []
+    for n in nodes:
+        for k in n["metrics"]:
+            if k not in metric_keys:
+                metric_keys.append(k)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*CSV_FIRST, *metric_keys, "reasons"])
+    for n in nodes:
+        v = n["verdict"]
+        row = [
+            n["host"],
+            n["name"],
+            v["status"],
+            v["kind"] or "",
+            ";".join(f["flag"] for f in n["flags"]),
+        ]
+        for k in metric_keys:
+            x = n["metrics"].get(k)
+            row.append("" if x is None else (f"{x:.6g}" if isinstance(x, float) else x))
+        row.append(" | ".join(v["reasons"]))
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def write_screen(screen: ScreenDir, result: ScreenResult) -> None:
+    doc = result.to_json()
+    write_json_atomic(screen.screen_json, doc)
+    screen.screen_csv.write_text(screen_csv(doc))
+    write_exclusions(screen.path, result.excluded)
+
+
+def load_screen(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A screen's JSON, from its directory or its screen.json; ValueError names the file."""
+    p = Path(path)
+    file = ScreenDir(p).screen_json if p.is_dir() else p
+    if not file.exists():
+        raise FileNotFoundError(f"no screen at {p} (expected {file})")
+    doc = read_json(file)
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise ValueError(f"{file}: not a screen (no nodes list)")
+    return doc
+
+
+def run_screen(
+    nodes: Sequence[Node],
+    config_text: str,
+    th: Thresholds,
+    settings: Settings,
+    root: str | os.PathLike[str],
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[ScreenDir, ScreenResult]:
+    """Probe every node of `nodes` on this host at once, judge, write the screen directory."""
+    screen = create_screen_dir(root)
+    write_nodes(screen.nodes_path, nodes)
+    screen.config_path.write_text(config_text)
+    deadline = time.monotonic() + settings.budget_s
+    progress(f"probing {len(nodes)} nodes at once into {screen.path}")
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = [pool.submit(probe_node, n, screen, settings, deadline) for n in nodes]
+        probes = [f.result() for f in futures]
+    pairs: list[PairResult] = []
+    if settings.network and len(nodes) >= 2:
+        progress("measuring the network between node pairs")
+        screen.network_dir.mkdir(parents=True, exist_ok=True)
+        pairs = measure_pairs(
+            nodes, screen.network_dir, config_text, settings.network_seconds, deadline, True
+        )
+    result = judge_screen(probes, pairs, th)
+    write_screen(screen, result)
+    return screen, result
+
+
+def run_screen_mpi(
+    nodes: Sequence[Node],
+    config_text: str,
+    th: Thresholds,
+    settings: Settings,
+    root: str | os.PathLike[str],
+) -> tuple[ScreenDir, ScreenResult] | None:
+    """One MPI rank per node: each probes its own node, rank 0 judges and writes (and returns
+    the result; other ranks return None). Rank r takes the node named by BENCHFS_NODE_NAME,
+    else the node whose host is this host's name, else nodes[r]. The network probe is not run
+    in this mode (it runs in local screens only; see docs/diagnose.md)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size != len(nodes):
+        raise DiagnoseError("EINVAL", f"{size} MPI ranks for {len(nodes)} nodes: use one per node")
+    screen = None
+    if rank == 0:
+        screen = create_screen_dir(root)
+        write_nodes(screen.nodes_path, nodes)
+        screen.config_path.write_text(config_text)
+    path = comm.bcast(None if screen is None else str(screen.path), root=0)
+    screen = ScreenDir(Path(path))
+    wanted = os.environ.get("BENCHFS_NODE_NAME")
+    host = os.uname().nodename
+    mine = next((n for n in nodes if n.name == wanted), None)
+    if mine is None:
+        on_host = [n for n in nodes if n.host == host]
+        mine = on_host[0] if len(on_host) == 1 else nodes[rank]
+    deadline = time.monotonic() + settings.budget_s
+    probe = probe_node(mine, screen, settings, deadline)
+    probes = comm.gather(probe, root=0)
+    if rank != 0:
+        return None
+    assert probes is not None
+    result = judge_screen(probes, [], th)
+    write_screen(screen, result)
+    return screen, result

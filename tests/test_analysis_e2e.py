@@ -1,0 +1,298 @@
+"""benchfs-analyze end to end: a real small run's directory, the CLI (terminal, JSON, CSV,
+baseline, Chrome trace, --save), the HTML report in headless Chromium, the notebooks executed
+with nbclient, and `benchfs-bench analysis --quick`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+from click.testing import CliRunner
+from nbclient import NotebookClient
+
+from benchfs import analysis as A
+from benchfs.analysis.report import SECTIONS, render_html
+from benchfs.cli.analyze import main as analyze_main
+from conftest import benchfs_run_command
+from synth_run import ClientSpec, make_run, ms
+from test_analysis import TH, cluster, healthy_clients, healthy_iostat
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+FILE_SIZE = 16 << 20
+CHUNK = 65536
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+
+
+def _real_run(root: Path, *overrides: str) -> Path:
+    argv = [
+        *benchfs_run_command(), "local", "--servers", "2", "--clients", "2",
+        "--file-size", str(FILE_SIZE), "--transfer-size", "256K",
+        "--set", f"client.chunk_size={CHUNK}", "--set", "telemetry.interval_ms=200",
+        "--results-root", str(root), "--json",
+        *(x for o in overrides for x in ("--set", o)),
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=180, env=_clean_env(), check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return Path(json.loads(done.stdout)["results_dir"])
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real `benchfs-run local` (2 servers, 2 clients, 16 MiB each in 64 KiB chunks)."""
+    return _real_run(tmp_path_factory.mktemp("analysis-run"))
+
+
+@pytest.fixture(scope="session")
+def baseline_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another real run with a different configuration (for --baseline)."""
+    return _real_run(tmp_path_factory.mktemp("analysis-baseline"), "storage.handle_cache=64")
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def analyze_cli(*args: str, check: bool = True) -> Done:
+    """benchfs-analyze in this process (click's runner: no interpreter start per call)."""
+    result = CliRunner().invoke(analyze_main, list(args), catch_exceptions=False)
+    done = Done(result.exit_code, result.stdout, result.stderr)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_the_console_script_runs(real_run: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchfs.cli.analyze", str(real_run), "--json"],
+        capture_output=True, text=True, timeout=120, env=_clean_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["summary"]["run"] == real_run.name
+
+
+def test_real_run_tables_and_silent_insights(real_run: Path) -> None:
+    a = A.analyze(real_run, TH)
+    data_ops = 2 * 2 * FILE_SIZE // CHUNK  # 2 clients write and read 16 MiB each
+    t = a.tables
+    assert t.per_node["ops"].sum() == data_ops
+    assert sorted(t.per_node["node"]) == ["local-0", "local-1"]
+    assert (t.per_node["mean_ms"] > 0).all() and (
+        t.per_node["p99_ms"] >= t.per_node["p50_ms"]
+    ).all()
+    assert t.placement["write_bytes"].sum() == 2 * FILE_SIZE
+    assert t.placement["write_ops"].sum() == data_ops // 2
+    assert t.op_time.set_index("op").loc["all", "ops"] == data_ops
+    assert t.op_time[[label for label, _, _ in A.OP_TIME_RANGES]].sum(axis=1).round(9).eq(1).all()
+    depth = t.io_depth.set_index("node").loc["all"]
+    assert depth["submits"] >= data_ops and 1 <= depth["mean"] <= depth["max"]
+    assert t.timeseries["ops"].sum() == pytest.approx(data_ops)
+    assert set(t.onset["node"]) == {"local-0", "local-1"}
+    summary = a.summary()
+    assert summary["outcome"] == "ok" and summary["servers"] == 2 and summary["clients"] == 2
+    assert summary["verified"] is True
+    assert [i.id for i in a.fired] == [], [(i.id, i.evidence) for i in a.fired]
+    assert {i.id for i in a.insights if not i.evaluated} <= {"BFS-004", "BFS-006", "BFS-009"}
+    assert A.NO_CLIENT_TELEMETRY in a.notes
+
+
+def test_cli_terminal_json_csv_and_save(real_run: Path, tmp_path: Path) -> None:
+    out = analyze_cli(str(real_run)).stdout
+    assert "insights: 0 fired of 10" in out and "per node" in out and "local-0" in out
+    assert "no client telemetry in this run" in out
+    report = json.loads(analyze_cli(str(real_run), "--json").stdout)
+    assert set(report) >= {"summary", "insights", "tables", "notes", "thresholds"}
+    assert [i["id"] for i in report["insights"]] == [f"BFS-{k:03d}" for k in range(1, 11)]
+    assert len(report["tables"]["per_node"]) == 2
+    csv_dir = tmp_path / "csv"
+    analyze_cli(str(real_run), "--csv", str(csv_dir))
+    names = {p.name for p in csv_dir.iterdir()}
+    assert {"io_depth.csv", "per_node.csv", "placement.csv", "insights.csv"} <= names
+    assert len((csv_dir / "per_node.csv").read_text().splitlines()) == 3
+    assert (csv_dir / "rpc_by_target.csv").read_text().startswith("target,node,requests")
+    analyze_cli(str(real_run), "--save")
+    saved = real_run / "analysis"
+    assert (saved / "report.html").is_file() and (saved / "tables" / "per_node.csv").is_file()
+    assert json.loads((saved / "report.json").read_text())["summary"]["run"] == real_run.name
+    # the thresholds come from the one configuration: --set reaches them
+    hot = json.loads(
+        analyze_cli(str(real_run), "--json", "--set", "insights.slow_op_ms=0.001").stdout
+    )
+    assert hot["thresholds"]["slow_op_ms"] == 0.001
+    # every node is equally "slow": no node stands out
+    assert "BFS-003" not in {i["id"] for i in hot["insights"] if i["fired"]}
+    assert all(r["slow_pct"] > 99 for r in hot["tables"]["per_node"])
+
+
+def test_cli_errors_are_clear(real_run: Path, tmp_path: Path) -> None:
+    done = analyze_cli(str(real_run), "--chrome-trace", str(tmp_path / "t.json"), check=False)
+    assert (
+        done.returncode == 1
+        and "error ENOENT" in done.stderr
+        and "no per-operation trace" in done.stderr
+    )
+    broken = tmp_path / "broken"
+    shutil.copytree(real_run, broken)
+    (broken / "telemetry" / "server-0-w0.tel").write_bytes(b"NOTTELEM" + b"\0" * 64)
+    done = analyze_cli(str(broken), check=False)
+    assert done.returncode == 1 and "error EIO" in done.stderr and "bad magic" in done.stderr
+    done = analyze_cli(str(real_run), "--set", "insights.nosuch=1", check=False)
+    assert done.returncode == 1 and "unknown key insights.nosuch" in done.stderr
+
+
+def test_baseline_compares_figures_and_configs(real_run: Path, baseline_run: Path) -> None:
+    report = json.loads(
+        analyze_cli(str(real_run), "--json", "--baseline", str(baseline_run)).stdout
+    )
+    diff = {r["key"]: (r["this"], r["baseline"]) for r in report["baseline"]["config_diff"]}
+    assert diff["storage.handle_cache"] == (512, 64)
+    assert "telemetry.dir" in diff  # each run's own directories differ too
+    metrics = {r["metric"] for r in report["baseline"]["comparison"]}
+    assert {"write MiB/s", "read op p99 (ms)", "mean device depth"} <= metrics
+    out = analyze_cli(str(real_run), "--baseline", str(baseline_run)).stdout
+    assert "vs baseline" in out and "storage.handle_cache" in out
+
+
+def test_chrome_trace_export(tmp_path: Path) -> None:
+    run = make_run(tmp_path, cluster(), trace=True)
+    out = tmp_path / "trace.json"
+    done = analyze_cli(str(run), "--chrome-trace", str(out), "--chrome-trace-limit", "1000")
+    assert "1,000 of 3,200 operations" in done.stderr
+    doc = json.loads(out.read_text())
+    events = doc["traceEvents"]
+    assert doc["otherData"]["truncated"] and doc["otherData"]["exported_ops"] == 1000
+    begins = [e for e in events if e["ph"] == "b" and e["name"] in ("read", "write")]
+    ends = [e for e in events if e["ph"] == "e" and e["name"] in ("read", "write")]
+    assert len(begins) == len(ends) == 1000
+    names = [e for e in events if e["ph"] == "M"]
+    assert {e["args"]["name"] for e in names} >= {"server 0 (node-0)"}
+    first = begins[0]
+    assert {"file", "chunk", "bytes", "queue_us", "device_us"} <= set(first["args"])
+    assert re.fullmatch(r"[0-9a-f]{32}", first["args"]["file"])
+    end = next(e for e in ends if e["id"] == first["id"])
+    assert end["ts"] - first["ts"] == pytest.approx(first["args"]["total_us"], abs=0.01)
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("chromium is not installed (scripts/bootstrap installs Debian's chromium)")
+    return found
+
+
+def _headless(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        _chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+        "--disable-background-networking", "--disable-dev-shm-usage", "--no-first-run",
+        f"--user-data-dir={profile}", *args, url,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_html_report_in_headless_chromium(
+    real_run: Path, baseline_run: Path, tmp_path: Path
+) -> None:
+    html_path = real_run / "analysis" / "report-with-baseline.html"
+    analyze_cli(str(real_run), "--html", str(html_path), "--baseline", str(baseline_run))
+    text = html_path.read_text()
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text
+    shot = real_run / "analysis" / "report.png"
+    done = _headless(
+        html_path.as_uri(), tmp_path / "profile", f"--screenshot={shot}",
+        "--window-size=1200,4000", "--hide-scrollbars",
+    )  # fmt: skip
+    assert shot.is_file(), done.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
+    dom = _headless(html_path.as_uri(), tmp_path / "profile", "--dump-dom").stdout
+    for key, _title in SECTIONS:
+        if key not in ("rpc", "iostat"):
+            assert f'id="{key}"' in dom, key
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', dom)
+    assert len(images) >= 6, images
+    assert dom.count("<table") >= 10
+    assert "storage.handle_cache" in dom and "No client telemetry in this run." in dom
+
+
+def test_full_synthetic_report_has_every_section(tmp_path: Path) -> None:
+    clients = [*healthy_clients(), ClientSpec(7, "cn-7", {1: (400, 40, 2, ms(20, 400))})]
+    run = make_run(tmp_path, cluster(), clients=clients, iostat=healthy_iostat(), trace=True)
+    a = A.analyze(run, TH)
+    html_path = tmp_path / "full.html"
+    html_path.write_text(render_html(a, a))
+    dom = _headless(html_path.as_uri(), tmp_path / "profile", "--dump-dom").stdout
+    for key, _title in SECTIONS:
+        assert f'id="{key}"' in dom, key
+    alts = re.findall(r'<img alt="([^"]+)"', dom)
+    assert {"RPC by target", "iostat", "per-node time series", "placement"} <= set(alts)
+    assert "BFS-006" in dom and "Retry storm" in dom
+
+
+def _execute(path: Path, results_dir: Path, workdir: Path) -> nbformat.NotebookNode:
+    nb = nbformat.read(path, as_version=4)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, f"{path.name} needs one cell tagged 'parameters'"
+    params[0].source = f"RESULTS_DIR = {str(results_dir)!r}"
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    ).execute()
+    return nb
+
+
+def test_notebooks_run_against_the_real_run(real_run: Path, tmp_path: Path) -> None:
+    assert {p.name for p in NOTEBOOKS} >= {
+        "overview.ipynb", "io_depth.ipynb", "per_node_latency.ipynb", "placement.ipynb",
+    }  # fmt: skip
+    for path in NOTEBOOKS:
+        nb = _execute(path, real_run, tmp_path)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        for cell in code:
+            assert (
+                "analysis." in cell.source
+                or "plots." in cell.source
+                or "a." in cell.source
+                or "RESULTS_DIR" in cell.source
+            ), f"{path.name}: logic in a cell: {cell.source}"
+            assert not any(o.get("output_type") == "error" for o in cell.outputs), path.name
+        outputs = json.dumps([c.outputs for c in code])
+        assert "image/png" in outputs, f"{path.name} shows no figure"
+        assert "local-0" in outputs or real_run.name in outputs, path.name
+
+
+def test_bench_analysis_quick_json(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "benchfs.cli.bench", "analysis", "--quick", "--json",
+         "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=_clean_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert {"records", "load_s", "tables_s", "overhead_snapshots_pct", "overhead_trace_pct"} <= set(
+        report
+    )
+    assert report["records"] == 200_000 and report["slow_node_found"] is True
+    assert report["load_s"] > 0 and report["tables_s"] > 0
+    assert isinstance(report["overhead_snapshots_pct"], float)
+    assert (
+        report["overhead"]["cpu_us_per_op_on"] > 0 and report["overhead"]["cpu_us_per_op_off"] > 0
+    )
+    assert report["overhead_trace_pct"] is None and "Rust" in report["overhead_trace_reason"]
+    assert list(tmp_path.iterdir()) == []  # scratch removed
+    assert time.monotonic() - started < 120
