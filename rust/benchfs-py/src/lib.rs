@@ -470,22 +470,17 @@ impl PyFile {
         self.handle.lock().map_or(true, |g| g.is_none())
     }
 
-    /// Publishes the size this handle wrote, then closes it. Idempotent.
+    /// Publishes the size this handle wrote, then closes it (even if publishing failed, which
+    /// is reported). Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let result = self.with(py, |c, f| c.close(f));
-        match result {
-            Err(e) if self.closed() => {
-                // Already closed: nothing to publish.
-                drop(e);
-                Ok(())
-            }
-            other => {
-                if let Ok(mut g) = self.handle.lock() {
-                    g.take();
-                }
-                other
-            }
+        if self.closed() {
+            return Ok(());
         }
+        let result = self.with(py, |c, f| c.close(f));
+        if let Ok(mut g) = self.handle.lock() {
+            g.take();
+        }
+        result
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
