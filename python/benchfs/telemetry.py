@@ -567,31 +567,30 @@ class Telemetry:
         counters, _, keys, _ = self._frames(source)
         return counters.groupby(keys, observed=True, as_index=False)["t"].max()
 
+    def _latest(self, frame: int, source: str) -> pd.DataFrame:
+        """Rows of frame 0 (counters) or 1 (histograms) from each writer's last snapshot,
+        computed once per source and shared."""
+        key = ("latest", frame, source)
+        if key not in self._cache:
+            frames = self._frames(source)
+            self._cache[key] = frames[frame].merge(
+                self._last_times(source), on=[*frames[2], "t"], how="inner"
+            )
+        return self._cache[key]
+
     def latest_counters(self, source: str = "server") -> pd.DataFrame:
         """The rows of `counters` from each writer's last snapshot (its final values).
 
         Computed once per source and shared: treat the frame as read-only.
         """
-        key = ("latest_counters", source)
-        if key not in self._cache:
-            counters, _, keys, _ = self._frames(source)
-            self._cache[key] = counters.merge(
-                self._last_times(source), on=[*keys, "t"], how="inner"
-            )
-        return self._cache[key]
+        return self._latest(0, source)
 
     def latest_histograms(self, source: str = "server") -> pd.DataFrame:
         """The rows of `histograms` from each writer's last snapshot (the whole run).
 
         Computed once per source and shared: treat the frame as read-only.
         """
-        key = ("latest_histograms", source)
-        if key not in self._cache:
-            _, histograms, keys, _ = self._frames(source)
-            self._cache[key] = histograms.merge(
-                self._last_times(source), on=[*keys, "t"], how="inner"
-            )
-        return self._cache[key]
+        return self._latest(1, source)
 
     def quantile(
         self,

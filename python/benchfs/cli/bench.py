@@ -173,6 +173,21 @@ def _report_table(title: str, numeric_columns: list[str]) -> Table:
     return table
 
 
+def _print_lines_and_targets(
+    console: Console, lines: list[tuple[str, str]], targets: list[dict[str, Any]]
+) -> None:
+    """Labelled summary lines, then each target with whether it was met."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for label, text in lines:
+        grid.add_row(label, escape(text))
+    console.print(grid)
+    for target in targets:
+        mark = "[green]met[/]" if target["met"] else "[red]missed[/]"
+        console.print(f"  target {escape(target['target'])}: {mark}", highlight=False)
+
+
 def print_report(console: Console, report: dict[str, Any]) -> None:
     """The table of cases and the whole-path lines, for people."""
     table = _report_table(
@@ -229,15 +244,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
             + ("" if report["page_cache_dropped"] else "; page cache NOT dropped (not root)"),
         ),
     ]
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-    for label, text in lines:
-        grid.add_row(label, escape(text))
-    console.print(grid)
-    for target in report["targets"]:
-        mark = "[green]met[/]" if target["met"] else "[red]missed[/]"
-        console.print(f"  target {escape(target['target'])}: {mark}", highlight=False)
+    _print_lines_and_targets(console, lines, report["targets"])
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -592,15 +599,7 @@ def print_rpc_report(console: Console, report: dict[str, Any]) -> None:
             f"UCX {report['versions']['ucx'] or '?'}",
         )
     )
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-    for label, text in lines:
-        grid.add_row(label, escape(text))
-    console.print(grid)
-    for target in report["targets"]:
-        mark = "[green]met[/]" if target["met"] else "[red]missed[/]"
-        console.print(f"  target {escape(target['target'])}: {mark}", highlight=False)
+    _print_lines_and_targets(console, lines, report["targets"])
     for text in report["notes"]:
         console.print(f"  note: {escape(text)}", highlight=False, soft_wrap=True)
 
