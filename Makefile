@@ -8,7 +8,7 @@ export CARGO_TARGET_DIR := $(CURDIR)/target
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: bootstrap build lint test test-rust test-python test-long demo clean
+.PHONY: bootstrap build install lint test test-rust test-python test-long demo clean
 
 bootstrap:
 	@./scripts/bootstrap
@@ -19,6 +19,24 @@ build: bootstrap
 	cd $(CARGO_DIR) && cargo build --release --workspace --locked
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --locked -q
 	install -m 0755 target/release/benchfsd $(VENV)/bin/benchfsd
+	install -m 0755 target/release/benchfs-mount $(VENV)/bin/benchfs-mount
+	$(call install_capi,$(CURDIR)/$(VENV))
+
+# The C library (libbenchfs.so, benchfs.h, benchfs.pc; docs/capi.md) into a prefix: the .venv
+# by `make build`, elsewhere by `make install PREFIX=/opt/benchfs`.
+CAPI_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(CARGO_DIR)/Cargo.toml | head -n 1)
+define install_capi
+	install -d $(1)/lib/pkgconfig $(1)/include
+	install -m 0755 target/release/libbenchfs.so $(1)/lib/libbenchfs.so
+	install -m 0644 include/benchfs.h $(1)/include/benchfs.h
+	sed -e 's|@PREFIX@|$(1)|' -e 's|@VERSION@|$(CAPI_VERSION)|' $(CARGO_DIR)/benchfs-capi/benchfs.pc.in \
+		> $(1)/lib/pkgconfig/benchfs.pc
+endef
+
+install:
+	@test -n "$(PREFIX)" || { echo "usage: make install PREFIX=/path" >&2; exit 2; }
+	$(MAKE) build
+	$(call install_capi,$(abspath $(PREFIX)))
 
 lint: bootstrap
 	cd $(CARGO_DIR) && cargo fmt --all --check

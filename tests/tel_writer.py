@@ -2,8 +2,8 @@
 
 It follows docs/telemetry.md byte for byte with `struct`, independently of the loader, so the
 analysis tests can plant known answers (a slow node, a bimodal distribution, an imbalance,
-client retries) in files of the documented format. The Rust writer of client telemetry and
-traces does not exist yet; these files are what it must produce.
+client retries) in files of the documented format. The Rust core writes the same formats
+(tests/test_telemetry_client.py loads its files from real runs).
 """
 
 from __future__ import annotations

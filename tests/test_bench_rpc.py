@@ -325,7 +325,7 @@ def test_driver_commands_against_a_server(inproc_cluster: Callable[..., InProces
     with Client(str(cluster.registry), config=cluster.config) as client:
         driver = Driver(client, "t", 4 * 65536)
         driver.prepare()
-        assert client.stat("/t.dat")["size"] == 4 * 65536
+        assert client.stat("/t.dat").st_size == 4 * 65536
         for op in ("write", "read"):
             bw = driver.obey(["bw", op, "0.05"])
             assert bw["calls"] >= 1 and bw["bytes"] == bw["calls"] * 4 * 65536

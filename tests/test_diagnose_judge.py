@@ -184,6 +184,8 @@ def test_nodes_from_allocation(tmp_path: Path) -> None:
     nodes = from_allocation("/scr", ["nvme0n1"], env={"PBS_NODEFILE": str(nodefile)})
     assert [n.host for n in nodes] == ["b2", "b10", "b1"] and nodes[0].devices == ("nvme0n1",)
     assert [n.host for n in from_allocation("/scr", env={"SLURM_JOB_NODELIST": "b7"})] == ["b7"]
+    plain = from_allocation("/scr", env={"SLURM_JOB_NODELIST": "b7,b9"})
+    assert [n.host for n in plain] == ["b7", "b9"]
     with pytest.raises(NodesFileError, match="SLURM_JOB_NODELIST"):
         from_allocation("/scr", env={})
 

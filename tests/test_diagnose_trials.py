@@ -182,9 +182,9 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
         cluster.wait_ready(30)
         with Client(str(run.registry_dir), config=config.read_text()) as client:
             data = bytes(range(256)) * 4096 * 8  # 8 MiB
-            files = [client.open(f"/f{k}", os.O_CREAT | os.O_TRUNC) for k in range(6)]
+            files = [client.open(f"/f{k}", os.O_RDWR | os.O_CREAT | os.O_TRUNC) for k in range(6)]
             for f in files:
-                assert f.write(0, data) == len(data)
+                assert f.pwrite(data, 0) == len(data)
                 f.fsync()
             start = time.monotonic()
             slowed = False
@@ -193,7 +193,7 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
                     disks["n3"].fs.set_delay(30.0)
                     slowed = True
                 for f in files:
-                    assert len(f.read(0, len(data))) == len(data)
+                    assert len(f.pread(len(data), 0)) == len(data)
             for f in files:
                 f.close()
     finally:

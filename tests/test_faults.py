@@ -112,11 +112,11 @@ def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_clus
         f = None
         try:
             client = Client(str(cluster.registry_dir), config=config)
-            f = client.open("/victim.dat", os.O_CREAT)
+            f = client.open("/victim.dat", os.O_RDWR | os.O_CREAT)
             deadline = time.monotonic() + 30
             i = 0
             while time.monotonic() < deadline:
-                f.write((i % 8) * len(data), data)
+                f.pwrite(data, (i % 8) * len(data))
                 i += 1
                 writing.set()
             outcome["error"] = AssertionError("writes kept succeeding after the kill")

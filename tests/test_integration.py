@@ -6,6 +6,7 @@ import errno
 import itertools
 import os
 import random
+import stat
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ from benchfs.workloads.rw import (
 from conftest import KIB, MIB, data_for
 
 CHUNK = 64 * KIB
-CREATE = os.O_CREAT
+CREATE = os.O_RDWR | os.O_CREAT
 
 
 def write_in_random_pieces(f: File, seed: int, start: int, end: int) -> None:
@@ -42,7 +43,7 @@ def write_in_random_pieces(f: File, seed: int, start: int, end: int) -> None:
     pieces = list(itertools.pairwise(cuts))
     rng.shuffle(pieces)
     for lo, hi in pieces:
-        assert f.write(lo, data_for(seed, lo, hi - lo)) == hi - lo
+        assert f.pwrite(data_for(seed, lo, hi - lo), lo) == hi - lo
 
 
 @contextmanager
@@ -79,12 +80,12 @@ def test_clients_in_threads_verify_every_byte(inproc_cluster, servers: int) -> N
                 peer = (rank + 1) % clients
                 with client.open(f"/thread-{peer}.dat") as f:
                     assert f.size == size
-                    got = f.read(0, size)
+                    got = f.pread(size, 0)
                 assert got == data_for(peer, 0, size), f"client {rank} read bad data of {peer}"
-                assert client.stat(f"/thread-{peer}.dat")["size"] == size
+                assert client.stat(f"/thread-{peer}.dat").st_size == size
                 with client.open("/shared.dat") as f:
-                    assert f.read(0, shared_size + 1) == data_for(100, 0, shared_size)
-                assert client.stat("/shared.dat")["size"] == shared_size
+                    assert f.pread(shared_size + 1, 0) == data_for(100, 0, shared_size)
+                assert client.stat("/shared.dat").st_size == shared_size
         except BaseException:
             # Keep the text only: a saved traceback would drop the client on another thread.
             errors.append(traceback.format_exc())
@@ -108,35 +109,35 @@ def test_holes_read_as_zeros_and_reads_past_end_are_short(inproc_cluster) -> Non
         data = data_for(7, offset, 3_000)
         size = offset + len(data)
         with client.open("/holes.dat", CREATE) as f:
-            assert f.write(offset, data) == len(data)
+            assert f.pwrite(data, offset) == len(data)
             assert f.size == size
             # The writer's own handle reads the hole before publishing.
-            assert f.read(0, size + 10) == bytes(offset) + data
-        assert client.stat("/holes.dat")["size"] == size
+            assert f.pread(size + 10, 0) == bytes(offset) + data
+        assert client.stat("/holes.dat").st_size == size
 
-        with client.open("/holes.dat") as f:
+        with client.open("/holes.dat", "r+") as f:
             assert f.size == size
-            assert f.read(0, offset) == bytes(offset)
-            assert f.read(CHUNK - 10, 20) == bytes(20)
-            assert f.read(offset - 5, 10) == bytes(5) + data[:5]
+            assert f.pread(offset, 0) == bytes(offset)
+            assert f.pread(20, CHUNK - 10) == bytes(20)
+            assert f.pread(10, offset - 5) == bytes(5) + data[:5]
 
             # Past the end: a short count, then nothing.
-            assert f.read(size - 100, 1_000) == data[-100:]
-            assert f.read(size, 10) == b""
-            assert f.read(size + 10 * CHUNK, 10) == b""
+            assert f.pread(1_000, size - 100) == data[-100:]
+            assert f.pread(10, size) == b""
+            assert f.pread(10, size + 10 * CHUNK) == b""
 
             buf = bytearray(b"\xff" * 500)
-            assert f.readinto(size - 200, buf) == 200
+            assert f.preadinto(buf, size - 200) == 200
             assert bytes(buf[:200]) == data[-200:]
             view = memoryview(bytearray(4 * KIB))
-            assert f.readinto(2 * CHUNK, view) == 4 * KIB
+            assert f.preadinto(view, 2 * CHUNK) == 4 * KIB
             assert bytes(view) == bytes(4 * KIB)
 
             # Zero-length operations are no-ops.
-            assert f.write(10, b"") == 0
-            assert f.read(10, 0) == b""
+            assert f.pwrite(b"", 10) == 0
+            assert f.pread(0, 10) == b""
             assert f.size == size
-        assert client.stat("/holes.dat")["size"] == size
+        assert client.stat("/holes.dat").st_size == size
 
 
 @pytest.mark.timeout(60)
@@ -145,14 +146,14 @@ def test_write_accepts_buffer_types_and_overwrites(inproc_cluster) -> None:
     with Client(str(cluster.registry), config=cluster.config) as client:
         base = data_for(1, 0, 3 * CHUNK)
         with client.open("/types.dat", CREATE) as f:
-            assert f.write(0, bytearray(base)) == len(base)
+            assert f.pwrite(bytearray(base), 0) == len(base)
         patch = data_for(2, CHUNK - 3, 10)
-        with client.open("/types.dat") as f:
-            assert f.write(CHUNK - 3, memoryview(patch)) == 10
+        with client.open("/types.dat", "r+") as f:
+            assert f.pwrite(memoryview(patch), CHUNK - 3) == 10
         want = base[: CHUNK - 3] + patch + base[CHUNK + 7 :]
         with client.open("/types.dat") as f:
-            assert f.read(0, len(base)) == want
-        assert client.stat("/types.dat")["size"] == len(base)
+            assert f.pread(len(base), 0) == want
+        assert client.stat("/types.dat").st_size == len(base)
 
 
 _file_counter = iter(range(1_000_000))
@@ -178,19 +179,19 @@ def test_random_writes_match_a_model(inproc_cluster) -> None:
         with client.open(path, CREATE | os.O_EXCL) as f:
             for offset, length, seed in writes:
                 data = data_for(seed, offset, length)
-                assert f.write(offset, data) == length
+                assert f.pwrite(data, offset) == length
                 if length:
                     model.extend(bytes(max(0, offset + length - len(model))))
                     model[offset : offset + length] = data
             # The writer sees its own writes before publishing them.
             assert f.size == len(model)
-            assert f.read(0, len(model) + 100) == bytes(model)
-        assert client.stat(path)["size"] == len(model)
+            assert f.pread(len(model) + 100, 0) == bytes(model)
+        assert client.stat(path).st_size == len(model)
         with client.open(path) as f:
             assert f.size == len(model)
-            assert f.read(0, len(model) + 100) == bytes(model)
+            assert f.pread(len(model) + 100, 0) == bytes(model)
             for offset, length in reads:
-                assert f.read(offset, length) == bytes(model[offset : offset + length])
+                assert f.pread(length, offset) == bytes(model[offset : offset + length])
 
     try:
         check()
@@ -268,34 +269,34 @@ def test_daemons_and_mpi_clients_cross_read(daemon_cluster, tmp_path: Path) -> N
 def test_namespace_operations_and_their_errors(inproc_cluster) -> None:
     cluster = inproc_cluster(3)  # inodes and directory entries spread over three owners
     with Client(str(cluster.registry), config=cluster.config) as client:
-        assert client.stat("/")["kind"] == "dir"
+        assert client.stat("/").kind == "dir"
         assert client.readdir("/") == []
         client.mkdir("/d")
         attr = client.stat("/d")
-        assert (attr["kind"], attr["mode"]) == ("dir", 0o755)
+        assert (attr.kind, stat.S_IMODE(attr.st_mode)) == ("dir", 0o755)
         with fails_with(errno.EEXIST):
             client.mkdir("/d")
 
         data = data_for(1, 0, 3 * CHUNK + 5)
         with client.open("/d/f", CREATE | os.O_EXCL, 0o600) as f:
-            assert (f.path, f.size) == ("/d/f", 0)
-            assert f.write(0, data) == len(data)
+            assert (f.name, f.size) == ("/d/f", 0)
+            assert f.pwrite(data, 0) == len(data)
             file_id = f.id
         assert f.closed
         attr = client.stat("/d/f")
-        assert (attr["kind"], attr["size"], attr["id"], attr["mode"]) == (
+        assert (attr.kind, attr.st_size, attr.id, stat.S_IMODE(attr.st_mode)) == (
             "file",
             len(data),
             file_id,
             0o600,
         )
-        assert attr["chunk_size"] == CHUNK and 1 <= attr["stripe_count"] <= 3
-        assert attr["mtime_ns"] > 0 and attr["ctime_ns"] > 0
+        assert attr.chunk_size == CHUNK and 1 <= attr.stripe_count <= 3
+        assert attr.st_mtime_ns > 0 and attr.st_ctime_ns > 0
         assert client.readdir("/") == [("d", "dir")]
         assert client.readdir("/d") == [("f", "file")]
         # Paths are normalized: the same file under another spelling.
-        assert client.stat("//d/./f")["id"] == file_id
-        assert client.stat("/d/x/../f")["id"] == file_id
+        assert client.stat("//d/./f").id == file_id
+        assert client.stat("/d/x/../f").id == file_id
 
         # Creating and opening.
         with fails_with(errno.EEXIST):
@@ -357,26 +358,26 @@ def test_namespace_operations_and_their_errors(inproc_cluster) -> None:
         with fails_with(errno.ENOENT):
             client.stat("/d/f")
         attr = client.stat("/g")
-        assert (attr["id"], attr["size"]) == (file_id, len(data))
+        assert (attr.id, attr.st_size) == (file_id, len(data))
         with client.open("/g") as f:
-            assert f.read(0, len(data) + 10) == data
+            assert f.pread(len(data) + 10, 0) == data
         assert client.readdir("/") == [("d", "dir"), ("g", "file")]
         assert client.readdir("/d") == [("n" * 255, "file")]
         # A file replaces a file.
         with client.open("/h", CREATE) as f:
-            f.write(0, b"the old h")
+            f.pwrite(b"the old h", 0)
         client.rename("/g", "/h")
         with fails_with(errno.ENOENT):
             client.stat("/g")
-        assert client.stat("/h")["id"] == file_id
+        assert client.stat("/h").id == file_id
         with client.open("/h") as f:
-            assert f.read(0, len(data) + 10) == data
+            assert f.pread(len(data) + 10, 0) == data
         # An empty directory moves; a directory never moves into itself.
         client.mkdir("/empty")
         with fails_with(errno.EINVAL):
             client.rename("/empty", "/empty/inside")
         client.rename("/empty", "/moved")
-        assert client.stat("/moved")["kind"] == "dir"
+        assert client.stat("/moved").kind == "dir"
         with fails_with(errno.ENOENT):
             client.stat("/empty")
         assert client.readdir("/") == [("d", "dir"), ("h", "file"), ("moved", "dir")]
@@ -403,7 +404,7 @@ def test_namespace_operations_and_their_errors(inproc_cluster) -> None:
         # The name can be used again: a new, empty file.
         with client.open("/h", CREATE) as f:
             assert f.size == 0 and f.id != file_id
-            assert f.read(0, 100) == b""
+            assert f.pread(100, 0) == b""
 
 
 @pytest.mark.timeout(60)
@@ -415,30 +416,30 @@ def test_close_to_open_consistency(inproc_cluster) -> None:
     data = data_for(3, 0, 5 * CHUNK + 77)
     with Client(registry, config=config) as writer, Client(registry, config=config) as reader:
         w = writer.open("/c2o.dat", CREATE)
-        assert w.write(0, data[: 2 * CHUNK]) == 2 * CHUNK
+        assert w.pwrite(data[: 2 * CHUNK], 0) == 2 * CHUNK
         # Nothing is published yet.
-        assert reader.stat("/c2o.dat")["size"] == 0
+        assert reader.stat("/c2o.dat").st_size == 0
         early = reader.open("/c2o.dat")
         assert early.size == 0
         # fsync publishes.
         w.fsync()
-        assert reader.stat("/c2o.dat")["size"] == 2 * CHUNK
-        assert w.write(2 * CHUNK, data[2 * CHUNK :]) == len(data) - 2 * CHUNK
+        assert reader.stat("/c2o.dat").st_size == 2 * CHUNK
+        assert w.pwrite(data[2 * CHUNK :], 2 * CHUNK) == len(data) - 2 * CHUNK
         assert w.size == len(data)
-        assert w.read(0, len(data) + 1) == data  # a handle sees its own writes
+        assert w.pread(len(data) + 1, 0) == data  # a handle sees its own writes
         w.close()
-        assert reader.stat("/c2o.dat")["size"] == len(data)
+        assert reader.stat("/c2o.dat").st_size == len(data)
         # The early reader asks again when it reads past the size it knew.
-        assert early.read(0, len(data) + 100) == data
+        assert early.pread(len(data) + 100, 0) == data
         assert early.size == len(data)
         early.close()
         # A writer with a smaller end does not shrink the file.
         with writer.open("/c2o.dat", CREATE) as small:
-            assert small.write(0, data[:10]) == 10
-        assert reader.stat("/c2o.dat")["size"] == len(data)
+            assert small.pwrite(data[:10], 0) == 10
+        assert reader.stat("/c2o.dat").st_size == len(data)
         with reader.open("/c2o.dat") as late:
             assert late.size == len(data)
-            assert late.read(0, len(data)) == data
+            assert late.pread(len(data), 0) == data
 
 
 @pytest.mark.timeout(120)
@@ -465,7 +466,7 @@ def test_shared_file_neighbours_from_separate_clients(inproc_cluster) -> None:
                 for k in range(per_writer):
                     offset = (k * writers + rank) * transfer
                     chunk = expected[offset : offset + transfer]
-                    assert f.write(offset, chunk) == transfer
+                    assert f.pwrite(chunk, offset) == transfer
                     ends.append(offset + transfer)
                 assert f.size >= max(ends)
                 wrote.wait(timeout=60)
@@ -474,7 +475,7 @@ def test_shared_file_neighbours_from_separate_clients(inproc_cluster) -> None:
                 if rank + 1 < writers:
                     assert closed[rank + 1].wait(timeout=60)
                 f.close()
-                assert client.stat(path)["size"] == size
+                assert client.stat(path).st_size == size
                 closed[rank].set()
         except BaseException:
             errors.append(traceback.format_exc())
@@ -490,10 +491,10 @@ def test_shared_file_neighbours_from_separate_clients(inproc_cluster) -> None:
     assert not any(t.is_alive() for t in threads), "a writer hung"
     assert not errors, errors[0]
     with Client(str(cluster.registry), config=cluster.config) as client:
-        assert client.stat(path)["size"] == size
+        assert client.stat(path).st_size == size
         with client.open(path) as f:
             assert f.size == size
-            got = f.read(0, size + 1)
+            got = f.pread(size + 1, 0)
     assert len(got) == size
     bad = next((i for i in range(0, size, 8) if got[i : i + 8] != expected[i : i + 8]), None)
     assert bad is None, f"first wrong word at byte {bad} (transfer {bad // transfer})"
@@ -510,7 +511,7 @@ def test_truncation_frees_data(inproc_cluster, tmp_path: Path, layout: str) -> N
     cut = 2 * CHUNK + 100  # inside a chunk: part of it stays
     with Client(str(cluster.registry), config=cluster.config) as client:
         with client.open("/t.dat", CREATE) as f:
-            assert f.write(0, data) == size
+            assert f.pwrite(data, 0) == size
             file_id = f.id
 
         def chunk_files() -> list[int]:
@@ -521,49 +522,49 @@ def test_truncation_frees_data(inproc_cluster, tmp_path: Path, layout: str) -> N
             assert chunk_files() == [0, 1, 2, 3, 4, 5]
 
         client.truncate("/t.dat", cut)
-        assert client.stat("/t.dat")["size"] == cut
+        assert client.stat("/t.dat").st_size == cut
         if layout == "chunkfile":
             assert chunk_files() == [0, 1, 2]
         with client.open("/t.dat") as f:
             assert f.size == cut
-            assert f.read(0, size) == data[:cut]
+            assert f.pread(size, 0) == data[:cut]
         # Growing again: the freed range reads as zeros, in the cut chunk and beyond.
         client.truncate("/t.dat", size)
-        assert client.stat("/t.dat")["size"] == size
+        assert client.stat("/t.dat").st_size == size
         with client.open("/t.dat") as f:
-            assert f.read(0, size + 1) == data[:cut] + bytes(size - cut)
+            assert f.pread(size + 1, 0) == data[:cut] + bytes(size - cut)
         # Growing by a write past the end: zeros up to it.
+        with client.open("/t.dat", "r+") as f:
+            assert f.pwrite(b"tail", size + 10) == 4
         with client.open("/t.dat") as f:
-            assert f.write(size + 10, b"tail") == 4
-        with client.open("/t.dat") as f:
-            assert f.read(0, size + 20) == data[:cut] + bytes(size + 10 - cut) + b"tail"
+            assert f.pread(size + 20, 0) == data[:cut] + bytes(size + 10 - cut) + b"tail"
 
         # O_TRUNC empties the file (same id), and its old data does not come back.
         with client.open("/t.dat", CREATE | os.O_TRUNC) as f:
             assert (f.size, f.id) == (0, file_id)
-            assert client.stat("/t.dat")["size"] == 0
+            assert client.stat("/t.dat").st_size == 0
             if layout == "chunkfile":
                 assert chunk_files() == []
-            assert f.write(3 * CHUNK + 7, b"new") == 3
-        assert client.stat("/t.dat")["size"] == 3 * CHUNK + 10
+            assert f.pwrite(b"new", 3 * CHUNK + 7) == 3
+        assert client.stat("/t.dat").st_size == 3 * CHUNK + 10
         with client.open("/t.dat") as f:
-            assert f.read(0, 4 * CHUNK) == bytes(3 * CHUNK + 7) + b"new"
+            assert f.pread(4 * CHUNK, 0) == bytes(3 * CHUNK + 7) + b"new"
 
         # Truncating to zero and unlinking free everything.
         client.truncate("/t.dat", 0)
-        assert client.stat("/t.dat")["size"] == 0
+        assert client.stat("/t.dat").st_size == 0
         with client.open("/t.dat") as f:
-            assert f.read(0, 100) == b""
+            assert f.pread(100, 0) == b""
         client.truncate("/t.dat", 2 * CHUNK)
         with client.open("/t.dat") as f:
-            assert f.read(0, 2 * CHUNK) == bytes(2 * CHUNK)
+            assert f.pread(2 * CHUNK, 0) == bytes(2 * CHUNK)
         with fails_with(errno.ENOENT):
             client.truncate("/missing.dat", 0)
         client.mkdir("/dir")
         with fails_with(errno.EISDIR):
             client.truncate("/dir", 0)
         with client.open("/u.dat", CREATE) as f:
-            f.write(0, data)
+            f.pwrite(data, 0)
             gone = f.id
         client.unlink("/u.dat")
         if layout == "chunkfile":

@@ -22,8 +22,8 @@ def test_400k_mdtest_hard_files(inproc_cluster) -> None:
         for rank in range(RANKS):
             for i in range(PER_RANK):
                 path = f"/mdtest/file.mdtest.{rank}.{i}"
-                with client.open(path, os.O_CREAT | os.O_EXCL) as f:
-                    f.write(0, path.encode())
+                with client.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL) as f:
+                    f.pwrite(path.encode(), 0)
                     ids.add(f.id)
         assert len(ids) == RANKS * PER_RANK
         assert len(client.readdir("/mdtest")) == RANKS * PER_RANK
@@ -31,4 +31,4 @@ def test_400k_mdtest_hard_files(inproc_cluster) -> None:
             for i in range(PER_RANK):
                 path = f"/mdtest/file.mdtest.{rank}.{i}"
                 with client.open(path) as f:
-                    assert f.read(0, 100) == path.encode(), path
+                    assert f.pread(100, 0) == path.encode(), path

@@ -186,7 +186,9 @@ def test_namespace_matches_model(inproc_cluster) -> None:
             trunc=st.booleans(),
         )
         def create(self, c: int, path: str, excl: bool, trunc: bool) -> None:
-            flags = os.O_CREAT | (os.O_EXCL if excl else 0) | (os.O_TRUNC if trunc else 0)
+            flags = (
+                os.O_RDWR | os.O_CREAT | (os.O_EXCL if excl else 0) | (os.O_TRUNC if trunc else 0)
+            )
             got = outcome(lambda: clients[c].open(self.p(path), flags).close())
             assert got == self.model.create(path, excl, trunc)
 
@@ -198,8 +200,8 @@ def test_namespace_matches_model(inproc_cluster) -> None:
         )
         def write(self, c: int, path: str, offset: int, data: bytes) -> None:
             def go() -> None:
-                with clients[c].open(self.p(path)) as f:
-                    assert f.write(offset, data) == len(data)
+                with clients[c].open(self.p(path), "r+") as f:
+                    assert f.pwrite(data, offset) == len(data)
 
             expected = self.model.write(path, offset, data)
             # Opening a path under a file is ENOENT here (lookups do not walk parents).
@@ -240,9 +242,9 @@ def test_namespace_matches_model(inproc_cluster) -> None:
                 assert [n for n, _ in reader.readdir(self.p(d))] == sorted(names)
             for path, data in self.model.files.items():
                 st_ = reader.stat(self.p(path))
-                assert (st_["kind"], st_["size"]) == ("file", len(data))
+                assert (st_.kind, st_.st_size) == ("file", len(data))
                 with reader.open(self.p(path)) as f:
-                    assert f.read(0, len(data) + 100) == bytes(data)
+                    assert f.pread(len(data) + 100, 0) == bytes(data)
             for path in PATHS:
                 if not self.model.exists(path):
                     assert outcome(lambda p=path: reader.stat(self.p(p))) == errno.ENOENT

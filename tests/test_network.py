@@ -29,9 +29,9 @@ def files_on(client: Client, server: int, count: int, prefix: str, size: int) ->
     i = 0
     while len(found) < count:
         path = f"/{prefix}-{i}"
-        f = client.open(path, os.O_CREAT | os.O_EXCL)
+        f = client.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         if client.locate(path, 0) == server:
-            assert f.write(0, bytes(size)) == size
+            assert f.pwrite(bytes(size), 0) == size
             f.fsync()
             found.append(f)
         else:
@@ -59,8 +59,8 @@ def test_killed_server_fails_only_the_clients_that_touch_it(
                 started.wait(timeout=30)
                 for n, f in enumerate(files):
                     data = data_for(rank * 1000 + n, 0, size)
-                    f.write(0, data)
-                    assert f.read(0, size) == data
+                    f.pwrite(data, 0)
+                    assert f.pread(size, 0) == data
                     if target != victim:
                         time.sleep(0.002)
                 for f in files:
@@ -96,19 +96,19 @@ def test_stopped_and_resumed_server_completes_every_request(
     config = cluster.config_path.read_text()
     data = data_for(3, 0, 2048 * KIB)
     with Client(str(cluster.registry_dir), config) as client:
-        f = client.open("/paused", os.O_CREAT)
+        f = client.open("/paused", os.O_RDWR | os.O_CREAT)
         paused = cluster.daemons[1].pid
         os.kill(paused, signal.SIGSTOP)
         resume = threading.Timer(1.5, os.kill, args=(paused, signal.SIGCONT))
         resume.start()
         try:
             start = time.monotonic()
-            assert f.write(0, data) == len(data)
+            assert f.pwrite(data, 0) == len(data)
             assert time.monotonic() - start >= 1.0, "the write did not wait for the stopped server"
-            assert f.read(0, len(data)) == data
+            assert f.pread(len(data), 0) == data
             f.close()
             with client.open("/paused") as again:
-                assert again.read(0, len(data) + 1) == data
+                assert again.pread(len(data) + 1, 0) == data
             stats = {s["id"]: s for s in client.server_stats()}
             assert stats[1]["timeouts"] == 0 and stats[1]["failures"] == 0
         finally:
@@ -127,15 +127,15 @@ def test_timed_out_reads_are_retried_and_counted(
     config = cluster.config_path.read_text()
     data = data_for(9, 0, 64 * KIB)
     with Client(str(cluster.registry_dir), config) as client:
-        with client.open("/retry", os.O_CREAT) as f:
-            f.write(0, data)
-        f = client.open("/retry")
+        with client.open("/retry", os.O_RDWR | os.O_CREAT) as f:
+            f.pwrite(data, 0)
+        f = client.open("/retry", "r+")
         pid = cluster.daemons[0].pid
         os.kill(pid, signal.SIGSTOP)
         resume = threading.Timer(1.2, os.kill, args=(pid, signal.SIGCONT))
         resume.start()
         try:
-            assert f.read(0, len(data)) == data
+            assert f.pread(len(data), 0) == data
         finally:
             resume.join()
             os.kill(pid, signal.SIGCONT)
@@ -159,14 +159,14 @@ def test_client_of_another_job_is_refused_and_logged_once(
     with Client(str(stranger), config) as intruder:
         for _ in range(3):
             with pytest.raises(PermissionError) as refused:
-                intruder.open("/x", os.O_CREAT)
+                intruder.open("/x", os.O_RDWR | os.O_CREAT)
             assert refused.value.errno == errno.EACCES
             assert "server 0" in str(refused.value)
     with Client(str(cluster.registry_dir), config) as member:
-        with member.open("/x", os.O_CREAT | os.O_EXCL) as f:
-            f.write(0, b"mine")
+        with member.open("/x", os.O_RDWR | os.O_CREAT | os.O_EXCL) as f:
+            f.pwrite(b"mine", 0)
         with member.open("/x") as f:
-            assert f.read(0, 5) == b"mine"
+            assert f.pread(5, 0) == b"mine"
     cluster.stop(grace_s=5.0)
     log = cluster.daemons[0].log_path.read_text()
     assert log.count("refused a request without this job's token") == 1, log

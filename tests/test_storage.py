@@ -21,7 +21,7 @@ from benchfs import Client
 from benchfs.cluster import LocalCluster
 from conftest import KIB, MIB, InProcessCluster, data_for
 
-CREATE = os.O_CREAT
+CREATE = os.O_RDWR | os.O_CREAT
 
 LAYOUTS = ["chunkfile", "packed"]
 MODES = {
@@ -104,18 +104,18 @@ def test_unaligned_ranges_round_trip(
             path = f"/u{i}"
             data = data_for(i, offset, length)
             with client.open(path, CREATE) as f:
-                assert f.write(offset, data) == length
-                assert f.read(offset, length) == data
+                assert f.pwrite(data, offset) == length
+                assert f.pread(length, offset) == data
                 # Unaligned sub-ranges read back through the aligned direct path.
-                assert f.read(offset + 1, length - 1) == data[1:]
+                assert f.pread(length - 1, offset + 1) == data[1:]
                 # Past the end of a chunk and of the file.
-                assert f.read(offset + length, 10) == b""
-                assert f.write(offset, b"") == 0
+                assert f.pread(10, offset + length) == b""
+                assert f.pwrite(b"", offset) == 0
             # The same through a fresh handle, once the size is published.
-            assert client.stat(path)["size"] == offset + length
+            assert client.stat(path).st_size == offset + length
             with client.open(path) as f:
-                assert f.read(0, offset + length + 10) == bytes(offset) + data
-                assert f.read(offset + 1, length - 1) == data[1:]
+                assert f.pread(offset + length + 10, 0) == bytes(offset) + data
+                assert f.pread(length - 1, offset + 1) == data[1:]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -142,7 +142,7 @@ def test_concurrent_unaligned_neighbours_never_lose_bytes(
                     start.wait(timeout=30)
                     for k in range(per_writer):
                         offset = (k * writers + rank) * transfer
-                        f.write(offset, expected[offset : offset + transfer])
+                        f.pwrite(expected[offset : offset + transfer], offset)
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -153,9 +153,9 @@ def test_concurrent_unaligned_neighbours_never_lose_bytes(
         t.join(timeout=120)
     assert not errors
     with Client(str(cluster.registry), cluster.config) as client:
-        assert client.stat("/shared")["size"] == size
+        assert client.stat("/shared").st_size == size
         with client.open("/shared") as f:
-            got = f.read(0, size)
+            got = f.pread(size, 0)
     bad = next((i for i in range(0, size, 8) if got[i : i + 8] != expected[i : i + 8]), None)
     assert bad is None, f"first wrong word at byte {bad}"
 
@@ -167,8 +167,8 @@ def test_more_requests_than_buffers_completes(
     data = data_for(3, 0, 64 * 64 * KIB)
     with Client(str(cluster.registry), cluster.config) as client:
         with client.open("/many", CREATE) as f:
-            assert f.write(0, data) == len(data)
-            assert f.read(0, len(data)) == data
+            assert f.pwrite(data, 0) == len(data)
+            assert f.pread(len(data), 0) == data
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -188,17 +188,17 @@ def test_fsync_flushes_the_device(tmp_path: Path, layout: str) -> None:
             with Client(str(registry), config) as client:
                 data = data_for(1, 0, 300 * KIB + 5)
                 f = client.open("/durable", CREATE)
-                f.write(0, data)
+                f.pwrite(data, 0)
                 before = flushes(device)
-                f.write(len(data), b"tail")
+                f.pwrite(b"tail", len(data))
                 assert flushes(device) == before, "a plain write flushed the device"
                 f.fsync()
                 assert flushes(device) > before, "fsync returned without a device flush"
                 # fsync also publishes the size.
-                assert client.stat("/durable")["size"] == len(data) + 4
+                assert client.stat("/durable").st_size == len(data) + 4
                 with client.open("/never-written", CREATE) as empty:
                     empty.fsync()
-                assert f.read(0, len(data)) == data
+                assert f.pread(len(data), 0) == data
                 f.close()
         finally:
             server.stop()
@@ -217,13 +217,13 @@ def test_full_disk_is_a_clear_error_and_the_server_keeps_serving(tmp_path: Path)
             with Client(str(registry), config) as client:
                 small = data_for(2, 0, 100 * KIB)
                 with client.open("/small", CREATE) as f:
-                    f.write(0, small)
+                    f.pwrite(small, 0)
                 with client.open("/huge", CREATE) as f, pytest.raises(OSError) as failure:
-                    f.write(0, bytes(64 * MIB))
+                    f.pwrite(bytes(64 * MIB), 0)
                 assert failure.value.errno == errno.ENOSPC
                 assert "server 0" in str(failure.value)
                 with client.open("/small") as f:
-                    assert f.read(0, len(small)) == small
+                    assert f.pread(len(small), 0) == small
         finally:
             server.stop()
 
@@ -235,21 +235,21 @@ def test_deleted_chunk_file_is_an_error_not_zeros(
     with Client(str(cluster.registry), cluster.config) as client:
         data = data_for(5, 0, 128 * KIB)
         with client.open("/victim", CREATE) as f:
-            f.write(0, data)
+            f.pwrite(data, 0)
             victim_id = f.id
         chunk_files = sorted(tmp_path.glob("data-*/chunks/*/*.0"))
         assert [p.name for p in chunk_files] == [f"{victim_id}.0"]
         os.remove(chunk_files[0])
         with client.open("/other", CREATE) as f:
-            f.write(0, b"evicts the cached handle")
+            f.pwrite(b"evicts the cached handle", 0)
         with client.open("/victim") as f:
             with pytest.raises(OSError) as failure:
-                f.read(0, 10)
+                f.pread(10, 0)
             assert failure.value.errno == errno.ENODATA
             # The other chunk and other files are still served.
-            assert f.read(64 * KIB, 64 * KIB) == data[64 * KIB :]
+            assert f.pread(64 * KIB, 64 * KIB) == data[64 * KIB :]
         with client.open("/other") as f:
-            assert f.read(0, 6) == b"evicts"
+            assert f.pread(6, 0) == b"evicts"
 
 
 def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_path: Path) -> None:
@@ -263,7 +263,7 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
     server = Server(str(registry), str(data_dir), 0, config=config)
     with Client(str(registry), config) as client:
         with client.open("/kept", CREATE) as f:
-            f.write(5, data)
+            f.pwrite(data, 5)
             kept = f.id
     server.stop()
     # The namespace lives in memory for a job's lifetime, so a restarted server's chunks are
@@ -273,10 +273,10 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
     try:
         with Client(str(registry), config) as client:
             with client.open("/new", CREATE) as f:
-                f.write(0, b"after restart")
+                f.pwrite(b"after restart", 0)
                 new = f.id
             with client.open("/new") as f:
-                assert f.read(0, 13) == b"after restart"
+                assert f.pread(13, 0) == b"after restart"
     finally:
         server.stop()
     # The restarted server loaded the index: it saved the old chunks with the new one, and
@@ -309,8 +309,8 @@ def test_timer_gated_submission_still_serves_and_batches(tmp_path: Path) -> None
         with Client(str(registry), config) as client:
             data = data_for(4, 0, 32 * 64 * KIB)
             with client.open("/held", CREATE) as f:
-                f.write(0, data)
-                assert f.read(0, len(data)) == data
+                f.pwrite(data, 0)
+                assert f.pread(len(data), 0) == data
     finally:
         server.stop()
     hist = telemetry.load(tmp_path / "tel").latest_histograms()

@@ -59,13 +59,16 @@ def test_servers_write_telemetry_that_loads(inproc_cluster, tmp_path: Path) -> N
     nodes = {0: "test-0", 1: "test-1"}
     size_a, size_b = 1 * MIB + 123, 300 * KIB + 7
     with Client(str(cluster.registry), config=cluster.config) as client:
-        with client.open("/a.dat", os.O_CREAT) as a, client.open("/b.dat", os.O_CREAT) as b:
-            assert a.write(0, data_for(1, 0, size_a)) == size_a
-            assert b.write(5000, data_for(2, 5000, size_b)) == size_b
+        with (
+            client.open("/a.dat", os.O_RDWR | os.O_CREAT) as a,
+            client.open("/b.dat", os.O_RDWR | os.O_CREAT) as b,
+        ):
+            assert a.pwrite(data_for(1, 0, size_a), 0) == size_a
+            assert b.pwrite(data_for(2, 5000, size_b), 5000) == size_b
         time.sleep(0.35)  # a few periodic snapshots in between
         with client.open("/a.dat") as a, client.open("/b.dat") as b:
-            assert a.read(0, size_a) == data_for(1, 0, size_a)
-            assert b.read(5000, size_b) == data_for(2, 5000, size_b)
+            assert a.pread(size_a, 0) == data_for(1, 0, size_a)
+            assert b.pread(size_b, 5000) == data_for(2, 5000, size_b)
         written, read = size_a + size_b, size_a + size_b
     stopped_at = pd.Timestamp(time.time_ns(), unit="ns", tz="UTC")
     cluster.stop()
@@ -73,11 +76,14 @@ def test_servers_write_telemetry_that_loads(inproc_cluster, tmp_path: Path) -> N
     tel = load(run_dir.path)
     # The same data through each kind of path.
     assert len(load(run_dir.telemetry_dir).counters) == len(tel.counters)
-    one = load(run_dir.telemetry_files()[0])
+    # The test's client wrote its own file (format version 2) beside the servers'.
+    servers_files = [p for p in run_dir.telemetry_files() if p.name.startswith("server-")]
+    one = load(servers_files[0])
     assert set(one.counters["server"]) == {one.files["server"].iloc[0]}
+    assert tel.has_clients and set(tel.files["source"]) == {"server", "client"}
 
     # Every server wrote, and every row names its server, worker and node.
-    files = tel.files
+    files = tel.files[tel.files["source"] == "server"]
     assert set(files["server"]) == {0, 1}
     assert (files["torn_bytes"] == 0).all()
     assert (files["snapshots"] >= 2).all(), files

@@ -1,8 +1,10 @@
 """BenchFS: an ad-hoc distributed file system for HPC burst buffers, and the tools around it.
 
-The native module `benchfs._core` is private; this package is its typed public face.
+`Client` and `File` are the Python API (see `benchfs.client`); `Server` runs a chunk server
+in this process. The native module `benchfs._core` is private.
 """
 
-from benchfs._core import Client, File, Server, __version__
+from benchfs._core import Server, __version__
+from benchfs.client import Client, File, Stat
 
-__all__ = ["Client", "File", "Server", "__version__"]
+__all__ = ["Client", "File", "Server", "Stat", "__version__"]

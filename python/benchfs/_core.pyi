@@ -4,6 +4,7 @@ Private: import the public names from `benchfs` instead. Every blocking call rel
 """
 
 from collections.abc import Buffer
+from typing import Any
 
 __version__: str
 JOB_SECRET_FILE: str
@@ -40,6 +41,58 @@ def bench_storage(
     """Run the storage engine alone (no network) at `queue_depth`; `pattern` is "seqwrite",
     "seqread" or "randread". Returns bytes, seconds, mib_s, ops, p50_us, p99_us,
     mean_inflight, share_depth1 and mean_batch."""
+
+def bench_telemetry(
+    data_dir: str,
+    telemetry_dir: str,
+    rounds: int,
+    ops_per_block: int,
+    block_size: int = 4096,
+    queue_depth: int = 16,
+    dataset_bytes: int = 64 << 20,
+    chunk_size: int = 1 << 20,
+    interval_ms: int = 100,
+    trace_records: int = 65536,
+) -> dict[str, Any]:
+    """Run the server's storage path without the network with telemetry off, snapshots and
+    traces, alternating in blocks of `ops_per_block` random reads for `rounds` rounds. Returns
+    seconds and, per mode ("off", "snapshots", "trace"), a dict of cpu_ns_per_op (one per
+    block), ops, snapshots, trace_records, trace_dropped."""
+
+def bench_transfers(
+    registry_dir: str,
+    config: str,
+    paths: list[str],
+    file_size: int,
+    transfer_size: int,
+    direction: str,
+    fsync: bool = False,
+) -> dict[str, float]:
+    """Time the native client moving `file_size` bytes per path in `transfer_size` transfers,
+    one thread and client per path; `direction` is "write" (create, write, optional fsync,
+    close) or "read". Returns bytes, seconds and mib_s."""
+
+def ior_phase(
+    file: File,
+    direction: str,
+    segments: int,
+    block_size: int,
+    transfer_size: int,
+    tasks: int,
+    file_per_proc: bool,
+    data_rank: int,
+    verify: bool = False,
+    stonewall_s: float = 0.0,
+    max_ops: int | None = None,
+    fsync: bool = False,
+) -> dict[str, Any]:
+    """One rank's phase of the built-in IOR workload on an open file, the loop in Rust:
+    `direction` "write" (stamp each transfer with the pattern) or "read" (compare with it when
+    `verify`), at IOR's segment-major offsets for rank `data_rank` of `tasks`. Stops starting
+    transfers after `stonewall_s` (0: never) or `max_ops`; `fsync` after writing. Returns bytes,
+    ops, seconds, stonewalled, lat_mean_s, lat_min_s, lat_p50_s, lat_p99_s, lat_max_s, fsync_s,
+    mismatched_words and first_mismatch (None, or offset, expected, found, message). ValueError
+    for a bad geometry (block not a multiple of the transfer, transfer not a multiple of 8)."""
 
 class Server:
     """A chunk server on its own thread in this process (the same code as `benchfsd`)."""
@@ -102,6 +155,8 @@ class File:
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int: ...
     def fsync(self) -> None:
         """Return once every byte of the file is durable on its servers' devices."""
+    def truncate(self, size: int) -> None:
+        """Set the size through this handle (ftruncate); shrinking frees chunks beyond it."""
     @property
     def size(self) -> int: ...
     @property

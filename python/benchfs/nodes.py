@@ -183,20 +183,22 @@ def from_hostnames(hosts: Iterable[str], scratch: str, devices: Sequence[str] = 
 def from_allocation(
     scratch: str, devices: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> list[Node]:
-    """Nodes of the current batch allocation: Slurm (SLURM_JOB_NODELIST, expanded by
-    `scontrol show hostnames`) or PBS (the hosts of PBS_NODEFILE, which repeats a host once
-    per slot). Raises NodesFileError when neither is there or the expansion fails."""
+    """Nodes of the current batch allocation: Slurm (SLURM_JOB_NODELIST; ranges like
+    `b[1-4]` expanded by `scontrol show hostnames`) or PBS (the hosts of PBS_NODEFILE, which
+    repeats a host once per slot). Raises NodesFileError when neither is there or the
+    expansion fails."""
     env = os.environ if env is None else env
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if nodelist:
+        if "[" not in nodelist:
+            # Plain names (a,b,c) need no expansion, and no Slurm configuration to do it.
+            return from_hostnames(nodelist.split(","), scratch, devices)
         scontrol = shutil.which("scontrol")
         if scontrol is None:
-            if re.search(r"[\[,]", nodelist):
-                raise NodesFileError(
-                    f"SLURM_JOB_NODELIST={nodelist!r} needs `scontrol show hostnames` to "
-                    "expand, and scontrol is not on PATH"
-                )
-            return from_hostnames([nodelist], scratch, devices)
+            raise NodesFileError(
+                f"SLURM_JOB_NODELIST={nodelist!r} needs `scontrol show hostnames` to "
+                "expand, and scontrol is not on PATH"
+            )
         out = subprocess.run(
             [scontrol, "show", "hostnames", nodelist],
             capture_output=True,

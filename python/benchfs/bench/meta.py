@@ -75,7 +75,7 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
 
             def create(c: Client, i: int) -> None:
                 for n in range(per_client):
-                    c.open(f"/c{i}/f{n}", os.O_CREAT | os.O_EXCL).close()
+                    c.open(f"/c{i}/f{n}", os.O_RDWR | os.O_CREAT | os.O_EXCL).close()
 
             def stat(c: Client, i: int) -> None:
                 for n in range(per_client):

@@ -36,16 +36,16 @@ def say(obj: dict[str, Any]) -> None:
 
 def write_file(client: Client, path: str, size: int, piece: int) -> None:
     data = bytes([FILL]) * piece
-    with client.open(path, os.O_CREAT | os.O_TRUNC) as f:
+    with client.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC) as f:
         for offset in range(0, size, piece):
             n = min(piece, size - offset)
-            written = f.write(offset, memoryview(data)[:n])
+            written = f.pwrite(memoryview(data)[:n], offset)
             if written != n:
                 raise OSError(f"short write of {path} at {offset}: {written} of {n} bytes")
 
 
 def read_for(file: File, size: int, piece: int, seconds: float) -> dict[str, Any]:
-    path = file.path
+    path = file.name
     buf = bytearray(piece)
     offsets = list(range(0, size - piece + 1, piece)) or [0]
     total = reads = 0
@@ -53,7 +53,7 @@ def read_for(file: File, size: int, piece: int, seconds: float) -> dict[str, Any
     deadline = start + seconds
     while True:
         for offset in offsets:
-            got = file.readinto(offset, buf)
+            got = file.preadinto(buf, offset)
             if got <= 0:
                 raise OSError(f"read of {path} at {offset} returned {got} bytes")
             total += got

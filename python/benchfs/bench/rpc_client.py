@@ -76,29 +76,29 @@ class Driver:
     def prepare(self) -> None:
         """Write both files and publish their sizes."""
         self.write_call()
-        self._check(self.small_file.write(0, self.small), SMALL, "write")
+        self._check(self.small_file.pwrite(self.small, 0), SMALL, "write")
         self.file.fsync()
         self.small_file.fsync()
 
     @functools.cached_property
     def file(self) -> File:
-        return self.client.open(self.path, os.O_CREAT)
+        return self.client.open(self.path, os.O_RDWR | os.O_CREAT)
 
     @functools.cached_property
     def small_file(self) -> File:
-        return self.client.open(self.small_path, os.O_CREAT)
+        return self.client.open(self.small_path, os.O_RDWR | os.O_CREAT)
 
     def _check(self, got: int, want: int, what: str) -> None:
         if got != want:
             raise OSError(f"short {what}: {got} of {want} bytes")
 
     def write_call(self) -> int:
-        n = self.file.write(0, self.data)
+        n = self.file.pwrite(self.data, 0)
         self._check(n, len(self.data), f"write of {self.path}")
         return n
 
     def read_call(self) -> int:
-        n = self.file.readinto(0, self.buf)
+        n = self.file.preadinto(self.buf, 0)
         self._check(n, len(self.buf), f"read of {self.path}")
         return n
 
@@ -131,13 +131,13 @@ class Driver:
             data = self.small
 
             def once() -> None:
-                small.write(0, data)
+                small.pwrite(data, 0)
 
         elif op == "read":
             buf = self.small_buf
 
             def once() -> None:
-                small.readinto(0, buf)
+                small.preadinto(buf, 0)
 
         else:
             raise ValueError(f"unknown round trip {op!r} (null, write or read)")

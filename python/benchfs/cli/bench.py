@@ -836,6 +836,128 @@ def meta(root: Path, quick: bool, as_json: bool, files: int | None) -> None:
     Console().print(table)
 
 
+@main.command()
+@TMPFS_DIR_OPTION
+@click.option(
+    "--quick", is_flag=True, help="1 repeat, 16 MiB per fio job, 32 MiB readinto (for tests)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
+@click.option(
+    "--mount-threads",
+    type=click.IntRange(min=1),
+    help="benchfs-mount worker threads [its default].",
+)
+def access(
+    root: Path, quick: bool, as_json: bool, repeats: int | None, mount_threads: int | None
+) -> None:
+    """The FUSE mount (fio --direct=1) and the Python API against the native client."""
+    from benchfs.bench.access import AccessSettings, run_access
+
+    err = Console(stderr=True)
+    settings = AccessSettings.quick() if quick else AccessSettings()
+    if repeats:
+        settings = dataclasses.replace(settings, repeats=repeats)
+    settings = dataclasses.replace(settings, mount_threads=mount_threads)
+    with _failures_exit(err):
+        try:
+            benchfsd = find_benchfsd()
+        except FileNotFoundError as e:
+            raise BenchError("ENOENT", str(e)) from e
+        fs = filesystem_type(root)
+        with tempfile.TemporaryDirectory(prefix="benchfs-access-", dir=root) as work:
+            with sigterm_as_interrupt():
+                report = run_access(
+                    Path(work),
+                    settings,
+                    benchfsd,
+                    progress=lambda m: None if as_json else err.print(f"[dim]{escape(m)}[/]"),
+                )
+    report["quick"] = quick
+    report["data_fs"] = fs
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    table = _report_table(
+        f"benchfs-bench access: medians of {report['repeats']} (MiB/s)",
+        ["layer", "native", "ratio"],
+    )
+    for c in report["cases"]:
+        table.add_row(c["name"], _fmt(c["mib_s"]), _fmt(c["native_mib_s"]), _fmt(c["ratio"], 2))
+    console = Console()
+    console.print(table)
+    lines = [
+        ("servers' data", f"{report['data_dir']} ({fs})"),
+        (
+            "fio",
+            f"{report['fio_jobs']} jobs x {format_size(report['fio_file_size'])}, bs 1M, direct",
+        ),
+        ("readinto", f"{format_size(report['py_file_size'])} in 4 MiB calls"),
+    ]
+    _print_lines_and_targets(console, lines, report["targets"])
+
+
+@main.command()
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory on the disk for the servers' data and fio's files (a fresh subdirectory, "
+    f"removed afterwards) [run.scratch_dir, else {DEFAULT_ROOT}].",
+)
+@click.option("--quick", is_flag=True, help="1 repeat, 8 MiB per rank (for tests).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
+def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> None:
+    """The built-in IOR workload (2 ranks, file per process) against fio on the same disk."""
+    from benchfs.bench.e2e import E2ESettings, run_e2e
+
+    err = Console(stderr=True)
+    settings = E2ESettings.quick() if quick else E2ESettings()
+    if repeats:
+        settings = dataclasses.replace(settings, repeats=repeats)
+    with _failures_exit(err):
+        try:
+            benchfsd = find_benchfsd()
+        except FileNotFoundError as e:
+            raise BenchError("ENOENT", str(e)) from e
+        base = root if root is not None else default_root()
+        fs = filesystem_type(base)
+        with tempfile.TemporaryDirectory(prefix="benchfs-e2e-", dir=base) as work:
+            with sigterm_as_interrupt():
+                report = run_e2e(
+                    Path(work),
+                    settings,
+                    benchfsd,
+                    progress=lambda m: None if as_json else err.print(f"[dim]{escape(m)}[/]"),
+                )
+    report["quick"] = quick
+    report["data_fs"] = fs
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    table = _report_table(
+        f"benchfs-bench e2e: medians of {report['repeats']} (MiB/s)",
+        ["benchfs", "fio", "ratio"],
+    )
+    for c in report["cases"]:
+        table.add_row(c["name"], _fmt(c["mib_s"]), _fmt(c["fio_mib_s"]), _fmt(c["ratio"], 2))
+    console = Console()
+    console.print(table)
+    io = f"direct_write={report['direct_write']}, direct_read={report['direct_read']}"
+    lines = [
+        ("data", f"{report['data_dir']} ({fs}), {io}"),
+        (
+            "shape",
+            f"{report['servers']} servers, {report['ranks']} ranks x "
+            f"{format_size(report['block_size'])}, file per process; fio {report['ranks']} jobs",
+        ),
+    ]
+    if not report["cache_dropped"]:
+        lines.append(("note", "page cache not dropped (not root): reads may hit the cache"))
+    _print_lines_and_targets(console, lines, report["targets"])
+
+
 ANALYSIS_RECORDS = {"full": 10_000_000, "quick": 200_000}
 ANALYSIS_TABLES_TARGET_S = 10.0
 
@@ -870,15 +992,15 @@ def analysis_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 @main.command(name="analysis")
 @click.option("--records", type=click.IntRange(min=1000), help="Trace records [10M; quick: 200k].")
 @click.option("--servers", type=click.IntRange(min=2, max=4096), default=16, show_default=True)
-@click.option("--quick", is_flag=True, help="200k records, a 1 s overhead load (for tests).")
+@click.option("--quick", is_flag=True, help="200k records, a short overhead run (for tests).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option(
     "--overhead/--no-overhead",
     default=True,
     show_default=True,
-    help="Measure the telemetry overhead on two real benchfsd (snapshots on vs off).",
+    help="Measure the telemetry overhead on the storage path (off, snapshots, traces).",
 )
-@click.option("--repeats", type=click.IntRange(min=1), help="Overhead repeats [3; --quick: 1].")
+@click.option("--repeats", type=click.IntRange(min=1), help="Overhead rounds [60; --quick: 3].")
 @click.option(
     "--dir",
     "root",
@@ -909,10 +1031,6 @@ def analysis(
         except ValueError as e:
             raise BenchError("EINVAL", f"configuration: {e}") from e
         try:
-            benchfsd: str | None = find_benchfsd()
-        except FileNotFoundError:
-            benchfsd = None
-        try:
             root.mkdir(parents=True, exist_ok=True)
             workdir = Path(tempfile.mkdtemp(prefix="benchfs-bench-analysis-", dir=root))
         except OSError as e:
@@ -924,11 +1042,8 @@ def analysis(
                 servers=servers,
                 thresholds=thresholds,
                 overhead=overhead,
-                duration_s=1.0 if quick else 5.0,
-                repeats=repeats or (1 if quick else 3),
-                clients=2 if quick else 4,
-                file_size=(32 if quick else 256) * MIB,
-                benchfsd=benchfsd,
+                repeats=repeats or (3 if quick else 60),
+                overhead_ops=10_000 if quick else 50_000,
                 progress=report_to.progress,
             )
             with sigterm_as_interrupt():
@@ -946,13 +1061,13 @@ def analysis(
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    snap = report["overhead_snapshots_pct"]
+    snap, trace = report["overhead_snapshots_pct"], report["overhead_trace_pct"]
     rows = [
         ("records", f"{report['records']:,} over {servers} servers"),
         ("load", f"{report['load_s']:.2f} s ({report['telemetry_bytes'] / MIB:,.0f} MiB)"),
         ("tables", f"{report['tables_s']:.2f} s (every standard table and insight)"),
         ("snapshots", "not measured" if snap is None else f"overhead {snap:+.2f}% CPU per op"),
-        ("tracing", f"overhead not measured: {report['overhead_trace_reason']}"),
+        ("tracing", "not measured" if trace is None else f"overhead {trace:+.2f}% CPU per op"),
     ]
     for label, text in rows:
         grid.add_row(label, escape(text))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -86,6 +87,10 @@ class LocalRunSpec:
     results_root: str | None = None
     timeout_s: float = 300.0
     kill_server_after_s: float | None = None
+    workload: str = "rw"
+    """"rw" (write, cross-read, verify), "ior" or "mdtest" (benchfs.workloads.*)."""
+    workload_args: str | None = None
+    """Options of the ior or mdtest workload, one shell-quoted string; None: derived defaults."""
 
     def flag_overrides(self) -> list[str]:
         """Flags as config overrides: they are the highest layer of the one configuration."""
@@ -129,6 +134,8 @@ class RunReport:
             "read_mib_s": summary.get("read_mib_s"),
             "verified": bool(summary.get("verified")) and self.error is None,
             "bytes": summary.get("bytes"),
+            "workload": summary.get("workload", "rw" if summary else None),
+            "rows": summary.get("rows"),
             "servers": run.get("servers"),
             "clients": run.get("clients"),
             "file_size": run.get("file_size"),
@@ -150,6 +157,20 @@ def _validate(run: dict[str, Any]) -> None:
         problems.append(f"run.file_size must not be negative (got {run['file_size']})")
     if problems:
         raise RunError("EINVAL", "; ".join(problems), EXIT_USAGE)
+
+
+def _workload_options(workload: str, args: str | None, run: dict[str, Any]) -> list[str]:
+    """The ior/mdtest options: the user's, else IOR's file-per-process write, read and
+    verify of run.file_size per client in run.transfer_size transfers (mdtest: 1000 files)."""
+    if args is not None:
+        try:
+            return shlex.split(args)
+        except ValueError as e:
+            raise RunError("EINVAL", f"--{workload}-args: {e}", EXIT_USAGE) from e
+    if workload == "ior":
+        sizes = ["-t", str(run["transfer_size"]), "-b", str(run["file_size"])]
+        return ["-w", "-r", "-R", "-F", *sizes]
+    return ["-n", "1000"]
 
 
 def _workload_error(summary: dict[str, Any] | None, log: Path) -> tuple[str, str]:
@@ -321,26 +342,22 @@ class LocalRun:
             launcher = MpiLauncher()
         except FileNotFoundError as e:
             raise RunError("ENOENT", str(e)) from e
-        argv = [
-            sys.executable,
-            "-m",
-            "benchfs.workloads.rw",
-            "--registry",
-            str(run_dir.registry_dir),
-            "--file-size",
-            str(run["file_size"]),
-            "--transfer-size",
-            str(run["transfer_size"]),
-            "--out",
-            str(run_dir.workload_dir),
-            "--config",
-            str(run_dir.config_path),
-        ]
+        workload = self.spec.workload
+        common = ["--registry", str(run_dir.registry_dir), "--out", str(run_dir.workload_dir)]
+        common += ["--config", str(run_dir.config_path)]
+        if workload == "rw":
+            argv = [sys.executable, "-m", "benchfs.workloads.rw", *common]
+            argv += ["--file-size", str(run["file_size"]), "--transfer-size"]
+            argv += [str(run["transfer_size"])]
+            self.progress(
+                f"running {run['clients']} clients: {format_size(run['file_size'])} each "
+                f"in {format_size(run['transfer_size'])} transfers"
+            )
+        else:
+            options = _workload_options(workload, self.spec.workload_args, run)
+            argv = [sys.executable, "-m", f"benchfs.workloads.{workload}", *options, *common]
+            self.progress(f"running {run['clients']} clients: {workload} {shlex.join(options)}")
         cmd = launcher.command(run["clients"], argv)
-        self.progress(
-            f"running {run['clients']} clients: {format_size(run['file_size'])} each "
-            f"in {format_size(run['transfer_size'])} transfers"
-        )
         with open(run_dir.workload_log, "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -387,7 +404,7 @@ class LocalRun:
             raise RunError(code, f"workload failed (exit status {status}): {detail}")
         if summary is None:
             raise RunError("EIO", f"workload wrote no summary ({run_dir.workload_summary})")
-        if not summary.get("verified"):
+        if workload == "rw" and not summary.get("verified"):
             raise RunError("EIO", "workload finished but did not verify every byte")
 
     def _watch(
@@ -509,11 +526,14 @@ def _print_report(console: Console, report: RunReport) -> None:
     table.add_row("outcome", "[green]ok[/]" if ok else f"[red]failed[/] ({data['code']})")
     if data["servers"] is not None:
         table.add_row("cluster", f"{data['servers']} servers, {data['clients']} clients")
-        table.add_row(
-            "workload",
-            f"{format_size(data['file_size'])} per client in "
-            f"{format_size(data['transfer_size'])} transfers",
-        )
+        if data["workload"] in ("ior", "mdtest"):
+            table.add_row("workload", f"built-in {data['workload']} (see workload/output.log)")
+        else:
+            table.add_row(
+                "workload",
+                f"{format_size(data['file_size'])} per client in "
+                f"{format_size(data['transfer_size'])} transfers",
+            )
     for key, label in (("write_mib_s", "write"), ("read_mib_s", "read")):
         if data[key] is not None:
             table.add_row(label, f"{data[key]:.1f} MiB/s")
@@ -585,6 +605,15 @@ def main() -> None:
     hidden=True,
     help="Fault tests only: SIGKILL the last server this many seconds into the workload.",
 )
+@click.option(
+    "--workload",
+    type=click.Choice(["rw", "ior", "mdtest"]),
+    default="rw",
+    show_default=True,
+    help="rw: write, cross-read, verify; ior / mdtest: the built-in IOR and mdtest workloads.",
+)
+@click.option("--ior-args", metavar="OPTIONS", help='IOR options, e.g. "-w -r -t 1m -b 16m -F".')
+@click.option("--mdtest-args", metavar="OPTIONS", help='mdtest options, e.g. "-n 1000 -u".')
 def local(
     servers: int | None,
     clients: int | None,
@@ -597,6 +626,9 @@ def local(
     results_root: str | None,
     timeout: float,
     kill_server_after: float | None,
+    workload: str,
+    ior_args: str | None,
+    mdtest_args: str | None,
 ) -> None:
     """Start a cluster on this host, write, read back and verify, and report bandwidth."""
     out = Console()
@@ -617,7 +649,15 @@ def local(
         results_root=results_root,
         timeout_s=timeout,
         kill_server_after_s=kill_server_after,
+        workload=workload,
+        workload_args=ior_args if workload == "ior" else mdtest_args,
     )
+    if (ior_args and workload != "ior") or (mdtest_args and workload != "mdtest"):
+        err.print(
+            "[red]benchfs-run: error EINVAL:[/] --ior-args needs --workload ior, "
+            "--mdtest-args --workload mdtest"
+        )
+        sys.exit(EXIT_USAGE)
     report = LocalRun(spec, sys.argv, progress).execute()
     if report.error is not None:
         err.print(
@@ -630,6 +670,226 @@ def local(
     else:
         _print_report(out, report)
     sys.exit(report.exit_code)
+
+
+def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
+    Console(stderr=True).print(
+        f"[red]benchfs-run: error {code}:[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
+    sys.exit(exit_code)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--scheduler",
+    type=click.Choice(["slurm", "pbs", "nqsv"]),
+    required=True,
+    help="Batch system: sbatch (Slurm), qsub (PBS Pro/OpenPBS) or qsub (NEC NQSV).",
+)
+@click.option("--nodes", type=click.IntRange(min=1), required=True, help="Nodes to allocate.")
+@click.option("--time-limit", help="Wall time: minutes, 30s, 90m, 2h, HH:MM:SS, D-HH:MM:SS.")
+@click.option("--queue", "--partition", "queue", help="Queue (PBS, NQSV) or partition (Slurm).")
+@click.option("--account", help="Account or project to charge.")
+@click.option(
+    "--exclude-from",
+    type=click.Path(exists=True),
+    help="excluded.txt / excluded.json (or a screen directory) of hosts to leave out.",
+)
+@click.option(
+    "--scratch", default="/tmp", show_default=True, help="Node-local scratch, for nodes.toml."
+)
+@click.option("--job-name", default="benchfs", show_default=True, help="The job's name.")
+@click.option(
+    "--directive",
+    "directives",
+    multiple=True,
+    metavar="TEXT",
+    help="Extra directive line after #SBATCH / #PBS, e.g. '--ntasks=4' (repeatable).",
+)
+@click.option(
+    "--results-root",
+    type=click.Path(file_okay=False),
+    help="Where the job directory goes [run.results_root, $BENCHFS_RESULTS].",
+)
+@click.option("--dry-run", is_flag=True, help="Print the job script instead of submitting it.")
+@click.argument("pipeline_args", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    scheduler: str,
+    nodes: int,
+    time_limit: str | None,
+    queue: str | None,
+    account: str | None,
+    exclude_from: str | None,
+    scratch: str,
+    job_name: str,
+    directives: tuple[str, ...],
+    results_root: str | None,
+    dry_run: bool,
+    pipeline_args: tuple[str, ...],
+) -> None:
+    """Render a batch job that runs `benchfs-run local PIPELINE_ARGS` and submit it.
+
+    Give the pipeline's options after `--`, e.g.
+    `benchfs-run submit --scheduler slurm --nodes 1 -- --servers 2 --clients 2 --file-size 8M`.
+    """
+    from benchfs.nodes import NodesFileError, read_exclusions
+    from benchfs.submit import (
+        JobSpec,
+        SubmitError,
+        find_benchfs_run,
+        new_job_dir_path,
+        parse_time_limit,
+    )
+    from benchfs.submit import (
+        submit as submit_job,
+    )
+
+    args = list(pipeline_args)
+    if args and args[0] == "--":
+        args = args[1:]
+    if "--help" in args or "-h" in args:
+        _fail("EINVAL", "the pipeline's --help is `benchfs-run local --help`", EXIT_USAGE)
+    # Check the pipeline's arguments now, not an hour later on the compute node.
+    try:
+        local.make_context("local", list(args))
+    except click.ClickException as e:
+        _fail("EINVAL", f"pipeline arguments after `--`: {e.format_message()}", EXIT_USAGE)
+    try:
+        limit = None if time_limit is None else parse_time_limit(time_limit)
+        excluded = read_exclusions(exclude_from) if exclude_from else []
+        root = results_root or load_config(None, [])["run"]["results_root"]
+        spec = JobSpec(
+            scheduler=scheduler,
+            nodes=nodes,
+            pipeline_args=args,
+            job_dir=new_job_dir_path(root, scheduler),
+            benchfs_run=find_benchfs_run(),
+            time_limit_s=limit,
+            queue=queue,
+            account=account,
+            excluded=excluded,
+            scratch=scratch,
+            job_name=job_name,
+            extra_directives=directives,
+        )
+        if dry_run:
+            from benchfs.submit import render
+
+            click.echo(render(spec), nl=False)
+            return
+        done = submit_job(spec)
+    except (ValueError, NodesFileError, FileNotFoundError) as e:
+        _fail("EINVAL", str(e), EXIT_USAGE)
+    except SubmitError as e:
+        _fail(e.code, e.message, EXIT_USAGE if e.code == "EINVAL" else EXIT_FAILED)
+    click.echo(f"job       {done.job_id}")
+    click.echo(f"results   {done.job_dir}")
+
+
+@main.command()
+@click.option(
+    "--from-allocation",
+    is_flag=True,
+    required=True,
+    help="Take the nodes of the current Slurm or PBS/NQSV allocation.",
+)
+@click.option("--scratch", default="/tmp", show_default=True, help="Node-local scratch directory.")
+@click.option(
+    "--device", "devices", multiple=True, help="Block device behind scratch (repeatable)."
+)
+@click.option("--exclude", "excludes", multiple=True, help="Host to leave out (repeatable).")
+@click.option(
+    "--exclude-from", type=click.Path(exists=True), help="excluded.txt / excluded.json to apply."
+)
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False), help="Write here instead of stdout."
+)
+def nodes(
+    from_allocation: bool,
+    scratch: str,
+    devices: tuple[str, ...],
+    excludes: tuple[str, ...],
+    exclude_from: str | None,
+    output: str | None,
+) -> None:
+    """Print (or write) the nodes file of the allocation this runs in (docs/nodes.md)."""
+    from benchfs.nodes import (
+        NodesFileError,
+        dump_nodes,
+        read_exclusions,
+    )
+    from benchfs.nodes import (
+        from_allocation as allocation_nodes,
+    )
+
+    try:
+        left_out = set(excludes)
+        if exclude_from:
+            left_out |= {e.host for e in read_exclusions(exclude_from)}
+        found = allocation_nodes(scratch, devices)
+    except (NodesFileError, FileNotFoundError) as e:
+        _fail("EINVAL", str(e), EXIT_USAGE)
+    short = {h.split(".", 1)[0] for h in left_out}
+    kept = [n for n in found if n.host not in left_out and n.host.split(".", 1)[0] not in short]
+    if not kept:
+        _fail("EINVAL", f"every node of the allocation is excluded ({', '.join(sorted(left_out))})")
+    text = dump_nodes(kept)
+    if output:
+        write_text_atomic(output, text)
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command()
+@click.argument("params", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--results-root",
+    type=click.Path(file_okay=False),
+    help="Where the sweep directory goes [run.results_root, $BENCHFS_RESULTS].",
+)
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="Base configuration."
+)
+@click.option("--dry-run", is_flag=True, help="List the points without running them.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds each point's workload may take.",
+)
+def sweep(
+    params: str, results_root: str | None, config_path: str | None, dry_run: bool, timeout: float
+) -> None:
+    """Run every point of a parameter file (jobs/params/*.toml); write index.csv."""
+    from benchfs.sweep import SweepError, load_params, run_sweep, sweep_table
+
+    err = Console(stderr=True)
+    try:
+        plan = load_params(params)
+    except SweepError as e:
+        _fail("EINVAL", str(e), EXIT_USAGE)
+    if dry_run:
+        Console().print(sweep_table(plan.rows_preview()))
+        return
+
+    def progress(message: str) -> None:
+        err.print(f"[dim]benchfs-run:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    root = results_root or load_config(config_path, [])["run"]["results_root"]
+    try:
+        outcome = run_sweep(plan, root, progress, config=config_path, timeout_s=timeout)
+    except KeyboardInterrupt:
+        _fail(
+            "EINTR", "sweep interrupted; index.csv lists the runs that finished", EXIT_INTERRUPTED
+        )
+    except OSError as e:
+        _fail(errno.errorcode.get(e.errno or 0, "EIO"), f"sweep: {e}")
+    Console().print(sweep_table(outcome.rows))
+    click.echo(f"index     {outcome.index_path}")
+    if outcome.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(0 if outcome.ok else EXIT_FAILED)
 
 
 if __name__ == "__main__":

@@ -178,12 +178,12 @@ def write_file(
     client: Client, path: str, pattern: PatternBuffer, file_size: int, transfer_size: int
 ) -> PhaseResult:
     result = PhaseResult()
-    with client.open(path, os.O_CREAT | os.O_TRUNC) as f:
+    with client.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC) as f:
         for offset, length in transfers(file_size, transfer_size):
             t0 = time.perf_counter()
             data = pattern.view(offset, length)
             result.pattern_s += time.perf_counter() - t0
-            written = f.write(offset, data)
+            written = f.pwrite(data, offset)
             if written != length:
                 raise OSError(
                     errno.EIO,
@@ -202,7 +202,7 @@ def read_and_verify(
     with client.open(path) as f:
         for offset, length in transfers(file_size, transfer_size):
             buf = buffers.setdefault(length, bytearray(length))
-            got = f.readinto(offset, buf)
+            got = f.preadinto(buf, offset)
             result.bytes += got
             if got != length:
                 raise VerificationError(
@@ -336,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def check_size() -> None:
         assert client is not None
-        size_seen = client.stat(file_path(peer))["size"]
+        size_seen = client.stat(file_path(peer)).st_size
         if size_seen != args.file_size:
             raise VerificationError(
                 f"{file_path(peer)} has size {size_seen}, expected {args.file_size}"

@@ -12,6 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,121 @@ use crate::placement::metadata_owner;
 use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Runtime};
+use crate::telemetry::{unix_time_ns, ClientMetrics, OpKind, SnapshotWriter};
+
+/// Client objects made in this process so far: the `worker` of the next one's telemetry file.
+static CLIENTS_MADE: AtomicU32 = AtomicU32::new(0);
+
+/// Nanoseconds of a duration, saturated.
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The telemetry op of a request (as the server counts it).
+fn op_kind(op: Op) -> OpKind {
+    match op {
+        Op::WriteChunk => OpKind::Write,
+        Op::ReadChunk => OpKind::Read,
+        Op::Fsync => OpKind::Fsync,
+        _ => OpKind::Meta,
+    }
+}
+
+/// A client's telemetry (`docs/telemetry.md`, format version 2): always-on counters, and
+/// snapshots written when a public call returns once `telemetry.interval_ms` has passed, and
+/// when the client is dropped. No timer and no thread: an idle client writes nothing.
+struct ClientTelemetry {
+    metrics: ClientMetrics,
+    writer: RefCell<Option<SnapshotWriter>>,
+    interval: Duration,
+    last_snapshot: Cell<Instant>,
+    /// Set while a public call runs, so that nested calls (read's stat) count once.
+    in_call: Cell<bool>,
+}
+
+impl ClientTelemetry {
+    /// Counters for `membership`, and (with `telemetry.dir` set) the file
+    /// `client-<pid>-w<n>.tel`, `n` counting the Client objects of this process.
+    fn new(config: &Config, membership: &[RegistryEntry]) -> Result<ClientTelemetry> {
+        let t = &config.telemetry;
+        let index = CLIENTS_MADE.fetch_add(1, Ordering::Relaxed);
+        let targets: Vec<u32> = membership.iter().map(|e| e.id).collect();
+        let writer = if t.dir.is_empty() {
+            None
+        } else {
+            let node = std::env::var("BENCHFS_NODE_NAME")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(crate::server::hostname);
+            Some(SnapshotWriter::create_client(
+                Path::new(&t.dir),
+                std::process::id(),
+                index,
+                &node,
+                &targets,
+            )?)
+        };
+        Ok(ClientTelemetry {
+            metrics: ClientMetrics::new(targets, t.enabled),
+            writer: RefCell::new(writer),
+            interval: Duration::from_millis(t.interval_ms),
+            last_snapshot: Cell::new(Instant::now()),
+            in_call: Cell::new(false),
+        })
+    }
+
+    /// Writes a snapshot if `force` or the interval has passed; reports a failure once.
+    fn snapshot(&self, now: Instant, force: bool) {
+        if !force && now.saturating_duration_since(self.last_snapshot.get()) < self.interval {
+            return;
+        }
+        let mut slot = self.writer.borrow_mut();
+        let Some(w) = slot.as_mut() else { return };
+        self.last_snapshot.set(now);
+        if let Err(e) = w.write(&self.metrics, unix_time_ns()) {
+            eprintln!("benchfs: client telemetry snapshots stopped: {e}");
+            *slot = None;
+        }
+    }
+}
+
+/// Times one public call (the outermost only) into `call_ns`, and snapshots when it returns.
+struct CallGuard<'a> {
+    telemetry: &'a ClientTelemetry,
+    op: OpKind,
+    start: Instant,
+    outer: bool,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        if !self.outer {
+            return;
+        }
+        let t = self.telemetry;
+        t.in_call.set(false);
+        let now = Instant::now();
+        t.metrics
+            .record_call(self.op, ns(now.saturating_duration_since(self.start)));
+        t.snapshot(now, false);
+    }
+}
+
+/// One attempt in flight: counted when made, its `rpc_ns` recorded when it ends, however it
+/// ends (reply, error, timeout, or abandoned because a sibling request failed).
+struct Attempt<'a> {
+    metrics: &'a ClientMetrics,
+    index: usize,
+    op: OpKind,
+    sent: Instant,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .attempt_done(self.index, self.op, ns(self.sent.elapsed()));
+    }
+}
 
 /// The errors a metadata owner answers about a path (anything else is about the server).
 const NAMESPACE_ERRNOS: [i32; 9] = [
@@ -152,6 +268,7 @@ pub struct Client {
     config: Config,
     /// The job token every request carries.
     token: u64,
+    telemetry: ClientTelemetry,
 }
 
 impl Shared {
@@ -323,6 +440,7 @@ impl Client {
                 ..Default::default()
             })
             .collect();
+        let telemetry = ClientTelemetry::new(&config, &membership)?;
         Ok(Client {
             runtime,
             worker,
@@ -340,7 +458,24 @@ impl Client {
             ),
             config,
             token,
+            telemetry,
         })
+    }
+
+    /// Starts timing a public call of kind `op` (see [`CallGuard`]).
+    fn telemetry_call(&self, op: OpKind) -> CallGuard<'_> {
+        let outer = !self.telemetry.in_call.replace(true);
+        CallGuard {
+            telemetry: &self.telemetry,
+            op,
+            start: Instant::now(),
+            outer,
+        }
+    }
+
+    /// This client's telemetry counters and histograms (per target in membership order).
+    pub fn telemetry(&self) -> &ClientMetrics {
+        &self.telemetry.metrics
     }
 
     /// The servers this client uses, ordered by numeric id.
@@ -389,15 +524,22 @@ impl Client {
     /// with a fresh request id per attempt. Idempotent requests (read, extent, fsync) are
     /// retried after a timeout, with exponential backoff and full jitter; a server that times
     /// out for good, or whose transport fails, is marked lost.
+    ///
+    /// `ready` is when the request could have been sent (its API call's start for a batch of
+    /// chunks): the wait from then to a window slot is its `window_wait_ns`.
     async fn call(
         &self,
         target: (usize, usize),
         header: Header,
         payload: &[u8],
         mut dest: Option<&mut [u8]>,
+        ready: Instant,
     ) -> Result<Header> {
         let (index, worker) = target;
         let client = &self.config.client;
+        let metrics = &self.telemetry.metrics;
+        let kind = op_kind(header.op);
+        let mut ready = ready;
         let idempotent = matches!(
             header.op,
             Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::DirRemove
@@ -413,12 +555,27 @@ impl Client {
                 let _permit = self.windows[index][worker]
                     .acquire(client.max_inflight_per_server)
                     .await;
+                let sent = Instant::now();
+                metrics.record_window_wait(kind, ns(sent.saturating_duration_since(ready)));
+                metrics.attempt_sent(index, kind, attempt > 0);
+                let _attempt = Attempt {
+                    metrics,
+                    index,
+                    op: kind,
+                    sent,
+                };
                 self.exchange(target, attempt_header, payload, dest.as_deref_mut())
                     .await
             };
             let timed_out = matches!(result, Err(Error::Timeout { .. }));
             if timed_out {
                 self.counters.borrow_mut()[index].timeouts += 1;
+                metrics.count_timeout(index, kind);
+            }
+            if let Err(Error::Remote { errno, .. }) = &result {
+                if *errno == libc::EAGAIN {
+                    metrics.count_busy(index, kind);
+                }
             }
             match result {
                 Err(Error::Timeout { .. }) if idempotent && attempt < client.max_retries => {
@@ -427,15 +584,25 @@ impl Client {
                     let pause = Duration::from_millis(self.jitter(ceiling));
                     self.runtime.reactor().sleep(pause).await;
                     attempt += 1;
+                    ready = Instant::now();
                 }
                 Err(e) => {
+                    metrics.count_error(index, kind);
                     self.counters.borrow_mut()[index].failures += 1;
                     if timed_out || matches!(e, Error::ServerLost { .. }) {
                         self.mark_lost(index, e.to_string());
                     }
                     return Err(e);
                 }
-                Ok(reply) => return Ok(reply),
+                Ok(reply) => {
+                    let moved = match kind {
+                        OpKind::Write => payload.len() as u64,
+                        OpKind::Read => reply.length,
+                        _ => 0,
+                    };
+                    metrics.count_bytes(index, kind, moved);
+                    return Ok(reply);
+                }
             }
         }
     }
@@ -452,6 +619,7 @@ impl Client {
 
     /// The id of the server that holds byte `offset` of the file at `path`.
     pub fn locate(&self, path: &str, offset: u64) -> Result<u32> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let attr = self.stat(path)?;
         if attr.kind != Kind::File {
             return Err(Error::Path {
@@ -619,7 +787,13 @@ impl Client {
         let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
         let mut reply = vec![0u8; namespace::REPLY_MAX];
         match self
-            .call(self.owner(&req.path), header, &payload, Some(&mut reply[..]))
+            .call(
+                self.owner(&req.path),
+                header,
+                &payload,
+                Some(&mut reply[..]),
+                Instant::now(),
+            )
             .await
         {
             Ok(h) => {
@@ -705,9 +879,16 @@ impl Client {
     /// Sends a header-only request about `attr`'s file to each target.
     async fn to_targets(&self, op: Op, attr: &Attr, targets: Vec<(usize, usize)>, length: u64) -> Result<()> {
         let window = self.config.client.max_inflight as usize;
-        let calls = targets
-            .into_iter()
-            .map(|t| self.call(t, Header::request(op, 0, attr.id.0, 0, 0, length), &[], None));
+        let ready = Instant::now();
+        let calls = targets.into_iter().map(|t| {
+            self.call(
+                t,
+                Header::request(op, 0, attr.id.0, 0, 0, length),
+                &[],
+                None,
+                ready,
+            )
+        });
         let mut results = stream::iter(calls).buffer_unordered(window);
         while let Some(r) = results.next().await {
             r?;
@@ -746,6 +927,7 @@ impl Client {
     /// Opens the file at `path` (flags: `namespace::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
     /// adds the name to its parent directory first, then makes the inode at its owner.
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("open", path)?;
         let attr = self.run(async {
             let start = if flags & namespace::CREATE != 0 {
@@ -784,16 +966,18 @@ impl Client {
 
     /// Writes `data` at `offset` of an open file; returns the bytes written.
     pub fn write(&self, file: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
+        let _call = self.telemetry_call(OpKind::Write);
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
         let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
         let written = self.run(async {
+            let ready = Instant::now();
             let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| {
                 let header = Header::request(Op::WriteChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                self.call(self.route(attr, p.chunk), header, part, None)
+                self.call(self.route(attr, p.chunk), header, part, None, ready)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
             let mut written = 0u64;
@@ -812,6 +996,7 @@ impl Client {
     /// file. Holes inside the file read as zeros. The size is the one seen at open plus this
     /// handle's writes (close-to-open); a read reaching past it asks the owner once more.
     pub fn read(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let _call = self.telemetry_call(OpKind::Read);
         let mut size = file.size();
         let want_end = offset.saturating_add(buf.len() as u64);
         if want_end > size {
@@ -826,6 +1011,7 @@ impl Client {
         let window = self.config.client.max_inflight as usize;
         let pieces: Vec<_> = split(offset, n as u64, attr.layout.chunk_size).collect();
         self.run(async {
+            let ready = Instant::now();
             let mut rest = &mut buf[..n];
             let mut calls = Vec::with_capacity(pieces.len());
             for p in &pieces {
@@ -834,7 +1020,7 @@ impl Client {
                 let header = Header::request(Op::ReadChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
                 calls.push(async move {
                     let reply = self
-                        .call(self.route(attr, p.chunk), header, &[], Some(&mut *head))
+                        .call(self.route(attr, p.chunk), header, &[], Some(&mut *head), ready)
                         .await?;
                     let got = (reply.length as usize).min(head.len());
                     // Never-written ranges inside the size are holes.
@@ -868,6 +1054,7 @@ impl Client {
 
     /// Makes this file's bytes durable on the servers holding them, then reports its size.
     pub fn fsync(&self, file: &FileHandle) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Fsync);
         let targets = self.data_targets(&file.attr, 0, file.size());
         self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
         self.report_size(file)
@@ -875,10 +1062,12 @@ impl Client {
 
     /// Publishes what this handle wrote (its size) so that later opens see it.
     pub fn close(&self, file: &FileHandle) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
         self.report_size(file)
     }
 
     pub fn stat(&self, path: &str) -> Result<Attr> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("stat", path)?;
         self.run(async {
             Ok(self
@@ -890,6 +1079,7 @@ impl Client {
 
     /// Removes a file: its inode, its chunks on every server holding them, its entry.
     pub fn unlink(&self, path: &str) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("unlink", path)?;
         self.run(async {
             let (attr, _) = self
@@ -902,6 +1092,7 @@ impl Client {
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("mkdir", path)?;
         self.run(async {
             let added = self
@@ -923,6 +1114,7 @@ impl Client {
     }
 
     pub fn rmdir(&self, path: &str) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("rmdir", path)?;
         self.run(async {
             self.meta(Op::Rmdir, "rmdir", &MetaRequest::new(&path)).await?;
@@ -932,6 +1124,7 @@ impl Client {
 
     /// Every entry of a directory, in name order (one owner answers, a page at a time).
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("readdir", path)?;
         self.run(async {
             let mut all = Vec::new();
@@ -955,6 +1148,7 @@ impl Client {
     /// A file replaces a file, a directory an empty directory. Non-empty directories are
     /// refused with EXDEV (their children's inodes are keyed by path), which `mv` handles.
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let from = self.checked("rename", from)?;
         let to = self.checked("rename", to)?;
         let fail = |errno| Error::Path {
@@ -1010,6 +1204,7 @@ impl Client {
 
     /// Sets a file's size; shrinking frees the chunks beyond it on their servers.
     pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("truncate", path)?;
         self.run(async {
             let mut req = MetaRequest::new(&path);
@@ -1019,6 +1214,18 @@ impl Client {
             self.check_layout(&path, &attr)?;
             self.free_data(&attr, size, old).await
         })
+    }
+
+    /// Truncates an open file (`ftruncate`): sets the size at the owner and makes the handle
+    /// agree, forgetting its own writes beyond the new size (a later close must not regrow it).
+    /// The handle's writes are published first, so the owner frees every chunk they made.
+    pub fn ftruncate(&self, file: &FileHandle, size: u64) -> Result<()> {
+        self.report_size(file)?;
+        self.truncate(&file.path, size)?;
+        file.written_end.set(file.written_end.get().min(size));
+        file.reported_end.set(file.reported_end.get().min(size));
+        file.known_size.set(size);
+        Ok(())
     }
 
     /// Replies that arrived after their request was abandoned, and undecodable replies.
@@ -1032,6 +1239,8 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        // The last snapshot: everything this client did.
+        self.telemetry.snapshot(Instant::now(), true);
         // Close endpoints (forcibly, bounded) before the worker goes away.
         self.links.borrow_mut().clear();
     }

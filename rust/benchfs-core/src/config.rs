@@ -186,7 +186,15 @@ pub struct TelemetryConfig {
     pub dir: String,
     /// Snapshot period in milliseconds (100 to 60000).
     pub interval_ms: u64,
+    /// Per-operation trace records on servers (`<dir>/server-<id>-w<worker>.trace`).
+    pub trace: bool,
+    /// Trace records buffered per server worker between two snapshots (more are dropped and
+    /// counted): the bound on the trace's memory, 72 bytes each.
+    pub trace_records: u64,
 }
+
+/// Upper bound of `telemetry.trace_records` (16 Mi records = 1.2 GiB per worker).
+pub const MAX_TRACE_RECORDS: u64 = 1 << 24;
 
 impl Default for TelemetryConfig {
     fn default() -> Self {
@@ -194,6 +202,8 @@ impl Default for TelemetryConfig {
             enabled: true,
             dir: String::new(),
             interval_ms: 1000,
+            trace: false,
+            trace_records: 65536,
         }
     }
 }
@@ -441,6 +451,12 @@ impl Config {
         }
         if !(100..=60_000).contains(&self.telemetry.interval_ms) {
             return bad("telemetry.interval_ms must be between 100 and 60000");
+        }
+        if !(1..=MAX_TRACE_RECORDS).contains(&self.telemetry.trace_records) {
+            return bad("telemetry.trace_records must be between 1 and 16777216");
+        }
+        if self.telemetry.trace && !self.telemetry.enabled {
+            return bad("telemetry.trace needs telemetry.enabled = true");
         }
         if self.storage.buffer_count == 0 {
             return bad("storage.buffer_count must be at least 1");

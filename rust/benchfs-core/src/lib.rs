@@ -7,6 +7,7 @@ pub mod chunking;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod ior;
 pub mod namespace;
 pub mod placement;
 pub mod protocol;
@@ -15,5 +16,6 @@ pub mod runtime;
 pub mod server;
 pub mod storage;
 pub mod telemetry;
+pub mod transfer;
 
 pub use error::{Error, Result};

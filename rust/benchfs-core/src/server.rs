@@ -25,7 +25,10 @@ use crate::protocol::{check_request, Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
 use crate::runtime::{Notifier, Runtime};
 use crate::storage::ChunkStore;
-use crate::telemetry::{OpKind, SnapshotWriter, WorkerMetrics};
+use crate::telemetry::{
+    unix_time_ns, OpKind, SnapshotWriter, TraceRecord, TraceRing, TraceWriter, WorkerMetrics,
+    TRACE_FLAG_ERROR,
+};
 
 /// How long a stopping server waits for accepted requests and in-flight I/O.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -149,6 +152,14 @@ struct ServerState {
     meta: RefCell<MetaStore>,
     chunk_size: u64,
     metrics: Rc<WorkerMetrics>,
+    /// Per-operation trace records until the next snapshot (`telemetry.trace`).
+    trace: Option<TraceRing>,
+    /// This worker's server id and index (named by every trace record).
+    server_id: u32,
+    worker_index: u16,
+    /// A monotonic instant and the Unix time at that instant: converts request arrival
+    /// instants to trace timestamps without a clock read per operation.
+    clock_base: (Instant, u64),
     /// Set at shutdown: new requests are refused with ESHUTDOWN, accepted ones still served.
     draining: Cell<bool>,
     in_service: Cell<u32>,
@@ -324,14 +335,34 @@ impl ServerState {
         } else {
             0
         };
-        self.metrics.record_op(
-            kind,
+        // Device time starts when the operation is handed to the store, so SQEs held back by
+        // `storage.submit_policy = "timer"` count as device time (as the seeds measured it).
+        let (queue_ns, device_ns, total_ns) = (
             ns(started.saturating_duration_since(req.arrived)),
             ns(done.saturating_duration_since(started)),
             ns(done.saturating_duration_since(req.arrived)),
-            moved,
-            status == 0,
         );
+        self.metrics
+            .record_op(kind, queue_ns, device_ns, total_ns, moved, status == 0);
+        if let Some(ring) = &self.trace {
+            let (base, base_unix) = self.clock_base;
+            let record = TraceRecord {
+                t_ns: base_unix.wrapping_add(ns(req.arrived.saturating_duration_since(base))),
+                queue_ns,
+                device_ns,
+                total_ns,
+                file: h.file_id,
+                chunk: h.chunk,
+                bytes: moved,
+                server: self.server_id,
+                worker: self.worker_index,
+                op: kind as u8,
+                flags: if status == 0 { 0 } else { TRACE_FLAG_ERROR },
+            };
+            if !ring.push(&record) {
+                self.metrics.count_trace_dropped();
+            }
+        }
         let mut reply = h.reply(status, count);
         if let Some((offset, body)) = &meta_reply {
             reply.offset = *offset;
@@ -429,17 +460,29 @@ impl ServerState {
     }
 }
 
-/// Writes the worker's telemetry snapshot (gauges refreshed first); reports a failure once.
-fn snapshot(state: &ServerState, writer: &RefCell<Option<SnapshotWriter>>) {
-    let mut slot = writer.borrow_mut();
-    let Some(w) = slot.as_mut() else { return };
-    state.set_gauges();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    if let Err(e) = w.write(&state.metrics, now) {
-        eprintln!("benchfs: telemetry snapshots stopped: {e}");
-        *slot = None;
+/// A worker's telemetry files: its snapshots and (with `telemetry.trace`) its trace.
+#[derive(Default)]
+struct Outputs {
+    snapshots: Option<SnapshotWriter>,
+    trace: Option<TraceWriter>,
+}
+
+/// Writes the worker's telemetry snapshot (gauges refreshed first), then flushes its trace
+/// ring; reports a failure once per file.
+fn snapshot(state: &ServerState, outputs: &RefCell<Outputs>) {
+    let mut out = outputs.borrow_mut();
+    if let Some(w) = out.snapshots.as_mut() {
+        state.set_gauges();
+        if let Err(e) = w.write(&*state.metrics, unix_time_ns()) {
+            eprintln!("benchfs: telemetry snapshots stopped: {e}");
+            out.snapshots = None;
+        }
+    }
+    if let (Some(w), Some(ring)) = (out.trace.as_mut(), state.trace.as_ref()) {
+        if let Err(e) = w.flush(ring) {
+            eprintln!("benchfs: per-operation traces stopped: {e}");
+            out.trace = None;
+        }
     }
 }
 
@@ -452,7 +495,7 @@ fn node_name(opts: &ServerOptions) -> String {
     }
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -493,12 +536,7 @@ fn run_worker(
     ready: impl FnOnce(Result<WorkerReady>),
 ) -> Result<ServerStats> {
     let config = &opts.config;
-    type Parts = (
-        Runtime,
-        Worker,
-        Rc<ServerState>,
-        Rc<RefCell<Option<SnapshotWriter>>>,
-    );
+    type Parts = (Runtime, Worker, Rc<ServerState>, Rc<RefCell<Outputs>>);
     let setup = || -> Result<Parts> {
         let token = registry::job_token(&registry::load_or_create_secret(&opts.registry_dir)?);
         let hold = (config.storage.submit_policy == "timer")
@@ -526,6 +564,8 @@ fn run_worker(
         runtime.reactor().register_buffers(&pool)?;
         pool.register_ucx(&worker)?;
         pool.set_metrics(metrics.clone());
+        // Traces go to a file beside the snapshots; without a directory there is none.
+        let tracing = config.telemetry.trace && config.telemetry.enabled && !config.telemetry.dir.is_empty();
         let state = Rc::new(ServerState {
             worker: worker.clone(),
             store,
@@ -544,6 +584,10 @@ fn run_worker(
             )),
             chunk_size: config.client.chunk_size,
             metrics,
+            trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
+            server_id: opts.id,
+            worker_index: index as u16,
+            clock_base: (Instant::now(), unix_time_ns()),
             draining: Cell::new(false),
             in_service: Cell::new(0),
             token,
@@ -565,17 +609,24 @@ fn run_worker(
                 }
             })?;
         }
-        let writer = match config.telemetry.dir.as_str() {
-            "" => None,
-            dir => Some(SnapshotWriter::create(
-                Path::new(dir),
-                opts.id,
-                index,
-                &node_name(opts),
-            )?),
-        };
-        let writer = Rc::new(RefCell::new(writer));
-        if writer.borrow().is_some() {
+        let mut outputs = Outputs::default();
+        if !config.telemetry.dir.is_empty() {
+            let (dir, node) = (Path::new(&config.telemetry.dir), node_name(opts));
+            let snapshots = SnapshotWriter::create(dir, opts.id, index, &node)?;
+            if tracing {
+                outputs.trace = Some(TraceWriter::create(
+                    dir,
+                    opts.id,
+                    index,
+                    &node,
+                    snapshots.instance(),
+                    config.telemetry.trace_records as usize,
+                )?);
+            }
+            outputs.snapshots = Some(snapshots);
+        }
+        let writer = Rc::new(RefCell::new(outputs));
+        if writer.borrow().snapshots.is_some() {
             let (s, w, r) = (state.clone(), writer.clone(), runtime.reactor().clone());
             let every = std::time::Duration::from_millis(config.telemetry.interval_ms);
             runtime.spawn(async move {

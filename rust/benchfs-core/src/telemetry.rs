@@ -12,8 +12,12 @@
 //! and one per non-empty histogram bucket) closed by an end-of-snapshot marker, with a single
 //! `write(2)`; a reader that meets a snapshot still being written (or torn by a crash) skips
 //! it. [`read_file`] is the Rust reader; `benchfs.telemetry` is the Python one.
+//!
+//! Clients keep [`ClientMetrics`] (per target server) and write them with the same writer in
+//! format version 2. Servers may also keep a [`TraceRing`] of per-operation records, flushed
+//! by a [`TraceWriter`] with one `write(2)` at each snapshot.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -321,6 +325,9 @@ pub struct MetricDef {
     pub kind: MetricKind,
     /// One series per [`OpKind`] (else the record's `op` is [`NO_OP`]).
     pub per_op: bool,
+    /// One series per target server (format version 2; else the record's target is
+    /// [`NO_TARGET`]).
+    pub per_target: bool,
     pub unit: &'static str,
 }
 
@@ -330,6 +337,19 @@ const fn def(id: u8, name: &'static str, kind: MetricKind, per_op: bool, unit: &
         name,
         kind,
         per_op,
+        per_target: false,
+        unit,
+    }
+}
+
+/// A metric with one series per op and target server (client telemetry).
+const fn per_target(id: u8, name: &'static str, kind: MetricKind, unit: &'static str) -> MetricDef {
+    MetricDef {
+        id,
+        name,
+        kind,
+        per_op: true,
+        per_target: true,
         unit,
     }
 }
@@ -348,6 +368,7 @@ mod id {
     pub const IN_SERVICE: u8 = 10;
     pub const BUFFERS_FREE: u8 = 11;
     pub const REFUSED_AUTH: u8 = 12;
+    pub const TRACE_DROPPED: u8 = 13;
     pub const INFLIGHT_AT_SUBMIT: u8 = 16;
     pub const SUBMIT_BATCH: u8 = 17;
     pub const QUEUE_WAIT_NS: u8 = 18;
@@ -371,6 +392,7 @@ pub const SERVER_METRICS: &[MetricDef] = {
         def(id::IN_SERVICE, "in_service", Gauge, false, "requests"),
         def(id::BUFFERS_FREE, "buffers_free", Gauge, false, "buffers"),
         def(id::REFUSED_AUTH, "refused_auth", Counter, false, "requests"),
+        def(id::TRACE_DROPPED, "trace_dropped", Counter, false, "records"),
         def(
             id::INFLIGHT_AT_SUBMIT,
             "inflight_at_submit",
@@ -408,6 +430,7 @@ pub struct WorkerMetrics {
     queue_depth: Cell<u64>,
     in_service: Cell<u64>,
     buffers_free: Cell<u64>,
+    trace_dropped: Cell<u64>,
 }
 
 #[inline(always)]
@@ -449,6 +472,7 @@ impl WorkerMetrics {
             queue_depth: Cell::new(0),
             in_service: Cell::new(0),
             buffers_free: Cell::new(0),
+            trace_dropped: Cell::new(0),
         }
     }
 
@@ -562,6 +586,18 @@ impl WorkerMetrics {
         self.refused_auth.get()
     }
 
+    /// A trace record found its worker's [`TraceRing`] full and was dropped.
+    #[inline]
+    pub fn count_trace_dropped(&self) {
+        if self.enabled {
+            bump(&self.trace_dropped, 1);
+        }
+    }
+
+    pub fn trace_dropped(&self) -> u64 {
+        self.trace_dropped.get()
+    }
+
     /// A request could not be parsed or failed validation.
     #[inline]
     pub fn count_malformed(&self) {
@@ -652,7 +688,7 @@ impl WorkerMetrics {
     }
 
     /// The non-per-op counters and gauges with their metric ids, in snapshot order.
-    fn scalars(&self) -> [(u8, &Cell<u64>); 9] {
+    fn scalars(&self) -> [(u8, &Cell<u64>); 10] {
         [
             (id::POOL_WAITS, &self.pool_waits),
             (id::HANDLE_HITS, &self.handle_hits),
@@ -663,6 +699,7 @@ impl WorkerMetrics {
             (id::IN_SERVICE, &self.in_service),
             (id::BUFFERS_FREE, &self.buffers_free),
             (id::REFUSED_AUTH, &self.refused_auth),
+            (id::TRACE_DROPPED, &self.trace_dropped),
         ]
     }
 
@@ -683,12 +720,267 @@ impl WorkerMetrics {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Metrics of one client
+
+mod cid {
+    pub const REQUESTS: u8 = 1;
+    pub const BYTES: u8 = 2;
+    pub const RETRIES: u8 = 3;
+    pub const TIMEOUTS: u8 = 4;
+    pub const ERRORS: u8 = 5;
+    pub const BUSY: u8 = 6;
+    pub const INFLIGHT: u8 = 7;
+    pub const RPC_NS: u8 = 16;
+    pub const CALL_NS: u8 = 17;
+    pub const INFLIGHT_AT_SEND: u8 = 18;
+    pub const WINDOW_WAIT_NS: u8 = 19;
+}
+
+/// Every metric a client writes (format version 2), in the order of its records.
+pub const CLIENT_METRICS: &[MetricDef] = {
+    use MetricKind::{Counter, Gauge, Histogram};
+    &[
+        per_target(cid::REQUESTS, "requests", Counter, "requests"),
+        per_target(cid::BYTES, "bytes", Counter, "bytes"),
+        per_target(cid::RETRIES, "retries", Counter, "requests"),
+        per_target(cid::TIMEOUTS, "timeouts", Counter, "requests"),
+        per_target(cid::ERRORS, "errors", Counter, "requests"),
+        per_target(cid::BUSY, "busy", Counter, "requests"),
+        def(cid::INFLIGHT, "inflight", Gauge, false, "requests"),
+        per_target(cid::RPC_NS, "rpc_ns", Histogram, "ns"),
+        def(cid::CALL_NS, "call_ns", Histogram, true, "ns"),
+        def(
+            cid::INFLIGHT_AT_SEND,
+            "inflight_at_send",
+            Histogram,
+            false,
+            "requests",
+        ),
+        def(cid::WINDOW_WAIT_NS, "window_wait_ns", Histogram, true, "ns"),
+    ]
+};
+
+/// What one client sent one server, per op (allocated on the first request to it).
+#[derive(Default)]
+struct TargetMetrics {
+    requests: [Cell<u64>; OpKind::COUNT],
+    bytes: [Cell<u64>; OpKind::COUNT],
+    retries: [Cell<u64>; OpKind::COUNT],
+    timeouts: [Cell<u64>; OpKind::COUNT],
+    errors: [Cell<u64>; OpKind::COUNT],
+    busy: [Cell<u64>; OpKind::COUNT],
+    rpc_ns: [Histogram; OpKind::COUNT],
+}
+
+impl TargetMetrics {
+    /// The per-target counters with their metric ids, in snapshot order.
+    fn counters(&self) -> [(u8, &[Cell<u64>; OpKind::COUNT]); 6] {
+        [
+            (cid::REQUESTS, &self.requests),
+            (cid::BYTES, &self.bytes),
+            (cid::RETRIES, &self.retries),
+            (cid::TIMEOUTS, &self.timeouts),
+            (cid::ERRORS, &self.errors),
+            (cid::BUSY, &self.busy),
+        ]
+    }
+}
+
+/// The counters and histograms of one client (`docs/telemetry.md`, "Metrics (source
+/// `client`)"), for one thread like [`WorkerMetrics`].
+///
+/// Per-target series are indexed by the target's position in the membership and allocated on
+/// the first request to that server (about 8 KiB each), so a client of 1000 servers that talks
+/// to 10 of them keeps 10.
+pub struct ClientMetrics {
+    enabled: bool,
+    /// Server ids, ascending (the header's `targets`).
+    targets: Vec<u32>,
+    per_target: Vec<OnceCell<Box<TargetMetrics>>>,
+    inflight: Cell<u64>,
+    call_ns: [Histogram; OpKind::COUNT],
+    inflight_at_send: Histogram,
+    window_wait_ns: [Histogram; OpKind::COUNT],
+}
+
+impl std::fmt::Debug for ClientMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientMetrics")
+            .field("enabled", &self.enabled)
+            .field("targets", &self.targets)
+            .field("inflight", &self.inflight.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientMetrics {
+    /// Metrics of a client of the servers `targets` (ids, in the order the client indexes
+    /// them; ascending). With `enabled` false nothing is recorded.
+    pub fn new(targets: Vec<u32>, enabled: bool) -> ClientMetrics {
+        ClientMetrics {
+            enabled,
+            per_target: targets.iter().map(|_| OnceCell::new()).collect(),
+            targets,
+            inflight: Cell::new(0),
+            call_ns: std::array::from_fn(|_| Histogram::new()),
+            inflight_at_send: Histogram::new(),
+            window_wait_ns: std::array::from_fn(|_| Histogram::new()),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn targets(&self) -> &[u32] {
+        &self.targets
+    }
+
+    #[inline]
+    fn target(&self, index: usize) -> Option<&TargetMetrics> {
+        if !self.enabled {
+            return None;
+        }
+        self.per_target.get(index).map(|t| &**t.get_or_init(Box::default))
+    }
+
+    // Hot path.
+
+    /// An attempt to the target at `index` is being sent (`retry`: not its first attempt).
+    /// Returns nothing; pair it with [`attempt_done`](Self::attempt_done).
+    #[inline]
+    pub fn attempt_sent(&self, index: usize, op: OpKind, retry: bool) {
+        let Some(t) = self.target(index) else { return };
+        let k = op.index();
+        bump(&t.requests[k], 1);
+        if retry {
+            bump(&t.retries[k], 1);
+        }
+        let inflight = self.inflight.get() + 1;
+        self.inflight.set(inflight);
+        self.inflight_at_send.record(inflight);
+    }
+
+    /// The attempt ended (reply, error, timeout or abandoned) after `rpc_ns`.
+    #[inline]
+    pub fn attempt_done(&self, index: usize, op: OpKind, rpc_ns: u64) {
+        let Some(t) = self.target(index) else { return };
+        self.inflight.set(self.inflight.get().saturating_sub(1));
+        t.rpc_ns[op.index()].record(rpc_ns);
+    }
+
+    /// A request succeeded, moving `bytes` of payload.
+    #[inline]
+    pub fn count_bytes(&self, index: usize, op: OpKind, bytes: u64) {
+        if let Some(t) = self.target(index) {
+            bump(&t.bytes[op.index()], bytes);
+        }
+    }
+
+    /// An attempt got no answer within the request timeout.
+    #[inline]
+    pub fn count_timeout(&self, index: usize, op: OpKind) {
+        if let Some(t) = self.target(index) {
+            bump(&t.timeouts[op.index()], 1);
+        }
+    }
+
+    /// An attempt was refused with EAGAIN (the server's queue was full).
+    #[inline]
+    pub fn count_busy(&self, index: usize, op: OpKind) {
+        if let Some(t) = self.target(index) {
+            bump(&t.busy[op.index()], 1);
+        }
+    }
+
+    /// A request failed for good (after its retries).
+    #[inline]
+    pub fn count_error(&self, index: usize, op: OpKind) {
+        if let Some(t) = self.target(index) {
+            bump(&t.errors[op.index()], 1);
+        }
+    }
+
+    /// A request waited `ns` for a slot in the client's in-flight window.
+    #[inline]
+    pub fn record_window_wait(&self, op: OpKind, ns: u64) {
+        if self.enabled {
+            self.window_wait_ns[op.index()].record(ns);
+        }
+    }
+
+    /// One public API call of kind `op` took `ns` from entry to return.
+    #[inline]
+    pub fn record_call(&self, op: OpKind, ns: u64) {
+        if self.enabled {
+            self.call_ns[op.index()].record(ns);
+        }
+    }
+
+    // Readers.
+
+    fn series(&self, index: usize) -> Option<&TargetMetrics> {
+        self.per_target.get(index).and_then(|t| t.get().map(|b| &**b))
+    }
+
+    /// Attempts sent to the target at `index` for `op` (retries included).
+    pub fn requests(&self, index: usize, op: OpKind) -> u64 {
+        self.series(index).map_or(0, |t| t.requests[op.index()].get())
+    }
+    pub fn bytes(&self, index: usize, op: OpKind) -> u64 {
+        self.series(index).map_or(0, |t| t.bytes[op.index()].get())
+    }
+    pub fn retries(&self, index: usize, op: OpKind) -> u64 {
+        self.series(index).map_or(0, |t| t.retries[op.index()].get())
+    }
+    pub fn timeouts(&self, index: usize, op: OpKind) -> u64 {
+        self.series(index).map_or(0, |t| t.timeouts[op.index()].get())
+    }
+    pub fn errors(&self, index: usize, op: OpKind) -> u64 {
+        self.series(index).map_or(0, |t| t.errors[op.index()].get())
+    }
+    pub fn busy(&self, index: usize, op: OpKind) -> u64 {
+        self.series(index).map_or(0, |t| t.busy[op.index()].get())
+    }
+    /// `rpc_ns` of the target at `index` for `op` (None before its first request).
+    pub fn rpc_ns(&self, index: usize, op: OpKind) -> Option<&Histogram> {
+        self.series(index).map(|t| &t.rpc_ns[op.index()])
+    }
+    pub fn call_ns(&self, op: OpKind) -> &Histogram {
+        &self.call_ns[op.index()]
+    }
+    pub fn inflight_at_send(&self) -> &Histogram {
+        &self.inflight_at_send
+    }
+    pub fn window_wait_ns(&self, op: OpKind) -> &Histogram {
+        &self.window_wait_ns[op.index()]
+    }
+    pub fn inflight(&self) -> u64 {
+        self.inflight.get()
+    }
+
+    /// (target index, op) pairs that have sent a request, in snapshot order (ops in header
+    /// order, then targets in `targets` order).
+    fn active(&self) -> impl Iterator<Item = (usize, OpKind, &TargetMetrics)> + '_ {
+        OpKind::ALL.into_iter().flat_map(move |k| {
+            (0..self.targets.len()).filter_map(move |i| {
+                self.series(i)
+                    .filter(|t| t.requests[k.index()].get() > 0)
+                    .map(|t| (i, k, t))
+            })
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // File format
 
 /// First 8 bytes of every telemetry file.
 pub const MAGIC: [u8; 8] = *b"BFSTELEM";
-/// Bumped whenever the layout of the preamble, header or records changes meaning.
+/// The format version servers write (1); clients write [`FORMAT_VERSION_CLIENT`].
 pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: version 1 plus the record's `target` field and the header's `targets`.
+pub const FORMAT_VERSION_CLIENT: u32 = 2;
 /// Bytes per record.
 pub const RECORD_SIZE: usize = 32;
 /// Magic, version and header length.
@@ -698,6 +990,8 @@ pub const FILE_EXTENSION: &str = "tel";
 
 /// `op` of a record that belongs to no operation.
 pub const NO_OP: u8 = 0xFF;
+/// `target` of a version 2 record whose metric is not per target server.
+pub const NO_TARGET: u16 = 0xFFFF;
 /// `bucket` of a counter or gauge record.
 pub const BUCKET_NONE: u16 = 0xFFFF;
 /// `bucket` of a histogram's count record.
@@ -716,7 +1010,7 @@ pub const METRIC_END: u8 = id::END;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Server,
-    /// Reserved for client telemetry (records' `id` is then the client's id).
+    /// A client process (records' `id` is its pid, `worker` the Client object's index).
     Client,
 }
 
@@ -735,7 +1029,7 @@ pub struct Record {
     /// Snapshot time, ns since the Unix epoch.
     pub t_ns: u64,
     pub value: u64,
-    /// Server id (for `source = server`).
+    /// Server id (for `source = server`), client pid (for `source = client`).
     pub id: u32,
     /// Snapshot number in this file, from 0.
     pub seq: u32,
@@ -743,6 +1037,9 @@ pub struct Record {
     pub metric: u8,
     pub op: u8,
     pub bucket: u16,
+    /// Version 2: the target server of a per-target series, else [`NO_TARGET`]; version 1:
+    /// reserved, 0.
+    pub target: u16,
 }
 
 impl Record {
@@ -755,7 +1052,7 @@ impl Record {
         out.push(self.metric);
         out.push(self.op);
         out.extend_from_slice(&self.bucket.to_le_bytes());
-        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.target.to_le_bytes());
     }
 
     fn decode(b: &[u8]) -> Record {
@@ -771,6 +1068,7 @@ impl Record {
             metric: b[26],
             op: b[27],
             bucket: u16_at(28),
+            target: u16_at(30),
         }
     }
 }
@@ -782,18 +1080,113 @@ pub fn unix_time_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The JSON header of a file written by `source` `id`, worker `worker` on `node`.
-fn header_json(source: Source, id: u32, worker: u16, node: &str) -> serde_json::Value {
-    let metrics: Vec<serde_json::Value> = SERVER_METRICS
+/// What a [`SnapshotWriter`] writes: the records of one snapshot, in file order.
+pub trait Snapshot {
+    /// Calls `push(metric, op, bucket, value, target)` for every record of one snapshot
+    /// (`target` is [`NO_TARGET`] for metrics that are not per target).
+    fn records(&self, push: &mut dyn FnMut(u8, u8, u16, u64, u16));
+}
+
+/// The four statistics of a histogram, then its non-empty buckets.
+fn histogram_records(
+    h: &Histogram,
+    metric: u8,
+    op: u8,
+    target: u16,
+    push: &mut dyn FnMut(u8, u8, u16, u64, u16),
+) {
+    push(metric, op, BUCKET_COUNT, h.count(), target);
+    push(metric, op, BUCKET_SUM, h.sum(), target);
+    push(metric, op, BUCKET_MIN, h.min(), target);
+    push(metric, op, BUCKET_MAX, h.max(), target);
+    if h.count() > 0 {
+        for (i, c) in h.nonzero_buckets() {
+            push(metric, op, i as u16, c, target);
+        }
+    }
+}
+
+impl Snapshot for WorkerMetrics {
+    fn records(&self, push: &mut dyn FnMut(u8, u8, u16, u64, u16)) {
+        for (metric, cells) in [
+            (id::OPS, &self.ops),
+            (id::BYTES, &self.bytes),
+            (id::ERRORS, &self.errors),
+        ] {
+            for k in OpKind::ALL {
+                push(metric, k as u8, BUCKET_NONE, cells[k.index()].get(), NO_TARGET);
+            }
+        }
+        for (metric, cell) in self.scalars() {
+            push(metric, NO_OP, BUCKET_NONE, cell.get(), NO_TARGET);
+        }
+        for (metric, op, h) in self.histograms() {
+            histogram_records(h, metric, op, NO_TARGET, push);
+        }
+    }
+}
+
+impl Snapshot for ClientMetrics {
+    fn records(&self, push: &mut dyn FnMut(u8, u8, u16, u64, u16)) {
+        let target_id = |i: usize| self.targets[i].min(u32::from(NO_TARGET - 1)) as u16;
+        for metric in 0..6 {
+            for (i, k, t) in self.active() {
+                let (id, cells) = t.counters()[metric];
+                push(id, k as u8, BUCKET_NONE, cells[k.index()].get(), target_id(i));
+            }
+        }
+        push(cid::INFLIGHT, NO_OP, BUCKET_NONE, self.inflight.get(), NO_TARGET);
+        for (i, k, t) in self.active() {
+            histogram_records(&t.rpc_ns[k.index()], cid::RPC_NS, k as u8, target_id(i), push);
+        }
+        for k in OpKind::ALL {
+            histogram_records(&self.call_ns[k.index()], cid::CALL_NS, k as u8, NO_TARGET, push);
+        }
+        histogram_records(
+            &self.inflight_at_send,
+            cid::INFLIGHT_AT_SEND,
+            NO_OP,
+            NO_TARGET,
+            push,
+        );
+        for k in OpKind::ALL {
+            histogram_records(
+                &self.window_wait_ns[k.index()],
+                cid::WINDOW_WAIT_NS,
+                k as u8,
+                NO_TARGET,
+                push,
+            );
+        }
+    }
+}
+
+/// The JSON header of a file of `version` written by `source` `id`, worker `worker` on
+/// `node`, with `metrics`, and (version 2) the target server ids.
+fn header_json(
+    version: u32,
+    source: Source,
+    id: u32,
+    worker: u16,
+    node: &str,
+    metrics: &[MetricDef],
+    targets: Option<&[u32]>,
+) -> serde_json::Value {
+    let v2 = version >= 2;
+    let metrics: Vec<serde_json::Value> = metrics
         .iter()
         .map(|m| {
-            json!({"id": m.id, "name": m.name, "kind": m.kind.name(), "per_op": m.per_op,
-                   "unit": m.unit})
+            let mut e = json!({"id": m.id, "name": m.name, "kind": m.kind.name(),
+                               "per_op": m.per_op, "unit": m.unit});
+            if v2 {
+                e["per_target"] = json!(m.per_target);
+            }
+            e
         })
         .collect();
-    json!({
+    let mut header = json!({
         "format": "benchfs-telemetry",
-        "version": FORMAT_VERSION,
+        "version": version,
         "source": source.name(),
         "id": id,
         "worker": worker,
@@ -804,7 +1197,7 @@ fn header_json(source: Source, id: u32, worker: u16, node: &str) -> serde_json::
         "record_size": RECORD_SIZE,
         "record_fields": [["t_ns", "u64"], ["value", "u64"], ["id", "u32"], ["seq", "u32"],
                           ["worker", "u16"], ["metric", "u8"], ["op", "u8"], ["bucket", "u16"],
-                          ["reserved", "u16"]],
+                          [if v2 { "target" } else { "reserved" }, "u16"]],
         "ops": OpKind::ALL.iter().map(|k| k.name()).collect::<Vec<_>>(),
         "no_op": NO_OP,
         "end_metric": METRIC_END,
@@ -813,30 +1206,126 @@ fn header_json(source: Source, id: u32, worker: u16, node: &str) -> serde_json::
         "special_buckets": {"none": BUCKET_NONE, "count": BUCKET_COUNT, "sum": BUCKET_SUM,
                             "min": BUCKET_MIN, "max": BUCKET_MAX},
         "metrics": metrics,
-    })
+    });
+    if v2 {
+        header["no_target"] = json!(NO_TARGET);
+    }
+    if let Some(t) = targets {
+        header["targets"] = json!(t);
+    }
+    header
 }
 
-/// Preamble + JSON header, padded with spaces so that records start on a 32-byte boundary.
-fn encode_header(header: &serde_json::Value) -> Vec<u8> {
+/// Magic, version, length and JSON header, padded with spaces so that records start on an
+/// `align`-byte boundary.
+fn encode_preamble(magic: &[u8; 8], version: u32, header: &serde_json::Value, align: usize) -> Vec<u8> {
     let mut json = header.to_string().into_bytes();
-    while !(PREAMBLE_SIZE + json.len()).is_multiple_of(RECORD_SIZE) {
+    while !(PREAMBLE_SIZE + json.len()).is_multiple_of(align) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(PREAMBLE_SIZE + json.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
     out
 }
 
-/// Appends snapshots of one worker's [`WorkerMetrics`] to its telemetry file.
+/// Creates `dir` if needed and a new file `<stem>.<ext>` (if taken, `<stem>.<n>.<ext>` with
+/// the smallest free `n >= first`; `first = 0` means the plain name first) holding `contents`:
+/// written under a temporary name and linked into place, so the file appears complete or not
+/// at all and no existing file is overwritten. Returns the file (opened for appending), its
+/// path and `n`.
+fn create_new_file(
+    dir: &Path,
+    stem: &str,
+    ext: &str,
+    contents: &[u8],
+    first: u32,
+) -> Result<(File, PathBuf, u32)> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("telemetry directory {}", dir.display()), e))?;
+    let tmp = dir.join(format!(".{stem}.{ext}.{}.tmp", std::process::id()));
+    let write_tmp = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(contents)?;
+        Ok(())
+    };
+    write_tmp().map_err(|e| Error::io(format!("telemetry file {}", tmp.display()), e))?;
+    let mut placed = None;
+    for n in first..first.saturating_add(10_000) {
+        let name = if n == 0 {
+            format!("{stem}.{ext}")
+        } else {
+            format!("{stem}.{n}.{ext}")
+        };
+        let path = dir.join(name);
+        match std::fs::hard_link(&tmp, &path) {
+            Ok(()) => {
+                placed = Some((path, n));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                // A file system without hard links: rename, after checking the name is free.
+                if path.exists() {
+                    continue;
+                }
+                std::fs::rename(&tmp, &path)
+                    .map_err(|_| Error::io(format!("telemetry file {}", path.display()), e))?;
+                placed = Some((path, n));
+                break;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&tmp);
+    let (path, n) = placed.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "too many telemetry files named {stem}.* in {}",
+            dir.display()
+        ))
+    })?;
+    let file = OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("telemetry file {}", path.display()), e))?;
+    Ok((file, path, n))
+}
+
+/// Appends `buf` with one `write(2)`; on failure cuts the file back to `good_len` (or marks
+/// it `broken` if even that fails), so that damage never sits in the middle of a file.
+fn append_all(file: &mut File, path: &Path, buf: &[u8], good_len: &mut u64, broken: &mut bool) -> Result<()> {
+    if *broken {
+        return Err(Error::io(
+            format!("telemetry file {}", path.display()),
+            std::io::Error::other("an earlier write failed and could not be undone"),
+        ));
+    }
+    match file.write_all(buf) {
+        Ok(()) => {
+            *good_len += buf.len() as u64;
+            Ok(())
+        }
+        Err(e) => {
+            if file.set_len(*good_len).is_err() {
+                *broken = true;
+            }
+            Err(Error::io(format!("telemetry file {}", path.display()), e))
+        }
+    }
+}
+
+/// Appends snapshots of one worker's [`WorkerMetrics`] (or one client's [`ClientMetrics`])
+/// to its telemetry file.
 pub struct SnapshotWriter {
     file: File,
     path: PathBuf,
     id: u32,
     worker: u16,
     seq: u32,
+    version: u32,
+    /// The `n` of `<stem>.<n>.tel` (0 for the plain name).
+    n: u32,
     /// File length after the last complete snapshot (a failed write is cut back to it).
     good_len: u64,
     broken: bool,
@@ -860,7 +1349,8 @@ impl SnapshotWriter {
         SnapshotWriter::create_for(Source::Server, dir, server_id, worker, node)
     }
 
-    /// [`create`](Self::create) for any [`Source`].
+    /// [`create`](Self::create) for any [`Source`]: a server's file is format version 1 with
+    /// [`SERVER_METRICS`]; a client's ([`create_client`](Self::create_client)) needs targets.
     pub fn create_for(
         source: Source,
         dir: &Path,
@@ -868,64 +1358,76 @@ impl SnapshotWriter {
         worker: u32,
         node: &str,
     ) -> Result<SnapshotWriter> {
+        match source {
+            Source::Server => SnapshotWriter::create_with(
+                source,
+                FORMAT_VERSION,
+                SERVER_METRICS,
+                None,
+                dir,
+                id,
+                worker,
+                node,
+            ),
+            Source::Client => SnapshotWriter::create_client(dir, id, worker, node, &[]),
+        }
+    }
+
+    /// A client's file `client-<pid>-w<index>.tel` (format version 2) for a client of the
+    /// servers `targets` (ids, ascending).
+    pub fn create_client(
+        dir: &Path,
+        pid: u32,
+        index: u32,
+        node: &str,
+        targets: &[u32],
+    ) -> Result<SnapshotWriter> {
+        if targets.iter().any(|&t| t >= u32::from(NO_TARGET)) {
+            return Err(Error::InvalidArgument(format!(
+                "client telemetry: server ids must be below {NO_TARGET}"
+            )));
+        }
+        SnapshotWriter::create_with(
+            Source::Client,
+            FORMAT_VERSION_CLIENT,
+            CLIENT_METRICS,
+            Some(targets),
+            dir,
+            pid,
+            index,
+            node,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_with(
+        source: Source,
+        version: u32,
+        metrics: &[MetricDef],
+        targets: Option<&[u32]>,
+        dir: &Path,
+        id: u32,
+        worker: u32,
+        node: &str,
+    ) -> Result<SnapshotWriter> {
         let worker = u16::try_from(worker)
             .map_err(|_| Error::InvalidArgument(format!("telemetry worker index {worker} > 65535")))?;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("telemetry directory {}", dir.display()), e))?;
-        let header = encode_header(&header_json(source, id, worker, node));
+        let header = encode_preamble(
+            &MAGIC,
+            version,
+            &header_json(version, source, id, worker, node, metrics, targets),
+            RECORD_SIZE,
+        );
         let stem = format!("{}-{id}-w{worker}", source.name());
-        // Written under a temporary name, then linked into place: no reader ever sees a file
-        // without its whole header, and an existing file is never overwritten.
-        let tmp = dir.join(format!(".{stem}.{}.tmp", std::process::id()));
-        let write_tmp = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&header)?;
-            Ok(())
-        };
-        write_tmp().map_err(|e| Error::io(format!("telemetry file {}", tmp.display()), e))?;
-        let mut placed = None;
-        for n in 0..10_000u32 {
-            let name = if n == 0 {
-                format!("{stem}.{FILE_EXTENSION}")
-            } else {
-                format!("{stem}.{n}.{FILE_EXTENSION}")
-            };
-            let path = dir.join(name);
-            match std::fs::hard_link(&tmp, &path) {
-                Ok(()) => {
-                    placed = Some(path);
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    // A file system without hard links: rename, after checking the name is free.
-                    if path.exists() {
-                        continue;
-                    }
-                    std::fs::rename(&tmp, &path)
-                        .map_err(|_| Error::io(format!("telemetry file {}", path.display()), e))?;
-                    placed = Some(path);
-                    break;
-                }
-            }
-        }
-        let _ = std::fs::remove_file(&tmp);
-        let path = placed.ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "too many telemetry files named {stem}.* in {}",
-                dir.display()
-            ))
-        })?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| Error::io(format!("telemetry file {}", path.display()), e))?;
+        let (file, path, n) = create_new_file(dir, &stem, FILE_EXTENSION, &header, 0)?;
         Ok(SnapshotWriter {
             file,
             path,
             id,
             worker,
             seq: 0,
+            version,
+            n,
             good_len: header.len() as u64,
             broken: false,
             buf: Vec::with_capacity(64 * RECORD_SIZE),
@@ -941,34 +1443,32 @@ impl SnapshotWriter {
         self.seq
     }
 
+    /// The `n` of `<stem>.<n>.tel` (0 for the plain name): a trace file beside this one
+    /// takes the same.
+    pub fn instance(&self) -> u32 {
+        self.n
+    }
+
     /// Appends one snapshot of the cumulative values of `m`, stamped `unix_time_ns`, with one
     /// `write(2)`. Costs O(buckets), independent of the I/O done since the last snapshot. On
     /// an error the file is cut back to its last complete snapshot, so a later snapshot never
     /// follows a torn one.
-    pub fn write(&mut self, m: &WorkerMetrics, unix_time_ns: u64) -> Result<()> {
-        if self.broken {
-            return Err(Error::io(
-                format!("telemetry file {}", self.path.display()),
-                std::io::Error::other("an earlier write failed and could not be undone"),
-            ));
-        }
+    pub fn write(&mut self, m: &dyn Snapshot, unix_time_ns: u64) -> Result<()> {
         self.encode(m, unix_time_ns);
-        match self.file.write_all(&self.buf) {
-            Ok(()) => {
-                self.good_len += self.buf.len() as u64;
-                self.seq = self.seq.wrapping_add(1);
-                Ok(())
-            }
-            Err(e) => {
-                if self.file.set_len(self.good_len).is_err() {
-                    self.broken = true;
-                }
-                Err(Error::io(format!("telemetry file {}", self.path.display()), e))
-            }
-        }
+        append_all(
+            &mut self.file,
+            &self.path,
+            &self.buf,
+            &mut self.good_len,
+            &mut self.broken,
+        )?;
+        self.seq = self.seq.wrapping_add(1);
+        Ok(())
     }
 
-    fn encode(&mut self, m: &WorkerMetrics, t_ns: u64) {
+    fn encode(&mut self, m: &dyn Snapshot, t_ns: u64) {
+        // Version 1 has no target field: its `reserved` is 0.
+        let none = if self.version >= 2 { NO_TARGET } else { 0 };
         let base = Record {
             t_ns,
             value: 0,
@@ -978,38 +1478,21 @@ impl SnapshotWriter {
             metric: 0,
             op: NO_OP,
             bucket: BUCKET_NONE,
+            target: none,
         };
         let buf = &mut self.buf;
         buf.clear();
-        let mut push = |metric: u8, op: u8, bucket: u16, value: u64| {
+        m.records(&mut |metric, op, bucket, value, target| {
             Record {
                 metric,
                 op,
                 bucket,
                 value,
+                target: if target == NO_TARGET { none } else { target },
                 ..base
             }
             .encode(buf);
-        };
-        for (metric, cells) in [(id::OPS, &m.ops), (id::BYTES, &m.bytes), (id::ERRORS, &m.errors)] {
-            for k in OpKind::ALL {
-                push(metric, k as u8, BUCKET_NONE, cells[k.index()].get());
-            }
-        }
-        for (metric, cell) in m.scalars() {
-            push(metric, NO_OP, BUCKET_NONE, cell.get());
-        }
-        for (metric, op, h) in m.histograms() {
-            push(metric, op, BUCKET_COUNT, h.count());
-            push(metric, op, BUCKET_SUM, h.sum());
-            push(metric, op, BUCKET_MIN, h.min());
-            push(metric, op, BUCKET_MAX, h.max());
-            if h.count() > 0 {
-                for (i, c) in h.nonzero_buckets() {
-                    push(metric, op, i as u16, c);
-                }
-            }
-        }
+        });
         let records = (buf.len() / RECORD_SIZE) as u64;
         Record {
             metric: METRIC_END,
@@ -1018,6 +1501,286 @@ impl SnapshotWriter {
         }
         .encode(buf);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-operation traces
+
+/// First 8 bytes of every trace file.
+pub const TRACE_MAGIC: [u8; 8] = *b"BFSTRACE";
+/// Trace format version.
+pub const TRACE_VERSION: u32 = 1;
+/// Bytes per trace record.
+pub const TRACE_RECORD_SIZE: usize = 72;
+/// File name extension of trace files.
+pub const TRACE_EXTENSION: &str = "trace";
+/// `flags` bit of a trace record whose operation failed.
+pub const TRACE_FLAG_ERROR: u8 = 1;
+
+/// One storage operation as traced (layout in `docs/telemetry.md`, "Per-operation traces").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TraceRecord {
+    /// Arrival at the server, ns since the Unix epoch.
+    pub t_ns: u64,
+    pub queue_ns: u64,
+    pub device_ns: u64,
+    pub total_ns: u64,
+    pub file: u128,
+    pub chunk: u64,
+    pub bytes: u64,
+    pub server: u32,
+    pub worker: u16,
+    /// [`OpKind`] index.
+    pub op: u8,
+    pub flags: u8,
+}
+
+impl TraceRecord {
+    /// The 72 little-endian bytes of the record.
+    #[inline]
+    pub fn encode(&self) -> [u8; TRACE_RECORD_SIZE] {
+        let mut b = [0u8; TRACE_RECORD_SIZE];
+        b[0..8].copy_from_slice(&self.t_ns.to_le_bytes());
+        b[8..16].copy_from_slice(&self.queue_ns.to_le_bytes());
+        b[16..24].copy_from_slice(&self.device_ns.to_le_bytes());
+        b[24..32].copy_from_slice(&self.total_ns.to_le_bytes());
+        b[32..48].copy_from_slice(&self.file.to_le_bytes());
+        b[48..56].copy_from_slice(&self.chunk.to_le_bytes());
+        b[56..64].copy_from_slice(&self.bytes.to_le_bytes());
+        b[64..68].copy_from_slice(&self.server.to_le_bytes());
+        b[68..70].copy_from_slice(&self.worker.to_le_bytes());
+        b[70] = self.op;
+        b[71] = self.flags;
+        b
+    }
+
+    /// Decodes 72 bytes (`b` must hold at least that many).
+    pub fn decode(b: &[u8]) -> TraceRecord {
+        let u64_at = |o: usize| u64::from_le_bytes(std::array::from_fn(|i| b[o + i]));
+        TraceRecord {
+            t_ns: u64_at(0),
+            queue_ns: u64_at(8),
+            device_ns: u64_at(16),
+            total_ns: u64_at(24),
+            file: u128::from_le_bytes(std::array::from_fn(|i| b[32 + i])),
+            chunk: u64_at(48),
+            bytes: u64_at(56),
+            server: u32::from_le_bytes(std::array::from_fn(|i| b[64 + i])),
+            worker: u16::from_le_bytes([b[68], b[69]]),
+            op: b[70],
+            flags: b[71],
+        }
+    }
+}
+
+/// A worker's trace records between two snapshots: a fixed buffer of `capacity` encoded
+/// records, allocated once. [`push`](Self::push) copies 72 bytes (no allocation, no
+/// formatting, no lock; the worker owns it); when full, records are dropped and counted until
+/// [`TraceWriter::flush`] empties it, so memory is bounded whatever the load.
+pub struct TraceRing {
+    buf: RefCell<Vec<u8>>,
+    capacity: usize,
+    dropped: Cell<u64>,
+}
+
+impl std::fmt::Debug for TraceRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceRing")
+            .field("len", &self.len())
+            .field("capacity", &self.capacity)
+            .field("dropped", &self.dropped.get())
+            .finish()
+    }
+}
+
+impl TraceRing {
+    /// A ring of `capacity` records (at least 1).
+    pub fn new(capacity: usize) -> TraceRing {
+        let capacity = capacity.max(1);
+        TraceRing {
+            buf: RefCell::new(Vec::with_capacity(capacity * TRACE_RECORD_SIZE)),
+            capacity,
+            dropped: Cell::new(0),
+        }
+    }
+
+    /// Adds a record; false (and counted in [`dropped`](Self::dropped)) if the ring is full.
+    #[inline]
+    pub fn push(&self, r: &TraceRecord) -> bool {
+        let mut buf = self.buf.borrow_mut();
+        if buf.len() >= self.capacity * TRACE_RECORD_SIZE {
+            self.dropped.set(self.dropped.get() + 1);
+            return false;
+        }
+        buf.extend_from_slice(&r.encode());
+        true
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.buf.borrow().len() / TRACE_RECORD_SIZE
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.borrow().is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Records dropped because the ring was full, since it was made.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.get()
+    }
+
+    /// The held records, then empties the ring (its memory is kept).
+    fn drain_with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        let mut buf = self.buf.borrow_mut();
+        let r = f(&buf);
+        buf.clear();
+        r
+    }
+}
+
+/// Appends a worker's [`TraceRing`] to its trace file, one `write(2)` per flush.
+pub struct TraceWriter {
+    file: File,
+    path: PathBuf,
+    good_len: u64,
+    broken: bool,
+    records: u64,
+}
+
+impl std::fmt::Debug for TraceWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceWriter")
+            .field("path", &self.path)
+            .field("records", &self.records)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceWriter {
+    /// Creates `server-<id>-w<worker>[.<n>].trace` in `dir` (`n` as the worker's `.tel` file,
+    /// [`SnapshotWriter::instance`]; the next free one if taken) holding its header, written
+    /// like a `.tel` file's (temporary name, then linked into place).
+    pub fn create(
+        dir: &Path,
+        server_id: u32,
+        worker: u32,
+        node: &str,
+        instance: u32,
+        ring_records: usize,
+    ) -> Result<TraceWriter> {
+        let worker = u16::try_from(worker)
+            .map_err(|_| Error::InvalidArgument(format!("trace worker index {worker} > 65535")))?;
+        let header = json!({
+            "format": "benchfs-trace",
+            "version": TRACE_VERSION,
+            "source": "server",
+            "id": server_id,
+            "worker": worker,
+            "node": node,
+            "pid": std::process::id(),
+            "created_unix_ns": unix_time_ns(),
+            "byte_order": "little",
+            "record_size": TRACE_RECORD_SIZE,
+            "record_fields": [["t_ns", "u64"], ["queue_ns", "u64"], ["device_ns", "u64"],
+                              ["total_ns", "u64"], ["file_lo", "u64"], ["file_hi", "u64"],
+                              ["chunk", "u64"], ["bytes", "u64"], ["server", "u32"],
+                              ["worker", "u16"], ["op", "u8"], ["flags", "u8"]],
+            "ops": OpKind::ALL.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "ring_records": ring_records,
+        });
+        let bytes = encode_preamble(&TRACE_MAGIC, TRACE_VERSION, &header, 8);
+        let stem = format!("server-{server_id}-w{worker}");
+        let (file, path, _) = create_new_file(dir, &stem, TRACE_EXTENSION, &bytes, instance)?;
+        Ok(TraceWriter {
+            file,
+            path,
+            good_len: bytes.len() as u64,
+            broken: false,
+            records: 0,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records written so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Appends the ring's records with one `write(2)` and empties the ring; returns how many
+    /// were written. On an error the file is cut back to its last complete flush and the
+    /// ring's records are lost (they would only grow the next flush).
+    pub fn flush(&mut self, ring: &TraceRing) -> Result<usize> {
+        let (file, path, good_len, broken) =
+            (&mut self.file, &self.path, &mut self.good_len, &mut self.broken);
+        let n = ring.drain_with(|bytes| {
+            if bytes.is_empty() {
+                return Ok(0);
+            }
+            append_all(file, path, bytes, good_len, broken).map(|()| bytes.len() / TRACE_RECORD_SIZE)
+        })?;
+        self.records += n as u64;
+        Ok(n)
+    }
+}
+
+/// A trace file as read back: its header and its complete records.
+#[derive(Debug, Clone)]
+pub struct TraceFile {
+    pub header: serde_json::Value,
+    pub records: Vec<TraceRecord>,
+    /// Bytes of a trailing partial record (a flush torn by a crash); ignored.
+    pub torn_bytes: u64,
+}
+
+/// Reads a trace file; a torn last record is skipped, any other damage is an error naming
+/// the file.
+pub fn read_trace(path: &Path) -> Result<TraceFile> {
+    let bad = |why: String| Error::InvalidArgument(format!("trace file {}: {why}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| Error::io(format!("trace file {}", path.display()), e))?;
+    if bytes.len() < PREAMBLE_SIZE || bytes[..8] != TRACE_MAGIC {
+        return Err(bad("not a BenchFS trace file (bad magic)".into()));
+    }
+    let version = u32::from_le_bytes(std::array::from_fn(|i| bytes[8 + i]));
+    if version != TRACE_VERSION {
+        return Err(bad(format!(
+            "trace format version {version}, this reader reads version {TRACE_VERSION}"
+        )));
+    }
+    let header_len = u32::from_le_bytes(std::array::from_fn(|i| bytes[12 + i])) as usize;
+    let start = PREAMBLE_SIZE + header_len;
+    if start > bytes.len() || !start.is_multiple_of(8) {
+        return Err(bad(format!("header length {header_len} does not fit the file")));
+    }
+    let header: serde_json::Value = serde_json::from_slice(&bytes[PREAMBLE_SIZE..start])
+        .map_err(|e| bad(format!("malformed JSON header: {e}")))?;
+    let body = &bytes[start..];
+    let records: Vec<TraceRecord> = body
+        .chunks_exact(TRACE_RECORD_SIZE)
+        .map(TraceRecord::decode)
+        .collect();
+    let (id, worker) = (header["id"].as_u64(), header["worker"].as_u64());
+    if let Some(r) = records
+        .iter()
+        .find(|r| Some(u64::from(r.server)) != id || Some(u64::from(r.worker)) != worker)
+    {
+        return Err(bad(format!(
+            "a record names server {} worker {}, not the header's",
+            r.server, r.worker
+        )));
+    }
+    Ok(TraceFile {
+        header,
+        records,
+        torn_bytes: (body.len() % TRACE_RECORD_SIZE) as u64,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1034,8 +1797,8 @@ pub struct TelemetryFile {
     pub torn_bytes: u64,
 }
 
-/// Reads a telemetry file, skipping a torn last snapshot; any other damage is an error that
-/// names the file.
+/// Reads a telemetry file (format version 1 or 2), skipping a torn last snapshot; any other
+/// damage is an error that names the file.
 pub fn read_file(path: &Path) -> Result<TelemetryFile> {
     let bad = |why: String| Error::InvalidArgument(format!("telemetry file {}: {why}", path.display()));
     let bytes =
@@ -1044,9 +1807,10 @@ pub fn read_file(path: &Path) -> Result<TelemetryFile> {
         return Err(bad("not a BenchFS telemetry file (bad magic)".into()));
     }
     let version = u32::from_le_bytes(std::array::from_fn(|i| bytes[8 + i]));
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_CLIENT {
         return Err(bad(format!(
-            "format version {version}, this reader reads version {FORMAT_VERSION}"
+            "format version {version}, this reader reads versions {FORMAT_VERSION} and \
+             {FORMAT_VERSION_CLIENT}"
         )));
     }
     let header_len = u32::from_le_bytes(std::array::from_fn(|i| bytes[12 + i])) as usize;
@@ -1333,7 +2097,7 @@ mod tests {
         }
         // The first snapshot had no histogram buckets, only the 4 statistics per histogram.
         let first = f.records.iter().filter(|r| r.seq == 0).count();
-        assert_eq!(first, 12 + 9 + 14 * 4);
+        assert_eq!(first, 12 + 10 + 14 * 4);
         // A second writer for the same server and worker gets a new file; nothing is clobbered.
         let w2 = SnapshotWriter::create(&tdir, 3, 1, "node-a")?;
         assert_eq!(
@@ -1382,16 +2146,197 @@ mod tests {
         assert_eq!(read_file(&path)?.snapshots, 0);
         // Damage that is not a torn tail is an error naming the file.
         let mut bad = full.clone();
-        bad[8] = 2;
+        bad[8] = 3;
         std::fs::write(&path, &bad).map_err(|e| Error::io("write", e))?;
         let e = read_file(&path).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(
-            e.contains("version 2") && e.contains(&path.display().to_string()),
+            e.contains("version 3") && e.contains(&path.display().to_string()),
             "{e}"
         );
         std::fs::write(&path, b"garbage, not telemetry").map_err(|e| Error::io("write", e))?;
         let e = read_file(&path).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("bad magic"), "{e}");
+        Ok(())
+    }
+
+    fn trace_record(i: u64, op: OpKind) -> TraceRecord {
+        TraceRecord {
+            t_ns: 1_700_000_000_000_000_000 + i,
+            queue_ns: i,
+            device_ns: 2 * i,
+            total_ns: 3 * i,
+            file: (u128::from(i) << 64) | 0xABCD,
+            chunk: i,
+            bytes: 4096,
+            server: 3,
+            worker: 1,
+            op: op as u8,
+            flags: (i % 2) as u8,
+        }
+    }
+
+    #[test]
+    fn trace_record_layout_is_the_documented_one() {
+        let r = trace_record(7, OpKind::Read);
+        let b = r.encode();
+        assert_eq!(b.len(), 72);
+        assert_eq!(TraceRecord::decode(&b), r);
+        assert_eq!(u64::from_le_bytes(std::array::from_fn(|i| b[32 + i])), 0xABCD);
+        assert_eq!(u64::from_le_bytes(std::array::from_fn(|i| b[40 + i])), 7);
+        assert_eq!(u32::from_le_bytes(std::array::from_fn(|i| b[64 + i])), 3);
+        assert_eq!((b[70], b[71]), (OpKind::Read as u8, 1));
+    }
+
+    #[test]
+    fn trace_ring_drops_when_full_flushes_and_wraps_around() -> Result<()> {
+        let dir = tempdir()?;
+        let ring = TraceRing::new(4);
+        let mut w = TraceWriter::create(dir.path(), 3, 1, "node-t", 0, 4)?;
+        assert_eq!(
+            w.path().file_name().and_then(|n| n.to_str()),
+            Some("server-3-w1.trace")
+        );
+        // Nothing to flush: no write, the file is its header.
+        assert_eq!(w.flush(&ring)?, 0);
+        for i in 0..6 {
+            let kept = ring.push(&trace_record(i, OpKind::Write));
+            assert_eq!(kept, i < 4, "record {i}");
+        }
+        assert_eq!((ring.len(), ring.dropped()), (4, 2));
+        assert_eq!(w.flush(&ring)?, 4);
+        assert!(ring.is_empty());
+        // After a flush the ring starts over from its beginning, and drops again when full.
+        for i in 10..15 {
+            ring.push(&trace_record(i, OpKind::Read));
+        }
+        assert_eq!((ring.len(), ring.dropped()), (4, 3));
+        assert_eq!(w.flush(&ring)?, 4);
+        assert_eq!(w.records(), 8);
+        let f = read_trace(w.path())?;
+        assert_eq!(f.torn_bytes, 0);
+        assert_eq!(f.header["format"], "benchfs-trace");
+        assert_eq!(f.header["id"], 3);
+        assert_eq!(f.header["worker"], 1);
+        assert_eq!(f.header["ring_records"], 4);
+        let chunks: Vec<u64> = f.records.iter().map(|r| r.chunk).collect();
+        assert_eq!(chunks, [0, 1, 2, 3, 10, 11, 12, 13]);
+        assert_eq!(f.records[5], trace_record(11, OpKind::Read));
+        // The header is padded so records start on an 8-byte boundary.
+        let len = std::fs::metadata(w.path())
+            .map_err(|e| Error::io("stat", e))?
+            .len();
+        assert_eq!((len - 8 * 72) % 8, 0);
+        // A torn last record is skipped; a second writer of the same worker gets `.1`.
+        let mut bytes = std::fs::read(w.path()).map_err(|e| Error::io("read", e))?;
+        bytes.truncate(bytes.len() - 5);
+        std::fs::write(w.path(), &bytes).map_err(|e| Error::io("write", e))?;
+        let f = read_trace(w.path())?;
+        assert_eq!((f.records.len(), f.torn_bytes), (7, 67));
+        let w2 = TraceWriter::create(dir.path(), 3, 1, "node-t", 0, 4)?;
+        assert_eq!(
+            w2.path().file_name().and_then(|n| n.to_str()),
+            Some("server-3-w1.1.trace")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn trace_dropped_is_a_server_counter() -> Result<()> {
+        let dir = tempdir()?;
+        let m = WorkerMetrics::new(true);
+        m.count_trace_dropped();
+        m.count_trace_dropped();
+        let mut w = SnapshotWriter::create(dir.path(), 0, 0, "n")?;
+        w.write(&m, 1)?;
+        let f = read_file(w.path())?;
+        assert_eq!(last(&f, id::TRACE_DROPPED, NO_OP, BUCKET_NONE), Some(2));
+        assert!(f.header["metrics"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|e| e["id"] == 13 && e["name"] == "trace_dropped")));
+        assert!(
+            f.records.iter().all(|r| r.target == 0),
+            "version 1: reserved is 0"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn client_snapshots_are_version_2_with_active_targets_only() -> Result<()> {
+        let dir = tempdir()?;
+        let m = ClientMetrics::new(vec![0, 1, 2], true);
+        let mut w = SnapshotWriter::create_client(dir.path(), 4242, 0, "cnode", m.targets())?;
+        assert_eq!(
+            w.path().file_name().and_then(|n| n.to_str()),
+            Some("client-4242-w0.tel")
+        );
+        w.write(&m, 1_000)?;
+        // Two write attempts to server 2 (one a retry after a timeout), a read to server 0.
+        m.record_window_wait(OpKind::Write, 500);
+        m.attempt_sent(2, OpKind::Write, false);
+        m.count_timeout(2, OpKind::Write);
+        m.attempt_done(2, OpKind::Write, 5_000_000);
+        m.attempt_sent(2, OpKind::Write, true);
+        assert_eq!(m.inflight(), 1);
+        m.attempt_done(2, OpKind::Write, 40_000);
+        m.count_bytes(2, OpKind::Write, 65536);
+        m.attempt_sent(0, OpKind::Read, false);
+        m.attempt_done(0, OpKind::Read, 30_000);
+        m.count_bytes(0, OpKind::Read, 4096);
+        m.record_call(OpKind::Write, 6_000_000);
+        w.write(&m, 2_000)?;
+        let f = read_file(w.path())?;
+        assert_eq!(f.snapshots, 2);
+        assert_eq!(f.header["version"], 2);
+        assert_eq!(f.header["source"], "client");
+        assert_eq!(f.header["targets"], json!([0, 1, 2]));
+        assert_eq!(f.header["no_target"], 65535);
+        // The first snapshot has no per-target series (nothing sent yet).
+        let first: Vec<&Record> = f.records.iter().filter(|r| r.seq == 0).collect();
+        assert!(first.iter().all(|r| r.target == NO_TARGET));
+        // 1 gauge + 4 stats x (4 call_ns + 1 inflight_at_send + 4 window_wait_ns)
+        assert_eq!(first.len(), 1 + 4 * 9);
+        let second: Vec<&Record> = f.records.iter().filter(|r| r.seq == 1).collect();
+        let get = |metric: u8, op: OpKind, target: u16, bucket: u16| {
+            second
+                .iter()
+                .find(|r| r.metric == metric && r.op == op as u8 && r.target == target && r.bucket == bucket)
+                .map(|r| r.value)
+        };
+        assert_eq!(get(cid::REQUESTS, OpKind::Write, 2, BUCKET_NONE), Some(2));
+        assert_eq!(get(cid::RETRIES, OpKind::Write, 2, BUCKET_NONE), Some(1));
+        assert_eq!(get(cid::TIMEOUTS, OpKind::Write, 2, BUCKET_NONE), Some(1));
+        assert_eq!(get(cid::BYTES, OpKind::Write, 2, BUCKET_NONE), Some(65536));
+        assert_eq!(get(cid::RPC_NS, OpKind::Write, 2, BUCKET_COUNT), Some(2));
+        assert_eq!(get(cid::RPC_NS, OpKind::Write, 2, BUCKET_MAX), Some(5_000_000));
+        assert_eq!(get(cid::REQUESTS, OpKind::Read, 0, BUCKET_NONE), Some(1));
+        // Pairs that sent nothing are not written: no read to 2, nothing at all to 1.
+        assert_eq!(get(cid::REQUESTS, OpKind::Read, 2, BUCKET_NONE), None);
+        assert!(second.iter().all(|r| r.target != 1));
+        assert_eq!(get(cid::CALL_NS, OpKind::Write, NO_TARGET, BUCKET_COUNT), Some(1));
+        assert_eq!(
+            get(cid::WINDOW_WAIT_NS, OpKind::Write, NO_TARGET, BUCKET_SUM),
+            Some(500)
+        );
+        let at_send = |b: u16| get(cid::INFLIGHT_AT_SEND, OpKind::Write, NO_TARGET, b);
+        assert_eq!(at_send(BUCKET_COUNT), None, "inflight_at_send is not per op");
+        assert!(second.iter().any(|r| r.metric == cid::INFLIGHT_AT_SEND
+            && r.op == NO_OP
+            && r.bucket == BUCKET_COUNT
+            && r.value == 3));
+        // Per-target metrics carry a target, every other record NO_TARGET.
+        for r in &second {
+            let def = CLIENT_METRICS.iter().find(|d| d.id == r.metric);
+            assert_eq!(def.map(|d| d.per_target), Some(r.target != NO_TARGET), "{r:?}");
+        }
+        // A disabled client records nothing and allocates no per-target series.
+        let off = ClientMetrics::new(vec![0], false);
+        off.attempt_sent(0, OpKind::Read, false);
+        off.record_call(OpKind::Read, 5);
+        assert_eq!(
+            (off.requests(0, OpKind::Read), off.call_ns(OpKind::Read).count()),
+            (0, 0)
+        );
+        assert!(off.rpc_ns(0, OpKind::Read).is_none());
         Ok(())
     }
 
@@ -1412,13 +2357,15 @@ mod tests {
             id: 0,
             worker: 0,
             seq: 0,
+            version: FORMAT_VERSION,
+            n: 0,
             good_len: 0,
             broken: false,
             buf: Vec::new(),
         };
         buf.encode(&m, 0);
         let records = buf.buf.len() / RECORD_SIZE;
-        assert!(records <= 12 + 8 + 14 * (4 + BUCKETS) + 1, "{records}");
+        assert!(records <= 12 + 10 + 14 * (4 + BUCKETS) + 1, "{records}");
         Ok(())
     }
 }

@@ -17,6 +17,7 @@ use benchfs_core::namespace::{self, Attr, Kind};
 use benchfs_core::placement::{Scheme, Study};
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
+use benchfs_core::transfer::{run_transfers, Direction, TransferSpec};
 use benchfs_core::Error;
 
 fn to_py(e: Error) -> PyErr {
@@ -448,6 +449,12 @@ impl PyFile {
         self.with(py, |c, f| c.fsync(f))
     }
 
+    /// Sets the file's size through this handle (`ftruncate`); shrinking frees the chunks
+    /// beyond it.
+    fn truncate(&self, py: Python<'_>, size: u64) -> PyResult<()> {
+        self.with(py, |c, f| c.ftruncate(f, size))
+    }
+
     /// The size as this handle knows it (the owner's at open, and its own writes).
     #[getter]
     fn size(&self, py: Python<'_>) -> PyResult<u64> {
@@ -588,6 +595,38 @@ impl PyPlacementStudy {
     }
 }
 
+/// Times the native client moving `file_size` bytes per path in `transfer_size` transfers,
+/// one thread and client per path (the baseline of `benchfs-bench access`).
+#[pyfunction]
+#[pyo3(signature = (registry_dir, config, paths, file_size, transfer_size, direction, fsync=false))]
+#[allow(clippy::too_many_arguments)]
+fn bench_transfers<'py>(
+    py: Python<'py>,
+    registry_dir: PathBuf,
+    config: &str,
+    paths: Vec<String>,
+    file_size: u64,
+    transfer_size: u64,
+    direction: &str,
+    fsync: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let spec = TransferSpec {
+        registry_dir,
+        config: Config::from_toml(config).map_err(to_py)?,
+        paths,
+        file_size,
+        transfer_size,
+        direction: Direction::parse(direction).map_err(to_py)?,
+        fsync,
+    };
+    let r = py.detach(|| run_transfers(&spec)).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("seconds", r.seconds)?;
+    d.set_item("mib_s", r.mib_s())?;
+    Ok(d)
+}
+
 /// Runs the storage engine alone (no network) at a fixed queue depth; see docs/bench.md.
 #[pyfunction]
 #[pyo3(signature = (data_dir, pattern, block_size, queue_depth, total_bytes, chunk_size, direct_write, direct_read, layout="chunkfile", dataset_bytes=None))]
@@ -634,6 +673,121 @@ fn bench_storage<'py>(
     Ok(d)
 }
 
+/// The server's storage path without the network with telemetry off, with snapshots and with
+/// per-operation traces, alternating in blocks: CPU time per read for `benchfs-bench
+/// analysis`; see docs/bench.md.
+#[pyfunction]
+#[pyo3(signature = (data_dir, telemetry_dir, rounds, ops_per_block, block_size=4096, queue_depth=16, dataset_bytes=64 << 20, chunk_size=1 << 20, interval_ms=100, trace_records=65536))]
+#[allow(clippy::too_many_arguments)]
+fn bench_telemetry<'py>(
+    py: Python<'py>,
+    data_dir: PathBuf,
+    telemetry_dir: PathBuf,
+    rounds: u32,
+    ops_per_block: u64,
+    block_size: u64,
+    queue_depth: u32,
+    dataset_bytes: u64,
+    chunk_size: u64,
+    interval_ms: u64,
+    trace_records: u64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let spec = bench::TelemetryBenchSpec {
+        data_dir,
+        telemetry_dir,
+        rounds,
+        ops_per_block,
+        block_size,
+        queue_depth,
+        dataset_bytes,
+        chunk_size,
+        interval_ms,
+        trace_records,
+        storage: Config::default().storage,
+    };
+    let r = py.detach(|| bench::bench_telemetry(&spec)).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("seconds", r.seconds)?;
+    for m in &r.modes {
+        let e = PyDict::new(py);
+        e.set_item("cpu_ns_per_op", m.cpu_ns_per_op.clone())?;
+        e.set_item("ops", m.ops)?;
+        e.set_item("snapshots", m.snapshots)?;
+        e.set_item("trace_records", m.trace_records)?;
+        e.set_item("trace_dropped", m.trace_dropped)?;
+        d.set_item(m.mode.name(), e)?;
+    }
+    Ok(d)
+}
+
+/// One rank's phase of the built-in IOR workload on an open file: the transfer loop, pattern
+/// and check run in Rust with the GIL released (see benchfs_core::ior and docs/workloads.md).
+#[pyfunction]
+#[pyo3(signature = (file, direction, segments, block_size, transfer_size, tasks, file_per_proc, data_rank, verify=false, stonewall_s=0.0, max_ops=None, fsync=false))]
+#[allow(clippy::too_many_arguments)]
+fn ior_phase<'py>(
+    py: Python<'py>,
+    file: &Bound<'py, PyFile>,
+    direction: &str,
+    segments: u64,
+    block_size: u64,
+    transfer_size: u64,
+    tasks: u64,
+    file_per_proc: bool,
+    data_rank: u64,
+    verify: bool,
+    stonewall_s: f64,
+    max_ops: Option<u64>,
+    fsync: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    if !stonewall_s.is_finite() || stonewall_s < 0.0 {
+        return Err(PyValueError::new_err("stonewall_s must be a non-negative number"));
+    }
+    let spec = benchfs_core::ior::PhaseSpec {
+        geometry: benchfs_core::ior::Geometry {
+            segments,
+            block_size,
+            transfer_size,
+            tasks,
+            file_per_proc,
+            data_rank,
+        },
+        direction: Direction::parse(direction).map_err(to_py)?,
+        verify,
+        stonewall: (stonewall_s > 0.0).then(|| std::time::Duration::from_secs_f64(stonewall_s)),
+        max_ops,
+        fsync,
+    };
+    spec.geometry.validate().map_err(to_py)?;
+    let r = file
+        .get()
+        .with(py, |c, f| benchfs_core::ior::run_phase(c, f, &spec))?;
+    let d = PyDict::new(py);
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("ops", r.ops)?;
+    d.set_item("seconds", r.seconds)?;
+    d.set_item("stonewalled", r.stonewalled)?;
+    d.set_item("lat_mean_s", r.lat_mean_s)?;
+    d.set_item("lat_min_s", r.lat_min_s)?;
+    d.set_item("lat_p50_s", r.lat_p50_s)?;
+    d.set_item("lat_p99_s", r.lat_p99_s)?;
+    d.set_item("lat_max_s", r.lat_max_s)?;
+    d.set_item("fsync_s", r.fsync_s)?;
+    d.set_item("mismatched_words", r.mismatched_words)?;
+    match &r.first_mismatch {
+        Some(m) => {
+            let e = PyDict::new(py);
+            e.set_item("offset", m.offset)?;
+            e.set_item("expected", m.expected)?;
+            e.set_item("found", m.found)?;
+            e.set_item("message", m.describe())?;
+            d.set_item("first_mismatch", e)?;
+        }
+        None => d.set_item("first_mismatch", py.None())?,
+    }
+    Ok(d)
+}
+
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -642,6 +796,9 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(wait_for_servers, m)?)?;
     m.add_function(wrap_pyfunction!(bench_storage, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_telemetry, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_transfers, m)?)?;
+    m.add_function(wrap_pyfunction!(ior_phase, m)?)?;
     m.add_class::<PyServer>()?;
     m.add_class::<PyClient>()?;
     m.add_class::<PyFile>()?;

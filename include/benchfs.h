@@ -1,0 +1,157 @@
+/*
+ * benchfs.h - the C interface of the BenchFS client (libbenchfs.so).
+ *
+ * Build:   cc app.c $(pkg-config --cflags --libs benchfs)
+ *          (add -Wl,-rpath,$(pkg-config --variable=libdir benchfs) unless the library
+ *          directory is on the loader's path; docs/capi.md has the details)
+ *
+ * Conventions (every function):
+ *   - 0 (or a byte count) on success, a negative errno value on failure: -ENOENT, -EEXIST, ...
+ *     benchfs_last_error() then gives a message for the calling thread.
+ *   - Paths are absolute, '/'-separated, UTF-8, inside the BenchFS namespace (not the local
+ *     file system). NULL, relative or non-UTF-8 paths give -EINVAL.
+ *   - NULL output pointers and NULL buffers (with a non-zero count) give -EFAULT; a NULL file
+ *     handle gives -EBADF. Other invalid pointers are undefined behaviour, as in libc.
+ *   - Any call before benchfs_init or after benchfs_finalize gives -ESHUTDOWN.
+ *   - No call aborts or unwinds: an internal error is reported as -EIO.
+ *   - Server-side errors: -ETIMEDOUT (no answer within client.request_timeout_s),
+ *     -ECONNRESET (a server is gone), -EPROTO (a malformed answer or registry entry).
+ *
+ * Threads: all functions may be called from several threads at once. Calls on different
+ * files run in parallel, up to the max_clients given to benchfs_init (each thread doing I/O
+ * uses one client while the call lasts; more threads wait for a free client). Calls on the
+ * same file handle are serialized; closing a handle while another thread still uses it is
+ * undefined, as with close(2). benchfs_init and benchfs_finalize must not race with other
+ * calls.
+ *
+ * Consistency: close-to-open. A handle publishes the end of its writes (the file's size as
+ * others see it) at benchfs_fsync and benchfs_close; a handle always sees its own writes, and
+ * a read past the size a handle knows asks the file's owner once more. Clients never cache
+ * bytes. So: writers close (or fsync), then readers open (e.g. with an MPI_Barrier between).
+ * docs/namespace.md describes the namespace semantics (rename, unlink of an open file, ...).
+ */
+#ifndef BENCHFS_H
+#define BENCHFS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h> /* mode_t, ssize_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An open file. Opaque; made by benchfs_open/benchfs_create, freed by benchfs_close. */
+typedef struct benchfs_file benchfs_file;
+
+/* What benchfs_stat fills (64 bytes, no padding). */
+struct benchfs_stat {
+    uint64_t size;         /* bytes */
+    uint32_t mode;         /* S_IFREG or S_IFDIR plus permission bits, as st_mode */
+    uint32_t stripe_count; /* servers the file's chunks are spread over (0: directory) */
+    uint64_t chunk_size;   /* bytes per chunk (0: directory) */
+    uint64_t mtime_ns;     /* last data change, nanoseconds since the Unix epoch */
+    uint64_t ctime_ns;     /* last status change, nanoseconds since the Unix epoch */
+    uint32_t stripe_start; /* index of the server holding chunk 0 */
+    uint32_t reserved;     /* zero */
+    uint8_t id[16];        /* the file's 128-bit id, most significant byte first (0: dir) */
+};
+
+/* Entry types passed to readdir callbacks (the values of Linux's DT_REG and DT_DIR). */
+#define BENCHFS_DT_DIR 4
+#define BENCHFS_DT_REG 8
+
+/*
+ * Connects to the cluster whose servers registered in registry_dir (NULL: the configured
+ * cluster.registry_dir, e.g. $BENCHFS_REGISTRY; -EINVAL if that is empty too), waiting up to
+ * cluster.connect_timeout_s for cluster.expected_servers of them (then -ETIMEDOUT).
+ *
+ * The configuration resolves as everywhere in BenchFS: built-in defaults < config_path (a
+ * TOML file; NULL: $BENCHFS_CONFIG if set) < BENCHFS_* environment variables < overrides.
+ * overrides is NULL or a NULL-terminated array of "section.key=value" strings, e.g.
+ *     const char *ov[] = {"cluster.expected_servers=4", "client.chunk_size=4194304", NULL};
+ * An unknown key or bad value gives -EINVAL (see benchfs_last_error for which).
+ *
+ * max_clients bounds the clients (connections to every server) the library opens for
+ * concurrent calls; they are created when first needed. 0 means 4; at most 64.
+ *
+ * Returns -EALREADY if already initialized. Call once per process (per MPI rank).
+ */
+int benchfs_init(const char *registry_dir, const char *config_path,
+                 const char *const *overrides, unsigned max_clients);
+
+/* Disconnects. Files still open then fail with -ESHUTDOWN (benchfs_close still frees them,
+ * but their sizes are not published: close them first). -ESHUTDOWN if not initialized.
+ * benchfs_init may be called again afterwards. */
+int benchfs_finalize(void);
+
+/*
+ * Opens the file at path; on success *out is the handle, on failure *out is NULL.
+ * flags: O_CREAT, O_EXCL (with O_CREAT: -EEXIST if the file exists) and O_TRUNC are honoured;
+ * the access mode (O_RDONLY/O_WRONLY/O_RDWR), O_DIRECT and other bits are accepted and
+ * ignored (there are no permission checks; I/O never goes through a page cache).
+ * O_APPEND gives -EINVAL (all I/O is positional). A missing file gives -ENOENT, a missing
+ * parent directory -ENOENT, a directory -EISDIR.
+ */
+int benchfs_open(const char *path, int flags, benchfs_file **out);
+
+/* benchfs_open with O_CREAT added; mode's permission bits are stored (0644 is usual). */
+int benchfs_create(const char *path, int flags, mode_t mode, benchfs_file **out);
+
+/* Publishes the size this handle wrote, then frees the handle, also when it fails (the
+ * handle must not be used afterwards, whatever the result). */
+int benchfs_close(benchfs_file *file);
+
+/* Writes count bytes from buf at offset; returns count or a negative errno (never short). */
+ssize_t benchfs_pwrite(benchfs_file *file, const void *buf, size_t count, int64_t offset);
+
+/* Reads up to count bytes at offset into buf; returns the bytes read: short only at the end
+ * of the file, 0 at or past it. Never-written ranges inside the file read as zeros. */
+ssize_t benchfs_pread(benchfs_file *file, void *buf, size_t count, int64_t offset);
+
+/* Returns once the file's bytes are durable on the servers' devices; publishes its size. */
+int benchfs_fsync(benchfs_file *file);
+
+/* Fills *st with the attributes of path (file or directory). */
+int benchfs_stat(const char *path, struct benchfs_stat *st);
+
+/* Removes a file and frees its chunks on every server. -EISDIR for a directory. */
+int benchfs_unlink(const char *path);
+
+/* Creates a directory (its parent must exist). -EEXIST if path exists. */
+int benchfs_mkdir(const char *path, mode_t mode);
+
+/* Removes an empty directory: -ENOTEMPTY otherwise, -ENOTDIR for a file. */
+int benchfs_rmdir(const char *path);
+
+/*
+ * Calls callback(arg, name, type) for every entry of a directory, in name order ("." and
+ * ".." are not listed); type is BENCHFS_DT_REG or BENCHFS_DT_DIR. The listing is fetched
+ * before the first callback and no lock is held during callbacks, so a callback may call
+ * this library (e.g. unlink the entry). A non-zero return from the callback stops the
+ * listing and is returned (use positive values to tell them from errors). name is valid
+ * only during the callback. Returns 0 after the last entry, or a negative errno (the
+ * callback was then not called).
+ */
+typedef int (*benchfs_readdir_cb)(void *arg, const char *name, int type);
+int benchfs_readdir(const char *path, benchfs_readdir_cb callback, void *arg);
+
+/* Renames within BenchFS (data does not move). A file replaces a file, a directory an empty
+ * directory; a non-empty directory gives -EXDEV. */
+int benchfs_rename(const char *from, const char *to);
+
+/* Sets a file's size: shrinking frees the chunks beyond it, growing reads back as zeros. */
+int benchfs_truncate(const char *path, int64_t size);
+
+/* The message of the calling thread's last failed call ("" if none), valid until that
+ * thread's next failed call. Successful calls leave it unchanged (like errno). */
+const char *benchfs_last_error(void);
+
+/* The library version, e.g. "0.1.0" (a static string). */
+const char *benchfs_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BENCHFS_H */

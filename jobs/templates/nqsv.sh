@@ -1,0 +1,17 @@
+#!/bin/bash
+# BenchFS job for NEC NQSV, rendered by `benchfs-run submit --scheduler nqsv` (jobs/templates/nqsv.sh).
+# NQSV's qsub takes #PBS directives: -b is the number of nodes (batch jobs), elapstim_req the
+# elapsed-time limit (see docs/submit.md for the sources).
+#PBS -N @{job_name}
+#PBS -V
+#PBS -b @{nodes}
+#PBS -o @{job_dir}/job.out
+#PBS -e @{job_dir}/job.err
+@{directives}
+SCHEDULER=nqsv
+# NQSV names each of the request's batch jobs <index>:<request id>; only job 0 runs the pipeline.
+case "${PBS_JOBID:-}" in
+  *:*) if [ "${PBS_JOBID%%:*}" != "0" ]; then exit 0; fi ;;
+esac
+@{nodefile}
+@{body}

@@ -1,0 +1,14 @@
+#!/bin/bash
+# BenchFS job for PBS Pro / OpenPBS, rendered by `benchfs-run submit --scheduler pbs`
+# (jobs/templates/pbs.sh). One chunk per node, each on its own host; -V passes the submitting
+# environment (PATH to mpiexec, BENCHFS_* settings) to the job, as sbatch does by default.
+#PBS -N @{job_name}
+#PBS -V
+#PBS -l select=@{nodes}
+#PBS -l place=scatter
+#PBS -j oe
+#PBS -o @{job_dir}/job.out
+@{directives}
+SCHEDULER=pbs
+@{nodefile}
+@{body}

@@ -1,0 +1,185 @@
+"""`benchfs-bench access`: what the access layers cost, measured against the native client.
+
+One local cluster whose servers keep data on tmpfs (so the device is not what is measured),
+one FUSE mount of it, and per case two tools moving the same bytes in the same transfers:
+
+- `fio-{psync,uring}-{write,read}`: fio through the mount, `--direct=1` (the kernel page cache
+  serves nothing), bs=1M, 2 jobs each with its own file, iodepth 1; against the native client
+  (`_core.bench_transfers`: one thread and one client per file, the loop in Rust).
+- `python-readinto`: `benchfs.File.readinto` of one file in 4 MiB calls into one buffer;
+  against the native client reading the same file in the same transfers.
+
+Repeats are interleaved (`benchfs.bench.stats.interleave`) and the report gives medians.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchfs import Client, _core
+from benchfs.bench.fio import find_fio, run_fio
+from benchfs.bench.rpc import Cluster
+from benchfs.bench.stats import interleave, median, ratio
+from benchfs.bench.system import BenchError
+
+MIB = 1 << 20
+TOOLS = ("layer", "native")
+FIO_CASES = ("fio-psync-write", "fio-psync-read", "fio-uring-write", "fio-uring-read")
+CASES = (*FIO_CASES, "python-readinto")
+FIO_JOBS = 2
+FIO_BLOCK = MIB
+PY_TRANSFER = 4 * MIB
+TARGETS = {"fio": 0.5, "python-readinto": 0.9}
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    servers: int = 2
+    repeats: int = 3
+    fio_file_size: int = 512 * MIB
+    """Bytes per fio job (and per native thread)."""
+    py_file_size: int = 1024 * MIB
+    mount_threads: int | None = None
+
+    @classmethod
+    def quick(cls) -> AccessSettings:
+        return cls(repeats=1, fio_file_size=16 * MIB, py_file_size=32 * MIB)
+
+
+def _fio_argv(fio: str, mountpoint: Path, engine: str, direction: str, size: int) -> list[str]:
+    return [
+        fio,
+        "--output-format=json",
+        f"--name=access-{engine}",
+        f"--directory={mountpoint}",
+        f"--rw={direction}",
+        f"--bs={FIO_BLOCK}",
+        f"--size={size}",
+        f"--ioengine={'io_uring' if engine == 'uring' else 'psync'}",
+        "--iodepth=1",
+        "--direct=1",
+        f"--numjobs={FIO_JOBS}",
+        "--group_reporting=1",
+    ]
+
+
+class AccessBench:
+    """The cluster, the mount and the clients of one run; `measure` runs one step."""
+
+    def __init__(self, settings: AccessSettings, cluster: Cluster, mountpoint: Path) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.mountpoint = mountpoint
+        self.config = cluster.config_text()
+        self.fio = find_fio()
+
+    def native(self, paths: list[str], size: int, transfer: int, direction: str) -> float:
+        r = _core.bench_transfers(
+            str(self.cluster.registry), self.config, paths, size, transfer, direction
+        )
+        return float(r["mib_s"])
+
+    def prepare(self) -> None:
+        """The file that both readinto tools read (written once, untimed)."""
+        self.native(["/py.dat"], self.settings.py_file_size, PY_TRANSFER, "write")
+
+    def python_readinto(self, client: Client) -> float:
+        size = self.settings.py_file_size
+        buf = memoryview(bytearray(PY_TRANSFER))
+        with client.open("/py.dat") as f:
+            start = time.perf_counter()
+            moved = 0
+            while n := f.readinto(buf):
+                moved += n
+            seconds = time.perf_counter() - start
+        if moved != size:
+            raise BenchError("EIO", f"python readinto read {moved} bytes of {size}")
+        return moved / MIB / seconds
+
+    def measure(self, case: str, tool: str, client: Client) -> float:
+        s = self.settings
+        if case == "python-readinto":
+            if tool == "layer":
+                return self.python_readinto(client)
+            return self.native(["/py.dat"], s.py_file_size, PY_TRANSFER, "read")
+        _, engine, direction = case.split("-")
+        if tool == "layer":
+            argv = _fio_argv(self.fio, self.mountpoint, engine, direction, s.fio_file_size)
+            return run_fio(argv, direction, timeout_s=600).mib_s
+        paths = [f"/native-{engine}.{j}" for j in range(FIO_JOBS)]
+        return self.native(paths, s.fio_file_size, FIO_BLOCK, direction)
+
+
+def access_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for c in cases:
+        limit = TARGETS["python-readinto" if c["name"] == "python-readinto" else "fio"]
+        found.append(
+            {
+                "target": f"{c['name']}: ratio >= {limit:g}",
+                "value": c["ratio"],
+                "met": None if c["ratio"] is None else c["ratio"] >= limit,
+            }
+        )
+    return found
+
+
+def run_access(
+    root: Path,
+    settings: AccessSettings,
+    benchfsd: str,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Starts the cluster and the mount, runs the interleaved schedule, stops everything."""
+    from benchfs.mount import mounted
+
+    cluster = Cluster(root / "access", "access", settings.servers, [], benchfsd)
+    mountpoint = root / "mnt"
+    mountpoint.mkdir()
+    samples: dict[tuple[str, str], list[float]] = {}
+    cluster.start()
+    try:
+        with mounted(
+            cluster.registry,
+            mountpoint,
+            config_path=cluster.config_path,
+            threads=settings.mount_threads,
+        ):
+            bench = AccessBench(settings, cluster, mountpoint)
+            with Client(cluster.registry, config=bench.config) as client:
+                bench.prepare()
+                steps = interleave(list(CASES), settings.repeats, TOOLS)
+                for i, step in enumerate(steps, 1):
+                    progress(f"[{i}/{len(steps)}] {step.case} {step.tool}")
+                    value = bench.measure(step.case, step.tool, client)
+                    samples.setdefault((step.case, step.tool), []).append(value)
+    finally:
+        cluster.stop()
+    cases = []
+    for name in CASES:
+        layer = median(samples[(name, "layer")])
+        native = median(samples[(name, "native")])
+        cases.append(
+            {
+                "name": name,
+                "mib_s": layer,
+                "native_mib_s": native,
+                "ratio": ratio(layer, native),
+                "samples": samples[(name, "layer")],
+                "native_samples": samples[(name, "native")],
+            }
+        )
+    return {
+        "cases": cases,
+        "targets": access_targets(cases),
+        "data_dir": str(root),
+        "servers": settings.servers,
+        "repeats": settings.repeats,
+        "fio_file_size": settings.fio_file_size,
+        "fio_jobs": FIO_JOBS,
+        "py_file_size": settings.py_file_size,
+    }

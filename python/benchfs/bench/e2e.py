@@ -1,0 +1,247 @@
+"""`benchfs-bench e2e`: the built-in IOR workload on a local cluster against fio on the disk.
+
+One local cluster of 2 `benchfsd` servers whose data directories are on the real disk (the
+directory given, not tmpfs), and per case two tools moving the same bytes:
+
+- benchfs: `benchfs.workloads.ior` as 2 MPI ranks, file per process, one 64 MiB block each,
+  in the case's transfer size (`-w -F -k`, then `-r -F -k`); bandwidth is IOR's (all bytes
+  over the span from the first open to the last close).
+- fio: 2 jobs (`numjobs=2`), a 64 MiB file each in the same data directory, `bs` = the
+  transfer size, psync, with `--direct` as the servers have it (storage.direct_write for the
+  write, storage.direct_read for the read); bandwidth is fio's aggregate.
+
+Cases: 1 MiB and 4 MiB transfers over the default chunk size, and 2 MiB transfers over 1 MiB
+chunks (`client.chunk_size=1M`), each written then read. Repeats are interleaved
+(`benchfs.bench.stats.interleave`), the page cache is dropped before every write and read
+(`drop_caches`, as the storage bench does), and the report gives medians.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchfs.bench.fio import find_fio, run_fio
+from benchfs.bench.rpc import Cluster
+from benchfs.bench.stats import interleave, median, ratio
+from benchfs.bench.system import BenchError, drop_caches, remove_path
+from benchfs.cluster import child_env
+from benchfs.config import load_config
+from benchfs.mpi import MpiLauncher
+from benchfs.parsers import ParseError, parse_ior_json
+from benchfs.units import format_size
+
+MIB = 1 << 20
+TOOLS = ("benchfs", "fio")
+DIRECTIONS = ("write", "read")
+TARGET_RATIO = 0.7
+RANKS = 2
+WORKLOAD_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One transfer size over one chunk size (None: the configuration's chunk size)."""
+
+    transfer: int
+    chunk: int | None = None
+
+    @property
+    def name(self) -> str:
+        base = f"t{_short(self.transfer)}"
+        return base if self.chunk is None else f"{base}-chunk{_short(self.chunk)}"
+
+
+def _short(n: int) -> str:
+    """4MiB -> 4m, as IOR's options write sizes."""
+    return format_size(n).lower().removesuffix("ib")
+
+
+GEOMETRIES = (Geometry(MIB), Geometry(4 * MIB), Geometry(2 * MIB, MIB))
+
+
+@dataclass(frozen=True)
+class E2ESettings:
+    repeats: int = 3
+    block_size: int = 64 * MIB
+    """Bytes per rank (one IOR block) and per fio job."""
+
+    @classmethod
+    def quick(cls) -> E2ESettings:
+        return cls(repeats=1, block_size=8 * MIB)
+
+
+class E2EBench:
+    """The cluster, its two client configurations and the fio directory of one run."""
+
+    def __init__(self, root: Path, settings: E2ESettings, cluster: Cluster) -> None:
+        self.root = root
+        self.settings = settings
+        self.cluster = cluster
+        storage = load_config()["storage"]
+        self.direct = {"write": bool(storage["direct_write"]), "read": bool(storage["direct_read"])}
+        self.fio = find_fio()
+        self.fio_dir = root / "fio"
+        self.fio_dir.mkdir()
+        self.launcher = MpiLauncher()
+        self.configs: dict[int | None, Path] = {None: cluster.config_path}
+        for g in GEOMETRIES:
+            if g.chunk is not None and g.chunk not in self.configs:
+                path = root / f"client-chunk{g.chunk}.toml"
+                path.write_text(cluster.config_text([f"client.chunk_size={g.chunk}"]))
+                self.configs[g.chunk] = path
+        self.cache_dropped = True
+
+    def drop(self) -> None:
+        self.cache_dropped = drop_caches() and self.cache_dropped
+
+    def ior(self, g: Geometry, direction: str) -> float:
+        """One IOR phase as 2 ranks; MiB/s from the workload's own JSON."""
+        out = self.root / "ior.json"
+        remove_path(out)
+        argv = [
+            sys.executable,
+            "-m",
+            "benchfs.workloads.ior",
+            "-w" if direction == "write" else "-r",
+            *("-F", "-k", "-t", str(g.transfer), "-b", str(self.settings.block_size)),
+            *("-o", f"/e2e-{g.name}", "--json", str(out)),
+            *("--registry", str(self.cluster.registry), "--config", str(self.configs[g.chunk])),
+        ]
+        cmd = self.launcher.command(RANKS, argv)
+        proc = subprocess.Popen(
+            cmd,
+            env=self.launcher.env(child_env()),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=WORKLOAD_TIMEOUT_S)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole mpiexec session, ranks included
+            proc.communicate()
+            raise
+        if proc.returncode != 0:
+            raise BenchError(
+                "EIO", f"IOR workload {g.name} {direction} failed ({proc.returncode}): {output}"
+            )
+        try:
+            rows = parse_ior_json(out.read_text(), str(out))
+        except (OSError, ParseError) as e:
+            raise BenchError("EIO", f"IOR workload {g.name} {direction}: {e}") from e
+        return next(r.bw_mib_s for r in rows if r.kind == "summary")
+
+    def fio_run(self, g: Geometry, direction: str) -> float:
+        argv = [
+            self.fio,
+            "--output-format=json",
+            f"--name=e2e-{g.name}",
+            f"--directory={self.fio_dir}",
+            f"--rw={direction}",
+            f"--bs={g.transfer}",
+            f"--size={self.settings.block_size}",
+            "--ioengine=psync",
+            f"--direct={int(self.direct[direction])}",
+            f"--numjobs={RANKS}",
+            "--group_reporting=1",
+        ]
+        return run_fio(argv, direction, timeout_s=WORKLOAD_TIMEOUT_S).mib_s
+
+    def measure(self, g: Geometry, tool: str) -> dict[str, float]:
+        """Write, then read back, with the page cache dropped before each; then free the space."""
+        result = {}
+        for direction in DIRECTIONS:
+            self.drop()
+            if tool == "benchfs":
+                result[direction] = self.ior(g, direction)
+            else:
+                result[direction] = self.fio_run(g, direction)
+        if tool == "fio":
+            for entry in self.fio_dir.iterdir():
+                remove_path(entry)
+        else:
+            self.remove_benchfs_files(g)
+        return result
+
+    def remove_benchfs_files(self, g: Geometry) -> None:
+        from benchfs import Client
+
+        with Client(self.cluster.registry, config=self.cluster.config_path.read_text()) as c:
+            for rank in range(RANKS):
+                c.unlink(f"/e2e-{g.name}.{rank:08d}")
+
+
+def e2e_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "target": f"{c['name']}: ratio >= {TARGET_RATIO:g}",
+            "value": c["ratio"],
+            "met": None if c["ratio"] is None else c["ratio"] >= TARGET_RATIO,
+        }
+        for c in cases
+    ]
+
+
+def run_e2e(
+    root: Path,
+    settings: E2ESettings,
+    benchfsd: str,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Starts the cluster, runs the interleaved schedule, stops everything."""
+    storage = load_config()["storage"]
+    # The servers' I/O mode is the configuration's (not the tmpfs benches' buffered override).
+    overrides = [
+        f"storage.direct_write={str(bool(storage['direct_write'])).lower()}",
+        f"storage.direct_read={str(bool(storage['direct_read'])).lower()}",
+    ]
+    cluster = Cluster(root / "cluster", "e2e", 2, overrides, benchfsd)
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    cluster.start()
+    try:
+        bench = E2EBench(root, settings, cluster)
+        steps = interleave(list(GEOMETRIES), settings.repeats, TOOLS)
+        for i, step in enumerate(steps, 1):
+            progress(f"[{i}/{len(steps)}] {step.case.name} {step.tool}")
+            for direction, value in bench.measure(step.case, step.tool).items():
+                samples.setdefault((step.case.name, direction, step.tool), []).append(value)
+    finally:
+        cluster.stop()
+    cases = []
+    for g in GEOMETRIES:
+        for direction in DIRECTIONS:
+            ours = samples[(g.name, direction, "benchfs")]
+            theirs = samples[(g.name, direction, "fio")]
+            cases.append(
+                {
+                    "name": f"{direction}-{g.name}",
+                    "mib_s": median(ours),
+                    "fio_mib_s": median(theirs),
+                    "ratio": ratio(median(ours), median(theirs)),
+                    "direction": direction,
+                    "transfer_size": g.transfer,
+                    "chunk_size": g.chunk or int(load_config()["client"]["chunk_size"]),
+                    "samples": ours,
+                    "fio_samples": theirs,
+                }
+            )
+    return {
+        "cases": cases,
+        "targets": e2e_targets(cases),
+        "data_dir": str(root),
+        "servers": 2,
+        "ranks": RANKS,
+        "block_size": settings.block_size,
+        "repeats": settings.repeats,
+        "direct_write": bench.direct["write"],
+        "direct_read": bench.direct["read"],
+        "cache_dropped": bench.cache_dropped,
+    }

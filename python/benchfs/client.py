@@ -1,0 +1,384 @@
+"""The Python API: a `Client` of a running cluster whose files behave like Python's own.
+
+`Client.open` returns a `File`, an `io.RawIOBase`: `read`, `readinto`, `write`, `seek`,
+`tell`, `truncate`, `flush`, `fsync` and `close` work as on a file from `open(..., buffering=0)`,
+so `io.BufferedReader`, `io.TextIOWrapper`, `shutil.copyfileobj` and numpy's `readinto` all
+apply. `pread`, `pwrite` and `preadinto` do positional I/O without moving the position, for
+parallel writers of one file. Every call releases the GIL while it waits for the servers;
+`readinto` and `preadinto` fill the caller's buffer (bytearray, memoryview, numpy array) with
+no copy in between. Failures raise OSError subclasses with errno set (`FileNotFoundError`,
+`FileExistsError`, ...).
+
+Consistency is close-to-open (docs/namespace.md): `close` and `fsync` publish the size this
+handle wrote; an `open` afterwards, by any client, sees it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat as stat_module
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from benchfs import _core
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
+
+Kind = Literal["file", "dir"]
+
+
+@dataclass(frozen=True)
+class Stat:
+    """What `Client.stat` returns: the `os.stat_result` fields BenchFS has, and the layout."""
+
+    st_mode: int
+    st_size: int
+    st_mtime_ns: int
+    st_ctime_ns: int
+    kind: Kind
+    #: The file's 128-bit id as 32 hex digits (stable across rename).
+    id: str
+    chunk_size: int
+    stripe_count: int
+    stripe_start: int
+
+    @property
+    def st_mtime(self) -> float:
+        return self.st_mtime_ns / 1e9
+
+    @property
+    def st_ctime(self) -> float:
+        return self.st_ctime_ns / 1e9
+
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+
+def _bytes_view(buffer: Buffer) -> memoryview:
+    """`buffer` as flat bytes (numpy arrays of any dtype included), without copying."""
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _flags_of(mode: str | int) -> tuple[int, bool, bool, bool]:
+    """(os.O_* flags, readable, writable, append) for a built-in `open` mode or os.open flags."""
+    if isinstance(mode, int):
+        access = mode & os.O_ACCMODE
+        if access not in (os.O_RDONLY, os.O_WRONLY, os.O_RDWR):
+            raise ValueError(f"invalid access mode in flags {mode:#o}")
+        readable = access in (os.O_RDONLY, os.O_RDWR)
+        writable = access in (os.O_WRONLY, os.O_RDWR)
+        return mode, readable, writable, bool(mode & os.O_APPEND)
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a str or os.O_* flags, not {type(mode).__name__}")
+    letters = set(mode)
+    base = letters & set("rwxa")
+    if len(mode) != len(letters) or not letters <= set("rwxab+") or len(base) != 1 or "t" in mode:
+        raise ValueError(f"invalid mode {mode!r}: one of r, w, x, a, optionally + and b")
+    plus = "+" in letters
+    flags = {
+        "r": 0,
+        "w": os.O_CREAT | os.O_TRUNC,
+        "x": os.O_CREAT | os.O_EXCL,
+        "a": os.O_CREAT | os.O_APPEND,
+    }[base.pop()]
+    readable = "r" in letters or plus
+    writable = "r" not in letters or plus
+    return flags, readable, writable, "a" in letters
+
+
+class File(io.RawIOBase):
+    """An open BenchFS file (see the module docstring). Not shared between threads: open the
+    file once per thread, as with `os.open`; positional calls on one `File` are safe."""
+
+    def __init__(
+        self, core: _core.File, mode: str | int, readable: bool, writable: bool, append: bool
+    ):
+        super().__init__()
+        self._core = core
+        self._mode = mode
+        self._readable = readable
+        self._writable = writable
+        self._append = append
+        self._pos = 0
+        self._lock = threading.Lock()
+
+    # --- identity -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The path the file was opened by."""
+        return self._core.path
+
+    @property
+    def mode(self) -> str | int:
+        return self._mode
+
+    @property
+    def id(self) -> str:
+        """The file's 128-bit id as 32 hex digits."""
+        return self._core.id
+
+    @property
+    def size(self) -> int:
+        """The size as this handle knows it: the owner's at open and its own writes."""
+        return self._core.size
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"pos={self._pos}"
+        return f"<benchfs.File {self._core.path!r} mode={self._mode!r} {state}>"
+
+    # --- io.RawIOBase ---------------------------------------------------------------------
+
+    def readable(self) -> bool:
+        self._check_open()
+        return self._readable
+
+    def writable(self) -> bool:
+        self._check_open()
+        return self._writable
+
+    def seekable(self) -> bool:
+        self._check_open()
+        return True
+
+    def readinto(self, buffer: Buffer) -> int:
+        """Reads into `buffer` at the position and advances it; 0 at the end of the file."""
+        self._check_readable()
+        with self._lock:
+            n = self._core.readinto(self._pos, _bytes_view(buffer))
+            self._pos += n
+            return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to `size` bytes from the position (all the rest for -1 or None)."""
+        if size is None or size < 0:
+            return self.readall()
+        self._check_readable()
+        with self._lock:
+            data = self._core.read(self._pos, size)
+            self._pos += len(data)
+            return data
+
+    def readall(self) -> bytes:
+        """The rest of the file, in one request batch (the servers are asked in parallel)."""
+        self._check_readable()
+        with self._lock:
+            data = self._core.read(self._pos, max(self._core.size - self._pos, 0))
+            self._pos += len(data)
+            return data
+
+    def write(self, data: Buffer) -> int:
+        """Writes all of `data` at the position (at the end in append mode) and advances it."""
+        self._check_writable()
+        with self._lock:
+            if self._append:
+                self._pos = self._core.size
+            n = self._core.write(self._pos, _bytes_view(data))
+            self._pos += n
+            return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._check_open()
+        with self._lock:
+            if whence == os.SEEK_SET:
+                base = 0
+            elif whence == os.SEEK_CUR:
+                base = self._pos
+            elif whence == os.SEEK_END:
+                base = self._core.size
+            else:
+                raise ValueError(f"invalid whence {whence} (SEEK_SET, SEEK_CUR or SEEK_END)")
+            if base + offset < 0:
+                raise OSError(22, f"negative seek position {base + offset}")
+            self._pos = base + offset
+            return self._pos
+
+    def tell(self) -> int:
+        self._check_open()
+        return self._pos
+
+    def truncate(self, size: int | None = None) -> int:
+        """Sets the size (default: the position); the position does not move."""
+        self._check_writable()
+        with self._lock:
+            new_size = self._pos if size is None else size
+            if new_size < 0:
+                raise OSError(22, f"negative size {new_size}")
+            self._core.truncate(new_size)
+            return new_size
+
+    def flush(self) -> None:
+        """Nothing to do: writes are on the servers when `write` returns (`fsync` makes them
+        durable and publishes the size)."""
+        self._check_open()
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a BenchFS file has no file descriptor (use the FUSE mount)")
+
+    def isatty(self) -> bool:
+        self._check_open()
+        return False
+
+    def close(self) -> None:
+        """Publishes the size this handle wrote, then closes. Idempotent."""
+        if self.closed:
+            return
+        try:
+            self._core.close()
+        finally:
+            super().close()
+
+    # --- BenchFS extras -------------------------------------------------------------------
+
+    def fsync(self) -> None:
+        """Returns once every byte of the file is durable on its servers; publishes the size."""
+        self._check_open()
+        self._core.fsync()
+
+    def pread(self, length: int, offset: int) -> bytes:
+        """Up to `length` bytes at `offset` (short only at the end); the position stays."""
+        self._check_readable()
+        if length < 0 or offset < 0:
+            raise ValueError("length and offset must not be negative")
+        return self._core.read(offset, length)
+
+    def preadinto(self, buffer: Buffer, offset: int) -> int:
+        """Fills `buffer` from `offset` without a copy; returns the bytes read."""
+        self._check_readable()
+        if offset < 0:
+            raise ValueError("offset must not be negative")
+        return self._core.readinto(offset, _bytes_view(buffer))
+
+    def pwrite(self, data: Buffer, offset: int) -> int:
+        """Writes all of `data` at `offset`; the position stays."""
+        self._check_writable()
+        if offset < 0:
+            raise ValueError("offset must not be negative")
+        return self._core.write(offset, _bytes_view(data))
+
+    # --- checks ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+
+    def _check_readable(self) -> None:
+        self._check_open()
+        if not self._readable:
+            raise io.UnsupportedOperation("File not open for reading")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if not self._writable:
+            raise io.UnsupportedOperation("File not open for writing")
+
+
+class Client:
+    """A client of a running BenchFS cluster.
+
+    Waits until `expected_servers` (default: `cluster.expected_servers` of the configuration)
+    have registered in `registry_dir`, then connects to all of them. One client serves one
+    request at a time; threads that share it take turns, so give each thread its own client
+    for parallel I/O. `config` is TOML text (`benchfs.config.resolve_config_text`); None means
+    the defaults with $BENCHFS_CONFIG and BENCHFS_* applied.
+    """
+
+    def __init__(
+        self,
+        registry_dir: str | os.PathLike[str],
+        config: str | None = None,
+        expected_servers: int | None = None,
+    ) -> None:
+        self._core = _core.Client(os.fspath(registry_dir), config, expected_servers)
+
+    def open(self, path: str, mode: str | int = "r", perm: int = 0o644) -> File:
+        """Opens `path` like the built-in `open` (binary modes "r", "w", "x", "a", with "+"
+        for both directions; "b" is implied) or like `os.open` when `mode` is an int of os.O_*
+        flags (e.g. `os.O_RDWR | os.O_CREAT` to share one file between writers)."""
+        flags, readable, writable, append = _flags_of(mode)
+        core = self._core.open(path, flags, perm)
+        return File(core, mode, readable, writable, append)
+
+    def stat(self, path: str) -> Stat:
+        a = self._core.stat(path)
+        kind: Kind = "dir" if a["kind"] == "dir" else "file"
+        type_bits = stat_module.S_IFDIR if kind == "dir" else stat_module.S_IFREG
+        return Stat(
+            st_mode=type_bits | int(a["mode"]),
+            st_size=int(a["size"]),
+            st_mtime_ns=int(a["mtime_ns"]),
+            st_ctime_ns=int(a["ctime_ns"]),
+            kind=kind,
+            id=str(a["id"]),
+            chunk_size=int(a["chunk_size"]),
+            stripe_count=int(a["stripe_count"]),
+            stripe_start=int(a["stripe_start"]),
+        )
+
+    def exists(self, path: str) -> bool:
+        try:
+            self._core.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def listdir(self, path: str = "/") -> list[str]:
+        """The names in a directory, in name order."""
+        return [name for name, _ in self._core.readdir(path)]
+
+    def readdir(self, path: str = "/") -> list[tuple[str, Kind]]:
+        """The entries of a directory as (name, kind) pairs, kind "file" or "dir", in name
+        order (one metadata owner answers)."""
+        return [
+            (name, "dir" if kind == "dir" else "file") for name, kind in self._core.readdir(path)
+        ]
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        self._core.mkdir(path, mode)
+
+    def rmdir(self, path: str) -> None:
+        """OSError ENOTEMPTY when the directory has entries."""
+        self._core.rmdir(path)
+
+    def unlink(self, path: str) -> None:
+        """Removes a file and frees its chunks on every server holding them."""
+        self._core.unlink(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Data does not move. A non-empty directory gets EXDEV (docs/namespace.md)."""
+        self._core.rename(src, dst)
+
+    def truncate(self, path: str, size: int) -> None:
+        """Sets the size of the file at `path`; shrinking frees the chunks beyond it."""
+        self._core.truncate(path, size)
+
+    def locate(self, path: str, offset: int) -> int:
+        """The id of the server that holds byte `offset` of the file at `path`."""
+        return self._core.locate(path, offset)
+
+    def server_ids(self) -> list[int]:
+        """The servers this client uses, ascending."""
+        return self._core.server_ids()
+
+    def server_stats(self) -> list[dict[str, int]]:
+        """Per server: id, requests, retries, timeouts, failures (as this client saw them)."""
+        return self._core.server_stats()
+
+    def close(self) -> None:
+        """Closes the connections. Idempotent."""
+        self._core.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,326 @@
+"""Built-in mdtest-like metadata workload: create, stat, read and remove files per rank.
+
+Run under mpiexec: `python -m benchfs.workloads.mdtest -n 1000 [-u] [-d /mdtest] --registry
+DIR`. Each rank creates `-n` files (writing `-w` bytes into each), stats them (checking the
+size), reads them back (checking the bytes), and removes them, in one shared directory or, with
+`-u`, one directory per rank. Every phase starts after a barrier; its rate is the files of all
+ranks over the span from the first start to the last end, as mdtest reports it.
+
+The loop is Python calling the Python API: metadata operations are round trips to the servers
+(tens of microseconds each), so the interpreter is not what is measured here, unlike the IOR
+workload's transfer loop, which runs in Rust. See docs/workloads.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchfs import Client
+from benchfs.config import resolve_config_text
+from benchfs.results import write_json_atomic
+
+EXIT_USAGE = 2
+PHASES = ("create", "stat", "read", "remove")
+LABELS = {
+    "create": "File creation",
+    "stat": "File stat",
+    "read": "File read",
+    "remove": "File removal",
+    "tree_create": "Tree creation",
+    "tree_remove": "Tree removal",
+}
+
+
+class UsageError(Exception):
+    """Options mdtest would reject; exit status 2 before MPI starts."""
+
+
+class VerifyError(Exception):
+    """A stat size or read contents differ from what was written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise UsageError(message)
+
+
+def _nonneg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = _Parser(prog="python -m benchfs.workloads.mdtest", allow_abbrev=False, add_help=False)
+    p.add_argument("-h", "--help", action="help", help="show this help and exit")
+    p.add_argument("-n", type=_nonneg, required=True, dest="items", help="files per rank")
+    p.add_argument("-u", action="store_true", dest="unique", help="unique directory per rank")
+    p.add_argument("-d", default="/mdtest", dest="base", help="test directory (BenchFS path)")
+    p.add_argument("-w", type=_nonneg, default=64, dest="write_bytes", help="bytes per file")
+    p.add_argument("-i", type=_nonneg, default=1, dest="iterations", help="iterations")
+    p.add_argument("--registry", required=True, help="registry directory of the servers")
+    p.add_argument("--config", help="configuration file (default: $BENCHFS_CONFIG)")
+    p.add_argument("--out", type=Path, help="directory for summary.json and per-rank records")
+    a = p.parse_args(list(argv))
+    if a.items < 1:
+        raise UsageError("-n: at least one file per rank")
+    if a.iterations < 1:
+        raise UsageError("-i: at least one iteration")
+    if not a.base.startswith("/") or a.base == "/":
+        raise UsageError(f"-d {a.base}: an absolute BenchFS directory other than /")
+    return a
+
+
+def contents(rank: int, index: int, size: int) -> bytes:
+    """What rank `rank` writes into its file `index`: text naming both, repeated."""
+    unit = f"mdtest rank {rank} file {index}\n".encode()
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+class Run:
+    """One rank's run; every collective is reached by every rank (see workloads.rw)."""
+
+    def __init__(self, a: argparse.Namespace, mpi: Any) -> None:
+        self.a = a
+        self.MPI = mpi
+        self.comm = mpi.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.client: Client | None = None
+        self.errors: list[dict[str, Any]] = []
+        self.rates: dict[str, list[float]] = {}
+
+    def step(self, name: str, action: Callable[[], None]) -> bool:
+        error = None
+        try:
+            action()
+        except Exception as e:  # every failure is reported, whatever its type
+            code = getattr(e, "errno", None)
+            error = {
+                "phase": name,
+                "type": type(e).__name__,
+                "errno": errno.errorcode.get(code) if isinstance(code, int) else None,
+                "message": f"{type(e).__name__}: {e}",
+            }
+            print(
+                f"benchfs mdtest: rank {self.rank}: {name} failed: {error['message']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        for r, failure in enumerate(self.comm.allgather(error)):
+            if failure is not None:
+                self.errors.append({"rank": r, **failure})
+        return not self.errors
+
+    def tree(self, iteration: int) -> str:
+        return f"{self.a.base}/test-dir.0-{iteration}"
+
+    def directory(self, iteration: int) -> str:
+        leaf = f"mdtest_tree.{self.rank}" if self.a.unique else "mdtest_tree.0"
+        return f"{self.tree(iteration)}/{leaf}"
+
+    def path(self, iteration: int, index: int) -> str:
+        return f"{self.directory(iteration)}/file.mdtest.{self.rank}.{index}"
+
+    def timed(self, name: str, work: Callable[[], int]) -> bool:
+        """Barrier, run, then the cluster-wide rate: all ranks' ops over first start..last end."""
+        wtime = self.MPI.Wtime
+        span = [0.0, 0.0, 0]
+
+        def run() -> None:
+            span[0] = wtime()
+            span[2] = work()
+            span[1] = wtime()
+
+        self.comm.Barrier()
+        ok = self.step(name, run)
+        spans = self.comm.gather(tuple(span), root=0)
+        if ok and self.rank == 0:
+            assert spans is not None
+            elapsed = max(s[1] for s in spans) - min(s[0] for s in spans)
+            ops = sum(int(s[2]) for s in spans)
+            self.rates.setdefault(name, []).append(ops / elapsed if elapsed > 0 else 0.0)
+        return ok
+
+    def iteration(self, it: int) -> bool:
+        a, c = self.a, self.client
+        assert c is not None
+        n, size = a.items, a.write_bytes
+
+        def tree_create() -> int:
+            made = 0
+            if self.rank == 0:
+                for d in (a.base, self.tree(it)):
+                    if not c.exists(d):
+                        c.mkdir(d)
+                        made += 1
+                if not a.unique:
+                    c.mkdir(self.directory(it))
+                    made += 1
+            return made
+
+        def unique_dirs() -> int:
+            if a.unique:
+                c.mkdir(self.directory(it))
+                return 1
+            return 0
+
+        def create() -> int:
+            for i in range(n):
+                with c.open(self.path(it, i), os.O_WRONLY | os.O_CREAT | os.O_EXCL) as f:
+                    if size:
+                        f.write(contents(self.rank, i, size))
+            return n
+
+        def stat() -> int:
+            for i in range(n):
+                got = c.stat(self.path(it, i)).st_size
+                if got != size:
+                    raise VerifyError(f"{self.path(it, i)}: stat size {got}, wrote {size}")
+            return n
+
+        def read() -> int:
+            for i in range(n):
+                with c.open(self.path(it, i)) as f:
+                    data = f.read(size + 1)  # one more, to see a file that grew
+                want = contents(self.rank, i, size)
+                if data != want:
+                    at = next(
+                        (k for k, (x, y) in enumerate(zip(data, want, strict=False)) if x != y),
+                        None,
+                    )
+                    where = f"first difference at byte {at}" if at is not None else "length"
+                    raise VerifyError(
+                        f"{self.path(it, i)}: read {len(data)} bytes that differ from the "
+                        f"{size} written ({where})"
+                    )
+            return n
+
+        def remove() -> int:
+            for i in range(n):
+                c.unlink(self.path(it, i))
+            return n
+
+        def remove_unique() -> None:
+            if a.unique:
+                c.rmdir(self.directory(it))
+
+        def remove_tree() -> None:
+            if self.rank == 0:
+                if not a.unique:
+                    c.rmdir(self.directory(it))
+                c.rmdir(self.tree(it))
+
+        ok = self.timed("tree_create", tree_create) and self.step("unique dirs", unique_dirs)
+        for name, work in zip(PHASES, (create, stat, read, remove), strict=True):
+            ok = ok and self.timed(name, work)
+        if not ok:
+            return False
+        # Tree removal: the leaves (per rank), then the shared levels (rank 0), as one phase.
+        self.comm.Barrier()
+        t0 = self.MPI.Wtime()
+        ok = self.step("tree_remove", remove_unique) and self.step("tree_remove", remove_tree)
+        elapsed = self.MPI.Wtime() - t0
+        if ok and self.rank == 0:
+            dirs = (self.size if a.unique else 1) + 1
+            self.rates.setdefault("tree_remove", []).append(dirs / elapsed if elapsed else 0.0)
+        return ok
+
+    def execute(self) -> int:
+        def connect() -> None:
+            self.client = Client(self.a.registry, config=resolve_config_text(self.a.config))
+
+        ok = self.step("connect", connect)
+        for it in range(self.a.iterations):
+            if not ok:
+                break
+            ok = self.iteration(it)
+        if self.client is not None:
+            self.client.close()
+        if self.a.out is not None:
+            self.a.out.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(
+                self.a.out / f"rank-{self.rank}.json",
+                {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname()},
+            )
+        if self.rank == 0:
+            self.finish(ok)
+        return 0 if ok else 1
+
+    def finish(self, ok: bool) -> None:
+        a = self.a
+        if ok:
+            print(format_summary(self.rates, self.size, a), flush=True)
+        else:
+            e = self.errors[0]
+            print(
+                f"benchfs mdtest: FAILED: rank {e['rank']} {e['phase']}: {e['message']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if a.out is not None:
+            summary = {
+                "workload": "mdtest",
+                "ranks": self.size,
+                "items_per_rank": a.items,
+                "unique_dir": a.unique,
+                "write_bytes": a.write_bytes,
+                "iterations": a.iterations,
+                "rates": {k: statistics.fmean(v) for k, v in self.rates.items()} if ok else {},
+                "rate_samples": self.rates,
+                "write_mib_s": None,
+                "read_mib_s": None,
+                "bytes": a.items * a.write_bytes * self.size * a.iterations,
+                "verified": ok,
+                "errors": self.errors,
+            }
+            write_json_atomic(a.out / "summary.json", summary)
+
+
+def format_summary(rates: dict[str, list[float]], ranks: int, a: argparse.Namespace) -> str:
+    """mdtest's "SUMMARY rate" table (operations per second)."""
+    lines = [
+        f"-- started with {ranks} tasks, {a.items} files per task, "
+        f"{'unique directory per task' if a.unique else 'one shared directory'}, "
+        f"{a.write_bytes} bytes per file --",
+        "",
+        f"SUMMARY rate: (of {a.iterations} iterations)",
+        "   Operation                     Max            Min           Mean        Std Dev",
+        "   ---------                     ---            ---           ----        -------",
+    ]
+    for key, label in LABELS.items():
+        v = rates.get(key)
+        if v:
+            lines.append(
+                f"   {label:<26}:{max(v):14.3f}{min(v):14.3f}{statistics.fmean(v):14.3f}"
+                f"{statistics.pstdev(v):14.3f}"
+            )
+    lines.append("-- finished --")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        a = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"benchfs mdtest: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    from mpi4py import MPI  # late, so that --help and option errors need no MPI runtime
+
+    return Run(a, MPI).execute()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1080 @@
+//! The FUSE file system. fuser's event loop only parses the kernel's requests and queues them
+//! (a bounded channel: a full queue blocks the loop, which is the backpressure the kernel
+//! sees); a fixed pool of worker threads serves them, each with its own core [`Client`]
+//! (the client is single-threaded by design), and replies from its own thread. Parallel
+//! requests (several jobs, readahead, async direct I/O) are therefore served in parallel, up
+//! to the number of workers.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use benchfs_core::client::{Client, FileHandle as CoreHandle};
+use benchfs_core::config::Config;
+use benchfs_core::namespace::{self, Attr, Kind};
+use benchfs_core::Error;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::table::{join, Table, ROOT, SILLY_PREFIX};
+
+/// How long the kernel may cache entries and attributes (libfuse's default). Within it, a
+/// change made by another client (another node's mount or the Python API) may be unseen;
+/// data is never cached across opens (no FOPEN_KEEP_CACHE), so close-to-open holds for bytes.
+pub const TTL: Duration = Duration::from_secs(1);
+
+/// The largest read or write request: 1 MiB (the kernel's default `max_pages_limit` is 256
+/// pages; fuser asks for `max_pages` from max_write).
+pub const MAX_IO: u32 = 1 << 20;
+
+/// Requests queued per worker before the event loop blocks.
+const QUEUE_PER_WORKER: usize = 2;
+
+/// statfs: the protocol does not report capacity, so the mount reports a large free space
+/// (1 PiB in 4 KiB blocks) rather than 0, which tools would read as "disk full".
+const STATFS_BLOCKS: u64 = 1 << 38;
+
+/// How long rmdir and rename wait for queued removals of hidden names.
+const REMOVAL_WAIT: Duration = Duration::from_secs(10);
+
+/// Errnos that describe the path rather than a failure of the servers (not logged).
+const PATH_ERRNOS: [i32; 10] = [
+    libc::ENOENT,
+    libc::EEXIST,
+    libc::EISDIR,
+    libc::ENOTDIR,
+    libc::ENOTEMPTY,
+    libc::ENAMETOOLONG,
+    libc::EINVAL,
+    libc::EBUSY,
+    libc::EXDEV,
+    libc::EOPNOTSUPP,
+];
+
+type Res<T> = Result<T, Errno>;
+
+/// A queued request: run on a worker, or (`None`) answered with an error at shutdown.
+pub type Job = Box<dyn FnOnce(Option<&mut Worker>) + Send>;
+
+/// The core error as an errno for the kernel; failures of the servers are also logged,
+/// since the application only sees EIO-like codes.
+fn errno(op: &str, e: Error) -> Errno {
+    let code = e.errno();
+    if !PATH_ERRNOS.contains(&code) {
+        eprintln!("benchfs-mount: {op}: {e}");
+    }
+    Errno::from_i32(code)
+}
+
+fn no_support() -> Errno {
+    Errno::from_i32(libc::EOPNOTSUPP)
+}
+
+/// State shared by the event loop and the workers.
+pub struct Shared {
+    table: Mutex<Table>,
+    /// Directory listings of open directory handles, fetched at offset 0.
+    dirs: Mutex<HashMap<u64, Vec<Listed>>>,
+    next_fh: AtomicU64,
+    silly_seq: AtomicU64,
+    /// Hidden names whose removal (at a last release) is queued but not done: rmdir and
+    /// rename wait for them, or a directory that looks empty would answer ENOTEMPTY.
+    removals: Mutex<u64>,
+    removed: Condvar,
+    uid: u32,
+    gid: u32,
+    /// Read and write requests served, so the request sizes the kernel really sent can be
+    /// reported at exit (they bound what one request can do).
+    pub reads: IoCounter,
+    pub writes: IoCounter,
+}
+
+/// Requests, bytes and the largest request of one direction.
+#[derive(Default)]
+pub struct IoCounter {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+    largest: AtomicU64,
+}
+
+impl IoCounter {
+    fn add(&self, len: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.largest.fetch_max(len as u64, Ordering::Relaxed);
+    }
+
+    /// "N requests, M MiB, largest K KiB".
+    pub fn summary(&self) -> String {
+        format!(
+            "{} requests, {} MiB, largest {} KiB",
+            self.requests.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed) >> 20,
+            self.largest.load(Ordering::Relaxed) >> 10
+        )
+    }
+}
+
+struct Listed {
+    ino: u64,
+    kind: FileType,
+    name: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    pub fn new() -> Shared {
+        // SAFETY: getuid and getgid cannot fail and touch no memory of ours.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Shared {
+            table: Mutex::new(Table::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            silly_seq: AtomicU64::new(0),
+            removals: Mutex::new(0),
+            removed: Condvar::new(),
+            uid,
+            gid,
+            reads: IoCounter::default(),
+            writes: IoCounter::default(),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        lock(&self.table)
+    }
+
+    /// Waits (bounded) until queued removals of hidden names are done.
+    fn wait_removals(&self) {
+        let pending = lock(&self.removals);
+        let _ = self.removed.wait_timeout_while(pending, REMOVAL_WAIT, |n| *n > 0);
+    }
+
+    fn removal_done(&self) {
+        let mut pending = lock(&self.removals);
+        *pending = pending.saturating_sub(1);
+        self.removed.notify_all();
+    }
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared::new()
+    }
+}
+
+fn time(ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns)
+}
+
+/// The kernel's view of an object: sizes include this mount's unpublished writes.
+fn file_attr(ino: u64, attr: &Attr, table: &Table, uid: u32, gid: u32) -> FileAttr {
+    let (local_end, unlinked) = table.get(ino).map_or((0, false), |i| (i.local_end, i.unlinked));
+    let dir = attr.kind == Kind::Dir;
+    let size = if dir { 0 } else { attr.size.max(local_end) };
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks: size.div_ceil(512),
+        atime: time(attr.mtime_ns),
+        mtime: time(attr.mtime_ns),
+        ctime: time(attr.ctime_ns),
+        crtime: time(attr.ctime_ns),
+        kind: if dir {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
+        perm: (attr.mode & 0o7777) as u16,
+        nlink: match (dir, unlinked) {
+            (true, _) => 2,
+            (false, true) => 0,
+            (false, false) => 1,
+        },
+        uid,
+        gid,
+        rdev: 0,
+        // stdio and cp size their buffers by this: one chunk per call.
+        blksize: if dir {
+            4096
+        } else {
+            attr.layout.chunk_size.clamp(4096, u64::from(MAX_IO)) as u32
+        },
+        flags: 0,
+    }
+}
+
+/// What the kernel is told at open: O_DIRECT opens bypass the page cache.
+fn fopen_flags(flags: i32) -> FopenFlags {
+    if flags & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+/// A d_ino for a directory entry the kernel has not looked up (never equal to a table number).
+fn synthetic_ino(path: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    path.hash(&mut h);
+    h.finish() | (1 << 63)
+}
+
+/// One worker: a core client and a reusable read buffer.
+pub struct Worker {
+    client: Client,
+    shared: Arc<Shared>,
+    buf: Vec<u8>,
+}
+
+impl Worker {
+    fn path_of(&self, ino: u64) -> Res<String> {
+        self.shared.table().path(ino).ok_or(Errno::ENOENT)
+    }
+
+    fn child(&self, parent: u64, name: &OsStr) -> Res<String> {
+        let parent = self.path_of(parent)?;
+        let name = name.to_str().ok_or(Errno::EINVAL)?;
+        Ok(join(&parent, name))
+    }
+
+    fn stat(&self, op: &str, path: &str) -> Res<Attr> {
+        self.client.stat(path).map_err(|e| errno(op, e))
+    }
+
+    fn attr_of(&self, ino: u64, attr: &Attr) -> FileAttr {
+        let t = self.shared.table();
+        file_attr(ino, attr, &t, self.shared.uid, self.shared.gid)
+    }
+
+    /// Records a lookup (the reply counts as one for the kernel) and builds the entry.
+    fn entry(&self, path: &str, attr: &Attr) -> FileAttr {
+        let mut t = self.shared.table();
+        let ino = t.remember(path, attr);
+        file_attr(ino, attr, &t, self.shared.uid, self.shared.gid)
+    }
+
+    fn lookup(&mut self, parent: u64, name: &OsStr) -> Res<FileAttr> {
+        let path = self.child(parent, name)?;
+        let attr = self.stat("lookup", &path)?;
+        Ok(self.entry(&path, &attr))
+    }
+
+    fn getattr(&mut self, ino: u64) -> Res<FileAttr> {
+        let path = self.path_of(ino)?;
+        let attr = self.stat("getattr", &path)?;
+        Ok(self.attr_of(ino, &attr))
+    }
+
+    /// Size changes truncate; mode and owner changes are refused unless they change nothing
+    /// (BenchFS stores no owners and has no chmod); times are accepted and not stored.
+    fn setattr(
+        &mut self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+    ) -> Res<FileAttr> {
+        let path = self.path_of(ino)?;
+        let mut attr = self.stat("setattr", &path)?;
+        if mode.is_some_and(|m| m & 0o7777 != attr.mode & 0o7777)
+            || uid.is_some_and(|u| u != self.shared.uid)
+            || gid.is_some_and(|g| g != self.shared.gid)
+        {
+            return Err(no_support());
+        }
+        if let Some(size) = size {
+            if attr.kind == Kind::Dir {
+                return Err(Errno::EISDIR);
+            }
+            if let Some(inode) = self.shared.table().get_mut(ino) {
+                // Handles that wrote before the truncate must not publish their old ends.
+                inode.pool.clear();
+                inode.epoch += 1;
+                inode.local_end = 0;
+            }
+            self.client
+                .truncate(&path, size)
+                .map_err(|e| errno("truncate", e))?;
+            attr = self.stat("setattr", &path)?;
+        }
+        Ok(self.attr_of(ino, &attr))
+    }
+
+    fn open(&mut self, ino: u64, flags: i32) -> Res<(u64, FopenFlags)> {
+        let path = self.path_of(ino)?;
+        let handle = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
+        let mut t = self.shared.table();
+        let inode = t.get_mut(ino).ok_or(Errno::ENOENT)?;
+        inode.opens += 1;
+        inode.pool.push(handle);
+        Ok((0, fopen_flags(flags)))
+    }
+
+    fn create(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Res<(FileAttr, u64, FopenFlags)> {
+        let path = self.child(parent, name)?;
+        let mut how = namespace::CREATE;
+        if flags & libc::O_EXCL != 0 {
+            how |= namespace::EXCLUSIVE;
+        }
+        if flags & libc::O_TRUNC != 0 {
+            how |= namespace::TRUNCATE;
+        }
+        let handle = self
+            .client
+            .open(&path, how, mode & !umask & 0o7777)
+            .map_err(|e| errno("create", e))?;
+        let attr = handle.attr;
+        let mut t = self.shared.table();
+        let ino = t.remember(&path, &attr);
+        if let Some(inode) = t.get_mut(ino) {
+            if flags & libc::O_TRUNC != 0 {
+                inode.pool.clear();
+                inode.epoch += 1;
+                inode.local_end = 0;
+            }
+            inode.opens += 1;
+            inode.pool.push(handle);
+        }
+        let fattr = file_attr(ino, &attr, &t, self.shared.uid, self.shared.gid);
+        Ok((fattr, 0, fopen_flags(flags)))
+    }
+
+    /// A core handle of an open file for one request (opened on demand: one per concurrent
+    /// request), with the epoch it was taken in.
+    fn take(&mut self, ino: u64) -> Res<(CoreHandle, u64)> {
+        let (path, epoch) = {
+            let mut t = self.shared.table();
+            let inode = t.get_mut(ino).ok_or(Errno::EBADF)?;
+            if let Some(mut h) = inode.pool.pop() {
+                if h.path != inode.path {
+                    h.path.clone_from(&inode.path); // renamed since: publish to the new name
+                }
+                return Ok((h, inode.epoch));
+            }
+            (inode.path.clone(), inode.epoch)
+        };
+        let h = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
+        Ok((h, epoch))
+    }
+
+    /// Returns a handle to its file's pool (`wrote_to`: the end of a successful write).
+    fn put(&self, ino: u64, h: CoreHandle, epoch: u64, wrote_to: Option<u64>) {
+        let mut t = self.shared.table();
+        if let Some(inode) = t.get_mut(ino) {
+            if inode.epoch == epoch && inode.opens > 0 {
+                if let Some(end) = wrote_to {
+                    inode.local_end = inode.local_end.max(end);
+                }
+                inode.pool.push(h);
+            }
+        }
+    }
+
+    fn read(&mut self, ino: u64, offset: u64, size: usize, reply: ReplyData) {
+        let (h, epoch) = match self.take(ino) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        if self.buf.len() < size {
+            self.buf.resize(size, 0);
+        }
+        let got = self.client.read(&h, offset, &mut self.buf[..size]);
+        self.put(ino, h, epoch, None);
+        match got {
+            Ok(n) => reply.data(&self.buf[..n]),
+            Err(e) => reply.error(errno("read", e)),
+        }
+    }
+
+    fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Res<u32> {
+        let (h, epoch) = self.take(ino)?;
+        let done = self.client.write(&h, offset, data);
+        let end = done.as_ref().ok().map(|&n| offset + n as u64);
+        self.put(ino, h, epoch, end);
+        let n = done.map_err(|e| errno("write", e))?;
+        u32::try_from(n).map_err(|_| Errno::EIO)
+    }
+
+    /// Publishes every idle handle's size (close-to-open), or makes its data durable first.
+    fn publish(&mut self, ino: u64, durable: bool) -> Res<()> {
+        let (handles, epoch) = {
+            let mut t = self.shared.table();
+            let Some(inode) = t.get_mut(ino) else {
+                return Ok(());
+            };
+            let mut handles = std::mem::take(&mut inode.pool);
+            for h in &mut handles {
+                if h.path != inode.path {
+                    h.path.clone_from(&inode.path);
+                }
+            }
+            (handles, inode.epoch)
+        };
+        let mut result = Ok(());
+        for h in &handles {
+            let done = if durable {
+                self.client.fsync(h).map_err(|e| errno("fsync", e))
+            } else {
+                self.client.close(h).map_err(|e| errno("flush", e))
+            };
+            if result.is_ok() {
+                result = done;
+            }
+        }
+        for h in handles {
+            self.put(ino, h, epoch, None);
+        }
+        result
+    }
+
+    /// The last release of a file unlinked while open: now its data goes.
+    fn remove_hidden(&mut self, ino: u64, hidden: &str) -> Res<()> {
+        let removed = self.client.unlink(hidden).map_err(|e| errno("unlink", e));
+        let mut t = self.shared.table();
+        t.detach(hidden);
+        t.maybe_drop(ino);
+        removed
+    }
+
+    /// Moves an open file out of the way (NFS's "silly rename"): its handles keep working on
+    /// the hidden name, which the last release removes.
+    fn hide(&mut self, ino: u64, path: &str) -> Res<()> {
+        let dir = namespace::split_parent(path).map_or("/", |(d, _)| d);
+        let seq = self.shared.silly_seq.fetch_add(1, Ordering::Relaxed);
+        let hidden = join(dir, &format!("{SILLY_PREFIX}{ino:x}-{seq}"));
+        self.client
+            .rename(path, &hidden)
+            .map_err(|e| errno("unlink", e))?;
+        let mut t = self.shared.table();
+        t.rename(path, &hidden);
+        if let Some(inode) = t.get_mut(ino) {
+            inode.unlinked = true;
+        }
+        Ok(())
+    }
+
+    /// The number of an open regular file at `path`, if this mount has one.
+    fn open_file_at(&self, path: &str) -> Option<u64> {
+        let t = self.shared.table();
+        t.ino_of(path)
+            .filter(|&i| t.get(i).is_some_and(|n| n.opens > 0 && n.kind == Kind::File))
+    }
+
+    fn unlink(&mut self, parent: u64, name: &OsStr) -> Res<()> {
+        let path = self.child(parent, name)?;
+        if let Some(ino) = self.open_file_at(&path) {
+            if name.to_str().is_some_and(|n| n.starts_with(SILLY_PREFIX)) {
+                return Err(Errno::EBUSY);
+            }
+            return self.hide(ino, &path);
+        }
+        self.client.unlink(&path).map_err(|e| errno("unlink", e))?;
+        self.shared.table().detach(&path);
+        Ok(())
+    }
+
+    fn mkdir(&mut self, parent: u64, name: &OsStr, mode: u32, umask: u32) -> Res<FileAttr> {
+        let path = self.child(parent, name)?;
+        self.client
+            .mkdir(&path, mode & !umask & 0o7777)
+            .map_err(|e| errno("mkdir", e))?;
+        let attr = self.stat("mkdir", &path)?;
+        Ok(self.entry(&path, &attr))
+    }
+
+    /// Regular files only (BenchFS has no special files).
+    fn mknod(&mut self, parent: u64, name: &OsStr, mode: u32, umask: u32) -> Res<FileAttr> {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Errno::EPERM);
+        }
+        let path = self.child(parent, name)?;
+        let how = namespace::CREATE | namespace::EXCLUSIVE;
+        let h = self
+            .client
+            .open(&path, how, mode & !umask & 0o7777)
+            .map_err(|e| errno("mknod", e))?;
+        self.client.close(&h).map_err(|e| errno("mknod", e))?;
+        Ok(self.entry(&path, &h.attr))
+    }
+
+    fn rmdir(&mut self, parent: u64, name: &OsStr) -> Res<()> {
+        let path = self.child(parent, name)?;
+        self.shared.wait_removals();
+        self.client.rmdir(&path).map_err(|e| errno("rmdir", e))?;
+        self.shared.table().detach(&path);
+        Ok(())
+    }
+
+    fn rename(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Res<()> {
+        let from = self.child(parent, name)?;
+        let to = self.child(newparent, newname)?;
+        if flags.intersects(RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT) {
+            return Err(Errno::EINVAL);
+        }
+        self.shared.wait_removals();
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            match self.client.stat(&to) {
+                Ok(_) => return Err(Errno::EEXIST),
+                Err(e) if e.errno() == libc::ENOENT => {}
+                Err(e) => return Err(errno("rename", e)),
+            }
+        }
+        if from != to {
+            if let Some(target) = self.open_file_at(&to) {
+                // A file replacing an open file: the open one keeps its data until released.
+                if self.stat("rename", &from)?.kind == Kind::File {
+                    self.hide(target, &to)?;
+                }
+            }
+        }
+        self.client.rename(&from, &to).map_err(|e| errno("rename", e))?;
+        self.shared.table().rename(&from, &to);
+        Ok(())
+    }
+
+    fn readdir(&mut self, ino: u64, fh: u64, offset: u64, mut reply: ReplyDirectory) {
+        if offset == 0 {
+            let listed = self.list(ino);
+            match listed {
+                Ok(list) => {
+                    lock(&self.shared.dirs).insert(fh, list);
+                }
+                Err(e) => return reply.error(e),
+            }
+        }
+        let dirs = lock(&self.shared.dirs);
+        let Some(list) = dirs.get(&fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (k, e) in list.iter().enumerate().skip(start) {
+            if reply.add(INodeNo(e.ino), k as u64 + 1, e.kind, &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn list(&mut self, ino: u64) -> Res<Vec<Listed>> {
+        let path = self.path_of(ino)?;
+        let entries = self.client.readdir(&path).map_err(|e| errno("readdir", e))?;
+        let t = self.shared.table();
+        let parent = namespace::split_parent(&path)
+            .and_then(|(p, _)| t.ino_of(p))
+            .unwrap_or(ROOT);
+        let mut list = Vec::with_capacity(entries.len() + 2);
+        list.push(Listed {
+            ino,
+            kind: FileType::Directory,
+            name: ".".into(),
+        });
+        list.push(Listed {
+            ino: parent,
+            kind: FileType::Directory,
+            name: "..".into(),
+        });
+        for e in entries {
+            let child = join(&path, &e.name);
+            list.push(Listed {
+                ino: t.ino_of(&child).unwrap_or_else(|| synthetic_ino(&child)),
+                kind: if e.kind == Kind::Dir {
+                    FileType::Directory
+                } else {
+                    FileType::RegularFile
+                },
+                name: e.name,
+            });
+        }
+        Ok(list)
+    }
+
+    /// At shutdown: removes the hidden names of files still open when the mount went away.
+    pub fn cleanup(&mut self) {
+        let hidden = self.shared.table().unlinked_paths();
+        for path in hidden {
+            if let Err(e) = self.client.unlink(&path) {
+                eprintln!("benchfs-mount: cannot remove {path} (unlinked while open): {e}");
+            }
+        }
+    }
+}
+
+/// How a worker answers one kind of request.
+trait Respond<T>: Send + 'static {
+    fn send_ok(self, value: T);
+    fn send_err(self, e: Errno);
+}
+
+impl Respond<FileAttr> for ReplyEntry {
+    fn send_ok(self, attr: FileAttr) {
+        self.entry(&TTL, &attr, Generation(0));
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Respond<FileAttr> for ReplyAttr {
+    fn send_ok(self, attr: FileAttr) {
+        self.attr(&TTL, &attr);
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Respond<()> for ReplyEmpty {
+    fn send_ok(self, _: ()) {
+        self.ok();
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Respond<u32> for ReplyWrite {
+    fn send_ok(self, n: u32) {
+        self.written(n);
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Respond<(u64, FopenFlags)> for ReplyOpen {
+    fn send_ok(self, (fh, flags): (u64, FopenFlags)) {
+        self.opened(FileHandle(fh), flags);
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Respond<(FileAttr, u64, FopenFlags)> for ReplyCreate {
+    fn send_ok(self, (attr, fh, flags): (FileAttr, u64, FopenFlags)) {
+        self.created(&TTL, &attr, Generation(0), FileHandle(fh), flags);
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+/// The worker pool: threads, each connecting its own client, fed by one bounded queue.
+pub struct Pool {
+    tx: SyncSender<Job>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts `n` workers and waits until every one is connected (Client::connect waits for
+    /// the expected membership); the first failure is returned.
+    pub fn start(n: usize, registry: PathBuf, config: &Config, shared: &Arc<Shared>) -> Result<Pool, String> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(n * QUEUE_PER_WORKER);
+        let rx = Arc::new(Mutex::new(rx));
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let mut threads = Vec::with_capacity(n);
+        for k in 0..n {
+            let (rx, ready, registry, config, shared) = (
+                rx.clone(),
+                ready_tx.clone(),
+                registry.clone(),
+                config.clone(),
+                shared.clone(),
+            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("benchfs-worker-{k}"))
+                .spawn(move || worker_main(&rx, &ready, &registry, config, shared));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => return Err(format!("cannot start worker thread: {e}")),
+            }
+        }
+        drop(ready_tx);
+        let pool = Pool { tx, threads };
+        for _ in 0..n {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    pool.shutdown();
+                    return Err(e);
+                }
+                Err(_) => {
+                    pool.shutdown();
+                    return Err("a worker thread exited before connecting".into());
+                }
+            }
+        }
+        Ok(pool)
+    }
+
+    pub fn sender(&self) -> SyncSender<Job> {
+        self.tx.clone()
+    }
+
+    /// Runs `job` on a worker, then stops the workers once the queue drains. Only when no
+    /// other sender is left (the session ended) do the threads exit and get joined.
+    pub fn shutdown_with(self, job: Job) {
+        let _ = self.tx.send(job);
+        self.shutdown();
+    }
+
+    fn shutdown(self) {
+        drop(self.tx);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn worker_main(
+    rx: &Mutex<Receiver<Job>>,
+    ready: &mpsc::Sender<Result<(), String>>,
+    registry: &std::path::Path,
+    config: Config,
+    shared: Arc<Shared>,
+) {
+    let client = match Client::connect(registry, config) {
+        Ok(c) => {
+            let _ = ready.send(Ok(()));
+            c
+        }
+        Err(e) => {
+            let _ = ready.send(Err(format!(
+                "cannot connect to the cluster in {}: {e}",
+                registry.display()
+            )));
+            return;
+        }
+    };
+    let mut worker = Worker {
+        client,
+        shared,
+        buf: Vec::new(),
+    };
+    loop {
+        let job = lock(rx).recv();
+        let Ok(job) = job else { break };
+        // A bug in one request must not shrink the pool (the kernel would wait forever for
+        // replies once every worker died); the dropped reply answers EIO.
+        if catch_unwind(AssertUnwindSafe(|| job(Some(&mut worker)))).is_err() {
+            eprintln!("benchfs-mount: a request panicked; answered EIO");
+        }
+    }
+}
+
+/// The file system handed to fuser: parses requests and queues them for the workers.
+pub struct BenchFs {
+    shared: Arc<Shared>,
+    tx: SyncSender<Job>,
+}
+
+impl BenchFs {
+    pub fn new(shared: Arc<Shared>, tx: SyncSender<Job>) -> BenchFs {
+        BenchFs { shared, tx }
+    }
+
+    fn submit(&self, job: Job) {
+        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
+            job(None);
+        }
+    }
+
+    /// Queues `op` and answers with its result through `reply`.
+    fn dispatch<T, R, F>(&self, reply: R, op: F)
+    where
+        R: Respond<T>,
+        F: FnOnce(&mut Worker) -> Res<T> + Send + 'static,
+    {
+        self.submit(Box::new(move |w| match w {
+            Some(w) => match op(w) {
+                Ok(v) => reply.send_ok(v),
+                Err(e) => reply.send_err(e),
+            },
+            None => reply.send_err(Errno::from_i32(libc::ESHUTDOWN)),
+        }));
+    }
+}
+
+impl Filesystem for BenchFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // 1 MiB requests; fuser then asks for max_pages to match.
+        if let Err(nearest) = config.set_max_write(MAX_IO) {
+            let _ = config.set_max_write(nearest);
+        }
+        // Readahead and async direct I/O keep several requests in flight per file.
+        let _ = config.set_max_background(64);
+        for cap in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS] {
+            let _ = config.add_capabilities(cap);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name.to_owned();
+        self.dispatch(reply, move |w| w.lookup(parent.0, &name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.shared.table().forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.dispatch(reply, move |w| w.getattr(ino.0));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.dispatch(reply, move |w| w.setattr(ino.0, mode, uid, gid, size));
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name.to_owned();
+        self.dispatch(reply, move |w| w.mknod(parent.0, &name, mode, umask));
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let name = name.to_owned();
+        self.dispatch(reply, move |w| w.mkdir(parent.0, &name, mode, umask));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.dispatch(reply, move |w| w.unlink(parent.0, &name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.dispatch(reply, move |w| w.rmdir(parent.0, &name));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.dispatch(reply, move |w| {
+            w.rename(parent.0, &name, newparent.0, &newname, flags)
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.dispatch(reply, move |w| w.open(ino.0, flags.0));
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.shared.reads.add(size as usize);
+        self.submit(Box::new(move |w| match w {
+            Some(w) => w.read(ino.0, offset, size as usize, reply),
+            None => reply.error(Errno::from_i32(libc::ESHUTDOWN)),
+        }));
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // The request buffer belongs to the event loop: the worker gets a copy.
+        self.shared.writes.add(data.len());
+        let data = data.to_vec();
+        self.dispatch(reply, move |w| w.write(ino.0, offset, &data));
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.dispatch(reply, move |w| w.publish(ino.0, false));
+    }
+
+    /// Done here, not on a worker: the kernel sends RELEASE asynchronously after close()
+    /// returned, and a later unlink or rmdir from the same program must already see the file
+    /// closed. Sizes were published by FLUSH (every close); idle handles are just dropped.
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let hidden = {
+            let mut t = self.shared.table();
+            let hidden = t.get_mut(ino.0).and_then(|inode| {
+                inode.opens = inode.opens.saturating_sub(1);
+                if inode.opens > 0 {
+                    return None;
+                }
+                inode.pool.clear();
+                inode.local_end = 0;
+                inode.unlinked.then(|| inode.path.clone())
+            });
+            if hidden.is_none() {
+                t.maybe_drop(ino.0);
+            }
+            hidden
+        };
+        let Some(hidden) = hidden else {
+            return reply.ok();
+        };
+        *lock(&self.shared.removals) += 1;
+        let shared = self.shared.clone();
+        self.submit(Box::new(move |w| {
+            match w {
+                Some(w) => match w.remove_hidden(ino.0, &hidden) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(e),
+                },
+                None => reply.error(Errno::from_i32(libc::ESHUTDOWN)),
+            }
+            shared.removal_done();
+        }));
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.dispatch(reply, move |w| w.publish(ino.0, true));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.shared.table().path(ino.0).is_none() {
+            return reply.error(Errno::ENOENT);
+        }
+        let fh = self.shared.next_fh.fetch_add(1, Ordering::Relaxed);
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        self.submit(Box::new(move |w| match w {
+            Some(w) => w.readdir(ino.0, fh.0, offset, reply),
+            None => reply.error(Errno::from_i32(libc::ESHUTDOWN)),
+        }));
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.shared.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Namespace changes are applied by the servers before they answer.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(
+            STATFS_BLOCKS,
+            STATFS_BLOCKS,
+            STATFS_BLOCKS,
+            1 << 32,
+            1 << 32,
+            4096,
+            namespace::NAME_MAX as u32,
+            4096,
+        );
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = name.to_owned();
+        self.dispatch(reply, move |w| w.create(parent.0, &name, mode, umask, flags));
+    }
+}

@@ -1,0 +1,50 @@
+"""`benchfs-bench access --quick`: the output keeps its shape (the figures are not asserted:
+speed is measured by the full benchmark, not by tests), and nothing is left mounted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASES = [
+    "fio-psync-write",
+    "fio-psync-read",
+    "fio-uring-write",
+    "fio-uring-read",
+    "python-readinto",
+]
+
+
+def _fuse_mounts() -> list[str]:
+    return [
+        line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "fuse" in line
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_access_quick_json() -> None:
+    before = _fuse_mounts()
+    bench = Path(sys.executable).with_name("benchfs-bench")
+    out = subprocess.run(
+        [str(bench), "access", "--quick", "--json", "--dir", "/dev/shm"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+        env={**os.environ, "PATH": f"{bench.parent}:{os.environ['PATH']}"},
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [c["name"] for c in report["cases"]] == CASES
+    for case in report["cases"]:
+        assert case["mib_s"] > 0 and case["native_mib_s"] > 0, case
+        assert case["ratio"] == pytest.approx(case["mib_s"] / case["native_mib_s"])
+    assert report["data_dir"].startswith("/dev/shm/") and report["data_fs"] == "tmpfs"
+    assert not Path(report["data_dir"]).exists()
+    assert len(report["targets"]) == len(CASES)
+    assert _fuse_mounts() == before

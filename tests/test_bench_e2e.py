@@ -1,0 +1,58 @@
+"""`benchfs-bench e2e --quick`: the output keeps its shape (the figures are not asserted: speed
+is measured by the full benchmark, not by tests), and nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchfs.procs import descendants
+
+CASES = [
+    "write-t1m",
+    "read-t1m",
+    "write-t4m",
+    "read-t4m",
+    "write-t2m-chunk1m",
+    "read-t2m-chunk1m",
+]
+
+
+@pytest.mark.timeout(300)
+def test_e2e_quick_json(tmp_path: Path) -> None:
+    bench = Path(sys.executable).with_name("benchfs-bench")
+    out = subprocess.run(
+        [str(bench), "e2e", "--quick", "--json", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+        env={**os.environ, "PATH": f"{bench.parent}:{os.environ['PATH']}"},
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [c["name"] for c in report["cases"]] == CASES
+    for case in report["cases"]:
+        assert case["mib_s"] > 0 and case["fio_mib_s"] > 0, case
+        assert case["ratio"] == pytest.approx(case["mib_s"] / case["fio_mib_s"])
+        assert len(case["samples"]) == len(case["fio_samples"]) == 1
+    chunks = {c["name"]: c["chunk_size"] for c in report["cases"]}
+    assert chunks["read-t2m-chunk1m"] == 1 << 20
+    assert report["data_dir"].startswith(str(tmp_path)) and report["data_fs"] != "tmpfs"
+    assert not Path(report["data_dir"]).exists()
+    assert len(report["targets"]) == len(CASES)
+    assert report["ranks"] == 2 and report["block_size"] == 8 << 20
+    assert descendants(os.getpid()) == []
+
+
+def test_e2e_rejects_bad_repeats() -> None:
+    bench = Path(sys.executable).with_name("benchfs-bench")
+    out = subprocess.run(
+        [str(bench), "e2e", "--repeats", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "--repeats" in out.stderr

@@ -1,0 +1,100 @@
+"""The built-in mdtest-like workload under mpiexec, on real `benchfsd` daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchfs import Client
+from benchfs.cluster import LocalCluster, child_env
+from benchfs.mpi import MpiLauncher
+from benchfs.results import read_json
+from benchfs.workloads.mdtest import contents
+from conftest import benchfs_run_command
+
+RANKS = 3
+
+
+def run_mdtest(cluster: LocalCluster | None, args: list[str], registry: Path | None = None):
+    launcher = MpiLauncher()
+    argv = [sys.executable, "-m", "benchfs.workloads.mdtest", *args]
+    if cluster is not None:
+        argv += ["--registry", str(cluster.registry_dir), "--config", str(cluster.config_path)]
+    else:
+        argv += ["--registry", str(registry)]
+    proc = subprocess.Popen(
+        launcher.command(RANKS, argv),
+        env=launcher.env(child_env()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"mdtest hung: {args}\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("unique", [False, True])
+def test_phases_rates_and_cleanup(daemon_cluster, tmp_path: Path, unique: bool) -> None:
+    cluster = daemon_cluster(2)
+    out = tmp_path / "out"
+    args = ["-n", "20", "-w", "100", "-i", "2", "--out", str(out)] + (["-u"] if unique else [])
+    proc = run_mdtest(cluster, args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUMMARY rate: (of 2 iterations)" in proc.stdout
+    for label in ("File creation", "File stat", "File read", "File removal", "Tree removal"):
+        assert label in proc.stdout
+    summary = read_json(out / "summary.json")
+    assert summary["verified"] is True and summary["errors"] == []
+    assert summary["unique_dir"] is unique
+    for phase in ("create", "stat", "read", "remove"):
+        assert summary["rates"][phase] > 0
+        assert len(summary["rate_samples"][phase]) == 2
+    with Client(cluster.registry_dir, config=cluster.config_path.read_text()) as c:
+        assert c.listdir("/mdtest") == []  # every file and directory was removed
+
+
+def test_contents_name_rank_and_file() -> None:
+    data = contents(2, 17, 100)
+    assert len(data) == 100 and data.startswith(b"mdtest rank 2 file 17\n")
+    assert contents(2, 17, 0) == b""
+
+
+@pytest.mark.timeout(60)
+def test_bad_options_exit_2(tmp_path: Path) -> None:
+    for args, message in ((["-n", "0"], "-n"), (["-n", "x"], "-n"), (["-n", "1", "-d", "/"], "-d")):
+        proc = run_mdtest(None, args, registry=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert "benchfs mdtest: error:" in proc.stderr and message in proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_benchfs_run_local_runs_mdtest(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            *benchfs_run_command(),
+            *("local", "--workload", "mdtest", "--mdtest-args", "-n 30 -u"),
+            *("--results-root", str(tmp_path), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["workload"] == "mdtest" and report["verified"] is True
+    manifest = read_json(Path(report["results_dir"]) / "manifest.json")
+    assert manifest["workload"]["rates"]["create"] > 0
+    assert manifest["workload"]["unique_dir"] is True

@@ -1,0 +1,278 @@
+"""The Python API (`benchfs.Client`, `benchfs.File`) on real in-process servers: built-in
+`open` modes, io.RawIOBase behaviour, positional I/O, errors with errno, zero-copy readinto,
+the GIL released during I/O, and threads."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import benchfs
+from benchfs import Client, File
+from conftest import MIB, InProcessCluster, data_for
+
+
+@pytest.fixture
+def client(inproc_cluster: Callable[..., InProcessCluster]) -> Iterator[Client]:
+    cluster = inproc_cluster(2)
+    with Client(cluster.registry, config=cluster.config) as c:
+        yield c
+
+
+def test_public_api_is_the_python_layer() -> None:
+    assert issubclass(File, io.RawIOBase)
+    assert benchfs.Client.__module__ == "benchfs.client"
+    assert {"Client", "File", "Stat", "Server"} <= set(benchfs.__all__)
+
+
+def test_builtin_modes(client: Client) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        client.open("/m.dat")
+    assert missing.value.errno == errno.ENOENT
+    with client.open("/m.dat", "wb") as f:
+        assert f.writable() and not f.readable() and f.seekable()
+        assert f.write(b"hello world") == 11
+        with pytest.raises(io.UnsupportedOperation):
+            f.read()
+    with pytest.raises(FileExistsError):
+        client.open("/m.dat", "x")
+    with client.open("/m.dat", "a") as f:
+        f.write(b"!")
+        f.seek(0)
+        f.write(b"?")  # append mode writes at the end wherever the position is
+    with client.open("/m.dat") as f:
+        assert f.readable() and not f.writable()
+        assert f.read() == b"hello world!?"
+        with pytest.raises(io.UnsupportedOperation):
+            f.write(b"x")
+    with client.open("/m.dat", "r+b") as f:
+        f.seek(6)
+        f.write(b"WORLD")
+        f.seek(0)
+        assert f.read(11) == b"hello WORLD"
+    with client.open("/m.dat", "w+") as f:  # truncates
+        assert f.read() == b""
+    assert client.stat("/m.dat").st_size == 0
+    with client.open("/n.dat", "xb") as f:
+        f.write(b"new")
+    for bad in ("rt", "rw", "", "rr", "q", "r++"):
+        with pytest.raises(ValueError):
+            client.open("/m.dat", bad)
+    with pytest.raises(TypeError):
+        client.open("/m.dat", 1.5)  # type: ignore[arg-type]
+
+
+def test_os_flags_mode(client: Client) -> None:
+    with client.open("/f.dat", os.O_WRONLY | os.O_CREAT | os.O_EXCL) as f:
+        f.write(b"abc")
+        with pytest.raises(io.UnsupportedOperation):
+            f.read()
+    with pytest.raises(FileExistsError):
+        client.open("/f.dat", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with client.open("/f.dat", os.O_RDWR | os.O_APPEND) as f:
+        f.write(b"def")
+        assert f.pread(10, 0) == b"abcdef"
+    with client.open("/f.dat", os.O_RDONLY) as f:
+        assert f.read() == b"abcdef"
+    with pytest.raises(ValueError):
+        client.open("/f.dat", os.O_ACCMODE)
+
+
+def test_seek_tell_read_and_eof(client: Client) -> None:
+    data = data_for(1, 0, 300_000)  # several 64 KiB chunks
+    with client.open("/s.dat", "w+b") as f:
+        f.write(data)
+        assert f.tell() == len(data)
+        assert f.seek(-10, os.SEEK_END) == len(data) - 10
+        assert f.read() == data[-10:]
+        assert f.read(5) == b""  # end of file
+        assert f.seek(1000) == 1000
+        assert f.seek(500, os.SEEK_CUR) == 1500
+        assert f.read(70_000) == data[1500:71_500]
+        with pytest.raises(OSError) as negative:
+            f.seek(-1)
+        assert negative.value.errno == errno.EINVAL
+        with pytest.raises(ValueError):
+            f.seek(0, 7)
+        f.seek(len(data) + 100)
+        f.write(b"tail")  # a hole before it reads as zeros
+        assert f.pread(104, len(data)) == bytes(100) + b"tail"
+        f.seek(0)
+        assert f.readall() == data + bytes(100) + b"tail"
+    assert f.closed
+    with pytest.raises(ValueError):
+        f.read()
+    f.close()  # idempotent
+
+
+def test_positional_io_keeps_the_position(client: Client) -> None:
+    with client.open("/p.dat", "w+b") as f:
+        f.write(b"0123456789")
+        assert f.pwrite(b"AB", 2) == 2
+        assert f.pread(4, 1) == b"1AB4"
+        buf = bytearray(3)
+        assert f.preadinto(buf, 7) == 3 and buf == b"789"
+        assert f.tell() == 10
+        with pytest.raises(ValueError):
+            f.pread(1, -1)
+        with pytest.raises(ValueError):
+            f.pwrite(b"x", -1)
+
+
+def test_readinto_fills_caller_buffers_without_copies(client: Client) -> None:
+    data = data_for(2, 0, 4 * MIB)
+    with client.open("/np.dat", "wb") as f:
+        f.write(memoryview(data))
+    array = np.zeros(len(data) // 8, dtype=np.float64)
+    with client.open("/np.dat") as f:
+        assert f.readinto(array) == len(data)
+        assert f.readinto(array) == 0  # end of file
+    assert array.tobytes() == data
+    view = memoryview(bytearray(len(data) + 100))
+    with client.open("/np.dat") as f:
+        assert f.readinto(view[50:]) == len(data)
+    assert bytes(view[50 : 50 + len(data)]) == data and bytes(view[:50]) == bytes(50)
+    with client.open("/np.dat") as f, pytest.raises(TypeError):
+        f.readinto(np.zeros((4, 4))[:, 1])  # not contiguous
+
+
+def test_stdlib_layers_work_on_top(client: Client) -> None:
+    text = "línea uno\nline two\n" * 1000
+    with (
+        client.open("/t.txt", "wb") as raw,
+        io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8") as w,
+    ):
+        w.write(text)
+    with (
+        client.open("/t.txt") as raw,
+        io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8") as r,
+    ):
+        assert r.readline() == "línea uno\n"
+        assert r.read() == text[len("línea uno\n") :]
+    with client.open("/t.txt") as src, client.open("/copy.txt", "wb") as dst:
+        shutil.copyfileobj(src, dst, 4096)
+    assert client.stat("/copy.txt").st_size == len(text.encode())
+
+
+def test_truncate_through_the_handle(client: Client) -> None:
+    with client.open("/tr.dat", "w+b") as f:
+        f.write(data_for(3, 0, 200_000))
+        assert f.truncate(1000) == 1000
+        assert f.tell() == 200_000  # truncate does not move the position
+        assert f.seek(0, os.SEEK_END) == 1000
+        f.seek(500)
+        assert f.truncate() == 500
+    assert client.stat("/tr.dat").st_size == 500  # close did not regrow it
+    with client.open("/tr.dat", "r+b") as f:
+        f.truncate(70_000)
+        assert f.read() == data_for(3, 0, 500) + bytes(69_500)
+    with client.open("/tr.dat") as f, pytest.raises(io.UnsupportedOperation):
+        f.truncate(0)
+
+
+def test_namespace_calls(client: Client) -> None:
+    client.mkdir("/d")
+    for name in ("b", "a", "c"):
+        with client.open(f"/d/{name}", "x") as f:
+            f.write(name.encode())
+    client.mkdir("/d/sub")
+    assert client.listdir("/d") == ["a", "b", "c", "sub"]
+    assert client.readdir("/d") == [("a", "file"), ("b", "file"), ("c", "file"), ("sub", "dir")]
+    st = client.stat("/d/a")
+    assert stat.S_ISREG(st.st_mode) and st.is_file() and st.st_size == 1
+    assert st.st_mtime > 0 and len(st.id) == 32 and st.chunk_size == 65536
+    assert stat.S_ISDIR(client.stat("/d").st_mode)
+    client.rename("/d/a", "/d/z")
+    assert client.stat("/d/z").id == st.id and not client.exists("/d/a")
+    with pytest.raises(OSError) as full:
+        client.rmdir("/d")
+    assert full.value.errno == errno.ENOTEMPTY
+    client.truncate("/d/z", 10)
+    assert client.stat("/d/z").st_size == 10
+    for name in ("b", "c", "z"):
+        client.unlink(f"/d/{name}")
+    client.rmdir("/d/sub")
+    client.rmdir("/d")
+    assert client.listdir() == []
+    with pytest.raises(FileNotFoundError):
+        client.stat("/d")
+    with pytest.raises(OSError) as relative:
+        client.stat("relative")
+    assert relative.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as long_name:
+        client.open("/" + "n" * 256, "w")
+    assert long_name.value.errno == errno.ENAMETOOLONG
+    client.mkdir("/e")
+    with pytest.raises(IsADirectoryError):
+        client.open("/e", "w")
+    assert client.server_ids() == [0, 1]
+    assert sum(s["requests"] for s in client.server_stats()) > 0
+
+
+def test_gil_is_released_during_io(client: Client) -> None:
+    """A Python thread keeps running while another waits for a large read."""
+    size = 64 * MIB
+    with client.open("/big.dat", "wb") as f:
+        f.write(bytes(size))
+    buf = bytearray(size)
+    window: list[float] = []
+
+    def read() -> None:
+        with client.open("/big.dat") as f:
+            start = time.perf_counter()
+            assert f.readinto(buf) == size
+            window.extend([start, time.perf_counter()])
+
+    reader = threading.Thread(target=read)
+    ticks: list[float] = []
+    reader.start()
+    while reader.is_alive():
+        ticks.append(time.perf_counter())
+    reader.join()
+    start, end = window
+    inside = [t for t in ticks if start <= t <= end]
+    gaps = np.diff([start, *inside, end])
+    # With the GIL held for the whole read there would be one gap as long as the read.
+    assert gaps.max() < max(0.5 * (end - start), 0.02), (gaps.max(), end - start)
+
+
+def test_threads_with_a_shared_and_with_own_clients(
+    inproc_cluster: Callable[..., InProcessCluster],
+) -> None:
+    cluster = inproc_cluster(2)
+    errors: list[BaseException] = []
+    with Client(cluster.registry, config=cluster.config) as shared:
+
+        def work(rank: int, c: Client) -> None:
+            try:
+                path = f"/thread-{rank}.dat"
+                data = data_for(rank, 0, 3 * MIB + rank)
+                with c.open(path, "w") as f:
+                    for off in range(0, len(data), 256 * 1024):
+                        f.write(data[off : off + 256 * 1024])
+                    f.fsync()
+                with c.open(path) as f:
+                    assert f.read() == data
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        own = [Client(cluster.registry, config=cluster.config) for _ in range(2)]
+        threads = [threading.Thread(target=work, args=(r, shared)) for r in range(2)]
+        threads += [threading.Thread(target=work, args=(2 + r, own[r])) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for c in own:
+            c.close()
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
