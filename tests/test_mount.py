@@ -55,6 +55,7 @@ def run_fio(directory: Path, *args: str) -> dict:
         text=True,
         timeout=240,
         check=False,
+        cwd=directory.parent,  # fio leaves its verify state files in the working directory
     )
     assert done.returncode == 0, f"fio {args}: {done.stderr}\n{done.stdout[-2000:]}"
     report = json.loads(done.stdout[done.stdout.index("{") :])
