@@ -836,6 +836,48 @@ def meta(root: Path, quick: bool, as_json: bool, files: int | None) -> None:
     Console().print(table)
 
 
+def _run_in_scratch(
+    err: Console,
+    base: Path,
+    prefix: str,
+    quiet: bool,
+    run: Callable[[Path, str, Callable[[str], None]], dict[str, Any]],
+) -> dict[str, Any]:
+    """`run(work_dir, benchfsd, progress)` in a fresh directory under `base`, removed
+    afterwards; a failure, Ctrl-C or SIGTERM ends the command with its message. Records the
+    file system type of `base` as `data_fs`."""
+    with _failures_exit(err):
+        try:
+            benchfsd = find_benchfsd()
+        except FileNotFoundError as e:
+            raise BenchError("ENOENT", str(e)) from e
+        fs = filesystem_type(base)
+
+        def progress(message: str) -> None:
+            if not quiet:
+                err.print(f"[dim]{escape(message)}[/]")
+
+        with tempfile.TemporaryDirectory(prefix=prefix, dir=base) as work:
+            with sigterm_as_interrupt():
+                report = run(Path(work), benchfsd, progress)
+    report["data_fs"] = fs
+    return report
+
+
+def _print_ratio_cases(
+    console: Console,
+    title: str,
+    tools: tuple[str, str],
+    other_key: str,
+    cases: list[dict[str, Any]],
+) -> None:
+    """The cases' medians of the measured tool and its reference, and their ratio."""
+    table = _report_table(title, [*tools, "ratio"])
+    for c in cases:
+        table.add_row(c["name"], _fmt(c["mib_s"]), _fmt(c[other_key]), _fmt(c["ratio"], 2))
+    console.print(table)
+
+
 @main.command()
 @TMPFS_DIR_OPTION
 @click.option(
@@ -854,38 +896,30 @@ def access(
     """The FUSE mount (fio --direct=1) and the Python API against the native client."""
     from benchfs.bench.access import AccessSettings, run_access
 
-    err = Console(stderr=True)
     settings = AccessSettings.quick() if quick else AccessSettings()
     if repeats:
         settings = dataclasses.replace(settings, repeats=repeats)
     settings = dataclasses.replace(settings, mount_threads=mount_threads)
-    with _failures_exit(err):
-        try:
-            benchfsd = find_benchfsd()
-        except FileNotFoundError as e:
-            raise BenchError("ENOENT", str(e)) from e
-        fs = filesystem_type(root)
-        with tempfile.TemporaryDirectory(prefix="benchfs-access-", dir=root) as work:
-            with sigterm_as_interrupt():
-                report = run_access(
-                    Path(work),
-                    settings,
-                    benchfsd,
-                    progress=lambda m: None if as_json else err.print(f"[dim]{escape(m)}[/]"),
-                )
+    report = _run_in_scratch(
+        Console(stderr=True),
+        root,
+        "benchfs-access-",
+        as_json,
+        lambda work, benchfsd, progress: run_access(work, settings, benchfsd, progress),
+    )
     report["quick"] = quick
-    report["data_fs"] = fs
     if as_json:
         click.echo(json.dumps(report))
         return
-    table = _report_table(
-        f"benchfs-bench access: medians of {report['repeats']} (MiB/s)",
-        ["layer", "native", "ratio"],
-    )
-    for c in report["cases"]:
-        table.add_row(c["name"], _fmt(c["mib_s"]), _fmt(c["native_mib_s"]), _fmt(c["ratio"], 2))
     console = Console()
-    console.print(table)
+    _print_ratio_cases(
+        console,
+        f"benchfs-bench access: medians of {report['repeats']} (MiB/s)",
+        ("layer", "native"),
+        "native_mib_s",
+        report["cases"],
+    )
+    fs = report["data_fs"]
     lines = [
         ("servers' data", f"{report['data_dir']} ({fs})"),
         (
@@ -912,38 +946,32 @@ def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> N
     """The built-in IOR workload (2 ranks, file per process) against fio on the same disk."""
     from benchfs.bench.e2e import E2ESettings, run_e2e
 
-    err = Console(stderr=True)
     settings = E2ESettings.quick() if quick else E2ESettings()
     if repeats:
         settings = dataclasses.replace(settings, repeats=repeats)
+    err = Console(stderr=True)
     with _failures_exit(err):
-        try:
-            benchfsd = find_benchfsd()
-        except FileNotFoundError as e:
-            raise BenchError("ENOENT", str(e)) from e
         base = root if root is not None else default_root()
-        fs = filesystem_type(base)
-        with tempfile.TemporaryDirectory(prefix="benchfs-e2e-", dir=base) as work:
-            with sigterm_as_interrupt():
-                report = run_e2e(
-                    Path(work),
-                    settings,
-                    benchfsd,
-                    progress=lambda m: None if as_json else err.print(f"[dim]{escape(m)}[/]"),
-                )
+    report = _run_in_scratch(
+        err,
+        base,
+        "benchfs-e2e-",
+        as_json,
+        lambda work, benchfsd, progress: run_e2e(work, settings, benchfsd, progress),
+    )
     report["quick"] = quick
-    report["data_fs"] = fs
     if as_json:
         click.echo(json.dumps(report))
         return
-    table = _report_table(
-        f"benchfs-bench e2e: medians of {report['repeats']} (MiB/s)",
-        ["benchfs", "fio", "ratio"],
-    )
-    for c in report["cases"]:
-        table.add_row(c["name"], _fmt(c["mib_s"]), _fmt(c["fio_mib_s"]), _fmt(c["ratio"], 2))
     console = Console()
-    console.print(table)
+    _print_ratio_cases(
+        console,
+        f"benchfs-bench e2e: medians of {report['repeats']} (MiB/s)",
+        ("benchfs", "fio"),
+        "fio_mib_s",
+        report["cases"],
+    )
+    fs = report["data_fs"]
     io = f"direct_write={report['direct_write']}, direct_read={report['direct_read']}"
     lines = [
         ("data", f"{report['data_dir']} ({fs}), {io}"),

@@ -11,7 +11,6 @@ tables (or IOR's JSON with `-O summaryFormat=JSON`); see docs/workloads.md.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ from benchfs import Client, _core
 from benchfs.config import resolve_config_text
 from benchfs.results import write_json_atomic
 from benchfs.units import parse_size
+from benchfs.workloads.steps import WorkloadError, agreed_step
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -40,10 +40,6 @@ EXIT_USAGE = 2
 
 class UsageError(Exception):
     """Options IOR would reject; reported before MPI starts, exit status 2."""
-
-
-class WorkloadError(Exception):
-    """A phase failed on some rank (I/O error or data that does not verify)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -511,26 +507,9 @@ class Run:
 
     def step(self, name: str, action: Callable[[], None]) -> bool:
         """Run `action` on every rank, then agree (allgather) whether all succeeded."""
-        error = None
-        try:
-            action()
-        except Exception as e:  # every failure is reported, whatever its type
-            code = getattr(e, "errno", None)
-            error = {
-                "phase": name,
-                "type": type(e).__name__,
-                "errno": errno.errorcode.get(code) if isinstance(code, int) else None,
-                "message": str(e) if isinstance(e, WorkloadError) else f"{type(e).__name__}: {e}",
-            }
-            print(
-                f"benchfs ior: rank {self.rank}: {name} failed: {error['message']}",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.record["error"] = self.record["error"] or error
-        for r, failure in enumerate(self.comm.allgather(error)):
-            if failure is not None:
-                self.errors.append({"rank": r, **failure})
+        error, failures = agreed_step(self.comm, "ior", name, action)
+        self.record["error"] = self.record["error"] or error
+        self.errors.extend(failures)
         return not self.errors
 
     def connect(self) -> None:

@@ -14,7 +14,6 @@ workload's transfer loop, which runs in Rust. See docs/workloads.md.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import socket
 import statistics
@@ -26,6 +25,7 @@ from typing import Any
 from benchfs import Client
 from benchfs.config import resolve_config_text
 from benchfs.results import write_json_atomic
+from benchfs.workloads.steps import agreed_step
 
 EXIT_USAGE = 2
 PHASES = ("create", "stat", "read", "remove")
@@ -103,25 +103,8 @@ class Run:
         self.rates: dict[str, list[float]] = {}
 
     def step(self, name: str, action: Callable[[], None]) -> bool:
-        error = None
-        try:
-            action()
-        except Exception as e:  # every failure is reported, whatever its type
-            code = getattr(e, "errno", None)
-            error = {
-                "phase": name,
-                "type": type(e).__name__,
-                "errno": errno.errorcode.get(code) if isinstance(code, int) else None,
-                "message": f"{type(e).__name__}: {e}",
-            }
-            print(
-                f"benchfs mdtest: rank {self.rank}: {name} failed: {error['message']}",
-                file=sys.stderr,
-                flush=True,
-            )
-        for r, failure in enumerate(self.comm.allgather(error)):
-            if failure is not None:
-                self.errors.append({"rank": r, **failure})
+        _, failures = agreed_step(self.comm, "mdtest", name, action)
+        self.errors.extend(failures)
         return not self.errors
 
     def tree(self, iteration: int) -> str:

@@ -31,6 +31,7 @@ from benchfs import Client
 from benchfs.config import resolve_config_text
 from benchfs.results import write_json_atomic
 from benchfs.units import parse_size
+from benchfs.workloads.steps import agreed_step
 
 WORD = 8
 RANK_SHIFT = 40
@@ -276,26 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         The outcome is exchanged with an allgather, so every rank takes the same next step and
         no rank ever waits in a collective that another one skipped.
         """
-        error = None
-        try:
-            action()
-        except Exception as e:  # every failure is reported, whatever its type
-            code = getattr(e, "errno", None)
-            error = {
-                "phase": name,
-                "type": type(e).__name__,
-                "errno": errno.errorcode.get(code) if isinstance(code, int) else None,
-                "message": f"{type(e).__name__}: {e}",
-            }
-            print(
-                f"benchfs rw: rank {rank}: {name} failed: {error['message']}",
-                file=sys.stderr,
-                flush=True,
-            )
+        error, failures = agreed_step(comm, "rw", name, action)
+        if error is not None:
             record["error"] = error
-        for r, failure in enumerate(comm.allgather(error)):
-            if failure is not None:
-                errors.append({"rank": r, **failure})
+        errors.extend(failures)
         return not errors
 
     def timed_phase(name: str, prepare: Callable[[], None], work: Callable[[], None]) -> bool:
