@@ -7,7 +7,10 @@ its test.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -126,3 +129,24 @@ def benchfs_run_command() -> list[str]:
 
 def alive(pids: Sequence[int]) -> list[int]:
     return [p for p in pids if pid_alive(p)]
+
+
+def run_bounded(
+    cmd: list[str], timeout: float, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    """Runs `cmd` in its own process group, killed whole if it outlives `timeout`."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,  # type: ignore[call-overload]
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{shlex.join(cmd)} timed out after {timeout}s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mpi import MpiLauncher
+from conftest import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 C_DIR = ROOT / "tests" / "c"
@@ -28,28 +27,9 @@ PREFIX = Path(sys.prefix)
 MIB = 1 << 20
 
 
-def run(cmd: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """Runs `cmd` in its own process group, killed whole if it outlives `timeout`."""
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **kwargs,  # type: ignore[call-overload]
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{shlex.join(cmd)} timed out after {timeout}s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def pkg_config(*args: str) -> list[str]:
     env = {**os.environ, "PKG_CONFIG_PATH": str(PREFIX / "lib" / "pkgconfig")}
-    out = run(["pkg-config", *args, "benchfs"], timeout=30, env=env)
+    out = run_bounded(["pkg-config", *args, "benchfs"], timeout=30, env=env)
     assert out.returncode == 0, (
         f"benchfs.pc not found in {PREFIX}/lib/pkgconfig (make build installs it): {out.stderr}"
     )
@@ -57,7 +37,7 @@ def pkg_config(*args: str) -> list[str]:
 
 
 def compile_c(*cmd: str) -> None:
-    out = run(list(cmd), timeout=120)
+    out = run_bounded(list(cmd), timeout=120)
     assert out.returncode == 0, f"{shlex.join(cmd)}\n{out.stdout}{out.stderr}"
 
 
@@ -88,7 +68,7 @@ def test_installed_files_match_the_tree() -> None:
     assert pkg_config("--cflags") == [f"-I{PREFIX / 'include'}"]
     # The header declares exactly what the library exports.
     declared = set(re.findall(r"^\S.*?\b(benchfs_\w+)\(", header.read_text(), re.M))
-    nm = run(["nm", "-D", "--defined-only", str(libdir / "libbenchfs.so")], timeout=30)
+    nm = run_bounded(["nm", "-D", "--defined-only", str(libdir / "libbenchfs.so")], timeout=30)
     exported = {line.split()[-1] for line in nm.stdout.splitlines()}
     assert declared == exported
     assert len(declared) == 17
@@ -100,7 +80,7 @@ def test_header_is_strict_c99_and_errors_without_a_cluster(
 ) -> None:
     registry = tmp_path / "empty-registry"
     registry.mkdir()
-    out = run([str(programs["header_check"]), str(registry)], timeout=30)
+    out = run_bounded([str(programs["header_check"]), str(registry)], timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^header_check: OK \(libbenchfs \d+\.\d+\.\d+\)$", out.stdout, re.M)
 
@@ -121,7 +101,7 @@ def test_mpi_ranks_drive_the_library_like_ior(
         ranks,
         [str(programs["mpi_test"]), str(cluster.registry_dir), str(cluster.config_path), "ior"],
     )
-    out = run(cmd, timeout=150, env=env)
+    out = run_bounded(cmd, timeout=150, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     for r in range(ranks):
         assert re.search(rf"^rank {r}: ok \(\d+ bytes verified\)$", out.stdout, re.M), out.stdout
@@ -141,7 +121,7 @@ def test_mpi_program_reports_failures(programs: dict[str, Path], tmp_path: Path)
     cmd, env = mpi_command(
         2, [str(programs["mpi_test"]), str(registry), str(tmp_path / "missing.toml")]
     )
-    out = run(cmd, timeout=45, env=env)
+    out = run_bounded(cmd, timeout=45, env=env)
     assert out.returncode != 0
     assert "FAIL" in out.stderr and "No such file or directory" in out.stderr, out.stderr
 
@@ -177,7 +157,7 @@ def test_ior_backend_called_like_ior_and_mdtest(
     # 65536 is the servers' chunk size (TEST_OVERRIDES in conftest.py).
     argv = [str(driver), str(cluster.registry_dir), str(cluster.config_path), "65536", "2"]
     cmd, env = mpi_command(2, argv)
-    out = run(cmd, timeout=150, env=env)
+    out = run_bounded(cmd, timeout=150, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ior_driver: OK" in out.stdout
 
@@ -199,9 +179,9 @@ def test_docs_example_runs(tmp_path: Path, daemon_cluster: Callable[..., LocalCl
     cluster = daemon_cluster(2)
     # The example passes no config file: $BENCHFS_CONFIG gives it the servers' settings.
     env = {**os.environ, "BENCHFS_CONFIG": str(cluster.config_path)}
-    out = run([str(exe), str(cluster.registry_dir)], timeout=60, env=env)
+    out = run_bounded([str(exe), str(cluster.registry_dir)], timeout=60, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "read 13 bytes: hello from C" in out.stdout
     assert "over 2 servers" in out.stdout and "  data.bin\n" in out.stdout
     # Everything it made is gone again.
-    assert run([str(exe), str(cluster.registry_dir)], timeout=60, env=env).returncode == 0
+    assert run_bounded([str(exe), str(cluster.registry_dir)], timeout=60, env=env).returncode == 0

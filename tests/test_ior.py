@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from benchfs.mpi import MpiLauncher
 from benchfs.parsers import parse_ior_json, parse_ior_text
 from benchfs.results import read_json
 from benchfs.workloads import ior
-from conftest import benchfs_run_command
+from conftest import benchfs_run_command, run_bounded
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -33,21 +32,7 @@ def run_ior(
     argv += ["--registry", str(cluster.registry_dir), "--config", str(cluster.config_path)]
     if out is not None:
         argv += ["--out", str(out)]
-    proc = subprocess.Popen(
-        launcher.command(ranks, argv),
-        env=launcher.env(child_env()),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"the IOR workload hung: {args}\n{stdout}\n{stderr}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return run_bounded(launcher.command(ranks, argv), 60, env=launcher.env(child_env()))
 
 
 def rows_by(rows: list, kind: str, op: str) -> list:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +14,7 @@ from benchfs.cluster import LocalCluster, child_env
 from benchfs.mpi import MpiLauncher
 from benchfs.results import read_json
 from benchfs.workloads.mdtest import contents
-from conftest import benchfs_run_command
+from conftest import benchfs_run_command, run_bounded
 
 RANKS = 3
 
@@ -28,21 +26,7 @@ def run_mdtest(cluster: LocalCluster | None, args: list[str], registry: Path | N
         argv += ["--registry", str(cluster.registry_dir), "--config", str(cluster.config_path)]
     else:
         argv += ["--registry", str(registry)]
-    proc = subprocess.Popen(
-        launcher.command(RANKS, argv),
-        env=launcher.env(child_env()),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"mdtest hung: {args}\n{stdout}\n{stderr}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return run_bounded(launcher.command(RANKS, argv), 60, env=launcher.env(child_env()))
 
 
 @pytest.mark.timeout(120)
