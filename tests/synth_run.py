@@ -87,10 +87,10 @@ def make_run(
     )
     end = T0 + (snapshots + 1) * SECOND
     manifest = {
-        "schema_version": 1,
+        "schema_version": 2,
         "mode": "local",
-        "started_at": iso(T0),
-        "finished_at": iso(end),
+        "started": iso(T0),
+        "finished": iso(end),
         "membership": [{"id": i, "node": s.node} for i, s in servers.items()],
         "workload": workload or {"ranks": 2, "write_mib_s": 100.0, "read_mib_s": 90.0},
         "outcome": {"status": "ok", "code": None, "message": None, "exit_code": 0},

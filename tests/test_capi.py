@@ -7,6 +7,7 @@ call it. Neither is a real IOR build: IOR is not installed here (docs/ior.md).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -18,7 +19,7 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mpi import MpiLauncher
-from conftest import run_bounded
+from conftest import benchfs_run_command, run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 C_DIR = ROOT / "tests" / "c"
@@ -185,3 +186,32 @@ def test_docs_example_runs(tmp_path: Path, daemon_cluster: Callable[..., LocalCl
     assert "over 2 servers" in out.stdout and "  data.bin\n" in out.stdout
     # Everything it made is gone again.
     assert run_bounded([str(exe), str(cluster.registry_dir)], timeout=60, env=env).returncode == 0
+
+
+@pytest.mark.timeout(150)
+def test_pipeline_runs_a_c_program_through_the_library(
+    programs: dict[str, Path], tmp_path: Path
+) -> None:
+    """`benchfs-run local --workload command --via capi`: the pipeline hands a C program the
+    cluster (BENCHFS_REGISTRY, BENCHFS_CONFIG, the library path) and runs it as the ranks."""
+    command = f"{programs['mpi_test']} {{registry}} {{config}} pipeline"
+    result = run_bounded(
+        [
+            *benchfs_run_command(),
+            "local",
+            "--clients=2",
+            "--workload=command",
+            "--via=capi",
+            f"--command={command}",
+            f"--results-root={tmp_path}",
+            "--no-analysis",
+            "--json",
+        ],
+        timeout=140,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "ok" and report["workload"] == "command"
+    log = (Path(report["results_dir"]) / "workload" / "output.log").read_text()
+    assert "benchfs_mpi_test: OK ranks=2" in log

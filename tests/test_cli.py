@@ -81,15 +81,28 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
 
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["outcome"] == {"status": "ok", "code": None, "message": None, "exit_code": 0}
-    assert manifest["benchfs_version"] == __version__
-    assert manifest["config_sha256"] == config_hash(text)
+    assert manifest["versions"]["benchfs"] == __version__
+    assert set(manifest["versions"]) >= {"benchfs", "ucx", "mpi", "kernel", "fio", "sysstat"}
+    assert manifest["versions"]["fio"].startswith("fio-")
+    assert manifest["config_hash"] == config_hash(text)
+    assert manifest["config"]["run"]["servers"] == 3
     assert manifest["mode"] == "local"
     assert manifest["excluded"] == []
     assert [m["id"] for m in manifest["membership"]] == [0, 1, 2]
     assert [m["node"] for m in manifest["membership"]] == ["local-0", "local-1", "local-2"]
     assert {"start_servers", "wait_servers", "workload", "total"} <= set(manifest["timings_s"])
     assert manifest["workload"]["verified"] is True
-    assert any(arg.endswith("benchfs-run") or arg == "local" for arg in manifest["command"])
+    own = manifest["commands"][0]
+    assert own["what"] == "benchfs-run"
+    assert any(arg.endswith("benchfs-run") or arg == "local" for arg in own["argv"])
+    assert [c["what"] for c in manifest["commands"][1:]] == ["workload", "analysis"]
+    # iostat ran on every node, into the documented place, and was stopped.
+    captures = [p for p in manifest["processes"] if p["role"] == "iostat"]
+    assert sorted(p["node"] for p in captures) == ["local-0", "local-1", "local-2"]
+    assert all((run_dir / "iostat" / f"{p['node']}.json").exists() for p in captures)
+    assert all(p["exit_status"] is not None for p in captures)
+    assert manifest["analysis"]["exit_status"] == 0
+    assert (run_dir / "analysis" / "report.html").exists()
     daemons = [p for p in manifest["processes"] if p["role"] == "benchfsd"]
     assert [d["exit_status"] for d in daemons] == [0, 0, 0]
     assert alive(started_pids(manifest)) == []
@@ -102,7 +115,8 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
     # Clean shutdown removed every registry entry; the data directories are gone.
     assert list((run_dir / "registry").iterdir()) == []
     assert manifest["data_kept"] is False
-    assert not Path(manifest["scratch_dir"]).exists()
+    assert sorted(manifest["scratch_dirs"]) == ["local-0", "local-1", "local-2"]
+    assert not any(Path(d).exists() for d in manifest["scratch_dirs"].values())
 
 
 @pytest.mark.timeout(120)
@@ -126,9 +140,9 @@ def test_local_table_output_and_keep_data(tmp_path: Path) -> None:
     assert str(run_dir) in result.stdout.replace("\n", "")
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["data_kept"] is True
-    kept = Path(manifest["scratch_dir"])
-    assert kept.parent == scratch
-    assert sorted(p.name for p in kept.iterdir()) == ["server-0", "server-1"]
+    kept = [Path(manifest["scratch_dirs"][f"local-{i}"]) for i in range(2)]
+    assert all(k.parent == scratch for k in kept)
+    assert [sorted(p.name for p in k.iterdir()) for k in kept] == [["server-0"], ["server-1"]]
 
 
 @pytest.mark.timeout(60)

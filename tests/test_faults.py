@@ -198,9 +198,10 @@ def test_run_with_server_killed_fails_and_leaves_no_process(tmp_path: Path) -> N
     assert manifest["outcome"]["code"] == "EHOSTDOWN"
     assert [e["kind"] for e in manifest["events"]][:2] == ["fault-injection", "server-died"]
     roles = [p["role"] for p in manifest["processes"]]
-    assert roles.count("benchfsd") == 2 and "mpiexec" in roles
+    assert roles.count("benchfsd") == 2 and "workload" in roles
     assert alive(_started_pids(manifest)) == []
-    assert not Path(manifest["scratch_dir"]).exists()
+    assert manifest["scratch_dirs"]
+    assert not any(Path(d).exists() for d in manifest["scratch_dirs"].values())
 
 
 @pytest.mark.timeout(120)
@@ -219,7 +220,7 @@ def test_run_interrupted_tears_down(tmp_path: Path) -> None:
         manifest_path = None
         while time.monotonic() < deadline:
             found = list(results.glob("*/manifest.json"))
-            if found and any(p["role"] == "mpiexec" for p in read_json(found[0])["processes"]):
+            if found and any(p["role"] == "workload" for p in read_json(found[0])["processes"]):
                 manifest_path = found[0]
                 break
             time.sleep(0.1)
@@ -250,7 +251,7 @@ def test_run_timeout_stops_the_workload_and_its_ranks(tmp_path: Path) -> None:
     assert report["code"] == "ETIMEDOUT"
     assert "--timeout 1.5" in report["message"]
     manifest = read_json(Path(report["results_dir"]) / "manifest.json")
-    (mpiexec,) = [p for p in manifest["processes"] if p["role"] == "mpiexec"]
+    (mpiexec,) = [p for p in manifest["processes"] if p["role"] == "workload"]
     assert mpiexec["children"], "the ranks under mpiexec were not recorded"
     assert alive(_started_pids(manifest)) == []
     assert manifest["timings_s"]["workload"] < 15

@@ -102,13 +102,21 @@ def test_submit_runs_a_real_slurm_job(slurm: LocalSlurm, tmp_path: Path) -> None
     # Inside the allocation: the nodes file of the allocation, then the pipeline's results.
     nodes = load_nodes(job_dir_path / "nodes.toml")
     assert [n.host for n in nodes] == [slurm.host]
-    runs = sorted(job_dir_path.glob("*-local-*"))
+    runs = sorted(job_dir_path.glob("*-srun-*"))
     assert len(runs) == 1, output
     manifest = read_json(runs[0] / "manifest.json")
     assert manifest["outcome"]["status"] == "ok", manifest["outcome"]
     assert manifest["workload"]["verified"] is True
     assert manifest["workload"]["bytes"] == 2 * (1 << 20)
     assert f"job {job_id.group(1)}" in output
+    # The pipeline ran through srun: servers and the workload were job steps on the node.
+    assert manifest["launcher"]["name"] == "srun"
+    assert manifest["nodes"][0]["host"] == slurm.host
+    servers = [p for p in manifest["processes"] if p["role"] == "benchfsd"]
+    assert len(servers) == 2 and all(p["argv"][0].endswith("srun") for p in servers)
+    workload = next(c for c in manifest["commands"] if c["what"] == "workload")
+    assert workload["argv"][0].endswith("srun") and "--mpi=pmix" in workload["argv"]
+    assert (runs[0] / "iostat" / f"{slurm.host}.json").exists()
     # The run stopped every process it started (inside the job, so checked here).
     assert alive([p["pid"] for p in manifest["processes"]]) == []
     assert time.monotonic() - start < 60
@@ -392,14 +400,14 @@ def test_cancelled_job_tears_down_the_pipeline(slurm: LocalSlurm, tmp_path: Path
     deadline = time.monotonic() + 40
     manifest_path = None
     while time.monotonic() < deadline:
-        found = list(job_dir.glob("*-local-*/manifest.json"))
+        found = list(job_dir.glob("*-srun-*/manifest.json"))
         if found:
             manifest_path = found[0]
             try:
                 manifest = read_json(manifest_path)
             except ValueError:
                 manifest = {}
-            if any(p.get("role") == "mpiexec" for p in manifest.get("processes", [])):
+            if any(p.get("role") == "workload" for p in manifest.get("processes", [])):
                 break
         time.sleep(0.2)
     else:
@@ -414,9 +422,11 @@ def test_cancelled_job_tears_down_the_pipeline(slurm: LocalSlurm, tmp_path: Path
     output = "\n".join(p.read_text() for p in job_dir.glob("job-*.out"))
     assert manifest["outcome"]["status"] == "interrupted", output
     assert "benchfs job: terminated; stopping the pipeline" in output
-    assert manifest["finished_at"] is not None, output
+    assert manifest["finished"] is not None, output
     started = [p["pid"] for p in manifest["processes"]] + [
         c for p in manifest["processes"] for c in p.get("children", [])
     ]
     assert alive(started) == []
-    assert not Path(manifest["scratch_dir"]).exists(), "node-local data left behind"
+    assert manifest["scratch_dirs"]
+    left = [d for d in manifest["scratch_dirs"].values() if Path(d).exists()]
+    assert left == [], "node-local data left behind"

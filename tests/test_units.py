@@ -80,7 +80,11 @@ def test_run_dir_layout(tmp_path: Path) -> None:
 
 def test_manifest_is_written_atomically_and_complete(tmp_path: Path) -> None:
     run_dir = create_run_dir(tmp_path, "local")
-    manifest = Manifest(mode="local", command=["benchfs-run", "local"], benchfs_version="0.1.0")
+    manifest = Manifest(
+        mode="local",
+        commands=[{"what": "benchfs-run", "argv": ["benchfs-run", "local"]}],
+        versions={"benchfs": "0.1.0"},
+    )
     with manifest.phase("wait_servers"):
         pass
     with pytest.raises(RuntimeError), manifest.phase("workload"):
@@ -91,23 +95,24 @@ def test_manifest_is_written_atomically_and_complete(tmp_path: Path) -> None:
     data = read_json(run_dir.manifest_path)
     assert set(data) >= {
         "schema_version",
-        "benchfs_version",
-        "command",
+        "versions",
+        "commands",
         "hostname",
         "nodes",
         "excluded",
-        "config_sha256",
+        "config",
+        "config_hash",
         "timings_s",
         "membership",
         "processes",
         "outcome",
-        "started_at",
-        "finished_at",
+        "started",
+        "finished",
     }
     assert set(data["timings_s"]) == {"wait_servers", "workload"}
     assert data["outcome"]["code"] == "EHOSTDOWN"
     assert data["events"][0]["server_id"] == 1
-    assert data["finished_at"].endswith("Z")
+    assert data["finished"].endswith("Z")
     # No temporary files are left next to it.
     assert sorted(p.name for p in run_dir.path.iterdir()) == [
         "manifest.json",

@@ -32,8 +32,8 @@ NODES_ARGS=(nodes --from-allocation --scratch "$SCRATCH" --output "$JOB_DIR/node
 for host in "${EXCLUDED_HOSTS[@]}"; do NODES_ARGS+=(--exclude "$host"); done
 "$BENCHFS_RUN" "${NODES_ARGS[@]}" || { echo "benchfs job: cannot write nodes.toml" >&2; exit 1; }
 
-# The pipeline. Only this line changes when the multi-node launcher arrives.
-PIPELINE=("$BENCHFS_RUN" local)
+# The pipeline on the allocation's nodes, through the scheduler's launcher.
+PIPELINE=("$BENCHFS_RUN" local --nodes-file "$JOB_DIR/nodes.toml" --launcher "$LAUNCHER")
 "${PIPELINE[@]}" @{pipeline_args} --results-root "$JOB_DIR" &
 CHILD=$!
 wait "$CHILD"

@@ -9,6 +9,7 @@
 #PBS -e @{job_dir}/job.err
 @{directives}
 SCHEDULER=nqsv
+LAUNCHER=mpiexec  # the pipeline places processes on the nodes with mpiexec
 # NQSV names each of the request's batch jobs <index>:<request id>; only job 0 runs the pipeline.
 case "${PBS_JOBID:-}" in
   *:*) if [ "${PBS_JOBID%%:*}" != "0" ]; then exit 0; fi ;;

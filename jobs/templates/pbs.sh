@@ -10,5 +10,6 @@
 #PBS -o @{job_dir}/job.out
 @{directives}
 SCHEDULER=pbs
+LAUNCHER=mpiexec  # the pipeline places processes on the nodes with mpiexec
 @{nodefile}
 @{body}

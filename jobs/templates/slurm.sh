@@ -6,4 +6,5 @@
 @{directives}
 # Excluded hosts (benchfs-diagnose) are left out by Slurm itself, through --exclude above.
 SCHEDULER=slurm
+LAUNCHER=srun  # the pipeline starts servers and ranks as job steps
 @{body}

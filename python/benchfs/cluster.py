@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from benchfs.procs import pid_alive, stop_process, tail
 __all__ = ["Daemon", "LocalCluster", "ServerExited", "child_env", "find_benchfsd"]
 
 NODE_ENV = "BENCHFS_NODE_NAME"
+Spawn = Callable[[Sequence[str], Path], tuple["subprocess.Popen[bytes]", list[str]]]
+"""Starts argv with output to a log file; returns the process and the command it ran."""
 WAIT_SLICE_S = 0.2
 """How often membership waiting stops to check that no daemon has died meanwhile."""
 
@@ -120,15 +122,17 @@ class LocalCluster:
         log_path: Path,
         node: str,
         prefix: Sequence[str] = (),
+        spawn: Spawn | None = None,
     ) -> Daemon:
         """Start one daemon; it registers itself once it serves (see `wait_ready`).
 
         `prefix` is the node's command prefix (nodes file): e.g. `ip netns exec n1`, under
         which the daemon runs (the prefix must exec the daemon, so that its PID is ours).
+        `spawn(argv, log)` starts it elsewhere instead (a launcher of benchfs.launch: mpiexec
+        or srun onto the node's host, which then owns the prefix and creates nothing here);
+        the process it returns is what `stop` signals.
         """
-        data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
-            *prefix,
             self.benchfsd,
             "--registry",
             str(self.registry_dir),
@@ -142,15 +146,20 @@ class LocalCluster:
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
         argv += list(self.extra_args)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(node),
-                start_new_session=True,
-            )
+        if spawn is not None:
+            proc, argv = spawn(argv, log_path)
+        else:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            argv = [*prefix, *argv]
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_env(node),
+                    start_new_session=True,
+                )
         daemon = Daemon(server_id, node, data_dir, log_path, argv, proc)
         self.daemons.append(daemon)
         return daemon
@@ -191,15 +200,16 @@ class LocalCluster:
             daemon.proc.send_signal(sig)
         return daemon
 
-    def stop(self, grace_s: float = 10.0) -> dict[int, int]:
-        """SIGTERM every daemon, SIGKILL those still alive after `grace_s`; return exit codes.
+    def stop(self, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> dict[int, int]:
+        """Send `sig` (SIGTERM; srun needs SIGUSR1, which it forwards) to every daemon, SIGKILL
+        those still alive after `grace_s`; return exit codes.
 
         The daemons are signalled together and then waited for, so stopping N of them takes
         one grace period, not N.
         """
         for daemon in self.daemons:
             if daemon.running():
-                daemon.proc.send_signal(signal.SIGTERM)
+                daemon.proc.send_signal(sig)
         deadline = time.monotonic() + grace_s
         codes: dict[int, int] = {}
         for daemon in self.daemons:

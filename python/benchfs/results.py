@@ -40,7 +40,7 @@ __all__ = [
     "write_text_atomic",
 ]
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2
 """Bumped whenever a manifest field changes meaning or disappears."""
 
 MANIFEST_NAME = "manifest.json"
@@ -88,6 +88,11 @@ class RunDir:
     def config_path(self) -> Path:
         """The effective configuration (TOML) that every process of the run was given."""
         return self.path / CONFIG_NAME
+
+    @property
+    def nodes_path(self) -> Path:
+        """The nodes the run used (a nodes file, after exclusions and screening)."""
+        return self.path / "nodes.toml"
 
     @property
     def servers_dir(self) -> Path:
@@ -259,18 +264,25 @@ def create_screen_dir(root: str | os.PathLike[str], now: datetime | None = None)
 class Manifest:
     """Contents of manifest.json: everything needed to interpret a run without its author.
 
-    `excluded` has the one node-exclusion shape ({"host": str, "reasons": [str]}); `outcome`
-    is {"status": "running"|"ok"|"failed"|"interrupted", "code": errno-like name or None,
-    "message": str or None, "exit_code": int or None}.
+    `versions`: BenchFS, UCX, MPI, kernel, fio, sysstat, Python (None where absent).
+    `commands`: [{"what", "argv"}], the pipeline's own command line first. `nodes`: the nodes
+    used, with the servers and ranks each ran. `excluded` has the one node-exclusion shape
+    ({"host": str, "reasons": [str]}, plus the node's name). `config`: the effective
+    configuration (also config.toml), `config_hash` its SHA-256. `processes`: every process the
+    run started, with its exit status. `outcome` is {"status": "running"|"ok"|"failed"|
+    "interrupted", "code": errno-like name or None, "message": str or None, "exit_code": int or
+    None}.
     """
 
     mode: str
-    command: list[str]
-    benchfs_version: str
+    commands: list[dict[str, Any]]
+    versions: dict[str, Any]
     hostname: str = field(default_factory=socket.gethostname)
-    started_at: str = field(default_factory=utc_now)
-    finished_at: str | None = None
-    config_sha256: str = ""
+    started: str = field(default_factory=utc_now)
+    finished: str | None = None
+    launcher: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    config_hash: str = ""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     excluded: list[dict[str, Any]] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -278,8 +290,10 @@ class Manifest:
     processes: list[dict[str, Any]] = field(default_factory=list)
     workload: dict[str, Any] | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
-    scratch_dir: str | None = None
+    scratch_dirs: dict[str, str] = field(default_factory=dict)
+    """Node name -> the job's node-local directory (deleted at the end unless data_kept)."""
     data_kept: bool = False
+    analysis: dict[str, Any] | None = None
     outcome: dict[str, Any] = field(
         default_factory=lambda: {
             "status": "running",
@@ -304,7 +318,7 @@ class Manifest:
         self.events.append({"time": utc_now(), "kind": kind, "message": message, **details})
 
     def finish(self, status: str, code: str | None, message: str | None, exit_code: int) -> None:
-        self.finished_at = utc_now()
+        self.finished = utc_now()
         self.outcome = {"status": status, "code": code, "message": message, "exit_code": exit_code}
 
     def to_dict(self) -> dict[str, Any]:

@@ -248,8 +248,8 @@ def run_sweep(
     config: str | None = None,
     timeout_s: float = 300.0,
 ) -> SweepOutcome:
-    """Run every point and repetition with `LocalRun`; stop early only on Ctrl-C/SIGTERM."""
-    from benchfs.cli.run import LocalRun, LocalRunSpec
+    """Run every point and repetition with the pipeline; stop early only on Ctrl-C/SIGTERM."""
+    from benchfs.pipeline import Pipeline, RunSpec
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     root = Path(results_root)
@@ -271,7 +271,7 @@ def run_sweep(
                 f"{point.servers} servers, {point.clients} clients, repetition {rep}"
             )
             progress(label)
-            spec = LocalRunSpec(
+            spec = RunSpec(
                 servers=point.servers,
                 clients=point.clients,
                 file_size=point.block_size,
@@ -282,7 +282,7 @@ def run_sweep(
                 timeout_s=timeout_s,
             )
             command = [*sys.argv, f"# point {point.index} repetition {rep}"]
-            report = LocalRun(spec, command, lambda m: progress(f"  {m}")).execute()
+            report = Pipeline(spec, command, lambda m: progress(f"  {m}")).execute()
             data = report.to_json()
             row = _row(point, rep, data["outcome"], data["code"], data, data["results_dir"])
             outcome.rows.append(row)

@@ -39,6 +39,7 @@ __all__ = [
     "RECORD_DTYPE_V2",
     "TRACE_DTYPE",
     "Telemetry",
+    "TelemetryFollower",
     "TelemetryFormatError",
     "bucket_bounds",
     "histogram_quantile",
@@ -868,3 +869,86 @@ def load_trace(path: str | os.PathLike[str]) -> pd.DataFrame | None:
         for i in infos
     ]
     return df
+
+
+class TelemetryFollower:
+    """Bytes the servers have moved so far, read incrementally from their telemetry files.
+
+    For live progress during a run: each `poll` reads only what the servers appended since the
+    last one (so a long run costs the same per poll as a short one) and sums, over every
+    server worker's latest complete snapshot, the `bytes` counter of `write` and `read`.
+    Files that are not (yet) readable server telemetry are skipped, never an error.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._files: dict[Path, _Followed] = {}
+
+    def poll(self) -> dict[str, int]:
+        """{"write": bytes, "read": bytes} summed over every server worker so far."""
+        for path in self.directory.glob(TELEMETRY_PATTERN):
+            if path not in self._files:
+                followed = _Followed.open(path)
+                if followed is None:
+                    continue
+                self._files[path] = followed
+        totals = {"write": 0, "read": 0}
+        for followed in self._files.values():
+            followed.advance()
+            for op, value in followed.latest.items():
+                totals[op] += value
+        return totals
+
+
+@dataclass
+class _Followed:
+    """One server telemetry file being followed: where its next snapshot starts."""
+
+    path: Path
+    offset: int
+    metric: int
+    ops: dict[int, str]
+    latest: dict[str, int]
+
+    @classmethod
+    def open(cls, path: Path) -> _Followed | None:
+        try:
+            with open(path, "rb") as f:
+                preamble = f.read(PREAMBLE_SIZE)
+                if len(preamble) < PREAMBLE_SIZE or preamble[:8] != MAGIC:
+                    return None
+                version, header_len = struct.unpack_from("<II", preamble, 8)
+                header = json.loads(f.read(header_len))
+            header = _check_header(path, header, version)
+        except (OSError, ValueError, TelemetryFormatError):
+            return None  # being created, or not server telemetry: look again next poll
+        if header["source"] != "server":
+            return None
+        metric = next((m["id"] for m in header["metrics"] if m["name"] == "bytes"), None)
+        if metric is None:
+            return None
+        ops = {i: op for i, op in enumerate(header["ops"]) if op in ("write", "read")}
+        latest = dict.fromkeys(ops.values(), 0)
+        return cls(path, PREAMBLE_SIZE + header_len, metric, ops, latest)
+
+    def advance(self) -> None:
+        """Read the complete snapshots appended since the last call; keep the last one's bytes."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        usable = len(data) - len(data) % RECORD_SIZE
+        records = np.frombuffer(data, dtype=RECORD_DTYPE, count=usable // RECORD_SIZE)
+        ends = np.flatnonzero(records["metric"] == END_METRIC)
+        if not ends.size:
+            return
+        complete = records[: int(ends[-1])]
+        # Counters are cumulative and records in time order: the last one per op wins.
+        chosen = complete[(complete["metric"] == self.metric) & (complete["bucket"] == BUCKET_NONE)]
+        for op_index, value in zip(chosen["op"], chosen["value"], strict=True):
+            op = self.ops.get(int(op_index))
+            if op is not None:
+                self.latest[op] = int(value)
+        self.offset += (int(ends[-1]) + 1) * RECORD_SIZE

@@ -121,7 +121,7 @@ def summary(run: Run, tables: Tables) -> dict[str, Any]:
         "mode": m.get("mode"),
         "outcome": (m.get("outcome") or {}).get("status"),
         "outcome_code": (m.get("outcome") or {}).get("code"),
-        "started_at": m.get("started_at"),
+        "started_at": m.get("started") or m.get("started_at"),
         "duration_s": (end - start).total_seconds()
         if start is not None and end is not None
         else None,

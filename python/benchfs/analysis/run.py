@@ -78,10 +78,13 @@ class Run:
         """Start and end of the run (UTC): the manifest's times, else the telemetry's."""
         start = end = None
         m = self.manifest or {}
-        if m.get("started_at"):
-            start = pd.Timestamp(m["started_at"])
-        if m.get("finished_at"):
-            end = pd.Timestamp(m["finished_at"])
+        # Schema 2 says started/finished; schema 1 (older results) started_at/finished_at.
+        began = m.get("started") or m.get("started_at")
+        ended = m.get("finished") or m.get("finished_at")
+        if began:
+            start = pd.Timestamp(began)
+        if ended:
+            end = pd.Timestamp(ended)
         if self.telemetry is not None and len(self.telemetry.counters):
             t = self.telemetry.counters["t"]
             start = start or t.min()

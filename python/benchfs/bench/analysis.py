@@ -143,8 +143,8 @@ def generate_run(root: Path, records: int, servers: int = 16, seed: int = 9) -> 
     per = np.full(servers, records // servers)
     per[: records % servers] += 1
     manifest = {
-        "schema_version": 1, "mode": "local",
-        "started_at": "2027-01-01T00:00:00.000Z", "finished_at": "2027-01-01T00:01:00.000Z",
+        "schema_version": 2, "mode": "local",
+        "started": "2027-01-01T00:00:00.000Z", "finished": "2027-01-01T00:01:00.000Z",
         "membership": [{"id": s, "node": f"bnode{s:03d}"} for s in range(servers)],
         "workload": None, "outcome": {"status": "ok", "code": None, "message": None},
     }  # fmt: skip

@@ -1,11 +1,12 @@
 //! `benchfsd`: one BenchFS chunk server. Registers in the registry directory once it serves,
-//! removes its entry and exits 0 on SIGTERM or SIGINT.
+//! removes its entry and exits 0 on SIGTERM, SIGINT or SIGUSR1 (SIGUSR1 because srun forwards
+//! it to its tasks, while a SIGTERM to srun kills the job step outright).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 use benchfs_core::config;
@@ -47,8 +48,8 @@ fn run(args: Args) -> Result<(), String> {
         .node
         .or_else(|| std::env::var("BENCHFS_NODE_NAME").ok())
         .unwrap_or_default();
-    let mut signals =
-        Signals::new([SIGTERM, SIGINT]).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGUSR1])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let id = args.id;
     let opts = ServerOptions {
         id,

@@ -1,0 +1,137 @@
+"""How `benchfs-run` shows a run while it happens: a live rich display on a terminal, plain
+lines otherwise (logs, CI, batch jobs), nothing with --json."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from benchfs.pipeline import ProgressSink
+from benchfs.units import format_size
+
+__all__ = ["LiveProgress", "PlainProgress", "make_progress"]
+
+PLAIN_EVERY_S = 10.0
+"""Plain output prints bytes and bandwidth at most this often (phase changes at once)."""
+MIB = 1 << 20
+
+
+class _Rates:
+    """Bytes moved so far and the bandwidth since the previous sample."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.read = 0
+        self.write_mib_s = 0.0
+        self.read_mib_s = 0.0
+        self._last: tuple[float, int, int] | None = None
+
+    def update(self, written: int, read: int) -> None:
+        now = time.monotonic()
+        if self._last is not None:
+            t, w, r = self._last
+            dt = now - t
+            if dt > 0:
+                self.write_mib_s = max(0, written - w) / dt / MIB
+                self.read_mib_s = max(0, read - r) / dt / MIB
+        self._last = (now, written, read)
+        self.written, self.read = written, read
+
+
+class PlainProgress(ProgressSink):
+    """One line per message and phase, and a bytes/bandwidth line every PLAIN_EVERY_S."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.start = time.monotonic()
+        self.current = "setup"
+        self.rates = _Rates()
+        self._next_line = 0.0
+
+    def _line(self, text: str) -> None:
+        elapsed = time.monotonic() - self.start
+        self.console.print(
+            f"[dim]benchfs-run {elapsed:6.1f}s:[/] {escape(text)}", highlight=False, soft_wrap=True
+        )
+
+    def phase(self, name: str) -> None:
+        if name != self.current:
+            self.current = name
+            self._line(f"phase {name}")
+
+    def message(self, text: str) -> None:
+        self._line(text)
+
+    def moved(self, written: int, read: int) -> None:
+        changed = (written, read) != (self.rates.written, self.rates.read)
+        self.rates.update(written, read)
+        now = time.monotonic()
+        if changed and now >= self._next_line:
+            self._next_line = now + PLAIN_EVERY_S
+            r = self.rates
+            self._line(
+                f"{self.current}: written {format_size(r.written)} ({r.write_mib_s:.0f} MiB/s), "
+                f"read {format_size(r.read)} ({r.read_mib_s:.0f} MiB/s)"
+            )
+
+
+class LiveProgress(ProgressSink):
+    """A live panel (phase, elapsed time, bytes moved, current bandwidth) under the messages."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.start = time.monotonic()
+        self.current = "setup"
+        self.rates = _Rates()
+        self.live = Live(
+            self._render(),
+            console=console,
+            transient=True,
+            auto_refresh=True,
+            refresh_per_second=4,
+            get_renderable=self._render,
+        )
+        self.live.start()
+
+    def _render(self) -> Group:
+        r = self.rates
+        table = Table.grid(padding=(0, 2))
+        table.add_row(
+            Text("phase", style="bold"),
+            Text(self.current, style="cyan"),
+            Text("elapsed", style="bold"),
+            Text(f"{time.monotonic() - self.start:.1f} s"),
+        )
+        table.add_row(
+            Text("written", style="bold"),
+            Text(f"{format_size(r.written)}  {r.write_mib_s:8.1f} MiB/s"),
+            Text("read", style="bold"),
+            Text(f"{format_size(r.read)}  {r.read_mib_s:8.1f} MiB/s"),
+        )
+        return Group(table)
+
+    def phase(self, name: str) -> None:
+        self.current = name
+
+    def message(self, text: str) -> None:
+        self.live.console.print(f"[dim]benchfs-run:[/] {escape(text)}", highlight=False)
+
+    def moved(self, written: int, read: int) -> None:
+        self.rates.update(written, read)
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def make_progress(as_json: bool, console: Console) -> ProgressSink:
+    """Live on a terminal, plain lines elsewhere, silent for --json."""
+    if as_json:
+        return ProgressSink()
+    if console.is_terminal:
+        return LiveProgress(console)
+    return PlainProgress(console)

@@ -1,0 +1,83 @@
+"""`python -m benchfs.rankexec PLAN -- ARGV...`: become one rank of a launched job.
+
+The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "cpus", "mount"}, ...]}`, one
+entry per rank) and launches every rank through this module with mpiexec or srun. Each rank
+finds its entry from the launcher's rank variable, sets BENCHFS_NODE_NAME (the node its
+telemetry and logs name), BENCHFS_MOUNT and the CPU affinity, replaces `{mount}`, `{rank}`,
+`{node}`, `{registry}` and `{config}` in ARGV, and execs ARGV under the node's prefix: the rank
+keeps its pid, so the launcher's signals reach the real program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["RANK_VARIABLES", "rank_argv", "rank_from_env"]
+
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+"""Where Open MPI, PMIx launchers, MPICH (Hydra) and srun put the rank, in that order."""
+
+
+def rank_from_env(env: Mapping[str, str]) -> int:
+    for name in RANK_VARIABLES:
+        value = env.get(name)
+        if value is not None and value.isdigit():
+            return int(value)
+    raise ValueError(f"no rank in the environment (looked for {', '.join(RANK_VARIABLES)})")
+
+
+def rank_argv(
+    entry: Mapping[str, Any], argv: Sequence[str], rank: int, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """ARGV with the placeholders filled, under the entry's prefix: `{mount}`, `{rank}`,
+    `{node}`, and `{registry}`/`{config}` (BENCHFS_REGISTRY/BENCHFS_CONFIG, for programs that
+    take them as arguments)."""
+    env = env or {}
+    values = {"{mount}": entry.get("mount") or "", "{rank}": str(rank), "{node}": entry["node"]}
+    values["{registry}"] = env.get("BENCHFS_REGISTRY", "")
+    values["{config}"] = env.get("BENCHFS_CONFIG", "")
+    filled = []
+    for arg in argv:
+        for key, value in values.items():
+            arg = arg.replace(key, value)
+        filled.append(arg)
+    return [*entry.get("prefix", []), *filled]
+
+
+def main(args: Sequence[str]) -> int:
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m benchfs.rankexec PLAN -- ARGV...", file=sys.stderr)
+        return 2
+    try:
+        with open(args[0], encoding="utf-8") as f:
+            plan = json.load(f)
+        rank = rank_from_env(os.environ)
+        entry = plan["ranks"][rank]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        print(f"benchfs.rankexec: cannot find this rank's entry in {args[0]}: {e}", file=sys.stderr)
+        return 2
+    os.environ["BENCHFS_NODE_NAME"] = entry["node"]
+    if entry.get("mount"):
+        os.environ["BENCHFS_MOUNT"] = entry["mount"]
+    cpus = entry.get("cpus")
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as e:
+            print(f"benchfs.rankexec: rank {rank}: cannot pin to CPUs {cpus}: {e}", file=sys.stderr)
+            return 2
+    argv = rank_argv(entry, args[2:], rank, os.environ)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        print(f"benchfs.rankexec: rank {rank}: cannot run {argv[0]}: {e}", file=sys.stderr)
+        return 127
+    return 0  # not reached: exec replaced this process
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
