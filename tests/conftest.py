@@ -150,3 +150,31 @@ def run_bounded(
         out, err = proc.communicate()
         pytest.fail(f"{shlex.join(cmd)} timed out after {timeout}s:\n{out}\n{err}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def interrupt_once_the_workload_runs(
+    proc: subprocess.Popen[str], results: Path, delay_s: float = 0.0, timeout_s: float = 60.0
+) -> tuple[Path, str, str]:
+    """Wait (bounded) until a `benchfs-run` writing under `results` records its workload
+    process, then Ctrl-C it; returns (manifest path, stdout, stderr). Kills it on failure."""
+    import time
+
+    from benchfs.results import read_json
+
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = list(results.glob("*/manifest.json"))
+            if found and any(p["role"] == "workload" for p in read_json(found[0])["processes"]):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the workload never started")
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        return found[0], out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

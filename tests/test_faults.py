@@ -15,7 +15,14 @@ import pytest
 
 from benchfs import Client, Server, _core
 from benchfs.results import read_json
-from conftest import MIB, alive, benchfs_run_command, config_text, data_for
+from conftest import (
+    MIB,
+    alive,
+    benchfs_run_command,
+    config_text,
+    data_for,
+    interrupt_once_the_workload_runs,
+)
 
 
 @pytest.mark.timeout(60)
@@ -215,22 +222,7 @@ def test_run_interrupted_tears_down(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
     )
-    try:
-        deadline = time.monotonic() + 60
-        manifest_path = None
-        while time.monotonic() < deadline:
-            found = list(results.glob("*/manifest.json"))
-            if found and any(p["role"] == "workload" for p in read_json(found[0])["processes"]):
-                manifest_path = found[0]
-                break
-            time.sleep(0.1)
-        assert manifest_path is not None, "the workload never started"
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    manifest_path, stdout, stderr = interrupt_once_the_workload_runs(proc, results)
     assert proc.returncode == 130, stdout + stderr
     report = json.loads(stdout)
     assert (report["outcome"], report["code"]) == ("interrupted", "EINTR")

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from benchfs.pipeline import apply_exclusions, plan_layout
 from benchfs.rankexec import rank_argv, rank_from_env
 from benchfs.results import read_json
 from benchfs.telemetry import TelemetryFollower
-from conftest import alive, benchfs_run_command
+from conftest import alive, benchfs_run_command, interrupt_once_the_workload_runs
 from tel_writer import TelWriter
 
 
@@ -255,22 +253,7 @@ def test_ctrl_c_with_mpiexec_leaves_no_process_and_no_data(tmp_path: Path) -> No
         text=True,
         cwd=tmp_path,
     )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            found = list(results.glob("*/manifest.json"))
-            if found and any(p["role"] == "workload" for p in read_json(found[0])["processes"]):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the workload never started")
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _, out, err = interrupt_once_the_workload_runs(proc, results, delay_s=1.0)
     assert proc.returncode == 130, out + err
     report = json.loads(out)
     assert report["code"] == "EINTR"
@@ -323,8 +306,45 @@ def test_bad_pipeline_input_is_a_usage_error(tmp_path: Path) -> None:
         (["--server-nodes=3", f"--nodes-file={nodes_file}"], "the run has 2 nodes"),
         (["--workload=command"], "--command"),
         (["--launcher=srun"], "Slurm allocation"),
+        (["--servers-per-node=2"], "--nodes-file"),
     ]
     for args, message in cases:
         result = run_cli(["local", f"--results-root={tmp_path / 'r'}", *args], cwd=tmp_path)
         assert result.returncode == 2, (args, result.stdout + result.stderr)
         assert message in result.stderr, (args, result.stderr)
+
+
+@pytest.mark.timeout(200)
+def test_screen_first_then_run_on_the_nodes_it_kept(tmp_path: Path) -> None:
+    """--screen runs benchfs-diagnose on the nodes; the run uses exactly the nodes it kept
+    (on one shared disk the screen may well call one of them slow: either way it must agree)."""
+    nodes_file, nodes = sim_nodes(tmp_path, 2)
+    result = run_cli(
+        [
+            "local",
+            f"--nodes-file={nodes_file}",
+            "--screen",
+            # One shared disk under two nodes' probes is slow for both: no absolute flag.
+            "--screen-args=--quick --no-network --set diagnose.r_await_ms=100000",
+            "--file-size=1M",
+            f"--results-root={tmp_path / 'results'}",
+            "--no-analysis",
+            "--json",
+        ],
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = Path(json.loads(result.stdout)["results_dir"])
+    manifest = read_json(run_dir / "manifest.json")
+    screen = read_json(run_dir / "diagnose" / "screen.json")
+    assert sorted(n["name"] for n in screen["nodes"]) == ["n1", "n2"]
+    excluded_hosts = {e["host"] for e in screen["excluded"]}
+    assert {e["host"] for e in manifest["excluded"]} == excluded_hosts
+    used = {n["name"] for n in manifest["nodes"]}
+    assert used == {n.name for n in nodes if n.host not in excluded_hosts}
+    assert manifest["timings_s"]["screen"] > 0
+    assert any(c["what"] == "screen" for c in manifest["commands"])
+    assert alive(started_pids(manifest)) == []
+    for node in nodes:
+        assert list(Path(node.scratch).iterdir()) == [], f"data left on {node.name}"

@@ -570,6 +570,13 @@ class Pipeline:
     def _layout(self, nodes: list[Node], run: dict[str, Any]) -> Layout:
         spec = self.spec
         simulated = spec.nodes_file is None
+        if simulated and (spec.server_nodes or spec.servers_per_node or spec.clients_per_node):
+            raise RunError(
+                "EINVAL",
+                "--server-nodes, --servers-per-node and --clients-per-node place processes on "
+                "the nodes of --nodes-file (without one: --servers and --clients)",
+                EXIT_USAGE,
+            )
         try:
             return plan_layout(
                 nodes,
