@@ -38,14 +38,20 @@ def started_pids(manifest: dict[str, Any]) -> list[int]:
     ]
 
 
-def sim_nodes(tmp_path: Path, count: int, host: str | None = None) -> tuple[Path, list[Node]]:
+def sim_nodes(
+    tmp_path: Path,
+    count: int,
+    host: str | None = None,
+    prefixes: dict[int, tuple[str, ...]] | None = None,
+) -> tuple[Path, list[Node]]:
     """`count` simulated nodes with their own scratch; hosts are labels unless `host` is given
-    (mpiexec needs a real host name to place processes)."""
+    (mpiexec needs a real host name to place processes); node i runs under prefixes[i]."""
     nodes = []
     for i in range(1, count + 1):
         scratch = tmp_path / f"scratch-n{i}"
         scratch.mkdir()
-        nodes.append(Node(f"n{i}", host or f"sim{i}", str(scratch)))
+        prefix = (prefixes or {}).get(i, ())
+        nodes.append(Node(f"n{i}", host or f"sim{i}", str(scratch), prefix=prefix))
     path = tmp_path / "nodes.toml"
     write_nodes(path, nodes)
     return path, nodes
@@ -149,7 +155,8 @@ def test_telemetry_follower_reads_only_complete_snapshots(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(150)
 def test_exclusion_removes_a_simulated_node(tmp_path: Path) -> None:
-    nodes_file, nodes = sim_nodes(tmp_path, 3)
+    # n3's processes run under a command prefix (as under `ip netns exec` or a cgroup).
+    nodes_file, nodes = sim_nodes(tmp_path, 3, prefixes={3: ("nice", "-n", "1")})
     write_exclusions(tmp_path, [Exclusion("sim2", ("fio randread 12 MiB/s < 50% of median",))])
     result = run_cli(
         [
@@ -181,7 +188,8 @@ def test_exclusion_removes_a_simulated_node(tmp_path: Path) -> None:
     assert [r["node"] for r in ranks] == ["n1", "n1", "n3", "n3"]
     assert all(r["cpus"] is not None for r in ranks)
     servers = [p for p in manifest["processes"] if p["role"] == "benchfsd"]
-    assert all(p["argv"][0] == "taskset" for p in servers)
+    assert [p["argv"][0] for p in servers] == ["taskset", "nice"]
+    assert servers[1]["argv"][3] == "taskset"
     assert sorted(p.name for p in (run_dir / "iostat").iterdir()) == ["n1.json", "n3.json"]
     # The excluded node was never touched; the others' job data is gone.
     assert list(Path(nodes[1].scratch).iterdir()) == []
