@@ -356,3 +356,31 @@ def test_screen_first_then_run_on_the_nodes_it_kept(tmp_path: Path) -> None:
     assert alive(started_pids(manifest)) == []
     for node in nodes:
         assert list(Path(node.scratch).iterdir()) == [], f"data left on {node.name}"
+
+
+@pytest.mark.timeout(150)
+def test_server_crash_under_mpiexec_fails_cleanly(tmp_path: Path) -> None:
+    """A server SIGKILLed mid-run (with the mpiexec that launched it): the run fails with
+    EHOSTDOWN, and still stops everything and deletes every node's data."""
+    nodes_file, nodes = sim_nodes(tmp_path, 2, host=this_host())
+    result = run_cli(
+        [
+            "local",
+            "--launcher=mpiexec",
+            f"--nodes-file={nodes_file}",
+            "--file-size=1G",
+            "--set=client.request_timeout_s=2.0",
+            "--kill-server-after=1.0",
+            f"--results-root={tmp_path / 'results'}",
+            "--json",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["code"] == "EHOSTDOWN", report
+    manifest = read_json(Path(report["results_dir"]) / "manifest.json")
+    assert [e["kind"] for e in manifest["events"]][:2] == ["fault-injection", "server-died"]
+    assert alive(started_pids(manifest)) == []
+    for node in nodes:
+        assert list(Path(node.scratch).iterdir()) == [], f"data left on {node.name}"
