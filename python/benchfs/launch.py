@@ -77,6 +77,8 @@ class Launcher:
     name = "base"
     stop_signal: int = signal.SIGTERM
     """What asks a process started by `spawn` to stop (forwarded by mpiexec to the process)."""
+    interrupt_signal: int = signal.SIGINT
+    """What asks iostat to stop and close its JSON document."""
 
     def node_command(self, node: Node, argv: Sequence[str]) -> list[str]:
         """The local command that runs `argv` (under the node's prefix) on `node`."""
@@ -201,8 +203,10 @@ class SrunLauncher(Launcher):
 
     name = "srun"
     stop_signal = signal.SIGUSR1
-    """srun kills its step outright on SIGTERM but forwards SIGUSR1 to the tasks (benchfsd
-    stops cleanly on it)."""
+    interrupt_signal = signal.SIGUSR1
+    """srun kills its step outright on SIGTERM and only reports status on a first SIGINT, but
+    forwards SIGUSR1 to the tasks: benchfsd and benchfs-mount stop cleanly on it, iostat ends
+    (its JSON then stays unclosed, which the reader accepts)."""
 
     def __init__(self, srun: str | None = None, mpi_plugin: str = "pmix") -> None:
         found = srun or shutil.which("srun")

@@ -793,10 +793,11 @@ class Pipeline:
 
     def _stop_iostat(self) -> None:
         """SIGINT, so that iostat closes its JSON document; then the usual bounded stop."""
+        sig = self.launcher.interrupt_signal if self.launcher else signal.SIGINT
         for started in self.captures:
             if started.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    started.proc.send_signal(signal.SIGINT)
+                    started.proc.send_signal(sig)
         for started in self.captures:
             children = descendants(started.proc.pid)
             started.record["exit_status"] = stop_process(started.proc, 5.0, sig=None)
@@ -897,7 +898,10 @@ class Pipeline:
     def _unmount(self) -> None:
         for started in self.mounts:
             children = descendants(started.proc.pid)
-            started.record["exit_status"] = stop_process(started.proc, SERVER_STOP_GRACE_S)
+            stop = self.launcher.stop_signal if self.launcher else signal.SIGTERM
+            started.record["exit_status"] = stop_process(
+                started.proc, SERVER_STOP_GRACE_S, sig=stop
+            )
             kill_pids(children, 2.0)
             node = started.node
             if node is not None:

@@ -11,9 +11,11 @@ directory given, not tmpfs), and per case two tools moving the same bytes:
   write, storage.direct_read for the read); bandwidth is fio's aggregate.
 
 Cases: 1 MiB and 4 MiB transfers over the default chunk size, and 2 MiB transfers over 1 MiB
-chunks (`client.chunk_size=1M`), each written then read. Repeats are interleaved
-(`benchfs.bench.stats.interleave`), the page cache is dropped before every write and read
-(`drop_caches`, as the storage bench does), and the report gives medians.
+chunks, each written then read. A file's layout (its chunk size) is set by the servers when it
+is created, so the 1 MiB-chunk case has its own 2-server cluster started with
+`client.chunk_size=1M` (a client's setting alone would not change the layout). Repeats are
+interleaved (`benchfs.bench.stats.interleave`), the page cache is dropped before every write
+and read (`drop_caches`, as the storage bench does), and the report gives medians.
 """
 
 from __future__ import annotations
@@ -78,24 +80,22 @@ class E2ESettings:
 
 
 class E2EBench:
-    """The cluster, its two client configurations and the fio directory of one run."""
+    """The clusters (one per chunk size; None: the configuration's) and the fio directory of
+    one run."""
 
-    def __init__(self, root: Path, settings: E2ESettings, cluster: Cluster) -> None:
+    def __init__(
+        self, root: Path, settings: E2ESettings, clusters: dict[int | None, Cluster]
+    ) -> None:
         self.root = root
         self.settings = settings
-        self.cluster = cluster
+        self.clusters = clusters
         storage = load_config()["storage"]
         self.direct = {"write": bool(storage["direct_write"]), "read": bool(storage["direct_read"])}
         self.fio = find_fio()
         self.fio_dir = root / "fio"
         self.fio_dir.mkdir()
         self.launcher = MpiLauncher()
-        self.configs: dict[int | None, Path] = {None: cluster.config_path}
-        for g in GEOMETRIES:
-            if g.chunk is not None and g.chunk not in self.configs:
-                path = root / f"client-chunk{g.chunk}.toml"
-                path.write_text(cluster.config_text([f"client.chunk_size={g.chunk}"]))
-                self.configs[g.chunk] = path
+        self.configs: dict[int | None, Path] = {k: c.config_path for k, c in clusters.items()}
         self.cache_dropped = True
 
     def drop(self) -> None:
@@ -112,7 +112,8 @@ class E2EBench:
             "-w" if direction == "write" else "-r",
             *("-F", "-k", "-t", str(g.transfer), "-b", str(self.settings.block_size)),
             *("-o", f"/e2e-{g.name}", "--json", str(out)),
-            *("--registry", str(self.cluster.registry), "--config", str(self.configs[g.chunk])),
+            *("--registry", str(self.clusters[g.chunk].registry)),
+            *("--config", str(self.configs[g.chunk])),
         ]
         cmd = self.launcher.command(RANKS, argv)
         proc = subprocess.Popen(
@@ -174,7 +175,8 @@ class E2EBench:
     def remove_benchfs_files(self, g: Geometry) -> None:
         from benchfs import Client
 
-        with Client(self.cluster.registry, config=self.cluster.config_path.read_text()) as c:
+        cluster = self.clusters[g.chunk]
+        with Client(cluster.registry, config=cluster.config_path.read_text()) as c:
             for rank in range(RANKS):
                 c.unlink(f"/e2e-{g.name}.{rank:08d}")
 
@@ -196,25 +198,35 @@ def run_e2e(
     benchfsd: str,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Starts the cluster, runs the interleaved schedule, stops everything."""
+    """Starts the clusters, runs the interleaved schedule, stops everything."""
     storage = load_config()["storage"]
     # The servers' I/O mode is the configuration's (not the tmpfs benches' buffered override).
     overrides = [
         f"storage.direct_write={str(bool(storage['direct_write'])).lower()}",
         f"storage.direct_read={str(bool(storage['direct_read'])).lower()}",
     ]
-    cluster = Cluster(root / "cluster", "e2e", 2, overrides, benchfsd)
+    clusters: dict[int | None, Cluster] = {
+        None: Cluster(root / "cluster", "e2e", 2, overrides, benchfsd)
+    }
+    for g in GEOMETRIES:
+        if g.chunk is not None and g.chunk not in clusters:
+            chunk = [*overrides, f"client.chunk_size={g.chunk}"]
+            clusters[g.chunk] = Cluster(
+                root / f"cluster-chunk{g.chunk}", f"e2e-c{g.chunk}", 2, chunk, benchfsd
+            )
     samples: dict[tuple[str, str, str], list[float]] = {}
-    cluster.start()
     try:
-        bench = E2EBench(root, settings, cluster)
+        for cluster in clusters.values():
+            cluster.start()
+        bench = E2EBench(root, settings, clusters)
         steps = interleave(list(GEOMETRIES), settings.repeats, TOOLS)
         for i, step in enumerate(steps, 1):
             progress(f"[{i}/{len(steps)}] {step.case.name} {step.tool}")
             for direction, value in bench.measure(step.case, step.tool).items():
                 samples.setdefault((step.case.name, direction, step.tool), []).append(value)
     finally:
-        cluster.stop()
+        for cluster in clusters.values():
+            cluster.stop()  # also one whose start failed half-way; a no-op if never started
     cases = []
     for g in GEOMETRIES:
         for direction in DIRECTIONS:

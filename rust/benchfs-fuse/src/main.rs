@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use fuser::{MountOption, Session, SessionUnmounter};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 use benchfs_core::config;
@@ -164,9 +164,10 @@ fn run(args: Args) -> Result<(), String> {
     let shared = Arc::new(fs::Shared::new());
     let pool = fs::Pool::start(threads, registry.clone(), &config, &shared)?;
 
-    // From here on a signal unmounts instead of killing the process.
-    let mut signals =
-        Signals::new([SIGTERM, SIGINT]).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    // From here on a signal unmounts instead of killing the process (SIGUSR1 too: it is what
+    // srun forwards to its tasks).
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGUSR1])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let mut options = fuser::Config::default();
     options.mount_options = vec![
         MountOption::FSName(format!("benchfs:{}", registry.display())),
