@@ -45,7 +45,12 @@ LAUNCHERS = ("local", "mpiexec", "srun")
 
 
 class LaunchError(RuntimeError):
-    """A launcher cannot work here (its program is missing, or it is outside an allocation)."""
+    """A launcher cannot work here: `code` ENOENT (its program is missing) or EINVAL (e.g.
+    srun outside an allocation)."""
+
+    def __init__(self, message: str, code: str = "EINVAL") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def rank_command(plan: Path, argv: Sequence[str]) -> list[str]:
@@ -146,7 +151,7 @@ class LocalLauncher(Launcher):
             try:
                 self._mpi = MpiLauncher()
             except FileNotFoundError as e:
-                raise LaunchError(str(e)) from e
+                raise LaunchError(str(e), "ENOENT") from e
         return self._mpi
 
     def node_command(self, node: Node, argv: Sequence[str]) -> list[str]:
@@ -178,7 +183,7 @@ class MpiexecLauncher(Launcher):
         try:
             self.mpi = MpiLauncher(mpiexec)
         except FileNotFoundError as e:
-            raise LaunchError(str(e)) from e
+            raise LaunchError(str(e), "ENOENT") from e
 
     def node_command(self, node: Node, argv: Sequence[str]) -> list[str]:
         return self.mpi.command(1, node.command(argv), hosts=[node.host])
@@ -211,7 +216,7 @@ class SrunLauncher(Launcher):
     def __init__(self, srun: str | None = None, mpi_plugin: str = "pmix") -> None:
         found = srun or shutil.which("srun")
         if found is None:
-            raise LaunchError("srun not found on PATH: the srun launcher needs Slurm")
+            raise LaunchError("srun not found on PATH: the srun launcher needs Slurm", "ENOENT")
         if not (os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")):
             raise LaunchError(
                 "the srun launcher runs inside a Slurm allocation (SLURM_JOB_ID is unset); "

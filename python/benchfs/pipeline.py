@@ -410,7 +410,8 @@ class Pipeline:
         """Node name -> (node, its job directory), created on the node; deleted at the end."""
         self.captures: list[_Started] = []
         self.mounts: list[_Started] = []
-        self.server_children: list[int] = []
+        self.server_children: dict[int, list[int]] = {}
+        """Per daemon (launcher) pid, the pids found under it once the membership was full."""
         self.killed_server: int | None = None
 
     # The pipeline, step by step.
@@ -463,7 +464,7 @@ class Pipeline:
         try:
             self.launcher = make_launcher(spec.launcher, spec.mpiexec)
         except LaunchError as e:
-            raise RunError("ENOENT" if "not found" in str(e) else "EINVAL", str(e), 2) from e
+            raise RunError(e.code, str(e), EXIT_USAGE) from e
 
         run_dir = create_run_dir(run["results_root"], spec.launcher)
         self.report.run_dir = run_dir
@@ -829,18 +830,14 @@ class Pipeline:
             ) -> tuple[subprocess.Popen[bytes], list[str]]:
                 return launcher.spawn(node, [*pin, *argv], log, child_env(node.name))
 
-            self.cluster.start(
+            daemon = self.cluster.start(
                 sid,
                 self._job_dir(node) / f"server-{sid}",
                 run_dir.server_log(sid),
                 node.name,
                 spawn=spawn,
             )
-        manifest.processes.extend(d.describe() for d in self.cluster.daemons)
-        for record, daemon in zip(
-            manifest.processes[-len(self.cluster.daemons) :], self.cluster.daemons, strict=True
-        ):
-            record["host"] = next(n.host for s, n in layout.servers if s == daemon.server_id)
+            manifest.processes.append({**daemon.describe(), "host": node.host})
         manifest.write(run_dir)
 
     def _wait_servers(self, run_dir: RunDir, config: dict[str, Any]) -> None:
@@ -858,7 +855,7 @@ class Pipeline:
         # Launched through mpiexec or srun, the daemons are children of the launcher
         # processes; their pids are recorded, so teardown can reach them by pid if needed.
         for daemon in self.cluster.daemons:
-            self.server_children += descendants(daemon.pid)
+            self.server_children[daemon.pid] = descendants(daemon.pid)
         self.report.manifest.membership = membership
         self.report.manifest.write(run_dir)
 
@@ -969,7 +966,7 @@ class Pipeline:
                 env,
             )
         except LaunchError as e:
-            raise RunError("ENOENT", str(e)) from e
+            raise RunError(e.code, str(e)) from e
         manifest.commands.append({"what": "workload", "argv": cmd})
         record: dict[str, Any] = {"role": "workload", "pid": proc.pid, "argv": cmd}
         manifest.processes.append(record)
@@ -1099,7 +1096,8 @@ class Pipeline:
                 self.progress.message("stopping servers")
             stop = self.launcher.stop_signal if self.launcher else signal.SIGTERM
             codes = self.cluster.stop(SERVER_STOP_GRACE_S, stop)
-            survivors = kill_pids(self.server_children, 2.0)
+            children = [pid for pids in self.server_children.values() for pid in pids]
+            survivors = kill_pids(children, 2.0)
             if survivors and manifest is not None:
                 manifest.event("leftover", f"server processes outlived SIGKILL: {survivors}")
             unclean = {
@@ -1112,7 +1110,7 @@ class Pipeline:
                 for record in manifest.processes:
                     if record.get("role") == "benchfsd" and record["pid"] in daemons:
                         record["exit_status"] = daemons[record["pid"]].proc.returncode
-                        record["children"] = [p for p in self.server_children]
+                        record["children"] = self.server_children.get(record["pid"], [])
             if unclean and self.report.error is None:
                 sid, code = next(iter(unclean.items()))
                 log = next(d.log_path for d in self.cluster.daemons if d.server_id == sid)
