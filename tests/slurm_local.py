@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -45,17 +46,25 @@ def _which(name: str) -> str:
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports that were free a moment ago (bound together, then released)."""
-    socks = []
+    """n distinct TCP ports that were free a moment ago, chosen below the kernel's ephemeral
+    range: a port the kernel handed out (bind to 0) can be handed out again to an outgoing
+    connection (srun, the previous test's daemons) before slurmctld binds it."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = random.sample(range(10000, max(10000 + 4 * n, low)), k=min(200, low - 10000))
+    found: list[int] = []
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return found
+    raise SlurmError(f"no {n} free ports below {low}")
 
 
 class SlurmError(RuntimeError):
