@@ -95,6 +95,9 @@ def test_layout_rejects_what_does_not_fit(kwargs: dict[str, int], message: str) 
     args = {"servers": None, "clients": None, **kwargs}
     with pytest.raises(ValueError, match=message):
         plan_layout(nodes_named("a", "b", "c", "d"), **args)
+
+
+def test_layout_needs_nodes() -> None:
     with pytest.raises(ValueError, match="no nodes"):
         plan_layout([], None, None)
 

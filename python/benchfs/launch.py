@@ -62,16 +62,14 @@ def _base_env(base: Mapping[str, str] | None) -> dict[str, str]:
     return dict(base) if base is not None else child_env()
 
 
-def _popen(
-    argv: Sequence[str], log: Path, env: Mapping[str, str] | None
-) -> subprocess.Popen[bytes]:
+def _popen(argv: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_base_env(env),
+            env=env,
             start_new_session=True,
         )
 
@@ -93,12 +91,14 @@ class Launcher:
         """The local command that runs `len(hosts)` ranks of `argv`, rank i on hosts[i]."""
         raise NotImplementedError
 
-    def env(
-        self, base: Mapping[str, str] | None = None, hosts: Sequence[str] = ()
-    ) -> dict[str, str]:
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of the launcher's commands: `base` as given (the caller chose it),
         else child_env()."""
         return _base_env(base)
+
+    def ranks_env(self, env: dict[str, str], hosts: Sequence[str], log: Path) -> dict[str, str]:
+        """What an MPI job needs on top of `env` (nothing by default)."""
+        return env
 
     def spawn(
         self, node: Node, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
@@ -128,7 +128,7 @@ class Launcher:
         env: Mapping[str, str] | None = None,
     ) -> tuple[subprocess.Popen[bytes], list[str]]:
         cmd = self.ranks_command(hosts, argv)
-        return _popen(cmd, log, self.env(env, hosts)), cmd
+        return _popen(cmd, log, self.ranks_env(self.env(env), hosts, log)), cmd
 
     def describe(self) -> dict[str, Any]:
         """What the manifest records about the launcher."""
@@ -160,11 +160,8 @@ class LocalLauncher(Launcher):
     def ranks_command(self, hosts: Sequence[str], argv: Sequence[str]) -> list[str]:
         return self.mpi.command(len(hosts), argv)
 
-    def env(
-        self, base: Mapping[str, str] | None = None, hosts: Sequence[str] = ()
-    ) -> dict[str, str]:
-        env = _base_env(base)
-        return self.mpi.env(env) if hosts else env
+    def ranks_env(self, env: dict[str, str], hosts: Sequence[str], log: Path) -> dict[str, str]:
+        return self.mpi.env(env)
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"name": self.name}
@@ -191,9 +188,7 @@ class MpiexecLauncher(Launcher):
     def ranks_command(self, hosts: Sequence[str], argv: Sequence[str]) -> list[str]:
         return self.mpi.command(len(hosts), argv, hosts=list(hosts))
 
-    def env(
-        self, base: Mapping[str, str] | None = None, hosts: Sequence[str] = ()
-    ) -> dict[str, str]:
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         return self.mpi.env(_base_env(base))
 
     def describe(self) -> dict[str, Any]:
@@ -207,11 +202,11 @@ class SrunLauncher(Launcher):
     arbitrary distribution from a host file, so that rank i lands on hosts[i]."""
 
     name = "srun"
+    # srun kills its step outright on SIGTERM and only reports status on a first SIGINT, but
+    # forwards SIGUSR1 to the tasks: benchfsd and benchfs-mount stop cleanly on it, iostat
+    # ends (its JSON then stays unclosed, which the reader accepts).
     stop_signal = signal.SIGUSR1
     interrupt_signal = signal.SIGUSR1
-    """srun kills its step outright on SIGTERM and only reports status on a first SIGINT, but
-    forwards SIGUSR1 to the tasks: benchfsd and benchfs-mount stop cleanly on it, iostat ends
-    (its JSON then stays unclosed, which the reader accepts)."""
 
     def __init__(self, srun: str | None = None, mpi_plugin: str = "pmix") -> None:
         found = srun or shutil.which("srun")
@@ -224,7 +219,6 @@ class SrunLauncher(Launcher):
             )
         self.srun = found
         self.mpi_plugin = mpi_plugin
-        self.hostfile: Path | None = None
 
     def node_command(self, node: Node, argv: Sequence[str]) -> list[str]:
         return [
@@ -252,21 +246,12 @@ class SrunLauncher(Launcher):
             *argv,
         ]
 
-    def env(
-        self, base: Mapping[str, str] | None = None, hosts: Sequence[str] = ()
-    ) -> dict[str, str]:
-        env = _base_env(base)
-        if hosts:
-            if self.hostfile is None:
-                raise LaunchError("srun ranks need a host file: call use_hostfile first")
-            self.hostfile.write_text("".join(f"{h}\n" for h in hosts))
-            env["SLURM_HOSTFILE"] = str(self.hostfile)
-        return env
-
-    def use_hostfile(self, path: Path) -> None:
-        """Where the per-rank host list goes (SLURM_HOSTFILE); the pipeline keeps it in the
-        results directory, so that it is part of the record."""
-        self.hostfile = path
+    def ranks_env(self, env: dict[str, str], hosts: Sequence[str], log: Path) -> dict[str, str]:
+        """SLURM_HOSTFILE, one host per rank, written beside the job's log (`<log>.hosts`),
+        so that it stays part of the record."""
+        hostfile = log.with_suffix(".hosts")
+        hostfile.write_text("".join(f"{h}\n" for h in hosts))
+        return {**env, "SLURM_HOSTFILE": str(hostfile)}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "srun": self.srun, "mpi_plugin": self.mpi_plugin}

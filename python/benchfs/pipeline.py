@@ -39,7 +39,6 @@ from benchfs.config import config_hash, load_config, parse_config, resolve_confi
 from benchfs.launch import (
     Launcher,
     LaunchError,
-    SrunLauncher,
     make_launcher,
     rank_command,
     this_host,
@@ -49,6 +48,7 @@ from benchfs.procs import descendants, kill_pids, stop_process, tail
 from benchfs.results import (
     Manifest,
     RunDir,
+    ScreenDir,
     create_run_dir,
     read_json,
     write_json_atomic,
@@ -595,13 +595,15 @@ class Pipeline:
     def _screen(self, run_dir: RunDir, nodes: list[Node]) -> list[Node]:
         """Screen `nodes` with benchfs-diagnose (as a program, as a user would) and drop the
         ones it excludes; the screen's directory goes under the run's diagnose/."""
+        from benchfs.diagnose.screen import load_screen
+
         assert self.launcher is not None and self.report.manifest is not None
         manifest = self.report.manifest
         run_dir.diagnose_dir.mkdir(exist_ok=True)
         screened = run_dir.diagnose_dir / "nodes.toml"
         write_nodes(screened, nodes)
         argv = [sys.executable, "-m", "benchfs.cli.diagnose", "screen", "--nodes", str(screened)]
-        argv += ["--results-root", str(run_dir.diagnose_dir), "--json"]
+        argv += ["--results-root", str(run_dir.diagnose_dir)]
         if self.spec.config:
             argv += ["--config", self.spec.config]
         try:
@@ -610,46 +612,39 @@ class Pipeline:
             raise RunError("EINVAL", f"--screen-args: {e}", EXIT_USAGE) from e
         log = run_dir.diagnose_dir / "screen.log"
         self.progress.message(f"screening {len(nodes)} nodes with benchfs-diagnose")
-        if isinstance(self.launcher, SrunLauncher) or self.launcher.name == "mpiexec":
-            plan = self._rank_plan(run_dir, "screen", nodes)
-            cmd = self.launcher.ranks_command(
-                [n.host for n in nodes], rank_command(plan, [*argv, "--mpi"])
-            )
-            if isinstance(self.launcher, SrunLauncher):
-                self.launcher.use_hostfile(run_dir.path / "screen.hosts")
-            env = self.launcher.env(None, [n.host for n in nodes])
+        if self.launcher.name == "local":
+            # All nodes are here: one process probes them at once (network probe included).
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=child_env(), start_new_session=True,
+                )  # fmt: skip
+            cmd = argv
         else:
-            cmd, env = argv, child_env()
+            # One rank per node, each probing its own (benchfs-diagnose screen --mpi).
+            plan = self._rank_plan(run_dir, "screen", nodes)
+            hosts = [n.host for n in nodes]
+            proc, cmd = self.launcher.ranks(hosts, rank_command(plan, [*argv, "--mpi"]), log)
         manifest.commands.append({"what": "screen", "argv": cmd})
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=out,
-                env=env,
-                start_new_session=True,
-            )
-            try:
-                stdout, _ = proc.communicate(timeout=SCREEN_TIMEOUT_S)
-            except BaseException:
-                stop_process(proc, WORKLOAD_STOP_GRACE_S, group=True)
-                raise
-        record = {"role": "screen", "pid": proc.pid, "argv": cmd, "exit_status": proc.returncode}
+        record = {"role": "screen", "pid": proc.pid, "argv": cmd}
         manifest.processes.append(record)
         try:
-            result = json.loads(stdout.decode(errors="replace").strip().splitlines()[-1])
-        except (ValueError, IndexError) as e:
+            record["exit_status"] = proc.wait(timeout=SCREEN_TIMEOUT_S)
+        except BaseException:
+            record["exit_status"] = stop_process(proc, WORKLOAD_STOP_GRACE_S, group=True)
+            raise
+        try:
+            (screen_dir,) = run_dir.diagnose_dir.glob("*-screen-*")
+            screen = load_screen(screen_dir)
+        except (ValueError, FileNotFoundError) as e:
             raise RunError(
                 "EIO",
-                f"benchfs-diagnose screen gave no JSON (exit {proc.returncode}); "
+                f"benchfs-diagnose screen wrote no screen (exit {proc.returncode}); "
                 f"see {log}:\n{tail(log)}",
             ) from e
-        screen_dir = result.get("results_dir") or result.get("screen_dir")
-        if screen_dir and (Path(screen_dir) / "screen.json").exists():
-            shutil.copyfile(Path(screen_dir) / "screen.json", run_dir.prerun_screen)
+        shutil.copyfile(ScreenDir(screen_dir).screen_json, run_dir.prerun_screen)
         excluded = [
-            Exclusion(e["host"], tuple(e.get("reasons", []))) for e in result.get("excluded", [])
+            Exclusion(e["host"], tuple(e.get("reasons", []))) for e in screen.get("excluded", [])
         ]
         kept, removed = apply_exclusions(nodes, excluded)
         for entry in removed:
@@ -955,8 +950,6 @@ class Pipeline:
         self.progress.phase("workload")
         self.progress.message(f"running {len(layout.clients)} clients: {what}")
         plan = self._rank_plan(run_dir, "workload", layout.clients)
-        if isinstance(launcher, SrunLauncher):
-            launcher.use_hostfile(run_dir.path / "workload.hosts")
         env = self._command_env(run_dir) if self.spec.workload == "command" else None
         try:
             proc, cmd = launcher.ranks(

@@ -32,6 +32,7 @@ from benchfs.pipeline import (
     Pipeline,
     RunReport,
     RunSpec,
+    apply_exclusions,
 )
 from benchfs.results import write_text_atomic
 from benchfs.units import format_size, parse_size
@@ -418,26 +419,20 @@ def nodes(
     output: str | None,
 ) -> None:
     """Print (or write) the nodes file of the allocation this runs in (docs/nodes.md)."""
-    from benchfs.nodes import (
-        NodesFileError,
-        dump_nodes,
-        read_exclusions,
-    )
-    from benchfs.nodes import (
-        from_allocation as allocation_nodes,
-    )
+    from benchfs.nodes import Exclusion, NodesFileError, dump_nodes, read_exclusions
+    from benchfs.nodes import from_allocation as allocation_nodes
 
     try:
-        left_out = set(excludes)
+        left_out = [Exclusion(host) for host in excludes]
         if exclude_from:
-            left_out |= {e.host for e in read_exclusions(exclude_from)}
+            left_out += read_exclusions(exclude_from)
         found = allocation_nodes(scratch, devices)
     except (NodesFileError, FileNotFoundError) as e:
         _fail("EINVAL", str(e), EXIT_USAGE)
-    short = {h.split(".", 1)[0] for h in left_out}
-    kept = [n for n in found if n.host not in left_out and n.host.split(".", 1)[0] not in short]
+    kept, _ = apply_exclusions(found, left_out)
     if not kept:
-        _fail("EINVAL", f"every node of the allocation is excluded ({', '.join(sorted(left_out))})")
+        hosts = ", ".join(sorted({e.host for e in left_out}))
+        _fail("EINVAL", f"every node of the allocation is excluded ({hosts})")
     text = dump_nodes(kept)
     if output:
         write_text_atomic(output, text)
