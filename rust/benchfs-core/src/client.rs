@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 
-use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, Worker};
+use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, WeakWorker, Worker};
 
 use crate::chunking::{place_worker, split};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Attr, DirEntry, Kind, MetaRequest};
 use crate::placement::metadata_owner;
-use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
+use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST, NAMESPACE_ERRNOS};
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Runtime};
 use crate::telemetry::{unix_time_ns, ClientMetrics, OpKind, SnapshotWriter};
@@ -144,18 +144,6 @@ impl Drop for Attempt<'_> {
     }
 }
 
-/// The errors a metadata owner answers about a path (anything else is about the server).
-const NAMESPACE_ERRNOS: [i32; 9] = [
-    libc::ENOENT,
-    libc::EEXIST,
-    libc::EISDIR,
-    libc::ENOTDIR,
-    libc::ENOTEMPTY,
-    libc::ENAMETOOLONG,
-    libc::EINVAL,
-    libc::EBUSY,
-    libc::EXDEV,
-];
 
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).
@@ -183,9 +171,19 @@ struct Dest {
     len: usize,
 }
 
+/// Why a request ended without a usable reply.
+enum ReplyFailure {
+    /// The reply could not be decoded.
+    Malformed(String),
+    /// The connection to the server failed (UCX reported the peer gone).
+    Lost(String),
+}
+
 #[derive(Default)]
 struct PendingRpc {
-    reply: Option<std::result::Result<Header, String>>,
+    /// The (server index, worker) the request went to.
+    target: (usize, usize),
+    reply: Option<std::result::Result<Header, ReplyFailure>>,
     dest: Option<Dest>,
     /// A rendezvous receive into `dest`, started by the reply handler.
     data: Option<Request>,
@@ -194,6 +192,9 @@ struct PendingRpc {
 
 struct Shared {
     pending: RefCell<HashMap<u64, PendingRpc>>,
+    /// Targets whose connection failed, as UCX reported them from inside `progress` (read by
+    /// waiting requests even when `pending` was busy at that moment).
+    failed: RefCell<Vec<((usize, usize), String)>>,
     /// UCX operations of abandoned requests that may still touch caller memory.
     orphans: RefCell<Vec<Request>>,
     late_replies: Cell<u64>,
@@ -204,8 +205,37 @@ struct ServerLink {
     id: u32,
     /// One endpoint per server worker; `None` once force-closed.
     endpoints: Vec<Option<Endpoint>>,
-    /// Set once the server failed; later requests fail at once.
+    /// The connection id each server worker gave this client at hello.
+    conns: Vec<u32>,
+    /// Set once the server failed: requests fail at once (EHOSTDOWN) until a probe succeeds.
     lost: Option<String>,
+    probe: Probing,
+}
+
+/// Probing a lost server: hellos at intervals doubling from [`PROBE_FIRST`] to [`PROBE_MAX`].
+struct Probing {
+    next_at: Instant,
+    interval: Duration,
+    /// A probe in flight: its endpoints and hello request ids, one per server worker.
+    inflight: Option<(Vec<Endpoint>, Vec<u64>, Instant)>,
+}
+
+const PROBE_FIRST: Duration = Duration::from_millis(100);
+const PROBE_MAX: Duration = Duration::from_secs(5);
+/// How long `quiesce` waits for UCX to release caller memory after closing endpoints, before
+/// it tears the UCX worker down (which releases it for certain) and reconnects.
+const RELEASE_WAIT: Duration = Duration::from_millis(500);
+/// How long reconnecting after such a teardown may take per server.
+const RECONNECT_WAIT: Duration = Duration::from_secs(1);
+
+impl Probing {
+    fn idle() -> Probing {
+        Probing {
+            next_at: Instant::now(),
+            interval: PROBE_FIRST,
+            inflight: None,
+        }
+    }
 }
 
 /// What one client saw of one server (reported by [`Client::server_stats`]).
@@ -255,7 +285,10 @@ impl Window {
 /// A client connected to every server of the membership. Use from one thread.
 pub struct Client {
     runtime: Runtime,
-    worker: Worker,
+    /// Replaced only by [`Client::reset_transport`].
+    worker: RefCell<Worker>,
+    /// This client's worker address, sent in every hello (servers connect back to it).
+    address: RefCell<Rc<[u8]>>,
     links: RefCell<Vec<ServerLink>>,
     /// One window per (server, worker), indexed like `links[server].endpoints[worker]`.
     windows: Vec<Vec<Window>>,
@@ -272,6 +305,20 @@ pub struct Client {
 }
 
 impl Shared {
+    /// UCX reported the connection to `target` failed: requests waiting on it end now.
+    fn target_failed(&self, target: (usize, usize), reason: String) {
+        if let Ok(mut pending) = self.pending.try_borrow_mut() {
+            for p in pending.values_mut().filter(|p| p.target == target && p.reply.is_none()) {
+                p.reply = Some(Err(ReplyFailure::Lost(reason.clone())));
+                if let Some(w) = p.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+        // Also kept for requests that start waiting later (or if `pending` was busy).
+        self.failed.borrow_mut().push((target, reason));
+    }
+
     fn on_reply(&self, worker: &Worker, msg: AmMessage<'_>) -> AmVerdict {
         let header = match Header::decode(msg.header) {
             Ok(h) => h,
@@ -279,7 +326,7 @@ impl Shared {
                 self.malformed_replies.set(self.malformed_replies.get() + 1);
                 if let Some(id) = e.request_id {
                     if let Some(p) = self.pending.borrow_mut().get_mut(&id) {
-                        p.reply = Some(Err(e.reason));
+                        p.reply = Some(Err(ReplyFailure::Malformed(e.reason)));
                         if let Some(w) = p.waker.take() {
                             w.wake();
                         }
@@ -346,10 +393,11 @@ impl Drop for RpcGuard<'_> {
 struct WaitReply<'a> {
     shared: &'a Shared,
     id: u64,
+    target: (usize, usize),
 }
 
 impl std::future::Future for WaitReply<'_> {
-    type Output = std::result::Result<Header, String>;
+    type Output = std::result::Result<Header, ReplyFailure>;
 
     fn poll(
         self: std::pin::Pin<&mut Self>,
@@ -360,13 +408,41 @@ impl std::future::Future for WaitReply<'_> {
             Some(p) => match p.reply.take() {
                 Some(r) => std::task::Poll::Ready(r),
                 None => {
+                    let failed = self.shared.failed.borrow();
+                    if let Some((_, reason)) = failed.iter().find(|(t, _)| *t == self.target) {
+                        return std::task::Poll::Ready(Err(ReplyFailure::Lost(reason.clone())));
+                    }
                     p.waker = Some(cx.waker().clone());
                     std::task::Poll::Pending
                 }
             },
-            None => std::task::Poll::Ready(Err("request vanished".into())),
+            None => std::task::Poll::Ready(Err(ReplyFailure::Malformed("request vanished".into()))),
         }
     }
+}
+
+/// A UCX worker for a client: replies handled by `shared`, progressed by `runtime`'s loop.
+/// Returns it with its address (what hellos carry).
+fn make_worker(config: &Config, runtime: &Runtime, shared: &Rc<Shared>) -> Result<(Worker, Rc<[u8]>)> {
+    // Serialized, not single-threaded: a client may move between threads (never used by two
+    // at once; the front-ends serialize access).
+    let options = benchfs_ucx::WorkerOptions {
+        serialized: true,
+        ..config.network.worker_options()
+    };
+    let worker = Worker::with_options(&options)?;
+    let handler_shared = Rc::downgrade(shared);
+    // Weak: the handler lives in the worker, which a strong reference would keep alive.
+    let handler_worker: WeakWorker = worker.downgrade();
+    worker.set_am_handler(AM_REPLY, move |msg| {
+        match (handler_shared.upgrade(), handler_worker.upgrade()) {
+            (Some(s), Some(w)) => s.on_reply(&w, msg),
+            _ => AmVerdict::Done,
+        }
+    })?;
+    runtime.reactor().attach_ucx(worker.clone());
+    let address: Rc<[u8]> = worker.address()?.into();
+    Ok((worker, address))
 }
 
 impl Client {
@@ -377,47 +453,17 @@ impl Client {
         let membership = registry::wait_for(registry_dir, config.cluster.expected_servers, timeout)?;
         let token = registry::job_token(&registry::load_secret(registry_dir)?);
         let runtime = Runtime::new(config.storage.ring_entries.min(64))?;
-        // Serialized, not single-threaded: a client may move between threads (never used by
-        // two at once; the front-ends serialize access).
-        let options = benchfs_ucx::WorkerOptions {
-            serialized: true,
-            ..config.network.worker_options()
-        };
-        let worker = Worker::with_options(&options)?;
-        runtime.reactor().attach_ucx(worker.clone());
         runtime
             .reactor()
             .set_spin(Duration::from_micros(config.network.spin_us));
         let shared = Rc::new(Shared {
             pending: RefCell::new(HashMap::new()),
+            failed: RefCell::new(Vec::new()),
             orphans: RefCell::new(Vec::new()),
             late_replies: Cell::new(0),
             malformed_replies: Cell::new(0),
         });
-        let handler_shared = Rc::downgrade(&shared);
-        let handler_worker = worker.clone();
-        worker.set_am_handler(AM_REPLY, move |msg| match handler_shared.upgrade() {
-            Some(s) => s.on_reply(&handler_worker, msg),
-            None => AmVerdict::Done,
-        })?;
-        let mut links = Vec::with_capacity(membership.len());
-        for entry in &membership {
-            let mut endpoints = Vec::new();
-            for address in entry.addresses()? {
-                let endpoint = worker
-                    .connect(&address, config.network.peer_error_handling)
-                    .map_err(|e| Error::ServerLost {
-                        server: entry.id,
-                        reason: format!("cannot connect: {e}"),
-                    })?;
-                endpoints.push(Some(endpoint));
-            }
-            links.push(ServerLink {
-                id: entry.id,
-                endpoints,
-                lost: None,
-            });
-        }
+        let (worker, address) = make_worker(&config, &runtime, &shared)?;
         for (i, entry) in membership.iter().enumerate() {
             if entry.id as usize != i || entry.ucx_addresses.len() != membership[0].ucx_addresses.len() {
                 return Err(Error::Config(format!(
@@ -429,9 +475,19 @@ impl Client {
                 )));
             }
         }
-        let windows = links
+        let windows = membership
             .iter()
-            .map(|l| l.endpoints.iter().map(|_| Window::default()).collect())
+            .map(|e| e.ucx_addresses.iter().map(|_| Window::default()).collect())
+            .collect();
+        let links = membership
+            .iter()
+            .map(|e| ServerLink {
+                id: e.id,
+                endpoints: Vec::new(),
+                conns: Vec::new(),
+                lost: None,
+                probe: Probing::idle(),
+            })
             .collect();
         let counters = membership
             .iter()
@@ -441,9 +497,10 @@ impl Client {
             })
             .collect();
         let telemetry = ClientTelemetry::new(&config, &membership)?;
-        Ok(Client {
+        let client = Client {
             runtime,
-            worker,
+            worker: RefCell::new(worker),
+            address: RefCell::new(address),
             links: RefCell::new(links),
             windows,
             counters: RefCell::new(counters),
@@ -459,7 +516,188 @@ impl Client {
             config,
             token,
             telemetry,
-        })
+        };
+        let deadline = Instant::now() + timeout;
+        for index in 0..client.server_count() {
+            client.reconnect(index, deadline)?;
+        }
+        Ok(client)
+    }
+
+    /// Starts connecting to every worker of the server at `index`: endpoints, then a hello on
+    /// each (retiring `retire`, this client's earlier connections there). The hellos' replies
+    /// (each carrying a connection id) arrive like any other; see [`Self::hello_outcome`].
+    fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<(Vec<Endpoint>, Vec<u64>)> {
+        let entry = &self.membership[index];
+        let worker = self.worker.borrow().clone();
+        let address = self.address.borrow().clone();
+        let (mut endpoints, mut ids) = (Vec::new(), Vec::new());
+        for (w, server_address) in entry.addresses()?.iter().enumerate() {
+            let endpoint = worker
+                .connect(server_address, self.config.network.peer_error_handling)
+                .map_err(|e| Error::ServerLost {
+                    server: entry.id,
+                    reason: format!("cannot connect: {e}"),
+                })?;
+            let shared = Rc::downgrade(&self.shared);
+            endpoint.on_failure(move |e| {
+                if let Some(s) = shared.upgrade() {
+                    s.target_failed((index, w), e.to_string());
+                }
+            });
+            let id = self.request_id();
+            let old = retire.get(w).copied().unwrap_or(0);
+            let header = Header::request(Op::Hello, id, 0, u64::from(old), 0, address.len() as u64)
+                .with_token(self.token);
+            self.shared.pending.borrow_mut().insert(
+                id,
+                PendingRpc {
+                    target: (index, w),
+                    ..Default::default()
+                },
+            );
+            // SAFETY: the address is owned by `self.address`, replaced only after every
+            // endpoint (and so every send on one) is closed.
+            drop(unsafe { endpoint.send_am(AM_REQUEST, &header.encode(), &address, None) });
+            endpoints.push(endpoint);
+            ids.push(id);
+        }
+        Ok((endpoints, ids))
+    }
+
+    /// The outcome of hellos `ids` once every one is answered or any failed: the connection
+    /// ids, or why not. Their pending entries are removed then; `None` while waiting.
+    fn hello_outcome(&self, ids: &[u64]) -> Option<std::result::Result<Vec<u32>, String>> {
+        let mut pending = self.shared.pending.borrow_mut();
+        let mut conns = Vec::with_capacity(ids.len());
+        let mut failure = None;
+        for id in ids {
+            match pending.get(id).map(|p| &p.reply) {
+                Some(Some(Ok(h))) if h.status == 0 => conns.push(h.offset as u32),
+                Some(Some(Ok(h))) => {
+                    failure = Some(format!(
+                        "hello answered with {}",
+                        std::io::Error::from_raw_os_error(-h.status)
+                    ))
+                }
+                Some(Some(Err(ReplyFailure::Lost(r) | ReplyFailure::Malformed(r)))) => failure = Some(r.clone()),
+                Some(None) => {
+                    let failed = self.shared.failed.borrow();
+                    let target = pending.get(id).map(|p| p.target);
+                    match failed.iter().find(|(t, _)| Some(*t) == target) {
+                        Some((_, r)) => failure = Some(r.clone()),
+                        None => return None,
+                    }
+                }
+                None => failure = Some("hello vanished".into()),
+            }
+        }
+        for id in ids {
+            pending.remove(id);
+        }
+        Some(failure.map_or(Ok(conns), Err))
+    }
+
+    /// (Re)connects to the server at `index`, waiting for its hellos until `deadline`.
+    fn reconnect(&self, index: usize, deadline: Instant) -> Result<()> {
+        let server = self.membership[index].id;
+        let (endpoints, ids) = self.start_hellos(index, &[])?;
+        let reactor = self.runtime.reactor().clone();
+        let outcome = self.runtime.block_on(async {
+            loop {
+                if let Some(outcome) = self.hello_outcome(&ids) {
+                    return outcome;
+                }
+                if Instant::now() >= deadline {
+                    for id in &ids {
+                        self.shared.pending.borrow_mut().remove(id);
+                    }
+                    return Err("no answer to hello".into());
+                }
+                reactor.sleep(Duration::from_millis(1)).await;
+            }
+        })?;
+        match outcome {
+            Ok(conns) => {
+                self.admit(index, endpoints, conns);
+                Ok(())
+            }
+            Err(reason) => Err(Error::ServerLost { server, reason }),
+        }
+    }
+
+    /// Installs connections to the server at `index` and clears its lost state.
+    fn admit(&self, index: usize, endpoints: Vec<Endpoint>, conns: Vec<u32>) {
+        self.shared.failed.borrow_mut().retain(|(t, _)| t.0 != index);
+        let old = {
+            let mut links = self.links.borrow_mut();
+            let link = &mut links[index];
+            link.conns = conns;
+            link.probe = Probing::idle();
+            if link.lost.take().is_some() {
+                eprintln!("benchfs: server {} answers again: re-admitted", link.id);
+            }
+            std::mem::replace(&mut link.endpoints, endpoints.into_iter().map(Some).collect())
+        };
+        // Closing progresses UCX: done with no borrow held.
+        drop(old);
+    }
+
+    /// Advances the probes of lost servers (called as each public call starts; a client has
+    /// no thread of its own): starts a hello when one is due, re-admits a server on its answer.
+    fn poll_probes(&self) {
+        let lost: Vec<usize> = self
+            .links
+            .borrow()
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.lost.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        self.worker.borrow().progress();
+        let now = Instant::now();
+        for index in lost {
+            let inflight = self.links.borrow_mut()[index].probe.inflight.take();
+            let retry = match inflight {
+                Some((endpoints, ids, started)) => match self.hello_outcome(&ids) {
+                    Some(Ok(conns)) => {
+                        self.admit(index, endpoints, conns);
+                        continue;
+                    }
+                    None if now.saturating_duration_since(started) < PROBE_MAX => {
+                        self.links.borrow_mut()[index].probe.inflight = Some((endpoints, ids, started));
+                        continue;
+                    }
+                    _ => {
+                        for id in &ids {
+                            self.shared.pending.borrow_mut().remove(id);
+                        }
+                        drop(endpoints);
+                        true
+                    }
+                },
+                None if now >= self.links.borrow()[index].probe.next_at => {
+                    let retire = self.links.borrow()[index].conns.clone();
+                    match self.start_hellos(index, &retire) {
+                        Ok((endpoints, ids)) => {
+                            self.links.borrow_mut()[index].probe.inflight = Some((endpoints, ids, now));
+                            false
+                        }
+                        Err(_) => true,
+                    }
+                }
+                None => false,
+            };
+            if retry {
+                let mut links = self.links.borrow_mut();
+                let probe = &mut links[index].probe;
+                probe.next_at = now + probe.interval;
+                probe.interval = (probe.interval * 2).min(PROBE_MAX);
+            }
+        }
     }
 
     /// Starts timing a public call of kind `op` (see [`CallGuard`]).
@@ -491,10 +729,20 @@ impl Client {
         self.membership.len()
     }
 
+    /// Marks the server at `index` lost: requests to it fail at once (EHOSTDOWN) until a
+    /// probe gets an answer. Logged once per change of state.
     fn mark_lost(&self, index: usize, reason: String) {
         if let Some(link) = self.links.borrow_mut().get_mut(index) {
             if link.lost.is_none() {
+                eprintln!(
+                    "benchfs: server {} lost ({reason}); requests to it fail until it answers a probe",
+                    link.id
+                );
                 link.lost = Some(reason);
+                link.probe = Probing {
+                    next_at: Instant::now() + PROBE_FIRST,
+                    ..Probing::idle()
+                };
             }
         }
     }
@@ -545,6 +793,9 @@ impl Client {
             Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::DirRemove
         );
         let mut attempt = 0u32;
+        let mut busy_retries = 0u32;
+        let first_sent = Instant::now();
+        let timeout = Duration::from_secs_f64(client.request_timeout_s);
         loop {
             let attempt_header = Header {
                 request_id: self.request_id(),
@@ -572,12 +823,22 @@ impl Client {
                 self.counters.borrow_mut()[index].timeouts += 1;
                 metrics.count_timeout(index, kind);
             }
-            if let Err(Error::Remote { errno, .. }) = &result {
-                if *errno == libc::EAGAIN {
-                    metrics.count_busy(index, kind);
-                }
+            let busy = matches!(&result, Err(Error::Remote { errno, .. }) if *errno == libc::EAGAIN);
+            if busy {
+                metrics.count_busy(index, kind);
             }
             match result {
+                // EAGAIN is a refusal before execution: any request, writes too, may be sent
+                // again, until the request's own timeout has passed since its first attempt.
+                Err(_) if busy && first_sent.elapsed() < timeout => {
+                    self.counters.borrow_mut()[index].retries += 1;
+                    let ceiling = client.retry_backoff_ms.saturating_mul(1 << busy_retries.min(16));
+                    let left = timeout.saturating_sub(first_sent.elapsed());
+                    let pause = Duration::from_millis(self.jitter(ceiling)).min(left);
+                    self.runtime.reactor().sleep(pause).await;
+                    busy_retries += 1;
+                    ready = Instant::now();
+                }
                 Err(Error::Timeout { .. }) if idempotent && attempt < client.max_retries => {
                     self.counters.borrow_mut()[index].retries += 1;
                     let ceiling = client.retry_backoff_ms.saturating_mul(1 << attempt.min(16));
@@ -655,6 +916,7 @@ impl Client {
         self.shared.pending.borrow_mut().insert(
             id,
             PendingRpc {
+                target: (index, worker),
                 dest,
                 ..Default::default()
             },
@@ -674,22 +936,26 @@ impl Client {
                     reason: reason.clone(),
                 });
             }
-            let Some(ep) = link.endpoints.get(worker).and_then(|e| e.as_ref()) else {
+            let (Some(ep), Some(&conn)) = (
+                link.endpoints.get(worker).and_then(|e| e.as_ref()),
+                link.conns.get(worker),
+            ) else {
                 return Err(Error::ServerLost {
                     server: link.id,
-                    reason: "endpoint closed".into(),
+                    reason: "not connected".into(),
                 });
             };
             // SAFETY: `payload` is borrowed for this call, and the guard turns a still-running
             // send into an orphan that the public call waits for before returning.
-            let header = header.with_token(self.token);
-            guard.send = Some(unsafe { ep.send_am(AM_REQUEST, &header.encode(), payload) });
+            let header = header.with_token(self.token).on_connection(conn);
+            guard.send = Some(unsafe { ep.send_am(AM_REQUEST, &header.encode(), payload, None) });
         }
         let reactor = self.runtime.reactor().clone();
         let exchange = async {
             let reply = WaitReply {
                 shared: &self.shared,
                 id,
+                target: (index, worker),
             }
             .await;
             if let Some(send) = guard.send.as_mut() {
@@ -698,7 +964,10 @@ impl Client {
                     reason: e.to_string(),
                 })?;
             }
-            let reply = reply.map_err(Error::Protocol)?;
+            let reply = reply.map_err(|f| match f {
+                ReplyFailure::Malformed(m) => Error::Protocol(m),
+                ReplyFailure::Lost(reason) => Error::ServerLost { server, reason },
+            })?;
             let data = self
                 .shared
                 .pending
@@ -750,34 +1019,78 @@ impl Client {
     /// Runs a public operation to completion, then makes sure no UCX operation still refers
     /// to the caller's memory.
     fn run<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.poll_probes();
         let result = self.runtime.block_on(fut)?;
         self.quiesce()?;
         result
     }
 
+    /// Returns once no UCX operation refers to caller memory: closes the endpoints of lost
+    /// servers (UCX completes their operations with an error), waits a little, and if UCX
+    /// still holds caller memory (a receive from a paused server is not cancelled by closing
+    /// an endpoint), tears the UCX worker down, which ends every operation for certain, and
+    /// reconnects. Bounded; never copies data and never aborts.
     fn quiesce(&self) -> Result<()> {
-        if self.shared.orphans.borrow().iter().all(|r| r.is_done()) {
-            self.shared.orphans.borrow_mut().clear();
-            return Ok(());
-        }
-        // Force-closing the endpoints of failed servers completes their operations with errors.
-        for link in self.links.borrow_mut().iter_mut() {
-            if link.lost.is_some() {
-                link.endpoints.iter_mut().for_each(|e| *e = None);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
+        let closing: Vec<Endpoint> = self
+            .links
+            .borrow_mut()
+            .iter_mut()
+            .filter(|l| l.lost.is_some())
+            .flat_map(|l| l.endpoints.iter_mut().filter_map(Option::take).collect::<Vec<_>>())
+            .collect();
+        drop(closing);
+        let deadline = Instant::now() + RELEASE_WAIT;
+        loop {
             if self.shared.orphans.borrow().iter().all(|r| r.is_done()) {
                 self.shared.orphans.borrow_mut().clear();
                 return Ok(());
             }
-            self.worker.progress();
+            if Instant::now() >= deadline {
+                break;
+            }
+            self.worker.borrow().progress();
             std::thread::sleep(Duration::from_millis(1));
         }
-        // Last resort: UCX did not release the caller's memory; continuing would be unsound.
-        eprintln!("benchfs: UCX operations on caller memory did not finish after endpoint close; aborting");
-        std::process::abort();
+        eprintln!(
+            "benchfs: UCX still held caller memory after closing the endpoints of lost servers; \
+             rebuilding this client's UCX worker"
+        );
+        self.reset_transport()
+    }
+
+    /// Replaces the UCX worker: closes every endpoint and probe, destroys the worker (UCX then
+    /// can no longer touch any memory of an operation started on it), makes a new one and
+    /// reconnects to every server not lost (those that do not answer in time become lost).
+    fn reset_transport(&self) -> Result<()> {
+        let old: Vec<Endpoint> = self
+            .links
+            .borrow_mut()
+            .iter_mut()
+            .flat_map(|l| {
+                let mut eps: Vec<Endpoint> = l.endpoints.iter_mut().filter_map(Option::take).collect();
+                if let Some((probe, _, _)) = l.probe.inflight.take() {
+                    eps.extend(probe);
+                }
+                eps
+            })
+            .collect();
+        drop(old);
+        self.shared.pending.borrow_mut().clear();
+        self.shared.orphans.borrow_mut().clear();
+        self.shared.failed.borrow_mut().clear();
+        let (worker, address) = make_worker(&self.config, &self.runtime, &self.shared)?;
+        // The old worker's last reference: ucp_worker_destroy runs here.
+        drop(std::mem::replace(&mut *self.worker.borrow_mut(), worker));
+        *self.address.borrow_mut() = address;
+        for index in 0..self.server_count() {
+            if self.links.borrow()[index].lost.is_some() {
+                continue;
+            }
+            if let Err(e) = self.reconnect(index, Instant::now() + RECONNECT_WAIT) {
+                self.mark_lost(index, e.to_string());
+            }
+        }
+        Ok(())
     }
 
     /// One metadata request to `path`'s owner; returns the reply header and payload. A POSIX

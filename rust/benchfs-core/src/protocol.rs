@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 
 /// "BFS1" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// The largest worker address a hello may carry.
+pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
 
 /// Active-message ids: requests travel client to server, replies server to client.
@@ -24,6 +26,11 @@ pub enum Op {
     Fsync = 4,
     /// Frees the bytes of `file_id` at and beyond `length` (truncate, unlink). Op 3 is retired.
     TruncateData = 5,
+    /// Opens a connection: the payload is the client's UCX worker address, to which the
+    /// server connects back for its replies. Reply `offset`: the connection id that later
+    /// requests carry in `client`. Request `chunk`: an earlier connection id of this client
+    /// to retire (0: none).
+    Hello = 6,
     // Metadata operations: the payload is a `namespace::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute; `offset` = the
@@ -55,6 +62,7 @@ impl Op {
             2 => Some(Op::ReadChunk),
             4 => Some(Op::Fsync),
             5 => Some(Op::TruncateData),
+            6 => Some(Op::Hello),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -75,6 +83,7 @@ impl Op {
             Op::ReadChunk => "read_chunk",
             Op::Fsync => "fsync",
             Op::TruncateData => "truncate_data",
+            Op::Hello => "hello",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -89,11 +98,12 @@ impl Op {
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 15] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
         Op::TruncateData,
+        Op::Hello,
         Op::Create,
         Op::Stat,
         Op::Unlink,
@@ -117,6 +127,8 @@ pub struct Header {
     pub op: Op,
     /// 0 or a negative errno (replies only).
     pub status: i32,
+    /// The connection the server gave this client at hello (requests; replies echo it).
+    pub client: u32,
     /// Unique per client; a reply carries its request's id.
     pub request_id: u64,
     pub file_id: u128,
@@ -133,6 +145,8 @@ pub struct Header {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeError {
     pub request_id: Option<u64>,
+    /// The sender's connection id, when readable (the server answers on that connection).
+    pub client: Option<u32>,
     pub reason: String,
 }
 
@@ -163,6 +177,7 @@ impl Header {
         Header {
             op,
             status: 0,
+            client: 0,
             request_id,
             file_id,
             chunk,
@@ -170,6 +185,11 @@ impl Header {
             length,
             token: 0,
         }
+    }
+
+    /// This header carrying connection id `client`.
+    pub fn on_connection(self, client: u32) -> Self {
+        Header { client, ..self }
     }
 
     /// This header carrying the job token.
@@ -192,7 +212,7 @@ impl Header {
         b[4..6].copy_from_slice(&VERSION.to_le_bytes());
         b[6..8].copy_from_slice(&(self.op as u16).to_le_bytes());
         b[8..12].copy_from_slice(&self.status.to_le_bytes());
-        // 12..16 reserved, zero.
+        b[12..16].copy_from_slice(&self.client.to_le_bytes());
         b[16..24].copy_from_slice(&self.request_id.to_le_bytes());
         b[24..40].copy_from_slice(&self.file_id.to_le_bytes());
         b[40..48].copy_from_slice(&self.chunk.to_le_bytes());
@@ -203,7 +223,13 @@ impl Header {
     }
 
     pub fn decode(b: &[u8]) -> std::result::Result<Header, DecodeError> {
-        let fail = |request_id, reason: String| Err(DecodeError { request_id, reason });
+        let fail = |ids: Option<(u64, u32)>, reason: String| {
+            Err(DecodeError {
+                request_id: ids.map(|i| i.0),
+                client: ids.map(|i| i.1),
+                reason,
+            })
+        };
         if b.len() < HEADER_LEN {
             return fail(
                 None,
@@ -214,7 +240,7 @@ impl Header {
         if magic != MAGIC {
             return fail(None, format!("bad magic {magic:#010x}"));
         }
-        let request_id = Some(u64_at(b, 16));
+        let request_id = Some((u64_at(b, 16), u32_at(b, 12)));
         let version = u16_at(b, 4);
         if version != VERSION {
             return fail(
@@ -232,14 +258,12 @@ impl Header {
         let Some(op) = Op::from_u16(op_raw) else {
             return fail(request_id, format!("unknown op {op_raw}"));
         };
-        if u32_at(b, 12) != 0 {
-            return fail(request_id, "reserved header bytes are not zero".into());
-        }
         let mut id = [0u8; 16];
         id.copy_from_slice(&b[24..40]);
         Ok(Header {
             op,
             status: u32_at(b, 8) as i32,
+            client: u32_at(b, 12),
             request_id: u64_at(b, 16),
             file_id: u128::from_le_bytes(id),
             chunk: u64_at(b, 40),
@@ -248,6 +272,26 @@ impl Header {
             token: u64_at(b, 64),
         })
     }
+}
+
+/// The errors a metadata owner answers about a path (anything else is about the server).
+pub const NAMESPACE_ERRNOS: [i32; 9] = [
+    libc::ENOENT,
+    libc::EEXIST,
+    libc::EISDIR,
+    libc::ENOTDIR,
+    libc::ENOTEMPTY,
+    libc::ENAMETOOLONG,
+    libc::EINVAL,
+    libc::EBUSY,
+    libc::EXDEV,
+];
+
+/// Whether a reply status is the server failing (an I/O error, a payload that never arrived),
+/// as opposed to success or a metadata owner's answer about a path (ENOENT for a lookup of a
+/// name not yet created is an answer, not a fault).
+pub fn is_server_fault(status: i32) -> bool {
+    status < 0 && !NAMESPACE_ERRNOS.contains(&-status)
 }
 
 /// Checks a request header against its payload and the chunk size; returns the errno to answer.
@@ -266,6 +310,13 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
             "write_chunk header says {} bytes but {payload_len} arrived",
             h.length
         ))),
+        Op::Hello if !(1..=HELLO_ADDRESS_MAX).contains(&payload_len) || h.length != payload_len as u64 => {
+            Err(Error::Protocol(format!(
+                "hello carries a worker address of {payload_len} bytes (header says {}, at most \
+                 {HELLO_ADDRESS_MAX})",
+                h.length
+            )))
+        }
         Op::ReadChunk | Op::Fsync | Op::TruncateData if payload_len != 0 => Err(Error::Protocol(format!(
             "{} carries an unexpected payload of {payload_len} bytes",
             h.op.name()
@@ -289,7 +340,9 @@ mod tests {
     use super::*;
 
     fn sample() -> Header {
-        Header::request(Op::WriteChunk, u64::MAX - 3, u128::MAX / 7, 12345, 17, 4096).with_token(0xFEED)
+        Header::request(Op::WriteChunk, u64::MAX - 3, u128::MAX / 7, 12345, 17, 4096)
+            .with_token(0xFEED)
+            .on_connection(0xC0FF)
     }
 
     #[test]
@@ -320,8 +373,10 @@ mod tests {
         long.push(0);
         assert!(Header::decode(&long).is_err());
         let mut bad = good;
-        bad[13] = 1;
-        assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("reserved")));
+        bad[4] = 1;
+        bad[12] = 5;
+        let e = Header::decode(&bad).err();
+        assert_eq!(e.as_ref().and_then(|e| e.client), Some(0xC005));
     }
 
     /// Bounded randomized test: random bytes and single-byte mutations of valid headers never

@@ -14,16 +14,16 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use benchfs_ucx::{AmData, AmMessage, AmVerdict, ReplyEp, RndvDesc, Worker};
+use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, RndvDesc, Worker};
 
 use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaRequest, MetaStore, SizeUpdate};
-use crate::protocol::{check_request, Header, Op, AM_REPLY, AM_REQUEST};
+use crate::protocol::{check_request, is_server_fault, Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
-use crate::runtime::{Notifier, Runtime};
+use crate::runtime::{with_timeout, Notifier, Reactor, Runtime};
 use crate::storage::ChunkStore;
 use crate::telemetry::{
     unix_time_ns, OpKind, SnapshotWriter, TraceRecord, TraceRing, TraceWriter, WorkerMetrics,
@@ -93,7 +93,8 @@ enum Payload {
 struct Incoming {
     header: Header,
     payload: Payload,
-    reply_ep: ReplyEp,
+    /// The connection the reply goes back on.
+    conn: Rc<Endpoint>,
     /// When the request arrived (queue wait and total time start here).
     arrived: Instant,
 }
@@ -143,8 +144,70 @@ impl Future for PopRequest {
     }
 }
 
+/// The connections this worker opened back to its clients (one per client hello), by id.
+///
+/// UCX's own reply endpoints die with their peer, unannounced; these are ours: a client's
+/// death is reported through the endpoint's failure hook, and the endpoint is closed only
+/// here, outside UCX callbacks, once no request still holds it.
+#[derive(Default)]
+struct Connections {
+    open: RefCell<std::collections::HashMap<u32, Rc<Endpoint>>>,
+    next_id: Cell<u32>,
+    /// Connections to drop (failed, retired or timed out), filled from UCX callbacks.
+    closing: RefCell<Vec<u32>>,
+    reaper: Cell<Option<Waker>>,
+}
+
+impl Connections {
+    fn get(&self, id: u32) -> Option<Rc<Endpoint>> {
+        self.open.borrow().get(&id).filter(|c| !c.is_down()).cloned()
+    }
+
+    /// Schedules connection `id` to be dropped by the reaper task.
+    fn retire(&self, id: u32) {
+        self.closing.borrow_mut().push(id);
+        if let Some(w) = self.reaper.take() {
+            w.wake();
+        }
+    }
+
+    /// Takes the connections to drop; the caller drops them outside any UCX callback.
+    fn take_closing(&self) -> Vec<Rc<Endpoint>> {
+        let ids = std::mem::take(&mut *self.closing.borrow_mut());
+        let mut open = self.open.borrow_mut();
+        ids.into_iter().filter_map(|id| open.remove(&id)).collect()
+    }
+}
+
+/// Waits until a connection is scheduled for closing.
+struct ClosingWait<'a>(&'a Connections);
+
+impl Future for ClosingWait<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.closing.borrow().is_empty() {
+            self.0.reaper.set(Some(cx.waker().clone()));
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+}
+
+/// Memory a UCX operation that outlived its request may still use, kept until it completes.
+type Parked = (benchfs_ucx::Request, Box<dyn std::any::Any>);
+
 struct ServerState {
     worker: Worker,
+    reactor: Rc<Reactor>,
+    conns: Rc<Connections>,
+    parked: RefCell<Vec<Parked>>,
+    /// Whether connections back to clients detect failed peers (`network.peer_error_handling`).
+    peer_errors: bool,
+    /// How long a reply or a payload transfer may wait on a client before its connection is
+    /// dropped (`client.request_timeout_s`: the client has given up by then).
+    client_timeout: std::time::Duration,
     store: ChunkStore,
     pool: BufferPool,
     queue: Rc<RequestQueue>,
@@ -169,17 +232,13 @@ struct ServerState {
 }
 
 /// Sends a header-only reply without waiting for it (no payload memory to keep alive).
-fn reply_now(worker: &Worker, ep: ReplyEp, header: Header) {
+fn reply_now(conn: &Endpoint, header: Header) {
     // SAFETY: the payload is empty and the header is copied into the request.
-    drop(unsafe { ep.send_am(worker, AM_REPLY, &header.encode(), &[], None) });
+    drop(unsafe { conn.send_am(AM_REPLY, &header.encode(), &[], None) });
 }
 
 impl ServerState {
     fn on_message(&self, msg: AmMessage<'_>) -> AmVerdict {
-        let Some(reply_ep) = msg.reply_ep else {
-            self.metrics.count_malformed();
-            return AmVerdict::Done;
-        };
         let payload_len = match &msg.data {
             AmData::Eager(d) => d.len(),
             AmData::Rendezvous(r) => r.len,
@@ -188,13 +247,23 @@ impl ServerState {
             Ok(h) => h,
             Err(e) => {
                 self.metrics.count_malformed();
-                // Answer what we can: a readable request id gets an EPROTO reply.
-                if let Some(id) = e.request_id {
+                // Answer what we can: a readable request id and connection get an EPROTO reply.
+                if let (Some(id), Some(conn)) = (e.request_id, e.client.and_then(|c| self.conns.get(c))) {
                     let h = Header::request(Op::WriteChunk, id, 0, 0, 0, 0).reply(-libc::EPROTO, 0);
-                    reply_now(&self.worker, reply_ep, h);
+                    reply_now(&conn, h);
                 }
                 return AmVerdict::Done;
             }
+        };
+        if header.op == Op::Hello {
+            self.hello(&header, &msg.data, payload_len);
+            return AmVerdict::Done;
+        }
+        let Some(conn) = self.conns.get(header.client) else {
+            // No connection to answer on (never opened, or dropped after its client failed):
+            // the client times out and opens a new one.
+            self.metrics.count_undelivered();
+            return AmVerdict::Done;
         };
         if header.token != self.token {
             self.metrics.count_refused_auth();
@@ -206,16 +275,16 @@ impl ServerState {
                     header.request_id
                 );
             }
-            reply_now(&self.worker, reply_ep, header.reply(-libc::EACCES, 0));
+            reply_now(&conn, header.reply(-libc::EACCES, 0));
             return AmVerdict::Done;
         }
         if self.draining.get() {
-            reply_now(&self.worker, reply_ep, header.reply(-libc::ESHUTDOWN, 0));
+            reply_now(&conn, header.reply(-libc::ESHUTDOWN, 0));
             return AmVerdict::Done;
         }
         if check_request(&header, payload_len, self.chunk_size).is_err() {
             self.metrics.count_malformed();
-            reply_now(&self.worker, reply_ep, header.reply(-libc::EINVAL, 0));
+            reply_now(&conn, header.reply(-libc::EINVAL, 0));
             return AmVerdict::Done;
         }
         let (payload, verdict) = match msg.data {
@@ -226,16 +295,108 @@ impl ServerState {
         let item = Incoming {
             header,
             payload,
-            reply_ep,
+            conn: conn.clone(),
             arrived: Instant::now(),
         };
         match self.queue.push(item) {
             Ok(_) => verdict,
             Err(_) => {
                 self.metrics.count_rejected();
-                reply_now(&self.worker, reply_ep, header.reply(-libc::EAGAIN, 0));
+                reply_now(&conn, header.reply(-libc::EAGAIN, 0));
                 // Returning Done lets UCX drop an unreceived rendezvous descriptor.
                 AmVerdict::Done
+            }
+        }
+    }
+
+    /// Opens a connection back to the client whose worker address the hello carries, and
+    /// answers on it with the connection's id. Any job may say hello: the token is checked on
+    /// every later request, which is answered on this connection (EACCES for another job).
+    fn hello(&self, header: &Header, data: &AmData<'_>, payload_len: usize) {
+        let address = match data {
+            AmData::Eager(a) if check_request(header, payload_len, self.chunk_size).is_ok() => *a,
+            _ => {
+                // A rendezvous hello (an address that large is not one) or a bad length:
+                // there is no address to answer to.
+                self.metrics.count_malformed();
+                return;
+            }
+        };
+        let conn = match self.worker.connect(address, self.peer_errors) {
+            Ok(c) => Rc::new(c),
+            Err(_) => {
+                self.metrics.count_malformed();
+                return;
+            }
+        };
+        let id = self.conns.next_id.get().wrapping_add(1).max(1);
+        self.conns.next_id.set(id);
+        let conns = Rc::downgrade(&self.conns);
+        conn.on_failure(move |_| {
+            if let Some(c) = conns.upgrade() {
+                c.retire(id);
+            }
+        });
+        if header.chunk != 0 && header.chunk <= u64::from(u32::MAX) {
+            self.conns.retire(header.chunk as u32);
+        }
+        let mut reply = header.reply(0, 0).on_connection(id);
+        reply.offset = u64::from(id);
+        reply_now(&conn, reply);
+        self.conns.open.borrow_mut().insert(id, conn);
+    }
+
+    /// Waits for `op` (a transfer between this server's memory and client `conn`), at most
+    /// `client.request_timeout_s`: a client stopped or gone for that long has abandoned the
+    /// request. Then the connection is closed, which fails the sends on it. `Err(Some(op))`:
+    /// UCX still holds the memory after that (a receive from a stopped client), so the caller
+    /// parks the memory with it instead of reusing it.
+    async fn with_client(
+        &self,
+        conn: &Endpoint,
+        client: u32,
+        op: benchfs_ucx::Request,
+    ) -> std::result::Result<usize, Option<benchfs_ucx::Request>> {
+        let mut op = op;
+        match with_timeout(&self.reactor, self.client_timeout, &mut op).await {
+            Some(r) => r.map_err(|_| None),
+            None => {
+                conn.close();
+                self.conns.retire(client);
+                // Forced close completes sends on the connection; give UCX a moment.
+                match with_timeout(&self.reactor, std::time::Duration::from_millis(100), &mut op).await {
+                    Some(_) => Err(None),
+                    None => Err(Some(op)),
+                }
+            }
+        }
+    }
+
+    /// Keeps `owner` (memory a stuck UCX operation may still write or read) until `op`
+    /// completes; the reaper task releases it then.
+    fn park(&self, op: benchfs_ucx::Request, owner: Box<dyn std::any::Any>) {
+        self.metrics.count_undelivered();
+        self.parked.borrow_mut().push((op, owner));
+        if let Some(w) = self.conns.reaper.take() {
+            w.wake();
+        }
+    }
+
+    /// Drops closed connections (outside UCX callbacks) and releases parked memory whose
+    /// operation completed. Sleeps until woken, or polls each second while memory is parked.
+    async fn reap(self: Rc<Self>) {
+        loop {
+            drop(self.conns.take_closing());
+            self.parked.borrow_mut().retain(|(op, _)| !op.is_done());
+            if self.parked.borrow().is_empty() {
+                ClosingWait(&self.conns).await;
+            } else {
+                let _ = with_timeout(
+                    &self.reactor,
+                    std::time::Duration::from_secs(1),
+                    ClosingWait(&self.conns),
+                )
+                .await;
             }
         }
     }
@@ -263,7 +424,15 @@ impl ServerState {
                         // SAFETY: the descriptor was kept by the handler and is used once; the
                         // buffer (and its pool's registration) lives until the receive completes.
                         let recv = unsafe { self.worker.recv_data(desc, &mut *target, memh.map(|m| &*m)) };
-                        recv.await.map(|_| (buf, start))
+                        match self.with_client(&req.conn, h.client, recv).await {
+                            Ok(_) => Ok((buf, start)),
+                            Err(stuck) => {
+                                if let Some(op) = stuck {
+                                    self.park(op, Box::new(buf));
+                                }
+                                Err(())
+                            }
+                        }
                     }
                 };
                 match buf {
@@ -309,7 +478,15 @@ impl ServerState {
                         // SAFETY: the descriptor was kept by the handler and is used once; `v`
                         // lives until the receive completes.
                         let recv = unsafe { self.worker.recv_data(desc, &mut v, None) };
-                        recv.await.map(|_| v)
+                        match self.with_client(&req.conn, h.client, recv).await {
+                            Ok(_) => Ok(v),
+                            Err(stuck) => {
+                                if let Some(op) = stuck {
+                                    self.park(op, Box::new(v));
+                                }
+                                Err(())
+                            }
+                        }
                     }
                 };
                 device_start = Some(Instant::now());
@@ -343,7 +520,7 @@ impl ServerState {
             ns(done.saturating_duration_since(req.arrived)),
         );
         self.metrics
-            .record_op(kind, queue_ns, device_ns, total_ns, moved, status == 0);
+            .record_op(kind, queue_ns, device_ns, total_ns, moved, !is_server_fault(status));
         if let Some(ring) = &self.trace {
             let (base, base_unix) = self.clock_base;
             let record = TraceRecord {
@@ -357,7 +534,7 @@ impl ServerState {
                 server: self.server_id,
                 worker: self.worker_index,
                 op: kind as u8,
-                flags: if status == 0 { 0 } else { TRACE_FLAG_ERROR },
+                flags: if is_server_fault(status) { TRACE_FLAG_ERROR } else { 0 },
             };
             if !ring.push(&record) {
                 self.metrics.count_trace_dropped();
@@ -374,15 +551,15 @@ impl ServerState {
             _ => &[],
         };
         let memh = data.as_ref().and_then(|(buf, _)| buf.memh());
-        // SAFETY: `data` (the payload's owner) lives until the awaited send completes.
-        let sent = unsafe {
-            req.reply_ep
-                .send_am(&self.worker, AM_REPLY, &reply.encode(), payload, memh)
-        };
+        // SAFETY: `data` (the payload's owner) lives until the send completes, or is parked
+        // with it below.
+        let sent = unsafe { req.conn.send_am(AM_REPLY, &reply.encode(), payload, memh) };
         // A reply that cannot be sent means the client is gone; it will not read the result.
-        let _ = sent.await;
-        drop(data);
-        drop(meta_reply);
+        match self.with_client(&req.conn, h.client, sent).await {
+            Ok(_) => {}
+            Err(None) => self.metrics.count_undelivered(),
+            Err(Some(op)) => self.park(op, Box::new((data, meta_reply))),
+        }
     }
 
     /// Serves a metadata op from this worker's store: (status, reply offset, reply payload).
@@ -568,6 +745,11 @@ fn run_worker(
         let tracing = config.telemetry.trace && config.telemetry.enabled && !config.telemetry.dir.is_empty();
         let state = Rc::new(ServerState {
             worker: worker.clone(),
+            reactor: runtime.reactor().clone(),
+            conns: Rc::new(Connections::default()),
+            parked: RefCell::new(Vec::new()),
+            peer_errors: config.network.peer_error_handling,
+            client_timeout: std::time::Duration::from_secs_f64(config.client.request_timeout_s),
             store,
             pool,
             queue: Rc::new(RequestQueue {
@@ -598,6 +780,7 @@ fn run_worker(
             Some(s) => s.on_message(msg),
             None => AmVerdict::Done,
         })?;
+        runtime.spawn(state.clone().reap())?;
         for _ in 0..config.server.max_in_service {
             let s = state.clone();
             runtime.spawn(async move {
@@ -690,6 +873,9 @@ fn run_worker(
     // that cycle so the store (and its open files) is released when the server stops.
     state.queue.waiters.borrow_mut().clear();
     state.pool.clear_waiters();
+    state.conns.reaper.take();
+    // Close the connections back to clients before the worker goes away.
+    state.conns.open.borrow_mut().clear();
     drop(runtime);
     if Rc::strong_count(&state) != 1 {
         return Err(Error::Protocol(

@@ -369,6 +369,7 @@ mod id {
     pub const BUFFERS_FREE: u8 = 11;
     pub const REFUSED_AUTH: u8 = 12;
     pub const TRACE_DROPPED: u8 = 13;
+    pub const UNDELIVERED: u8 = 14;
     pub const INFLIGHT_AT_SUBMIT: u8 = 16;
     pub const SUBMIT_BATCH: u8 = 17;
     pub const QUEUE_WAIT_NS: u8 = 18;
@@ -393,6 +394,7 @@ pub const SERVER_METRICS: &[MetricDef] = {
         def(id::BUFFERS_FREE, "buffers_free", Gauge, false, "buffers"),
         def(id::REFUSED_AUTH, "refused_auth", Counter, false, "requests"),
         def(id::TRACE_DROPPED, "trace_dropped", Counter, false, "records"),
+        def(id::UNDELIVERED, "undelivered", Counter, false, "replies"),
         def(
             id::INFLIGHT_AT_SUBMIT,
             "inflight_at_submit",
@@ -431,6 +433,7 @@ pub struct WorkerMetrics {
     in_service: Cell<u64>,
     buffers_free: Cell<u64>,
     trace_dropped: Cell<u64>,
+    undelivered: Cell<u64>,
 }
 
 #[inline(always)]
@@ -473,6 +476,7 @@ impl WorkerMetrics {
             in_service: Cell::new(0),
             buffers_free: Cell::new(0),
             trace_dropped: Cell::new(0),
+            undelivered: Cell::new(0),
         }
     }
 
@@ -598,6 +602,20 @@ impl WorkerMetrics {
         self.trace_dropped.get()
     }
 
+    /// A reply could not be delivered: its client's connection was gone (the client died, or
+    /// stopped answering for longer than `client.request_timeout_s`), or the request named a
+    /// connection this worker does not have.
+    #[inline]
+    pub fn count_undelivered(&self) {
+        if self.enabled {
+            bump(&self.undelivered, 1);
+        }
+    }
+
+    pub fn undelivered(&self) -> u64 {
+        self.undelivered.get()
+    }
+
     /// A request could not be parsed or failed validation.
     #[inline]
     pub fn count_malformed(&self) {
@@ -688,7 +706,7 @@ impl WorkerMetrics {
     }
 
     /// The non-per-op counters and gauges with their metric ids, in snapshot order.
-    fn scalars(&self) -> [(u8, &Cell<u64>); 10] {
+    fn scalars(&self) -> [(u8, &Cell<u64>); 11] {
         [
             (id::POOL_WAITS, &self.pool_waits),
             (id::HANDLE_HITS, &self.handle_hits),
@@ -700,6 +718,7 @@ impl WorkerMetrics {
             (id::BUFFERS_FREE, &self.buffers_free),
             (id::REFUSED_AUTH, &self.refused_auth),
             (id::TRACE_DROPPED, &self.trace_dropped),
+            (id::UNDELIVERED, &self.undelivered),
         ]
     }
 
@@ -2097,7 +2116,7 @@ mod tests {
         }
         // The first snapshot had no histogram buckets, only the 4 statistics per histogram.
         let first = f.records.iter().filter(|r| r.seq == 0).count();
-        assert_eq!(first, 12 + 10 + 14 * 4);
+        assert_eq!(first, 12 + 11 + 14 * 4);
         // A second writer for the same server and worker gets a new file; nothing is clobbered.
         let w2 = SnapshotWriter::create(&tdir, 3, 1, "node-a")?;
         assert_eq!(

@@ -149,7 +149,23 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
     let token = benchfs_core::registry::job_token(&benchfs_core::registry::load_secret(
         &dir.path().join("registry"),
     )?);
-    let good = Header::request(Op::WriteChunk, 1, 42, 0, 0, 4).with_token(token);
+    // Hello first: the server answers on the connection it opens back to this worker.
+    let address = worker.address()?;
+    let hello = Header::request(Op::Hello, 1, 0, 0, 0, address.len() as u64).encode();
+    // SAFETY: `hello` and `address` outlive the loop that waits for the reply.
+    let hello_sent = unsafe { ep.send_am(AM_REQUEST, &hello, &address, None) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replies.borrow().is_empty() && Instant::now() < deadline {
+        worker.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let conn = replies.borrow_mut().pop().map(|h| h.offset as u32);
+    assert!(hello_sent.is_done());
+    let conn = conn.ok_or_else(|| Error::Protocol("no answer to hello".into()))?;
+    assert!(conn > 0);
+    let good = Header::request(Op::WriteChunk, 1, 42, 0, 0, 4)
+        .with_token(token)
+        .on_connection(conn);
     let mut bad_version = good.encode();
     bad_version[4] = 9;
     bad_version[16] = 77;
@@ -163,10 +179,19 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
     .encode();
     let past_chunk = Header::request(Op::ReadChunk, 80, 42, 0, 60 * 1024, 8 * 1024)
         .with_token(token)
+        .on_connection(conn)
         .encode();
-    let no_token = Header::request(Op::ReadChunk, 81, 42, 0, 0, 8).encode();
+    let no_token = Header::request(Op::ReadChunk, 81, 42, 0, 0, 8)
+        .on_connection(conn)
+        .encode();
     let wrong_token = Header::request(Op::ReadChunk, 82, 42, 0, 0, 8)
         .with_token(token ^ 2)
+        .on_connection(conn)
+        .encode();
+    // A request on a connection the server never opened cannot be answered: only counted.
+    let stranger = Header::request(Op::ReadChunk, 83, 42, 0, 0, 8)
+        .with_token(token)
+        .on_connection(conn + 1000)
         .encode();
     let cases: Vec<(Vec<u8>, &[u8])> = vec![
         (good.encode()[..10].to_vec(), &[]), // too short to carry an id: no reply
@@ -176,11 +201,12 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
         (past_chunk.to_vec(), &[]),
         (no_token.to_vec(), &[]),
         (wrong_token.to_vec(), &[]),
+        (stranger.to_vec(), &[]),
     ];
     let mut sends = Vec::new();
     for (header, payload) in &cases {
         // SAFETY: `cases` outlives the progress loop below, which waits for every send.
-        sends.push(unsafe { ep.send_am(AM_REQUEST, header, payload) });
+        sends.push(unsafe { ep.send_am(AM_REQUEST, header, payload, None) });
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while replies.borrow().len() < 6 && Instant::now() < deadline {

@@ -77,6 +77,19 @@ pub struct Worker {
     inner: Rc<WorkerInner>,
 }
 
+/// A worker reference that does not keep the worker alive (for handlers stored in the
+/// worker itself, which would otherwise form a cycle and never destroy it).
+#[derive(Clone)]
+pub struct WeakWorker {
+    inner: std::rc::Weak<WorkerInner>,
+}
+
+impl WeakWorker {
+    pub fn upgrade(&self) -> Option<Worker> {
+        self.inner.upgrade().map(|inner| Worker { inner })
+    }
+}
+
 /// Where an active message's payload is.
 pub enum AmData<'a> {
     /// Eager payload, valid only during the handler call.
@@ -93,15 +106,10 @@ pub struct RndvDesc {
     pub len: usize,
 }
 
-/// An endpoint UCX gives a handler for replying; valid while the connection lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplyEp(sys::ucp_ep_h);
-
 /// One received active message.
 pub struct AmMessage<'a> {
     pub header: &'a [u8],
     pub data: AmData<'a>,
-    pub reply_ep: Option<ReplyEp>,
 }
 
 /// What the handler did with a rendezvous descriptor.
@@ -143,17 +151,9 @@ unsafe extern "C" fn am_trampoline(
     } else {
         AmData::Eager(std::slice::from_raw_parts(data as *const u8, length))
     };
-    let reply_ep = if param.recv_attr & (sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64) != 0
-        && !param.reply_ep.is_null()
-    {
-        Some(ReplyEp(param.reply_ep))
-    } else {
-        None
-    };
     let verdict = handler(AmMessage {
         header,
         data: payload,
-        reply_ep,
     });
     match verdict {
         AmVerdict::Keep if rndv => sys::UCS_INPROGRESS,
@@ -267,6 +267,13 @@ impl Worker {
         }
     }
 
+    /// A reference that does not keep the worker alive.
+    pub fn downgrade(&self) -> WeakWorker {
+        WeakWorker {
+            inner: Rc::downgrade(&self.inner),
+        }
+    }
+
     /// The worker's address, for peers to connect to (published in the registry).
     pub fn address(&self) -> Result<Vec<u8>> {
         // SAFETY: the address buffer is copied out and released with the matching call.
@@ -333,6 +340,7 @@ impl Worker {
     pub fn connect(&self, address: &[u8], peer_errors: bool) -> Result<Endpoint> {
         let state = Rc::new(EpState {
             failure: Cell::new(None),
+            hook: RefCell::new(None),
         });
         let mut params = sys::ucp_ep_params_t {
             field_mask: sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS as u64,
@@ -354,7 +362,7 @@ impl Worker {
             sys::ucp_ep_create(self.inner.worker, &params, &mut ep)
         })?;
         Ok(Endpoint {
-            ep,
+            ep: Cell::new(ep),
             state,
             worker: self.clone(),
         })
@@ -382,27 +390,22 @@ impl Worker {
         })
     }
 
-    /// Sends an active message on an endpoint handle (own or reply endpoint).
+    /// Sends an active message on an endpoint handle.
     ///
     /// The header is copied into the request; the data is not.
     ///
     /// # Safety
-    /// `data` must stay valid and unmodified until the returned request completes.
-    pub unsafe fn send_am(
+    /// `ep` is a live endpoint of this worker; `data` must stay valid and unmodified until the
+    /// returned request completes.
+    unsafe fn send_am(
         &self,
         ep: sys::ucp_ep_h,
         id: u16,
         header: &[u8],
         data: &[u8],
-        want_reply_ep: bool,
         memh: Option<&MemHandle>,
     ) -> Request {
-        let state = Rc::new(RequestState {
-            completed: Cell::new(false),
-            done: Cell::new(None),
-            waker: Cell::new(None),
-            header: header.to_vec().into_boxed_slice(),
-        });
+        let state = RequestState::new(header.to_vec().into_boxed_slice());
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
             user_data: Rc::into_raw(state.clone()) as *mut c_void,
@@ -412,10 +415,6 @@ impl Worker {
         if let Some(m) = memh {
             param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
             param.memh = m.memh;
-        }
-        if want_reply_ep {
-            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = sys::UCP_AM_SEND_FLAG_REPLY;
         }
         let status_ptr = sys::ucp_am_send_nbx(
             ep,
@@ -435,12 +434,7 @@ impl Worker {
     /// `desc` comes from a handler that returned [`AmVerdict::Keep`] (or is being used inside
     /// the handler) and is used once; `buf` stays valid until the request completes.
     pub unsafe fn recv_data(&self, desc: RndvDesc, buf: &mut [u8], memh: Option<&MemHandle>) -> Request {
-        let state = Rc::new(RequestState {
-            completed: Cell::new(false),
-            done: Cell::new(None),
-            waker: Cell::new(None),
-            header: Box::new([]),
-        });
+        let state = RequestState::new(Box::new([]));
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
                 | sys::UCP_OP_ATTR_FIELD_USER_DATA
@@ -508,19 +502,29 @@ impl Drop for MemHandle {
     }
 }
 
+type FailureHook = Box<dyn Fn(&UcxError)>;
+
 struct EpState {
     failure: Cell<Option<i8>>,
+    /// Called once when UCX reports the peer failed (from inside `progress`).
+    hook: RefCell<Option<FailureHook>>,
 }
 
 unsafe extern "C" fn ep_error_trampoline(arg: *mut c_void, _ep: sys::ucp_ep_h, status: i8) {
     // SAFETY: arg is the EpState owned by the Endpoint, which outlives the UCX endpoint.
     let state = &*(arg as *const EpState);
-    state.failure.set(Some(status));
+    if state.failure.replace(Some(status)).is_some() {
+        return;
+    }
+    if let Some(hook) = state.hook.borrow().as_ref() {
+        hook(&UcxError::new("endpoint", status));
+    }
 }
 
-/// A connection to a peer worker. Closed (forcibly, bounded) on drop.
+/// A connection to a peer worker. Closed (forcibly, bounded) by [`Endpoint::close`] or on drop.
 pub struct Endpoint {
-    ep: sys::ucp_ep_h,
+    /// Null once closed.
+    ep: Cell<sys::ucp_ep_h>,
     state: Rc<EpState>,
     worker: Worker,
 }
@@ -531,28 +535,49 @@ impl Endpoint {
         self.state.failure.get().map(|s| UcxError::new("endpoint", s))
     }
 
-    /// Sends an active message asking UCX to give the receiver a reply endpoint.
+    /// Whether the endpoint was closed or its peer failed: sends on it fail at once.
+    pub fn is_down(&self) -> bool {
+        self.ep.get().is_null() || self.state.failure.get().is_some()
+    }
+
+    /// Runs `hook` (inside UCX's progress, so it must not call into UCX) when the peer fails.
+    /// Needs peer error handling (see [`Worker::connect`]).
+    pub fn on_failure(&self, hook: impl Fn(&UcxError) + 'static) {
+        *self.state.hook.borrow_mut() = Some(Box::new(hook));
+    }
+
+    /// Sends an active message. The header is copied; the data is not. On a closed endpoint
+    /// the request fails at once.
     ///
     /// # Safety
-    /// As [`Worker::send_am`].
-    pub unsafe fn send_am(&self, id: u16, header: &[u8], data: &[u8]) -> Request {
-        self.worker.send_am(self.ep, id, header, data, true, None)
+    /// `data` must stay valid and unmodified until the returned request completes.
+    pub unsafe fn send_am(&self, id: u16, header: &[u8], data: &[u8], memh: Option<&MemHandle>) -> Request {
+        let ep = self.ep.get();
+        if ep.is_null() {
+            let state = RequestState::new(Box::new([]));
+            state.complete(Err(UcxError::new("am_send", sys::UCS_ERR_NOT_CONNECTED)));
+            return Request { state, op: "am_send" };
+        }
+        self.worker.send_am(ep, id, header, data, memh)
     }
-}
 
-impl Drop for Endpoint {
-    fn drop(&mut self) {
+    /// Closes the endpoint forcibly: UCX completes every operation still on it with an error.
+    /// Bounded (forced close needs no peer); idempotent.
+    pub fn close(&self) {
+        let ep = self.ep.replace(ptr::null_mut());
+        if ep.is_null() {
+            return;
+        }
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
             flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
             ..Default::default()
         };
-        // SAFETY: the endpoint is closed once; forced close completes every outstanding
-        // operation on it with an error, so no callback can touch `state` afterwards.
+        // SAFETY: the endpoint is closed once (the handle is cleared first); forced close
+        // completes every outstanding operation on it with an error.
         unsafe {
-            let req = sys::ucp_ep_close_nbx(self.ep, &param);
+            let req = sys::ucp_ep_close_nbx(ep, &param);
             if !req.is_null() && !sys::ucs_ptr_is_err(req) {
-                // Forced close needs no peer; a bounded number of progress calls finishes it.
                 for _ in 0..100_000 {
                     if sys::ucp_request_check_status(req) != sys::UCS_INPROGRESS {
                         break;
@@ -565,21 +590,11 @@ impl Drop for Endpoint {
     }
 }
 
-impl ReplyEp {
-    /// Sends an active message on this reply endpoint.
-    ///
-    /// # Safety
-    /// As [`Worker::send_am`]; the connection must still exist (UCX keeps reply endpoints
-    /// until the peer disconnects, and reports errors through the request).
-    pub unsafe fn send_am(
-        &self,
-        worker: &Worker,
-        id: u16,
-        header: &[u8],
-        data: &[u8],
-        memh: Option<&MemHandle>,
-    ) -> Request {
-        worker.send_am(self.0, id, header, data, false, memh)
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.close();
+        // The error callback can no longer run: drop the hook (it may hold references).
+        self.state.hook.borrow_mut().take();
     }
 }
 
@@ -593,6 +608,15 @@ struct RequestState {
 }
 
 impl RequestState {
+    fn new(header: Box<[u8]>) -> Rc<RequestState> {
+        Rc::new(RequestState {
+            completed: Cell::new(false),
+            done: Cell::new(None),
+            waker: Cell::new(None),
+            header,
+        })
+    }
+
     fn complete(&self, result: Result<usize>) {
         self.completed.set(true);
         self.done.set(Some(result));
