@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import random
+import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -247,3 +251,262 @@ def test_run_timeout_stops_the_workload_and_its_ranks(tmp_path: Path) -> None:
     assert mpiexec["children"], "the ranks under mpiexec were not recorded"
     assert alive(_started_pids(manifest)) == []
     assert manifest["timings_s"]["workload"] < 15
+
+
+# --- Faults at random moments, in rounds: clients and servers killed, servers paused. ------
+#
+# One harness: a daemon cluster, client processes (tests/fault_client.py) that write, read back
+# and check one-chunk files until SIGTERM, and faults injected at random points chosen by a
+# printed seed. After each round: no server that was not killed died; no process aborted;
+# every call returned within the bound below; every file whose data and metadata live on
+# live servers reads back byte for byte, the others fail with an error naming the server;
+# every process exits within 10 s of SIGTERM; none is left behind.
+
+FAULT_TIMEOUT_S = 2.0
+FAULT_RETRIES = 1
+#: A call returns within request_timeout_s x (max_retries + 1) + 2 s, whatever happens.
+CALL_BOUND_S = FAULT_TIMEOUT_S * (FAULT_RETRIES + 1) + 2.0
+FAULT_OVERRIDES = (
+    "client.chunk_size=1048576",  # 1 MiB chunks move by rendezvous
+    f"client.request_timeout_s={FAULT_TIMEOUT_S}",
+    f"client.max_retries={FAULT_RETRIES}",
+    "server.max_in_service=2",  # requests queue behind two in service...
+    "server.max_queued=6",  # ...and beyond six the server answers EAGAIN (retried)
+)
+FAULT_CLIENT = Path(__file__).with_name("fault_client.py")
+FAULT_ERRNOS = {errno.EHOSTDOWN, errno.ETIMEDOUT, errno.ECONNRESET}
+
+
+class FaultRound:
+    """One round: a cluster, client processes, and what was done to them."""
+
+    def __init__(self, cluster: Any, base: Path, seed: int) -> None:
+        self.cluster = cluster
+        self.base = base
+        self.rng = random.Random(seed)
+        self.killed_servers: list[int] = []
+        self.clients: list[tuple[str, subprocess.Popen[str]]] = []
+        self.victims: list[subprocess.Popen[str]] = []
+        self.killed_file = base / "killed.json"
+        self.killed_file.write_text("[]")
+
+    def spawn(self, name: str) -> subprocess.Popen[str]:
+        assert self.cluster.config_path is not None
+        argv = [
+            sys.executable,
+            str(FAULT_CLIENT),
+            str(self.cluster.registry_dir),
+            str(self.cluster.config_path),
+            str(self.base / f"{name}.json"),
+            name,
+            "--killed-file",
+            str(self.killed_file),
+        ]
+        with open(self.base / f"{name}.err", "w") as err:  # the child keeps its own copy
+            return subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+            )
+
+    def writer(self, name: str) -> subprocess.Popen[str]:
+        proc = self.spawn(name)
+        self.clients.append((name, proc))
+        return proc
+
+    @staticmethod
+    def wait_line(proc: subprocess.Popen[str], line: str, timeout_s: float = 30.0) -> None:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = proc.stdout.readline()
+            if got.strip() == line:
+                return
+            if not got and proc.poll() is not None:
+                pytest.fail(f"client exited ({proc.returncode}) before printing {line!r}")
+        pytest.fail(f"client did not print {line!r} within {timeout_s}s")
+
+    def kill_victim(self, point: str) -> str:
+        """Start a client and SIGKILL it at `point`; returns what was done."""
+        proc = self.spawn(f"victim{len(self.victims)}")
+        self.victims.append(proc)
+        if point == "connect":
+            self.wait_line(proc, "connecting")
+            time.sleep(self.rng.uniform(0.0, 0.03))
+        else:
+            self.wait_line(proc, "writing")
+            time.sleep(self.rng.uniform(0.0, 0.25))
+        if point == "server-stopped":
+            server = self.rng.randrange(len(self.cluster.daemons))
+            self.cluster.kill(server, signal.SIGSTOP)
+            try:
+                proc.kill()
+                proc.wait(10)
+                time.sleep(self.rng.uniform(0.05, 0.5))
+            finally:
+                self.cluster.kill(server, signal.SIGCONT)
+            return f"{point} (server {server} stopped)"
+        proc.kill()
+        proc.wait(10)
+        return point
+
+    def kill_server(self, server: int) -> float:
+        self.killed_servers.append(server)
+        self.killed_file.write_text(json.dumps(self.killed_servers))
+        self.cluster.kill(server, signal.SIGKILL)
+        return time.time()
+
+    def finish(self) -> dict[str, dict[str, Any]]:
+        """SIGTERM every writer; each must exit 0 within 10 s; returns their reports."""
+        self.killed_file.write_text(json.dumps(self.killed_servers))
+        for _, proc in self.clients:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        codes = {}
+        for name, proc in self.clients:
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                codes[name] = None
+        errs = {n: (self.base / f"{n}.err").read_text()[-2000:] for n, _ in self.clients}
+        assert all(c == 0 for c in codes.values()), (codes, errs)
+        return {n: json.loads((self.base / f"{n}.json").read_text()) for n, _ in self.clients}
+
+    def check(self, reports: dict[str, dict[str, Any]]) -> None:
+        """The checks every round shares (see the block comment)."""
+        dead = sorted(d.server_id for d in self.cluster.exited())
+        assert dead == sorted(self.killed_servers), f"servers died: {dead}"
+        for name, r in reports.items():
+            assert r["max_call_s"] <= CALL_BOUND_S, (name, r["max_call_s"])
+            assert not r["mismatches"], (name, r["mismatches"][:5])
+            assert not r["bad_errors"], (name, r["bad_errors"][:5])
+            assert r["written"] > 0, (name, r)
+            assert r["verified"] + r["unreachable"] == r["written"], (name, r)
+            for e in r["errors"]:
+                assert e["errno"] in FAULT_ERRNOS, (name, e)
+                assert re.search(r"server \d+", e["message"]), (name, e)
+            if not self.killed_servers:
+                assert r["verified"] == r["written"], (name, r)
+        codes = self.cluster.stop(grace_s=10.0)
+        for daemon in self.cluster.daemons:
+            log = daemon.log_path.read_text(errors="replace")
+            for sign in ("Assertion", "SIGSEGV", "panicked", "abort"):
+                assert sign not in log, f"server {daemon.server_id}: {log[-3000:]}"
+            if daemon.server_id not in self.killed_servers:
+                assert codes[daemon.server_id] == 0, (daemon.server_id, log[-3000:])
+        assert alive([p.pid for _, p in self.clients] + [v.pid for v in self.victims]) == []
+
+
+def _fault_seed(request: pytest.FixtureRequest) -> int:
+    seed = int(os.environ.get("BENCHFS_FAULT_SEED", random.randrange(1 << 30)))
+    print(f"\n{request.node.name}: seed {seed} (BENCHFS_FAULT_SEED={seed} repeats it)")
+    return seed
+
+
+def _clients_killed_round(daemon_cluster: Any, base: Path, seed: int) -> None:
+    cluster = daemon_cluster(2, *FAULT_OVERRIDES)
+    fault = FaultRound(cluster, base, seed)
+    writers = [fault.writer(f"w{i}") for i in range(2)]
+    for proc in writers:
+        fault.wait_line(proc, "writing")
+    done = [
+        fault.kill_victim(point)
+        for point in (
+            "connect",
+            "rendezvous",
+            "server-stopped",
+            fault.rng.choice(["connect", "rendezvous"]),
+        )
+    ]
+    # With requests queued: several clients at once, killed together.
+    crowd = [fault.spawn(f"crowd{i}") for i in range(4)]
+    fault.victims.extend(crowd)
+    for proc in crowd:
+        fault.wait_line(proc, "writing")
+    time.sleep(fault.rng.uniform(0.05, 0.3))
+    for proc in crowd:
+        proc.kill()
+    for proc in crowd:
+        proc.wait(10)
+    print("clients killed at:", [*done, "queued x4"])
+    time.sleep(1.0)  # the writers go on against the same servers
+    reports = fault.finish()
+    fault.check(reports)
+    # Nothing failed: the dying clients cost the others nothing.
+    assert all(r["error_count"] == 0 for r in reports.values()), reports
+
+
+def _server_killed_round(daemon_cluster: Any, base: Path, seed: int) -> None:
+    cluster = daemon_cluster(3, *FAULT_OVERRIDES)
+    fault = FaultRound(cluster, base, seed)
+    writers = [fault.writer(f"w{i}") for i in range(3)]
+    for proc in writers:
+        fault.wait_line(proc, "writing")
+    time.sleep(fault.rng.uniform(0.2, 1.0))
+    victim = fault.rng.randrange(3)
+    killed_at = fault.kill_server(victim)
+    print(f"server {victim} SIGKILLed")
+    time.sleep(2.0)
+    reports = fault.finish()
+    fault.check(reports)
+    for name, r in reports.items():
+        first = [e for e in r["errors"] if e["at"] >= killed_at]
+        if first:  # a writer whose call was waiting on the server: EHOSTDOWN within 1 s
+            assert first[0]["errno"] == errno.EHOSTDOWN, (name, first[0])
+            assert first[0]["at"] - killed_at < 1.0 + 0.5, (name, first[0]["at"] - killed_at)
+            assert f"server {victim}" in first[0]["message"], (name, first[0])
+        # The live servers kept serving this writer after the kill.
+        for sid in set(range(3)) - {victim}:
+            assert r["last_ok"].get(str(sid), 0) > killed_at, (name, sid, r["last_ok"])
+
+
+def _server_paused_round(daemon_cluster: Any, base: Path, seed: int) -> None:
+    """One server SIGKILLed, another SIGSTOPped past the timeout and resumed: no client
+    aborts, the paused one is re-admitted, files on the others verify."""
+    cluster = daemon_cluster(4, *FAULT_OVERRIDES)
+    fault = FaultRound(cluster, base, seed)
+    writers = [fault.writer(f"w{i}") for i in range(3)]
+    for proc in writers:
+        fault.wait_line(proc, "writing")
+    killed, paused = fault.rng.sample(range(4), 2)
+    fault.kill_server(killed)
+    cluster.kill(paused, signal.SIGSTOP)
+    time.sleep(FAULT_TIMEOUT_S * 1.5 + fault.rng.uniform(0.0, 1.0))
+    cluster.kill(paused, signal.SIGCONT)
+    resumed_at = time.time()
+    print(f"server {killed} SIGKILLed, server {paused} stopped and resumed")
+    time.sleep(3.0)
+    reports = fault.finish()
+    fault.check(reports)
+    for name, r in reports.items():
+        assert r["last_ok"].get(str(paused), 0) > resumed_at, (name, "not re-admitted", r)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "round_",
+    [_clients_killed_round, _server_killed_round, _server_paused_round],
+    ids=lambda f: f.__name__.strip("_"),
+)
+def test_fault_round(
+    daemon_cluster: Any, tmp_path: Path, request: pytest.FixtureRequest, round_: Any
+) -> None:
+    round_(daemon_cluster, tmp_path, _fault_seed(request))
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    "round_",
+    [_clients_killed_round, _server_killed_round, _server_paused_round],
+    ids=lambda f: f.__name__.strip("_"),
+)
+def test_fault_rounds_20(
+    daemon_cluster: Any, tmp_path: Path, request: pytest.FixtureRequest, round_: Any
+) -> None:
+    seed = _fault_seed(request)
+    for n in range(20):
+        base = tmp_path / f"round-{n}"
+        base.mkdir()
+        print(f"round {n}: seed {seed + n}")
+        round_(daemon_cluster, base, seed + n)

@@ -103,9 +103,12 @@ def probe(
 
 
 def system_libucp() -> str:
-    """The libucp this test process (which imported benchfs._core, not MPICH) has mapped."""
+    """The libucp this test process (which imported benchfs._core, not MPICH) has mapped: the
+    UCX 1.22 that scripts/bootstrap installs at .venv/ucx, not Debian's."""
     maps = {line.split()[-1] for line in open("/proc/self/maps") if len(line.split()) == 6}
     (path,) = [p for p in maps if os.path.basename(p).startswith("libucp.so")]
+    bootstrap_ucx = os.path.realpath(Path(sys.prefix) / "ucx" / "lib")
+    assert os.path.realpath(path).startswith(bootstrap_ucx + os.sep), path
     return os.path.realpath(path)
 
 

@@ -144,7 +144,6 @@ impl Drop for Attempt<'_> {
     }
 }
 
-
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).
 #[derive(Debug)]
@@ -308,7 +307,10 @@ impl Shared {
     /// UCX reported the connection to `target` failed: requests waiting on it end now.
     fn target_failed(&self, target: (usize, usize), reason: String) {
         if let Ok(mut pending) = self.pending.try_borrow_mut() {
-            for p in pending.values_mut().filter(|p| p.target == target && p.reply.is_none()) {
+            for p in pending
+                .values_mut()
+                .filter(|p| p.target == target && p.reply.is_none())
+            {
                 p.reply = Some(Err(ReplyFailure::Lost(reason.clone())));
                 if let Some(w) = p.waker.take() {
                     w.wake();
@@ -580,7 +582,9 @@ impl Client {
                         std::io::Error::from_raw_os_error(-h.status)
                     ))
                 }
-                Some(Some(Err(ReplyFailure::Lost(r) | ReplyFailure::Malformed(r)))) => failure = Some(r.clone()),
+                Some(Some(Err(ReplyFailure::Lost(r) | ReplyFailure::Malformed(r)))) => {
+                    failure = Some(r.clone())
+                }
                 Some(None) => {
                     let failed = self.shared.failed.borrow();
                     let target = pending.get(id).map(|p| p.target);
@@ -850,8 +854,10 @@ impl Client {
                 Err(e) => {
                     metrics.count_error(index, kind);
                     self.counters.borrow_mut()[index].failures += 1;
-                    if timed_out || matches!(e, Error::ServerLost { .. }) {
-                        self.mark_lost(index, e.to_string());
+                    match &e {
+                        Error::ServerLost { reason, .. } => self.mark_lost(index, reason.clone()),
+                        Error::Timeout { .. } => self.mark_lost(index, e.to_string()),
+                        _ => {}
                     }
                     return Err(e);
                 }
@@ -933,7 +939,7 @@ impl Client {
             if let Some(reason) = &link.lost {
                 return Err(Error::ServerLost {
                     server: link.id,
-                    reason: reason.clone(),
+                    reason: format!("lost earlier ({reason}); probing it"),
                 });
             }
             let (Some(ep), Some(&conn)) = (
@@ -1036,7 +1042,12 @@ impl Client {
             .borrow_mut()
             .iter_mut()
             .filter(|l| l.lost.is_some())
-            .flat_map(|l| l.endpoints.iter_mut().filter_map(Option::take).collect::<Vec<_>>())
+            .flat_map(|l| {
+                l.endpoints
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .collect::<Vec<_>>()
+            })
             .collect();
         drop(closing);
         let deadline = Instant::now() + RELEASE_WAIT;
@@ -1087,7 +1098,11 @@ impl Client {
                 continue;
             }
             if let Err(e) = self.reconnect(index, Instant::now() + RECONNECT_WAIT) {
-                self.mark_lost(index, e.to_string());
+                let reason = match e {
+                    Error::ServerLost { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                self.mark_lost(index, reason);
             }
         }
         Ok(())

@@ -107,10 +107,11 @@ struct RequestQueue {
 }
 
 impl RequestQueue {
-    fn push(&self, item: Incoming) -> std::result::Result<usize, Incoming> {
+    /// Queues `item`; `None` (and `item` dropped) when the queue is full.
+    fn push(&self, item: Incoming) -> Option<usize> {
         let mut items = self.items.borrow_mut();
         if items.len() >= self.capacity {
-            return Err(item);
+            return None;
         }
         items.push_back(item);
         let depth = items.len();
@@ -118,7 +119,7 @@ impl RequestQueue {
         if let Some(w) = self.waiters.borrow_mut().pop_front() {
             w.wake();
         }
-        Ok(depth)
+        Some(depth)
     }
 
     fn pop(self: &Rc<Self>) -> PopRequest {
@@ -299,8 +300,8 @@ impl ServerState {
             arrived: Instant::now(),
         };
         match self.queue.push(item) {
-            Ok(_) => verdict,
-            Err(_) => {
+            Some(_) => verdict,
+            None => {
                 self.metrics.count_rejected();
                 reply_now(&conn, header.reply(-libc::EAGAIN, 0));
                 // Returning Done lets UCX drop an unreceived rendezvous descriptor.
@@ -519,8 +520,14 @@ impl ServerState {
             ns(done.saturating_duration_since(started)),
             ns(done.saturating_duration_since(req.arrived)),
         );
-        self.metrics
-            .record_op(kind, queue_ns, device_ns, total_ns, moved, !is_server_fault(status));
+        self.metrics.record_op(
+            kind,
+            queue_ns,
+            device_ns,
+            total_ns,
+            moved,
+            !is_server_fault(status),
+        );
         if let Some(ring) = &self.trace {
             let (base, base_unix) = self.clock_base;
             let record = TraceRecord {
@@ -534,7 +541,11 @@ impl ServerState {
                 server: self.server_id,
                 worker: self.worker_index,
                 op: kind as u8,
-                flags: if is_server_fault(status) { TRACE_FLAG_ERROR } else { 0 },
+                flags: if is_server_fault(status) {
+                    TRACE_FLAG_ERROR
+                } else {
+                    0
+                },
             };
             if !ring.push(&record) {
                 self.metrics.count_trace_dropped();
