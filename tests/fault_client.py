@@ -101,6 +101,7 @@ def main() -> int:
         set(json.loads(killed_file.read_text())) if killed_file and killed_file.exists() else set()
     )
     verified, unreachable, mismatches, bad_errors = 0, 0, [], []
+    verified_on: dict[int, int] = {}
     for path, seed in written.items():
         try:
             server = client.locate(path, 0)
@@ -110,6 +111,7 @@ def main() -> int:
                 mismatches.append(path)
             else:
                 verified += 1
+                verified_on[server] = verified_on.get(server, 0) + 1
         except OSError as e:
             unreachable += 1
             if e.errno not in FAULT_ERRNOS or not any(f"server {k}" in str(e) for k in killed):
@@ -122,6 +124,7 @@ def main() -> int:
         "last_ok": rec.last_ok,
         "written": len(written),
         "verified": verified,
+        "verified_on": verified_on,
         "unreachable": unreachable,
         "mismatches": mismatches,
         "bad_errors": bad_errors,

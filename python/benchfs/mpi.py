@@ -9,13 +9,12 @@ ranks need two things that `env()` provides:
 
 - mpi4py must load MPICH's libmpi: the mpi4py wheel carries one extension per MPI ABI and
   picks it from the libmpi it loads, `MPI4PY_LIBMPI` when set, else the system's (Open MPI).
-- The wheel's libmpi needs its own UCX 1.20 (`lib/mpich/libucp.so.0`), while `benchfs._core`
-  needs the system UCX (1.13 on Debian 12) that the daemons speak. Both have the soname
-  `libucp.so.0`, so a process gets only the one loaded first: MPICH's ucx netmod then calls a
-  UCX with other structures (UCX warns "UCP API version is incompatible: required >= 1.20,
-  actual 1.13.1"), or BenchFS runs on MPICH's UCX. So MPICH is told to use its ofi netmod
-  (libfabric, which it bundles and which has no UCX in it), and the system libucp is preloaded
-  so that BenchFS gets it whichever module a rank imports first.
+- The wheel's libmpi comes with its own UCX 1.20 (`lib/mpich/libucp.so.0`), while
+  `benchfs._core` is built for UCX 1.22 (`.venv/ucx`, from scripts/bootstrap). Both have the
+  soname `libucp.so.0`, so a process gets only the one loaded first, and BenchFS must not run
+  on a UCX older than its own. So BenchFS's libucp is preloaded, which it gets whichever module
+  a rank imports first, and MPICH is told to use its ofi netmod (libfabric, which it bundles and
+  which has no UCX in it), so MPICH never depends on which UCX that is.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from benchfs.ucx import loaded_libucp
 
 __all__ = ["MpiLauncher", "find_mpich", "find_mpiexec"]
 
@@ -81,30 +82,6 @@ def _mpich_libmpi(mpiexec: str) -> Path | None:
     """MPICH's libmpi in the same prefix as its mpiexec (`<prefix>/bin` and `<prefix>/lib`)."""
     lib = Path(os.path.realpath(mpiexec)).parent.parent / "lib" / "libmpi.so.12"
     return lib if lib.is_file() else None
-
-
-def _core_libucp(avoid: Path) -> str:
-    """The libucp that `benchfs._core` is linked with, as this process loaded it.
-
-    Read from /proc/self/maps after importing the extension, so that it is the exact file the
-    dynamic linker chose for BenchFS (not a guess at library directories).
-    """
-    import benchfs._core  # noqa: F401  (loads the system UCX into this process)
-
-    found: list[str] = []
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libucp.so"):
-                path = fields[5].strip()
-                if path not in found and not Path(path).is_relative_to(avoid):
-                    found.append(path)
-    if len(found) != 1:
-        raise RuntimeError(
-            f"cannot tell which libucp benchfs._core uses (mapped: {found or 'none'}): "
-            "launch MPICH from a process that has not loaded MPICH's own UCX"
-        )
-    return found[0]
 
 
 class MpiLauncher:
@@ -181,7 +158,12 @@ class MpiLauncher:
                 "process with the system UCX of benchfs._core; use ofi (unset the variable)"
             )
         env[NETMOD_VAR] = "ofi"
-        libucp = _core_libucp(avoid=libdir)
+        try:
+            libucp = loaded_libucp(avoid=libdir)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"{e}: launch MPICH from a process that has not loaded MPICH's own UCX"
+            ) from None
         preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
         if libucp not in preload:
             env["LD_PRELOAD"] = ":".join([libucp, *preload])

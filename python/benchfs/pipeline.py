@@ -55,6 +55,7 @@ from benchfs.results import (
     write_text_atomic,
 )
 from benchfs.telemetry import TelemetryFollower
+from benchfs.ucx import find_tool
 from benchfs.units import format_size
 
 __all__ = [
@@ -340,7 +341,10 @@ def _first_line(argv: Sequence[str]) -> str | None:
 
 def collect_versions(mpiexec: str | None) -> dict[str, str | None]:
     """The manifest's `versions`: what ran, so that two runs can be told apart later."""
-    ucx = _first_line(["ucx_info", "-v"])
+    try:
+        ucx = _first_line([find_tool("ucx_info"), "-v"])
+    except FileNotFoundError:
+        ucx = None
     return {
         "benchfs": __version__,
         "ucx": ucx.lstrip("# ") if ucx else None,

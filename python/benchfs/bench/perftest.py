@@ -19,7 +19,6 @@ import contextlib
 import itertools
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from benchfs.bench.system import BenchError
 from benchfs.procs import stop_process, tail
+from benchfs.ucx import find_tool
 
 __all__ = [
     "PerftestError",
@@ -152,13 +152,12 @@ def parse_perftest_output(text: str, command: str) -> PerftestResult:
 
 
 def find_perftest() -> str:
-    """Path of ucx_perftest; BenchError ENOENT naming the package if it is not installed."""
-    found = shutil.which(PERFTEST)
-    if found is None:
-        raise BenchError(
-            "ENOENT", f"{PERFTEST} not found on PATH (Debian/Ubuntu: apt-get install ucx-utils)"
-        )
-    return found
+    """Path of the ucx_perftest of BenchFS's own UCX (the same library on both sides of the
+    comparison); BenchError ENOENT naming where it looked if there is none."""
+    try:
+        return find_tool(PERFTEST)
+    except FileNotFoundError as e:
+        raise BenchError("ENOENT", str(e)) from None
 
 
 def free_port() -> int:

@@ -40,6 +40,7 @@ from benchfs.bench.wholepath import WholePathBench
 from benchfs.cli.run import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config
+from benchfs.ucx import find_tool
 from benchfs.units import format_size
 
 MIB = 1 << 20
@@ -627,7 +628,10 @@ def method_notes(settings: Settings, quick: bool) -> list[str]:
 
 
 def ucx_version() -> str | None:
-    line = tool_version(["ucx_info", "-v"])
+    try:
+        line = tool_version([find_tool("ucx_info"), "-v"])
+    except FileNotFoundError:
+        return None
     return line.lstrip("# ").removeprefix("Version ").strip() if line else None
 
 
