@@ -152,6 +152,9 @@ pub struct NetworkConfig {
     /// Microseconds an event loop keeps polling after activity before it sleeps in the
     /// kernel (a wake-up costs tens of microseconds); 0 never spins. Idle loops never spin.
     pub spin_us: u64,
+    /// UCX's newer protocol selection (`UCX_PROTO_ENABLE`). Off: UCX 1.22 then moves BenchFS's
+    /// chunks as fast as 1.13 did; on, 4 MiB transfers over TCP ran at 0.6x (docs/bench.md).
+    pub ucx_proto_v2: bool,
 }
 
 impl Default for NetworkConfig {
@@ -161,6 +164,7 @@ impl Default for NetworkConfig {
             rndv_threshold: 0,
             peer_error_handling: true,
             spin_us: 50,
+            ucx_proto_v2: false,
         }
     }
 }
@@ -171,6 +175,7 @@ impl NetworkConfig {
         benchfs_ucx::WorkerOptions {
             transports: (!self.transports.is_empty()).then(|| self.transports.clone()),
             rndv_threshold: (self.rndv_threshold > 0).then_some(self.rndv_threshold),
+            proto_v2: self.ucx_proto_v2,
             serialized: false,
         }
     }

@@ -169,6 +169,8 @@ pub struct WorkerOptions {
     pub transports: Option<String>,
     /// `UCX_RNDV_THRESH`: payload bytes from which rendezvous is used.
     pub rndv_threshold: Option<u64>,
+    /// `UCX_PROTO_ENABLE`: UCX's newer protocol selection (false: the original protocols).
+    pub proto_v2: bool,
     /// Allow use from any thread, one at a time (`UCS_THREAD_MODE_SERIALIZED`) instead of
     /// only the creating thread.
     pub serialized: bool,
@@ -187,6 +189,10 @@ impl Worker {
         let settings: Vec<(&str, String)> = [
             options.transports.clone().map(|t| ("TLS", t)),
             options.rndv_threshold.map(|t| ("RNDV_THRESH", t.to_string())),
+            Some((
+                "PROTO_ENABLE",
+                if options.proto_v2 { "y" } else { "n" }.to_string(),
+            )),
         ]
         .into_iter()
         .flatten()
