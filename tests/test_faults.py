@@ -26,7 +26,9 @@ from conftest import (
     config_text,
     data_for,
     interrupt_once_the_workload_runs,
+    run_bounded,
 )
+from test_capi import pkg_config
 
 
 @pytest.mark.timeout(60)
@@ -526,3 +528,43 @@ def test_fault_rounds_20(
         base.mkdir()
         print(f"round {n}: seed {seed + n}")
         _run_round(daemon_cluster, base, seed + n, name)
+
+
+@pytest.mark.timeout(90)
+def test_c_library_names_a_killed_server(daemon_cluster: Any, tmp_path: Path) -> None:
+    """The C library turns a SIGKILLed server into -EHOSTDOWN, within a second, with a message
+    naming the server, and its process goes on (the program exits normally)."""
+    binary = tmp_path / "fault_writer"
+    flags = pkg_config("--cflags", "--libs")
+    rpath = f"-Wl,-rpath,{pkg_config('--variable=libdir')[0]}"
+    source = Path(__file__).with_name("c") / "fault_writer.c"
+    built = run_bounded(
+        ["gcc", "-std=c99", "-Wall", "-Wextra", "-Werror", str(source), "-o", str(binary),
+         *flags, rpath],
+        timeout=120,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    cluster = daemon_cluster(2, *FAULT_OVERRIDES)
+    assert cluster.config_path is not None
+    proc = subprocess.Popen(
+        [str(binary), str(cluster.registry_dir), str(cluster.config_path), "/c-writer"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        FaultRound.wait_line(proc, "writing")
+        time.sleep(0.2)
+        cluster.kill(1, signal.SIGKILL)
+        out, err = proc.communicate(timeout=CALL_BOUND_S + 20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out + err
+    match = re.search(r"failed errno=(\S+) after_s=\S+ max_call_s=(\S+) message=(.*)", out)
+    assert match, out + err
+    assert match.group(1) == "EHOSTDOWN", out
+    assert float(match.group(2)) < 1.5, out
+    assert "server 1" in match.group(3), out
