@@ -178,10 +178,20 @@ enum ReplyFailure {
     Lost(String),
 }
 
+/// Set (with UCX's reason) when an endpoint's peer fails; shared by the endpoint's failure hook
+/// and the requests sent on it.
+type Down = Rc<RefCell<Option<String>>>;
+
+/// An endpoint to one server worker and its failure flag.
+struct Link {
+    endpoint: Endpoint,
+    down: Down,
+}
+
 #[derive(Default)]
 struct PendingRpc {
-    /// The (server index, worker) the request went to.
-    target: (usize, usize),
+    /// The failure flag of the endpoint the request went out on.
+    down: Option<Down>,
     reply: Option<std::result::Result<Header, ReplyFailure>>,
     dest: Option<Dest>,
     /// A rendezvous receive into `dest`, started by the reply handler.
@@ -191,9 +201,6 @@ struct PendingRpc {
 
 struct Shared {
     pending: RefCell<HashMap<u64, PendingRpc>>,
-    /// Targets whose connection failed, as UCX reported them from inside `progress` (read by
-    /// waiting requests even when `pending` was busy at that moment).
-    failed: RefCell<Vec<((usize, usize), String)>>,
     /// UCX operations of abandoned requests that may still touch caller memory.
     orphans: RefCell<Vec<Request>>,
     late_replies: Cell<u64>,
@@ -203,7 +210,7 @@ struct Shared {
 struct ServerLink {
     id: u32,
     /// One endpoint per server worker; `None` once force-closed.
-    endpoints: Vec<Option<Endpoint>>,
+    endpoints: Vec<Option<Link>>,
     /// The connection id each server worker gave this client at hello.
     conns: Vec<u32>,
     /// Set once the server failed: requests fail at once (EHOSTDOWN) until a probe succeeds.
@@ -216,7 +223,7 @@ struct Probing {
     next_at: Instant,
     interval: Duration,
     /// A probe in flight: its endpoints and hello request ids, one per server worker.
-    inflight: Option<(Vec<Endpoint>, Vec<u64>, Instant)>,
+    inflight: Option<(Vec<Link>, Vec<u64>, Instant)>,
 }
 
 const PROBE_FIRST: Duration = Duration::from_millis(100);
@@ -304,21 +311,19 @@ pub struct Client {
 }
 
 impl Shared {
-    /// UCX reported the connection to `target` failed: requests waiting on it end now.
-    fn target_failed(&self, target: (usize, usize), reason: String) {
+    /// UCX reported the peer of the endpoint with flag `down` failed: requests waiting on it
+    /// wake up and see the flag (if `pending` is busy now, they see it when next polled).
+    fn endpoint_failed(&self, down: &Down, reason: String) {
+        *down.borrow_mut() = Some(reason);
         if let Ok(mut pending) = self.pending.try_borrow_mut() {
-            for p in pending
-                .values_mut()
-                .filter(|p| p.target == target && p.reply.is_none())
-            {
-                p.reply = Some(Err(ReplyFailure::Lost(reason.clone())));
-                if let Some(w) = p.waker.take() {
-                    w.wake();
+            for p in pending.values_mut() {
+                if p.down.as_ref().is_some_and(|d| Rc::ptr_eq(d, down)) {
+                    if let Some(w) = p.waker.take() {
+                        w.wake();
+                    }
                 }
             }
         }
-        // Also kept for requests that start waiting later (or if `pending` was busy).
-        self.failed.borrow_mut().push((target, reason));
     }
 
     fn on_reply(&self, worker: &Worker, msg: AmMessage<'_>) -> AmVerdict {
@@ -395,7 +400,6 @@ impl Drop for RpcGuard<'_> {
 struct WaitReply<'a> {
     shared: &'a Shared,
     id: u64,
-    target: (usize, usize),
 }
 
 impl std::future::Future for WaitReply<'_> {
@@ -410,9 +414,8 @@ impl std::future::Future for WaitReply<'_> {
             Some(p) => match p.reply.take() {
                 Some(r) => std::task::Poll::Ready(r),
                 None => {
-                    let failed = self.shared.failed.borrow();
-                    if let Some((_, reason)) = failed.iter().find(|(t, _)| *t == self.target) {
-                        return std::task::Poll::Ready(Err(ReplyFailure::Lost(reason.clone())));
+                    if let Some(reason) = p.down.as_ref().and_then(|d| d.borrow().clone()) {
+                        return std::task::Poll::Ready(Err(ReplyFailure::Lost(reason)));
                     }
                     p.waker = Some(cx.waker().clone());
                     std::task::Poll::Pending
@@ -460,7 +463,6 @@ impl Client {
             .set_spin(Duration::from_micros(config.network.spin_us));
         let shared = Rc::new(Shared {
             pending: RefCell::new(HashMap::new()),
-            failed: RefCell::new(Vec::new()),
             orphans: RefCell::new(Vec::new()),
             late_replies: Cell::new(0),
             malformed_replies: Cell::new(0),
@@ -529,7 +531,7 @@ impl Client {
     /// Starts connecting to every worker of the server at `index`: endpoints, then a hello on
     /// each (retiring `retire`, this client's earlier connections there). The hellos' replies
     /// (each carrying a connection id) arrive like any other; see [`Self::hello_outcome`].
-    fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<(Vec<Endpoint>, Vec<u64>)> {
+    fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<(Vec<Link>, Vec<u64>)> {
         let entry = &self.membership[index];
         let worker = self.worker.borrow().clone();
         let address = self.address.borrow().clone();
@@ -541,10 +543,11 @@ impl Client {
                     server: entry.id,
                     reason: format!("cannot connect: {e}"),
                 })?;
-            let shared = Rc::downgrade(&self.shared);
+            let down: Down = Rc::default();
+            let (shared, flag) = (Rc::downgrade(&self.shared), down.clone());
             endpoint.on_failure(move |e| {
                 if let Some(s) = shared.upgrade() {
-                    s.target_failed((index, w), e.to_string());
+                    s.endpoint_failed(&flag, e.to_string());
                 }
             });
             let id = self.request_id();
@@ -554,14 +557,14 @@ impl Client {
             self.shared.pending.borrow_mut().insert(
                 id,
                 PendingRpc {
-                    target: (index, w),
+                    down: Some(down.clone()),
                     ..Default::default()
                 },
             );
             // SAFETY: the address is owned by `self.address`, replaced only after every
             // endpoint (and so every send on one) is closed.
             drop(unsafe { endpoint.send_am(AM_REQUEST, &header.encode(), &address, None) });
-            endpoints.push(endpoint);
+            endpoints.push(Link { endpoint, down });
             ids.push(id);
         }
         Ok((endpoints, ids))
@@ -586,10 +589,9 @@ impl Client {
                     failure = Some(r.clone())
                 }
                 Some(None) => {
-                    let failed = self.shared.failed.borrow();
-                    let target = pending.get(id).map(|p| p.target);
-                    match failed.iter().find(|(t, _)| Some(*t) == target) {
-                        Some((_, r)) => failure = Some(r.clone()),
+                    let down = pending.get(id).and_then(|p| p.down.as_ref());
+                    match down.and_then(|d| d.borrow().clone()) {
+                        Some(r) => failure = Some(r),
                         None => return None,
                     }
                 }
@@ -631,8 +633,7 @@ impl Client {
     }
 
     /// Installs connections to the server at `index` and clears its lost state.
-    fn admit(&self, index: usize, endpoints: Vec<Endpoint>, conns: Vec<u32>) {
-        self.shared.failed.borrow_mut().retain(|(t, _)| t.0 != index);
+    fn admit(&self, index: usize, endpoints: Vec<Link>, conns: Vec<u32>) {
         let old = {
             let mut links = self.links.borrow_mut();
             let link = &mut links[index];
@@ -922,7 +923,6 @@ impl Client {
         self.shared.pending.borrow_mut().insert(
             id,
             PendingRpc {
-                target: (index, worker),
                 dest,
                 ..Default::default()
             },
@@ -942,7 +942,7 @@ impl Client {
                     reason: format!("lost earlier ({reason}); probing it"),
                 });
             }
-            let (Some(ep), Some(&conn)) = (
+            let (Some(Link { endpoint: ep, down }), Some(&conn)) = (
                 link.endpoints.get(worker).and_then(|e| e.as_ref()),
                 link.conns.get(worker),
             ) else {
@@ -951,6 +951,9 @@ impl Client {
                     reason: "not connected".into(),
                 });
             };
+            if let Some(p) = self.shared.pending.borrow_mut().get_mut(&id) {
+                p.down = Some(down.clone());
+            }
             // SAFETY: `payload` is borrowed for this call, and the guard turns a still-running
             // send into an orphan that the public call waits for before returning.
             let header = header.with_token(self.token).on_connection(conn);
@@ -961,7 +964,6 @@ impl Client {
             let reply = WaitReply {
                 shared: &self.shared,
                 id,
-                target: (index, worker),
             }
             .await;
             if let Some(send) = guard.send.as_mut() {
@@ -1037,7 +1039,7 @@ impl Client {
     /// an endpoint), tears the UCX worker down, which ends every operation for certain, and
     /// reconnects. Bounded; never copies data and never aborts.
     fn quiesce(&self) -> Result<()> {
-        let closing: Vec<Endpoint> = self
+        let closing: Vec<Link> = self
             .links
             .borrow_mut()
             .iter_mut()
@@ -1073,12 +1075,12 @@ impl Client {
     /// can no longer touch any memory of an operation started on it), makes a new one and
     /// reconnects to every server not lost (those that do not answer in time become lost).
     fn reset_transport(&self) -> Result<()> {
-        let old: Vec<Endpoint> = self
+        let old: Vec<Link> = self
             .links
             .borrow_mut()
             .iter_mut()
             .flat_map(|l| {
-                let mut eps: Vec<Endpoint> = l.endpoints.iter_mut().filter_map(Option::take).collect();
+                let mut eps: Vec<Link> = l.endpoints.iter_mut().filter_map(Option::take).collect();
                 if let Some((probe, _, _)) = l.probe.inflight.take() {
                     eps.extend(probe);
                 }
@@ -1088,7 +1090,6 @@ impl Client {
         drop(old);
         self.shared.pending.borrow_mut().clear();
         self.shared.orphans.borrow_mut().clear();
-        self.shared.failed.borrow_mut().clear();
         let (worker, address) = make_worker(&self.config, &self.runtime, &self.shared)?;
         // The old worker's last reference: ucp_worker_destroy runs here.
         drop(std::mem::replace(&mut *self.worker.borrow_mut(), worker));
@@ -1571,5 +1572,62 @@ impl Drop for Client {
         self.telemetry.snapshot(Instant::now(), true);
         // Close endpoints (forcibly, bounded) before the worker goes away.
         self.links.borrow_mut().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::{ServerHandle, ServerOptions};
+
+    /// The last resort of `quiesce` (a UCX worker rebuilt because UCX kept caller memory after
+    /// the endpoints of a lost server were closed) leaves a client that works: new worker, new
+    /// connections to every server, data intact.
+    #[test]
+    fn a_rebuilt_transport_reconnects_and_serves() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut config = Config::default();
+        config.cluster.expected_servers = 2;
+        config.client.chunk_size = 64 * 1024;
+        config.storage.buffer_count = 8;
+        let servers = (0..2)
+            .map(|id| {
+                ServerHandle::spawn(ServerOptions {
+                    id,
+                    node: format!("node-{id}"),
+                    data_dir: dir.path().join(format!("data-{id}")),
+                    registry_dir: dir.path().join("registry"),
+                    config: config.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let client = Client::connect(&dir.path().join("registry"), config)?;
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let f = client.open("/kept", namespace::CREATE, 0o644)?;
+        assert_eq!(client.write(&f, 0, &data)?, data.len());
+        let old_address = client.address.borrow().clone();
+        let old_conns: Vec<Vec<u32>> = client.links.borrow().iter().map(|l| l.conns.clone()).collect();
+
+        client.reset_transport()?;
+
+        assert_ne!(
+            *client.address.borrow(),
+            old_address,
+            "the worker was not replaced"
+        );
+        let links = client.links.borrow();
+        assert!(links
+            .iter()
+            .all(|l| l.lost.is_none() && l.endpoints.iter().all(Option::is_some)));
+        let new_conns: Vec<Vec<u32>> = links.iter().map(|l| l.conns.clone()).collect();
+        assert_ne!(new_conns, old_conns, "the servers did not open new connections");
+        drop(links);
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(client.read(&f, 0, &mut back)?, data.len());
+        assert_eq!(back, data);
+        client.close(&f)?;
+        drop(client);
+        drop(servers);
+        Ok(())
     }
 }
