@@ -37,6 +37,9 @@ install:
 	@test -n "$(PREFIX)" || { echo "usage: make install PREFIX=/path" >&2; exit 2; }
 	$(MAKE) build
 	$(call install_capi,$(abspath $(PREFIX)))
+	# The UCX libbenchfs.so runs on, where its rpath looks ($$ORIGIN/../ucx/lib).
+	install -d $(abspath $(PREFIX))/ucx/lib
+	cp -a $(VENV)/ucx/lib/*.so* $(VENV)/ucx/lib/ucx $(abspath $(PREFIX))/ucx/lib/
 
 lint: bootstrap
 	cd $(CARGO_DIR) && cargo fmt --all --check

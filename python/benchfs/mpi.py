@@ -155,7 +155,7 @@ class MpiLauncher:
         if netmod.lower() != "ofi":
             raise ValueError(
                 f"{NETMOD_VAR}={netmod}: this MPICH bundles its own UCX, which cannot share a "
-                "process with the system UCX of benchfs._core; use ofi (unset the variable)"
+                "process with the UCX of benchfs._core; use ofi (unset the variable)"
             )
         env[NETMOD_VAR] = "ofi"
         try:

@@ -106,7 +106,7 @@ class Transport:
     name: str
     tls: str
     peer_error_handling: bool
-    """UCX 1.13's shared-memory transports cannot detect failed peers: false for them."""
+    """Shared memory alone cannot detect failed peers (UCX refuses to connect): false for it."""
 
     def overrides(self) -> list[str]:
         return [

@@ -30,6 +30,10 @@ use crate::telemetry::{
     TRACE_FLAG_ERROR,
 };
 
+/// Connections a server worker keeps open back to clients; hellos beyond it are not answered
+/// (the table is bounded like every queue; a connection is dropped when its client fails).
+const MAX_CONNECTIONS: usize = 65_536;
+
 /// How long a stopping server waits for accepted requests and in-flight I/O.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -157,6 +161,8 @@ struct Connections {
     /// Connections to drop (failed, retired or timed out), filled from UCX callbacks.
     closing: RefCell<Vec<u32>>,
     reaper: Cell<Option<Waker>>,
+    /// Set once the "too many connections" line was logged.
+    full_logged: Cell<bool>,
 }
 
 impl Connections {
@@ -323,6 +329,16 @@ impl ServerState {
                 return;
             }
         };
+        if self.conns.open.borrow().len() >= MAX_CONNECTIONS {
+            self.metrics.count_undelivered();
+            if !self.conns.full_logged.replace(true) {
+                eprintln!(
+                    "benchfs: {MAX_CONNECTIONS} client connections open on one server worker; \
+                     further hellos are not answered until clients go"
+                );
+            }
+            return;
+        }
         let conn = match self.worker.connect(address, self.peer_errors) {
             Ok(c) => Rc::new(c),
             Err(_) => {
@@ -338,7 +354,8 @@ impl ServerState {
                 c.retire(id);
             }
         });
-        if header.chunk != 0 && header.chunk <= u64::from(u32::MAX) {
+        // Only this job's clients may retire a connection (their own earlier one).
+        if header.token == self.token && header.chunk != 0 && header.chunk <= u64::from(u32::MAX) {
             self.conns.retire(header.chunk as u32);
         }
         let mut reply = header.reply(0, 0).on_connection(id);
