@@ -38,8 +38,9 @@ install:
 	$(MAKE) build
 	$(call install_capi,$(abspath $(PREFIX)))
 	# The UCX libbenchfs.so runs on, where its rpath looks ($$ORIGIN/../ucx/lib).
-	install -d $(abspath $(PREFIX))/ucx/lib
+	install -d $(abspath $(PREFIX))/ucx/lib $(abspath $(PREFIX))/ucx/etc
 	cp -a $(VENV)/ucx/lib/*.so* $(VENV)/ucx/lib/ucx $(abspath $(PREFIX))/ucx/lib/
+	cp -a $(VENV)/ucx/etc/ucx $(abspath $(PREFIX))/ucx/etc/
 
 lint: bootstrap
 	cd $(CARGO_DIR) && cargo fmt --all --check
