@@ -5,8 +5,8 @@ SIGTERM, timing every call; then re-checks what it wrote and reports one JSON ob
 
 Each file is one chunk (its data on one server), filled with the test pattern of its own seed,
 so a byte that is wrong, missing or from another file is detected. Prints `connecting` before
-connecting and `writing` once the first write started, so the harness can kill it at those
-points. Exits 0 after SIGTERM, with its report in OUT_JSON.
+connecting, `writing` once the first write started and `wrote N` once the first and the
+eighth file read back right, so the harness can kill it (or its servers) at those points. Exits 0 after SIGTERM, with its report in OUT_JSON.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def main() -> int:
                 raise AssertionError(f"{path}: read back differs right after writing it")
             written[path] = seed
             rec.last_ok[server] = time.time()
+            if len(written) in (1, 8):
+                print(f"wrote {len(written)}", flush=True)
         except OSError:
             time.sleep(0.01)
     # Re-check every file: those on live servers byte for byte, the others must fail cleanly.
