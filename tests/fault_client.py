@@ -6,7 +6,8 @@ SIGTERM, timing every call; then re-checks what it wrote and reports one JSON ob
 Each file is one chunk (its data on one server), filled with the test pattern of its own seed,
 so a byte that is wrong, missing or from another file is detected. Prints `connecting` before
 connecting, `writing` once the first write started and `wrote N` once the first and the
-eighth file read back right, so the harness can kill it (or its servers) at those points. Exits 0 after SIGTERM, with its report in OUT_JSON.
+eighth file read back right, so the harness can kill it (or its servers) at those points.
+Exits 0 after SIGTERM, with its report in OUT_JSON.
 """
 
 from __future__ import annotations
