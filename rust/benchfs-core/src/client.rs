@@ -161,6 +161,13 @@ impl FileHandle {
     pub fn size(&self) -> u64 {
         self.known_size.get().max(self.written_end.get())
     }
+
+    /// Tells the handle the file is at least `size` long: what other handles of the same
+    /// caller wrote and have not published (a mount shares one size among its handles). Reads
+    /// are then clamped at no less; nothing is published by it.
+    pub fn learn_size(&self, size: u64) {
+        self.known_size.set(self.known_size.get().max(size));
+    }
 }
 
 /// Where a reply's payload goes: a raw view of the caller's buffer for this request.
@@ -1477,6 +1484,13 @@ impl Client {
     /// A file replaces a file, a directory an empty directory. Non-empty directories are
     /// refused with EXDEV (their children's inodes are keyed by path), which `mv` handles.
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_with(from, to, 0)
+    }
+
+    /// [`Self::rename`] with `flags`: [`namespace::NO_REPLACE`] fails with EEXIST if `to`
+    /// exists, decided by `to`'s owner in the same step that installs it (atomic, like
+    /// `renameat2(RENAME_NOREPLACE)`).
+    pub fn rename_with(&self, from: &str, to: &str, flags: u32) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Meta);
         let from = self.checked("rename", from)?;
         let to = self.checked("rename", to)?;
@@ -1511,10 +1525,21 @@ impl Client {
             } else {
                 libc::ENOTDIR
             };
-            self.dir_add("rename", &to, attr.kind, conflict).await?;
+            let added = self.dir_add("rename", &to, attr.kind, conflict).await?.is_some();
             let mut req = MetaRequest::new(&to);
             req.attr = Some(attr);
-            let (_, replaced) = self.meta(Op::Install, "rename", &req).await?;
+            req.flags = flags & namespace::NO_REPLACE;
+            let replaced = match self.meta(Op::Install, "rename", &req).await {
+                Ok((_, replaced)) => replaced,
+                Err(e) => {
+                    // An entry this rename added names nothing if the install never happened;
+                    // a path error means an object is at `to` (created meanwhile): its entry.
+                    if added && !matches!(e, Error::Path { .. }) {
+                        let _ = self.dir_remove("rename", &to).await;
+                    }
+                    return Err(e);
+                }
+            };
             let old = MetaRequest::new(&from);
             if attr.kind == Kind::Dir {
                 self.meta(Op::Rmdir, "rename", &old).await?;

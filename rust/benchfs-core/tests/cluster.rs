@@ -4,7 +4,7 @@ use std::path::Path;
 
 use benchfs_core::client::Client;
 use benchfs_core::config::Config;
-use benchfs_core::namespace::{Kind, CREATE, EXCLUSIVE, TRUNCATE};
+use benchfs_core::namespace::{Kind, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::{Error, Result};
 
@@ -371,6 +371,22 @@ fn namespace_operations_across_owners() -> Result<()> {
             .collect::<Vec<_>>(),
         vec!["a", "b"]
     );
+    // NO_REPLACE: an existing target is EEXIST and both names stay as they were.
+    let f = client.open("/a/x", CREATE, 0o644)?;
+    client.write(&f, 0, b"x")?;
+    client.close(&f)?;
+    let g = client.open("/y", CREATE, 0o644)?;
+    client.close(&g)?;
+    assert_eq!(
+        errno(client.rename_with("/a/x", "/y", NO_REPLACE)),
+        Some(libc::EEXIST)
+    );
+    assert_eq!((client.stat("/a/x")?.size, client.stat("/y")?.size), (1, 0));
+    client.rename_with("/a/x", "/z", NO_REPLACE)?;
+    assert_eq!(client.stat("/z")?.size, 1);
+    assert_eq!(errno(client.stat("/a/x").map(drop)), Some(libc::ENOENT));
+    client.unlink("/y")?;
+    client.unlink("/z")?;
     // Bad paths are POSIX errors and change nothing.
     for (path, e) in [
         ("", libc::ENOENT),

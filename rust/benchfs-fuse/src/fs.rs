@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,8 +23,9 @@ use benchfs_core::namespace::{self, Attr, Kind};
 use benchfs_core::Error;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::table::{join, Table, ROOT, SILLY_PREFIX};
@@ -94,6 +95,8 @@ pub struct Shared {
     removed: Condvar,
     uid: u32,
     gid: u32,
+    /// Tells the kernel to drop cached attributes (set once the session exists).
+    notifier: OnceLock<Notifier>,
     /// Read and write requests served, so the request sizes the kernel really sent can be
     /// reported at exit (they bound what one request can do).
     pub reads: IoCounter,
@@ -149,6 +152,7 @@ impl Shared {
             removed: Condvar::new(),
             uid,
             gid,
+            notifier: OnceLock::new(),
             reads: IoCounter::default(),
             writes: IoCounter::default(),
         }
@@ -156,6 +160,16 @@ impl Shared {
 
     fn table(&self) -> MutexGuard<'_, Table> {
         lock(&self.table)
+    }
+
+    /// Gives the workers the session's notifier (see [`Worker::open`]).
+    pub fn set_notifier(&self, notifier: Notifier) {
+        let _ = self.notifier.set(notifier);
+    }
+
+    /// The lock that orders truncates against reads and writes of file `ino` on this mount.
+    fn io_lock(&self, ino: u64) -> Res<Arc<RwLock<()>>> {
+        self.table().get(ino).map(|i| i.io.clone()).ok_or(Errno::EBADF)
     }
 
     /// Waits (bounded) until queued removals of hidden names are done.
@@ -181,11 +195,18 @@ fn time(ns: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(ns)
 }
 
-/// The kernel's view of an object: sizes include this mount's unpublished writes.
-fn file_attr(ino: u64, attr: &Attr, table: &Table, uid: u32, gid: u32) -> FileAttr {
-    let (local_end, unlinked) = table.get(ino).map_or((0, false), |i| (i.local_end, i.unlinked));
+/// The kernel's view of an object: sizes include this mount's unpublished writes. Records the
+/// size told.
+fn file_attr(ino: u64, attr: &Attr, table: &mut Table, uid: u32, gid: u32) -> FileAttr {
     let dir = attr.kind == Kind::Dir;
-    let size = if dir { 0 } else { attr.size.max(local_end) };
+    let (size, unlinked) = match table.get_mut(ino) {
+        Some(i) => {
+            let size = if dir { 0 } else { attr.size.max(i.local_end) };
+            i.told_size = size;
+            (size, i.unlinked)
+        }
+        None => (if dir { 0 } else { attr.size }, false),
+    };
     FileAttr {
         ino: INodeNo(ino),
         size,
@@ -257,15 +278,15 @@ impl Worker {
     }
 
     fn attr_of(&self, ino: u64, attr: &Attr) -> FileAttr {
-        let t = self.shared.table();
-        file_attr(ino, attr, &t, self.shared.uid, self.shared.gid)
+        let mut t = self.shared.table();
+        file_attr(ino, attr, &mut t, self.shared.uid, self.shared.gid)
     }
 
     /// Records a lookup (the reply counts as one for the kernel) and builds the entry.
     fn entry(&self, path: &str, attr: &Attr) -> FileAttr {
         let mut t = self.shared.table();
         let ino = t.remember(path, attr);
-        file_attr(ino, attr, &t, self.shared.uid, self.shared.gid)
+        file_attr(ino, attr, &mut t, self.shared.uid, self.shared.gid)
     }
 
     fn lookup(&mut self, parent: u64, name: &OsStr) -> Res<FileAttr> {
@@ -302,6 +323,8 @@ impl Worker {
             if attr.kind == Kind::Dir {
                 return Err(Errno::EISDIR);
             }
+            let io = self.shared.io_lock(ino)?;
+            let _no_io = io.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(inode) = self.shared.table().get_mut(ino) {
                 // Handles that wrote before the truncate must not publish their old ends.
                 inode.pool.clear();
@@ -316,13 +339,28 @@ impl Worker {
         Ok(self.attr_of(ino, &attr))
     }
 
+    /// Opens: the kernel drops the file's cached pages (no FOPEN_KEEP_CACHE), and its cached
+    /// attributes too if the owner now gives another size than the kernel was told (another
+    /// client wrote or truncated it): close-to-open for sizes as for bytes.
     fn open(&mut self, ino: u64, flags: i32) -> Res<(u64, FopenFlags)> {
         let path = self.path_of(ino)?;
         let handle = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
-        let mut t = self.shared.table();
-        let inode = t.get_mut(ino).ok_or(Errno::ENOENT)?;
-        inode.opens += 1;
-        inode.pool.push(handle);
+        let stale = {
+            let mut t = self.shared.table();
+            let inode = t.get_mut(ino).ok_or(Errno::ENOENT)?;
+            inode.opens += 1;
+            let stale = handle.attr.size.max(inode.local_end) != inode.told_size.max(inode.local_end);
+            inode.pool.push(handle);
+            stale
+        };
+        if stale {
+            if let Some(n) = self.shared.notifier.get() {
+                // Attributes only (offset -1): the pages go anyway at this open.
+                if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
+                    eprintln!("benchfs-mount: cannot invalidate cached attributes: {e}");
+                }
+            }
+        }
         Ok((0, fopen_flags(flags)))
     }
 
@@ -342,6 +380,15 @@ impl Worker {
         if flags & libc::O_TRUNC != 0 {
             how |= namespace::TRUNCATE;
         }
+        // Truncating a file this mount has open: between its reads and writes, as setattr.
+        let known = self.shared.table().ino_of(&path);
+        let io = match known {
+            Some(ino) if how & namespace::TRUNCATE != 0 => self.shared.io_lock(ino).ok(),
+            _ => None,
+        };
+        let _no_io = io
+            .as_ref()
+            .map(|l| l.write().unwrap_or_else(PoisonError::into_inner));
         let handle = self
             .client
             .open(&path, how, mode & !umask & 0o7777)
@@ -358,12 +405,14 @@ impl Worker {
             inode.opens += 1;
             inode.pool.push(handle);
         }
-        let fattr = file_attr(ino, &attr, &t, self.shared.uid, self.shared.gid);
+        let fattr = file_attr(ino, &attr, &mut t, self.shared.uid, self.shared.gid);
         Ok((fattr, 0, fopen_flags(flags)))
     }
 
     /// A core handle of an open file for one request (opened on demand: one per concurrent
-    /// request), with the epoch it was taken in.
+    /// request), with the epoch it was taken in. The handle knows the file is at least as
+    /// long as this mount wrote it, whichever handle did the writing. Called with the file's
+    /// I/O lock held (shared), so no truncate falls between this and the I/O.
     fn take(&mut self, ino: u64) -> Res<(CoreHandle, u64)> {
         let (path, epoch) = {
             let mut t = self.shared.table();
@@ -372,11 +421,15 @@ impl Worker {
                 if h.path != inode.path {
                     h.path.clone_from(&inode.path); // renamed since: publish to the new name
                 }
+                h.learn_size(inode.local_end);
                 return Ok((h, inode.epoch));
             }
             (inode.path.clone(), inode.epoch)
         };
         let h = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
+        if let Some(inode) = self.shared.table().get(ino) {
+            h.learn_size(inode.local_end);
+        }
         Ok((h, epoch))
     }
 
@@ -394,6 +447,11 @@ impl Worker {
     }
 
     fn read(&mut self, ino: u64, offset: u64, size: usize, reply: ReplyData) {
+        let io = match self.shared.io_lock(ino) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let _io = io.read().unwrap_or_else(PoisonError::into_inner);
         let (h, epoch) = match self.take(ino) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
@@ -410,6 +468,8 @@ impl Worker {
     }
 
     fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Res<u32> {
+        let io = self.shared.io_lock(ino)?;
+        let _io = io.read().unwrap_or_else(PoisonError::into_inner);
         let (h, epoch) = self.take(ino)?;
         let done = self.client.write(&h, offset, data);
         let end = done.as_ref().ok().map(|&n| offset + n as u64);
@@ -542,14 +602,8 @@ impl Worker {
             return Err(Errno::EINVAL);
         }
         self.shared.wait_removals();
-        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-            match self.client.stat(&to) {
-                Ok(_) => return Err(Errno::EEXIST),
-                Err(e) if e.errno() == libc::ENOENT => {}
-                Err(e) => return Err(errno("rename", e)),
-            }
-        }
-        if from != to {
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        if from != to && !noreplace {
             if let Some(target) = self.open_file_at(&to) {
                 // A file replacing an open file: the open one keeps its data until released.
                 if self.stat("rename", &from)?.kind == Kind::File {
@@ -557,7 +611,10 @@ impl Worker {
                 }
             }
         }
-        self.client.rename(&from, &to).map_err(|e| errno("rename", e))?;
+        let how = if noreplace { namespace::NO_REPLACE } else { 0 };
+        self.client
+            .rename_with(&from, &to, how)
+            .map_err(|e| errno("rename", e))?;
         self.shared.table().rename(&from, &to);
         Ok(())
     }

@@ -186,6 +186,7 @@ fn run(args: Args) -> Result<(), String> {
             return Err(format!("cannot mount at {}: {e}", mountpoint.display()));
         }
     };
+    shared.set_notifier(session.notifier());
     let mut unmounter = session.unmount_callable();
     let (events_tx, events) = mpsc::channel::<Event>();
     let ended = events_tx.clone();

@@ -4,6 +4,7 @@
 //! their last release. Renames move numbers to their new paths.
 
 use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use benchfs_core::client::FileHandle;
 use benchfs_core::namespace::{Attr, Kind};
@@ -27,8 +28,15 @@ pub struct Inode {
     /// Open file handles of this mount (open/create minus release).
     pub opens: u64,
     /// The largest end written through this mount that the servers may not know yet: the
-    /// size the kernel is told is never smaller, or its page cache would drop our own writes.
+    /// size the kernel is told, and every read through any handle, is never smaller (or the
+    /// kernel would take a short read for the end of the file and cache zeros).
     pub local_end: u64,
+    /// The size in the last attributes the kernel got for this file; an open that finds
+    /// another size at the owner invalidates the kernel's copy (close-to-open).
+    pub told_size: u64,
+    /// Held shared by each read and write of this mount on the file, exclusively by a
+    /// truncate: a truncate then falls between I/Os, never inside one.
+    pub io: Arc<RwLock<()>>,
     /// Bumped by truncate: core handles taken before it carry written ends that must not be
     /// published any more, so they are dropped instead of returned to the pool.
     pub epoch: u64,
@@ -49,6 +57,8 @@ impl Inode {
             lookups: 0,
             opens: 0,
             local_end: 0,
+            told_size: 0,
+            io: Arc::default(),
             epoch: 0,
             pool: Vec::new(),
             unlinked: false,
