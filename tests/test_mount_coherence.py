@@ -166,7 +166,7 @@ def readers_while_writing_and_truncating(mount: Mounted, bs: int, direct: bool) 
     a truncate; in between, every byte read must be one the file held at some moment: round
     r's, round r-1's, or a zero of a truncated range."""
     path = mount.mountpoint / "moving.dat"
-    size = 2 * MIB + 12345
+    size = min(2 * MIB, 128 * bs) + 12345  # not a block multiple; at most 128 writes a round
     flags = os.O_DIRECT if direct else 0
     rounds = 4
     wfd = os.open(path, os.O_CREAT | os.O_RDWR | flags, 0o644)
@@ -241,9 +241,13 @@ def readers_while_writing_and_truncating(mount: Mounted, bs: int, direct: bool) 
             os.ftruncate(wfd, size)
             writing.set()
             checkpoint.wait()  # 5
-    finally:
+    except BaseException:
+        # Only on failure: aborting after a normal last wait can break a reader that has not
+        # yet woken from it.
         writing.clear()
         checkpoint.abort()
+        raise
+    finally:
         for t in threads:
             t.join(60)
         os.close(wfd)
