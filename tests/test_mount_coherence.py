@@ -22,6 +22,7 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mount import Mounted, is_mounted, mounted
+from benchfs.telemetry import load
 from conftest import MIB, data_for
 
 pytestmark = pytest.mark.skipif(
@@ -102,7 +103,7 @@ def fio_interleaved(mount: Mounted, bs: int, direct: int, jobs: int) -> None:
     os.unlink(mount.mountpoint / "shared.dat")
 
 
-def fio_libaio(mount: Mounted, direct: int) -> None:
+def fio_libaio(mount: Mounted, direct: int, size: str = "24M") -> None:
     """Random writes of 4 KiB to 1 MiB, 16 in flight, then fio verifies every block."""
     fio(
         mount,
@@ -115,7 +116,7 @@ def fio_libaio(mount: Mounted, direct: int) -> None:
         "--bsrange=4k-1m",
         "--verify=md5",
         "--verify_fatal=1",
-        "--size=24M",
+        f"--size={size}",
     )
     os.unlink(mount.mountpoint / "aio.dat")
 
@@ -360,6 +361,38 @@ def test_an_open_sees_sizes_another_mount_published(cluster: LocalCluster, tmp_p
                 pass
 
 
+@needs_fio
+def test_a_healthy_fio_run_counts_no_server_errors(
+    daemon_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """Servers count only their own faults as errors (docs/telemetry.md): fio through the mount,
+    shared-file and many-file jobs with creations, lookups of names not there yet and unlinks,
+    leaves every server's `errors`, `malformed` and `rejected_busy` at 0."""
+    tel_dir = tmp_path / "telemetry"
+    cluster = daemon_cluster(3, f"telemetry.dir={tel_dir}")
+    for m in _mount(cluster, tmp_path / "mnt"):
+        fio_interleaved(m, 47008, 0, 3)
+        fio_libaio(m, 1)
+        fio(
+            m,
+            "--name=many",
+            "--nrfiles=200",
+            "--filesize=16k",
+            "--rw=randrw",
+            "--bs=4k",
+            "--numjobs=2",
+            "--verify=crc32c",
+            "--unlink=1",
+        )
+    cluster.stop(grace_s=5.0)
+    last = load(tel_dir).latest_counters()
+    assert set(last["server"]) == {0, 1, 2}
+    total = last.groupby("metric", observed=True)["value"].sum()
+    assert total["ops"] > 1000
+    for metric in ("errors", "malformed", "rejected_busy"):
+        assert total[metric] == 0, last[last["metric"] == metric]
+
+
 # --- make test-long: 20 consecutive runs of each ---------------------------------------------
 
 
@@ -371,8 +404,8 @@ def test_mount_coherence_20_runs(mount: Mounted) -> None:
         if FIO is not None:
             for bs, direct, jobs in INTERLEAVED:
                 fio_interleaved(mount, bs, direct, jobs)
-            fio_libaio(mount, 1)
-            fio_libaio(mount, 0)
+            fio_libaio(mount, 1, "64M")
+            fio_libaio(mount, 0, "64M")
         direct_readers_of_a_fresh_write(mount)
         for bs, direct in MOVING:
             readers_while_writing_and_truncating(mount, bs, direct)
