@@ -30,7 +30,7 @@ MIB = 1 << 20
 # Small chunks so that modest test files span many chunks and every server; short timeouts
 # so that fault tests fail fast.
 TEST_OVERRIDES = (
-    "client.chunk_size=65536",
+    "layout.chunk_size=65536",
     "cluster.connect_timeout_s=10.0",
     "client.request_timeout_s=5.0",
 )

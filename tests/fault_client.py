@@ -65,7 +65,7 @@ def main() -> int:
     print("connecting", flush=True)
     config = Path(config_path).read_text()
     client = Client(registry, config=config)
-    size = int(tomllib.loads(config)["client"]["chunk_size"])
+    size = int(tomllib.loads(config)["layout"]["chunk_size"])
     written: dict[str, int] = {}
     # Seeds unique per process and file (the pattern's writer field has 24 bits).
     seed_base = (os.getpid() % 8000) * 1000

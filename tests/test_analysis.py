@@ -21,31 +21,34 @@ import pytest
 
 from benchfs import analysis as A
 from benchfs.analysis import iostat
-from benchfs.analysis.thresholds import Thresholds, resolve_thresholds
-from benchfs.config import load_config
+from benchfs.analysis.thresholds import resolve_thresholds
+from benchfs.config import Section, load_config, section
 from benchfs.telemetry import TelemetryFormatError, load, load_trace
 from synth_run import MIB, SECOND, T0, ClientSpec, ServerSpec, iostat_json, make_run, ms
 from tel_writer import TelWriter, trace_header, trace_record
 
-TH = Thresholds(
-    slow_op_ms=100.0,
-    min_ops=200,
-    depth1_share=0.9,
-    starvation_queue_ratio=1.0,
-    batch_mean_max=1.2,
-    batch_depth_min=4.0,
-    slow_node_pct=10.0,
-    slow_node_factor=3.0,
-    device_await_ratio=5.0,
-    device_await_min_ms=5.0,
-    placement_max_mean=1.5,
-    retry_rate=0.01,
-    pool_wait_share=0.1,
-    read_write_ratio=5.0,
-    small_write_bytes=65536,
-    fsync_per_write=0.25,
-    handle_miss_share=0.9,
-    bimodal_mode_share=0.1,
+TH = Section(
+    "insights",
+    dict(
+        slow_op_ms=100.0,
+        min_ops=200,
+        depth1_share=0.9,
+        starvation_queue_ratio=1.0,
+        batch_mean_max=1.2,
+        batch_depth_min=4.0,
+        slow_node_pct=10.0,
+        slow_node_factor=3.0,
+        device_await_ratio=5.0,
+        device_await_min_ms=5.0,
+        placement_max_mean=1.5,
+        retry_rate=0.01,
+        pool_wait_share=0.1,
+        read_write_ratio=5.0,
+        small_write_bytes=65536,
+        fsync_per_write=0.25,
+        handle_miss_share=0.9,
+        bimodal_mode_share=0.1,
+    ),
 )
 """The tests' own thresholds (explicit, so tuning the defaults in config.rs breaks no test)."""
 
@@ -493,10 +496,13 @@ def test_thresholds_come_from_the_one_config() -> None:
         th = resolve_thresholds()
     except ValueError as e:
         pytest.skip(f"benchfs._core predates the [insights] section (rebuild): {e}")
-    assert set(load_config()["insights"]) == set(Thresholds.keys())
+    assert set(load_config()["insights"]) == set(TH)
     assert isinstance(th.min_ops, int) and isinstance(th.slow_op_ms, float)
     assert resolve_thresholds(None, ["insights.slow_op_ms=42"]).slow_op_ms == 42.0
     with pytest.raises(ValueError, match=r"insights\.depth1_share"):
         resolve_thresholds(None, ["insights.depth1_share=1.5"])
     with pytest.raises(ValueError, match="no \\[insights\\] section"):
-        Thresholds.from_config({"client": {}})
+        section({"client": {}}, "insights")
+    with pytest.raises(AttributeError, match="no key 'slow_op_msec'"):
+        _ = th.slow_op_msec
+    assert th.replace(slow_op_ms=1.0).slow_op_ms == 1.0 and th.slow_op_ms != 1.0

@@ -40,7 +40,7 @@ def _real_run(root: Path, *overrides: str) -> Path:
     argv = [
         *benchfs_run_command(), "local", "--servers", "2", "--clients", "2",
         "--file-size", str(FILE_SIZE), "--transfer-size", "256K",
-        "--set", f"client.chunk_size={CHUNK}", "--set", "telemetry.interval_ms=200",
+        "--set", f"layout.chunk_size={CHUNK}", "--set", "telemetry.interval_ms=200",
         "--results-root", str(root), "--json",
         *(x for o in overrides for x in ("--set", o)),
     ]  # fmt: skip
@@ -59,8 +59,14 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def baseline_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Another real run with a different configuration (for --baseline)."""
-    return _real_run(tmp_path_factory.mktemp("analysis-baseline"), "storage.handle_cache=64")
+    """Another real run with a different configuration (for --baseline), and thresholds of
+    its own (every operation is slow; a node's read latency must rise 7-fold)."""
+    return _real_run(
+        tmp_path_factory.mktemp("analysis-baseline"),
+        "storage.handle_cache=64",
+        "insights.slow_op_ms=1e-6",
+        "diagnose.rise_ratio=7",
+    )
 
 
 @dataclass
@@ -172,6 +178,30 @@ def test_baseline_compares_figures_and_configs(real_run: Path, baseline_run: Pat
     assert {"write MiB/s", "read op p99 (ms)", "mean device depth"} <= metrics
     out = analyze_cli(str(real_run), "--baseline", str(baseline_run)).stdout
     assert "vs baseline" in out and "storage.handle_cache" in out
+
+
+def test_a_run_is_judged_by_its_own_thresholds(
+    baseline_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's saved analysis (written by the run itself), a later `benchfs-analyze`, the
+    library and `benchfs-diagnose judge` all use the thresholds in the run's config.toml,
+    whatever BENCHFS_* says now; only their own --config or --set change them."""
+    saved = json.loads((baseline_run / "analysis" / "report.json").read_text())
+    assert saved["thresholds"]["slow_op_ms"] == 1e-6
+    assert all(r["slow_pct"] > 99 for r in saved["tables"]["per_node"])
+    monkeypatch.setenv("BENCHFS_INSIGHTS_SLOW_OP_MS", "500")
+    monkeypatch.setenv("BENCHFS_DIAGNOSE_RISE_RATIO", "9")
+    again = json.loads(analyze_cli(str(baseline_run), "--json").stdout)
+    assert again["thresholds"]["slow_op_ms"] == 1e-6
+    assert A.analyze(baseline_run).thresholds.slow_op_ms == 1e-6
+    told = json.loads(analyze_cli(str(baseline_run), "--json", "--set", "insights.slow_op_ms=3")
+                      .stdout)  # fmt: skip
+    assert told["thresholds"]["slow_op_ms"] == 3.0
+    judged = subprocess.run(
+        [sys.executable, "-m", "benchfs.cli.diagnose", "judge", str(baseline_run), "--json"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(judged.stdout)["thresholds"]["rise_ratio"] == 7.0
 
 
 def test_chrome_trace_export(tmp_path: Path) -> None:

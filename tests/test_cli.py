@@ -50,14 +50,18 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
             "--transfer-size",
             "100k",
             "--set",
-            "client.chunk_size=65536",
+            "client.chunk_size=64K",  # the old name, as README examples once wrote it
             "--json",
         ],
         cwd=tmp_path,
         # The environment loses to --set, and BENCHFS_RESULTS picks the results root.
-        env={"BENCHFS_CLIENT_CHUNK_SIZE": "131072", "BENCHFS_RESULTS": str(tmp_path / "res")},
+        env={"BENCHFS_CLIENT_CHUNK_SIZE": "1M", "BENCHFS_RESULTS": str(tmp_path / "res")},
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    renamed = [
+        line for line in result.stderr.splitlines() if "now called layout.chunk_size" in line
+    ]
+    assert len(renamed) == 1, result.stderr  # one notice, however often the old name appears
     report = json.loads(result.stdout)
     assert report["outcome"] == "ok"
     assert report["verified"] is True
@@ -71,7 +75,7 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
     assert re.fullmatch(r"\d{8}T\d{6}Z-local-[0-9a-f]{6}", run_dir.name)
     text = (run_dir / "config.toml").read_text()
     config = parse_config(text)
-    assert config["client"]["chunk_size"] == 65536
+    assert config["layout"]["chunk_size"] == 65536
     assert config["run"]["servers"] == 3
     assert config["cluster"]["expected_servers"] == 3
     assert config["cluster"]["registry_dir"] == str(run_dir / "registry")
@@ -150,7 +154,7 @@ def test_local_table_output_and_keep_data(tmp_path: Path) -> None:
     ("args", "needle"),
     [
         (["--set", "client.nope=1"], "client.nope"),
-        (["--set", "client.chunk_size=huge"], "chunk_size"),
+        (["--set", "layout.chunk_size=huge"], "chunk_size"),
         (["--config", "does-not-exist.toml"], "does-not-exist.toml"),
     ],
 )

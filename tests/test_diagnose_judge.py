@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchfs.config import load_config
+from benchfs.config import load_config, section
 from benchfs.diagnose.judge import (
     KIND_DEVICE,
     Flag,
@@ -35,7 +35,7 @@ LAT = MetricSpec("lat", "latency", "ms", higher_is_worse=True, floor=2.0)
 
 @pytest.fixture
 def th() -> Thresholds:
-    return Thresholds.from_config(load_config())
+    return section(load_config(), "diagnose")
 
 
 def keys(found: list) -> list[str]:
@@ -44,7 +44,7 @@ def keys(found: list) -> list[str]:
 
 def test_defaults_come_from_the_one_config(th: Thresholds) -> None:
     assert th.z_threshold == 3.5 and th.member_ratio == 5.0 and 0 < th.max_exclude_share <= 1
-    tighter = Thresholds.from_config(load_config(None, ["diagnose.r_await_ms=5"]))
+    tighter = section(load_config(None, ["diagnose.r_await_ms=5"]), "diagnose")
     assert tighter.r_await_ms == 5.0
     with pytest.raises(ValueError, match=r"diagnose\.member_ratio"):
         load_config(None, ["diagnose.member_ratio=0.5"])
@@ -134,7 +134,7 @@ def test_kind_device_vs_above_and_member_asymmetry(th: Thresholds) -> None:
     twin.devices = {"loopA": device(0.8), "loopB": device(90.0)}
     twin.members = ["loopA", "loopB"]
     probes.append(twin)
-    result = judge_screen(probes, [], th.__class__(**{**th.to_json(), "max_exclude_share": 0.5}))
+    result = judge_screen(probes, [], th.replace(max_exclude_share=0.5))
     by = {n["name"]: n for n in result.nodes}
     assert by["dev"]["verdict"]["kind"] == "slow device"
     assert by["cg"]["verdict"]["kind"] == "slow above the device"

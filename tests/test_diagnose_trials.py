@@ -16,10 +16,9 @@ import pytest
 
 from benchfs import Client
 from benchfs.cluster import LocalCluster
-from benchfs.config import load_config, resolve_config_text
+from benchfs.config import load_config, resolve_config_text, section
 from benchfs.diagnose import iostat
 from benchfs.diagnose.inrun import judge_run
-from benchfs.diagnose.judge import Thresholds
 from benchfs.diagnose.screen import Settings, load_screen, run_screen
 from benchfs.mpi import MpiLauncher
 from benchfs.nodes import Node, read_exclusions, write_nodes
@@ -126,7 +125,7 @@ def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: P
     # Five nodes loading two CPUs queue up to ~30 ms in their (healthy) loop devices under
     # the many-files load, so the absolute r_await rule is set above that here.
     overrides = ["diagnose.max_exclude_share=0.4", "diagnose.r_await_ms=100"]
-    th = Thresholds.from_config(load_config(None, overrides))
+    th = section(load_config(None, overrides), "diagnose")
     settings = Settings.from_thresholds(th, quick=True, network=False, seconds=float(QUICK_SECONDS))
     screen, _ = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "results")
     doc = load_screen(screen.path)
@@ -153,7 +152,7 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
     disks = {n: sim.disk(n, 256 * MIB) for n in names}
     scratch = {n: sim.mount([disks[n]], n) for n in names}
     nodes = [node(n, scratch[n], [disks[n]]) for n in names]
-    th = Thresholds.from_config(load_config())
+    th = section(load_config(), "diagnose")
     settings = Settings.from_thresholds(th, quick=True, network=False, seconds=2.0)
     screen, _ = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "screens")
     assert all(n["verdict"]["status"] == "ok" for n in load_screen(screen.path)["nodes"])
@@ -167,7 +166,7 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
             None,
             [
                 "cluster.expected_servers=3",
-                "client.chunk_size=1048576",
+                "layout.chunk_size=1048576",
                 "storage.direct_read=true",
                 f"telemetry.dir={run.telemetry_dir}",
                 "telemetry.interval_ms=250",
@@ -229,7 +228,7 @@ def test_screen_random_slow_node_and_delay(sim: Sim, tmp_path: Path) -> None:
     disks = {n: sim.disk(n) for n in names}
     nodes = [node(n, sim.mount([disks[n]], n), [disks[n]]) for n in names]
     disks[slow].fs.set_delay(delay)
-    th = Thresholds.from_config(load_config())
+    th = section(load_config(), "diagnose")
     settings = Settings.from_thresholds(th, quick=True, network=False)
     _, result = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "results")
     assert [e.host for e in result.excluded] == [f"host-{slow}"], (slow, delay, result.to_json())

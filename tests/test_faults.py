@@ -269,7 +269,7 @@ FAULT_RETRIES = 1
 #: A call returns within request_timeout_s x (max_retries + 1) + 2 s, whatever happens.
 CALL_BOUND_S = FAULT_TIMEOUT_S * (FAULT_RETRIES + 1) + 2.0
 FAULT_OVERRIDES = (
-    "client.chunk_size=1048576",  # 1 MiB chunks move by rendezvous
+    "layout.chunk_size=1048576",  # 1 MiB chunks move by rendezvous
     f"client.request_timeout_s={FAULT_TIMEOUT_S}",
     f"client.max_retries={FAULT_RETRIES}",
     "server.max_in_service=2",  # requests queue behind two in service...

@@ -162,7 +162,7 @@ _file_counter = iter(range(1_000_000))
 @pytest.mark.timeout(120)
 def test_random_writes_match_a_model(inproc_cluster) -> None:
     """Any sequence of writes, read back anywhere, matches a plain bytearray model."""
-    cluster = inproc_cluster(3, "client.chunk_size=4096")
+    cluster = inproc_cluster(3, "layout.chunk_size=4096")
     client = Client(str(cluster.registry), config=cluster.config)
     writes = st.lists(
         st.tuples(st.integers(0, 40_000), st.integers(0, 10_000), st.integers(0, 1_000)),

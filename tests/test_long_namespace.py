@@ -15,7 +15,7 @@ RANKS, PER_RANK = 400, 1000
 @pytest.mark.long
 @pytest.mark.timeout(3600)
 def test_400k_mdtest_hard_files(inproc_cluster) -> None:
-    cluster = inproc_cluster(4, "client.chunk_size=65536")
+    cluster = inproc_cluster(4, "layout.chunk_size=65536")
     with Client(str(cluster.registry), config=cluster.config) as client:
         client.mkdir("/mdtest")
         ids = set()

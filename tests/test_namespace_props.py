@@ -160,7 +160,7 @@ def outcome(call: Callable[[], object]) -> int | None:
 
 
 def test_namespace_matches_model(inproc_cluster) -> None:
-    cluster = inproc_cluster(3, f"client.chunk_size={CHUNK}")
+    cluster = inproc_cluster(3, f"layout.chunk_size={CHUNK}")
     clients = [Client(str(cluster.registry), config=cluster.config) for _ in range(3)]
     counter = iter(range(10**9))
 

@@ -126,7 +126,7 @@ def test_concurrent_unaligned_neighbours_never_lose_bytes(
     """IOR-hard: 47008-byte transfers from several clients interleaved in one shared file, so
     neighbours share 4 KiB blocks; a read-modify-write race would lose bytes."""
     cluster = inproc_cluster(
-        2, "client.chunk_size=1048576", f"storage.layout={layout}", *MODES[mode]
+        2, "layout.chunk_size=1048576", f"storage.layout={layout}", *MODES[mode]
     )
     transfer, writers, per_writer = 47008, 4, 12
     size = transfer * writers * per_writer

@@ -77,7 +77,7 @@ def test_submit_runs_a_real_slurm_job(slurm: LocalSlurm, tmp_path: Path) -> None
             "--transfer-size",
             "64k",
             "--set",
-            "client.chunk_size=65536",
+            "layout.chunk_size=65536",
             "--timeout",
             "40",
         ],

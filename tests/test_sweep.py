@@ -111,7 +111,7 @@ BASE = (
         ),
         (BASE.replace('chunk_size = ["1M"]', ""), "chunk_size is missing"),
         (BASE + "repetitions = 0\n", "repetitions must be an integer >= 1"),
-        (BASE + "[set]\nclient.chunk_size = 5\n", "sweep it with chunk_size"),
+        (BASE + "[set]\nlayout.chunk_size = 5\n", "sweep it with chunk_size"),
         (BASE.replace("servers = [2]", "servers = [2, 2]"), "servers repeats the value 2"),
         ("chunk_size = [", "malformed TOML"),
     ],

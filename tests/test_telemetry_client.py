@@ -207,7 +207,7 @@ def test_benchfs_analyze_shows_rpc_by_target_from_real_client_files(tmp_path: Pa
         [
             *benchfs_run_command(), "local", "--servers", "2", "--clients", "2",
             "--file-size", "2M", "--transfer-size", "256K",
-            "--set", f"client.chunk_size={CHUNK}", "--set", "telemetry.trace=true",
+            "--set", f"layout.chunk_size={CHUNK}", "--set", "telemetry.trace=true",
             "--results-root", str(tmp_path), "--json",
         ],
         capture_output=True, text=True, timeout=180, env=env, check=False,

@@ -37,7 +37,7 @@ def one_run(root: Path, args: argparse.Namespace, overrides: list[str]) -> dict[
     argv = [
         *benchfs_run(), "local", "--servers", str(args.servers), "--clients", str(args.clients),
         "--file-size", args.file_size, "--transfer-size", args.transfer_size,
-        "--set", f"client.chunk_size={args.chunk_size}", "--set", "telemetry.interval_ms=250",
+        "--set", f"layout.chunk_size={args.chunk_size}", "--set", "telemetry.interval_ms=250",
         "--results-root", str(root), "--json",
         *(x for o in overrides for x in ("--set", o)),
     ]  # fmt: skip

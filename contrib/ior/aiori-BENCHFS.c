@@ -10,7 +10,7 @@
  *   --benchfs.registry=DIR   registry directory of the running cluster
  *                            (default: cluster.registry_dir of the configuration, $BENCHFS_REGISTRY)
  *   --benchfs.config=FILE    BenchFS configuration file (default: $BENCHFS_CONFIG, defaults)
- *   --benchfs.chunk-size=N   client.chunk_size (e.g. 4m; must match the servers')
+ *   --benchfs.chunk-size=N   layout.chunk_size (e.g. 4m; must match the servers')
  *   --benchfs.servers=N      cluster.expected_servers (default: from the configuration)
  * Test file names (-o, mdtest -d) are absolute paths inside BenchFS, e.g. -o /ior/testfile.
  *
@@ -89,7 +89,7 @@ static option_help *BENCHFS_options(aiori_mod_opt_t **init_backend_options,
              OPTION_OPTIONAL_ARGUMENT, 's', &o->registry},
             {0, "benchfs.config", "BenchFS configuration file (default: $BENCHFS_CONFIG)",
              OPTION_OPTIONAL_ARGUMENT, 's', &o->config},
-            {0, "benchfs.chunk-size", "client.chunk_size in bytes, e.g. 4m (0: configuration)",
+            {0, "benchfs.chunk-size", "layout.chunk_size in bytes, e.g. 4m (0: configuration)",
              OPTION_OPTIONAL_ARGUMENT, 'l', &o->chunk_size},
             {0, "benchfs.servers", "cluster.expected_servers (0: configuration)",
              OPTION_OPTIONAL_ARGUMENT, 'd', &o->servers},
@@ -125,7 +125,7 @@ static void BENCHFS_initialize(aiori_mod_opt_t *options)
         if (BENCHFS_check_params(options) != 0)
                 ERR("invalid BENCHFS options");
         if (o->chunk_size > 0) {
-                snprintf(chunk, sizeof(chunk), "client.chunk_size=%lld", o->chunk_size);
+                snprintf(chunk, sizeof(chunk), "layout.chunk_size=%lld", o->chunk_size);
                 overrides[n++] = chunk;
         }
         if (o->servers > 0) {

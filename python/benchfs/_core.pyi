@@ -10,14 +10,24 @@ __version__: str
 JOB_SECRET_FILE: str
 """Name of the per-job secret file in the registry directory (mode 0600)."""
 
-def resolve_config(path: str | None = None, overrides: list[str] | None = None) -> str:
+def resolve_config(
+    path: str | None = None, overrides: list[str] | None = None, environment: bool = True
+) -> str:
     """Return the effective configuration as TOML text.
 
     Precedence: built-in defaults < file (`path`, else `$BENCHFS_CONFIG`) < `BENCHFS_*` variables
-    < `overrides` ("section.key=value"; the value is parsed as TOML, else taken as a string).
-    Raises FileNotFoundError for a missing file and ValueError for unknown keys, wrong types or
-    malformed TOML.
+    < `overrides` ("section.key=value"; the value is parsed as TOML, else taken as a string;
+    size keys also take "4M"). `environment=False` reads neither the variables nor
+    `$BENCHFS_CONFIG`. Raises FileNotFoundError for a missing file and ValueError naming the
+    key, the value and its source for unknown keys, wrong types, negative numbers, bad sizes,
+    names outside an enum, or malformed TOML.
     """
+
+def config_with_overrides(effective: str, overrides: list[str]) -> str:
+    """An effective configuration's text with `overrides` applied (no environment)."""
+
+def parse_size(text: str) -> int:
+    """Bytes of "64M", "1MiB", "4096" or "2g" (every suffix binary); ValueError says why not."""
 
 def wait_for_servers(registry_dir: str, expected: int, timeout_s: float) -> list[dict]:
     """Wait until `expected` servers have registered; return them sorted by numeric id.

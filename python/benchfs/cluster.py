@@ -58,16 +58,12 @@ def find_benchfsd() -> str:
 
 
 def child_env(node: str | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for a process that gets the effective config as a file.
+    """Environment for a process that gets the effective config as a file, on `node`.
 
-    BENCHFS_* configuration variables are removed: they are already folded into that file, and
-    applied again on top of it they would beat the launcher's own flags.
+    Nothing is removed: the `BENCHFS_*` variables are already folded into that file, and a
+    process reading an effective configuration does not apply them again (docs/config.md).
     """
-    env = {
-        k: v
-        for k, v in (os.environ if base is None else base).items()
-        if not k.startswith("BENCHFS_") or k == NODE_ENV
-    }
+    env = dict(os.environ if base is None else base)
     if node is not None:
         env[NODE_ENV] = node
     return env

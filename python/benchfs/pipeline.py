@@ -35,7 +35,7 @@ from typing import Any
 
 from benchfs import __version__
 from benchfs.cluster import LocalCluster, ServerExited, child_env
-from benchfs.config import config_hash, load_config, parse_config, resolve_config_text
+from benchfs.config import config_hash, parse_config, resolve_config_text, with_overrides
 from benchfs.launch import (
     Launcher,
     LaunchError,
@@ -453,10 +453,12 @@ class Pipeline:
         nodes, excluded_in = self._nodes()
         overrides = [*spec.sets, *spec.flag_overrides()]
         try:
-            first = load_config(spec.config, overrides)
+            # The one resolution of the run (file, BENCHFS_*, --set and flags); what the run
+            # learns later is added to it with nothing else (with_overrides).
+            resolved = resolve_config_text(spec.config, overrides)
         except (ValueError, FileNotFoundError) as e:
             raise RunError("EINVAL", f"configuration: {e}", EXIT_USAGE) from e
-        run = first["run"]
+        run = parse_config(resolved)["run"]
         if nodes is None:
             # No nodes file: one simulated node per server on this host.
             servers = run["servers"]
@@ -490,14 +492,16 @@ class Pipeline:
         self.layout = layout
         self.report.nodes = len(layout.nodes())
         # The cluster's shape is part of the effective config, so config.toml says what ran.
-        overrides += [
-            f"run.servers={len(layout.servers)}",
-            f"run.clients={len(layout.clients)}",
-            f"cluster.expected_servers={len(layout.servers)}",
-            f"cluster.registry_dir={run_dir.registry_dir}",
-            f"telemetry.dir={run_dir.telemetry_dir}",
-        ]
-        text = resolve_config_text(spec.config, overrides)
+        text = with_overrides(
+            resolved,
+            [
+                f"run.servers={len(layout.servers)}",
+                f"run.clients={len(layout.clients)}",
+                f"cluster.expected_servers={len(layout.servers)}",
+                f"cluster.registry_dir={run_dir.registry_dir}",
+                f"telemetry.dir={run_dir.telemetry_dir}",
+            ],
+        )
         config = parse_config(text)
         self.report.config = config
         write_text_atomic(run_dir.config_path, text)

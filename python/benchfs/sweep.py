@@ -169,8 +169,8 @@ def parse_params(text: str, source: str) -> SweepPlan:
         raise SweepError(f'{source}: set must be a table of config keys ("client.x" = value)')
     sets = []
     for key, value in _flatten(extra):
-        if key == "client.chunk_size":
-            raise SweepError(f"{source}: set.client.chunk_size: sweep it with chunk_size")
+        if key == "layout.chunk_size":
+            raise SweepError(f"{source}: set.layout.chunk_size: sweep it with chunk_size")
         if isinstance(value, list):
             raise SweepError(f"{source}: set.{key} must be a single value, not a list")
         rendered = str(value).lower() if isinstance(value, bool) else str(value)
@@ -277,7 +277,7 @@ def run_sweep(
                 file_size=point.block_size,
                 transfer_size=point.transfer_size,
                 config=config,
-                sets=[*plan.sets, f"client.chunk_size={point.chunk_size}"],
+                sets=[*plan.sets, f"layout.chunk_size={point.chunk_size}"],
                 results_root=str(sweep_dir),
                 timeout_s=timeout_s,
             )

@@ -5,29 +5,19 @@ Every suffix is binary (K = KiB = KB = 1024), as in IOR and fio, so "1M" is neve
 
 from __future__ import annotations
 
-import re
+from benchfs import _core
 
 __all__ = ["format_size", "parse_size"]
 
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(?:([kmgtp])(?:i?b)?|b)?\s*$", re.IGNORECASE)
-
 
 def parse_size(text: str | int) -> int:
-    """Parse "64M", "1MiB", "4096" or "2g" into bytes; ValueError names the bad input."""
+    """Parse "64M", "1MiB", "4096" or "2g" into bytes with the core's one size parser (the one
+    configuration values use); ValueError names the bad input."""
     if isinstance(text, int):
-        value = text
-    else:
-        match = _SIZE_RE.match(text)
-        if match is None:
-            raise ValueError(
-                f"invalid size {text!r}: expected a number with an optional suffix "
-                "K, M, G, T or P (binary; KiB, MB etc. also accepted)"
-            )
-        value = int(match.group(1)) << (10 * _UNITS[(match.group(2) or "").lower()])
-    if value < 0:
-        raise ValueError(f"invalid size {text!r}: must not be negative")
-    return value
+        if text < 0:
+            raise ValueError(f"invalid size {text}: a size must not be negative")
+        return text
+    return _core.parse_size(text)
 
 
 def format_size(value: int) -> str:

@@ -7,10 +7,10 @@
     >>> a.write_csv("tables/")         # every table as CSV
 
 `analyze` loads the run (`load_run`), computes the standard tables (`compute_tables`) and
-evaluates the coded insights with the `[insights]` thresholds of the one configuration
-(`resolve_thresholds`, or explicit `Thresholds`). Nothing here raises because a run lacks an
-optional part (client telemetry, traces, iostat): the tables are then empty and `notes` says
-why.
+evaluates the coded insights with the `[insights]` thresholds the run was made with (its
+config.toml: `run_thresholds`; or explicit ones, e.g. `resolve_thresholds`). Nothing here
+raises because a run lacks an optional part (client telemetry, traces, iostat): the tables
+are then empty and `notes` says why.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from benchfs.analysis.tables import (
     rpc_timeseries,
     timeseries,
 )
-from benchfs.analysis.thresholds import Thresholds, resolve_thresholds
+from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
 
 __all__ = [
     "CATALOG",
@@ -77,6 +77,7 @@ __all__ = [
     "resolve_thresholds",
     "rpc_by_target",
     "rpc_timeseries",
+    "run_thresholds",
     "summary",
     "timeseries",
 ]
@@ -207,11 +208,11 @@ def analyze(
 ) -> Analysis:
     """Load (if given a path), tabulate and judge one run.
 
-    `thresholds` defaults to the `[insights]` section of the effective configuration
-    (`resolve_thresholds()`); `interval_s` is the time-series step (default: the run's
+    `thresholds` defaults to the `[insights]` section the run was made with
+    (`run_thresholds`); `interval_s` is the time-series step (default: the run's
     telemetry.interval_ms).
     """
     r = run if isinstance(run, Run) else load_run(run)
-    th = thresholds if thresholds is not None else resolve_thresholds()
+    th = thresholds if thresholds is not None else run_thresholds(r.path)
     t = compute_tables(r, th, interval_s)
     return Analysis(r, th, t, evaluate(r, t, th))

@@ -382,7 +382,7 @@ def pool_exhaustion(run: Run, t: Tables, th: Thresholds) -> Insight:
         f"on a node, requests that waited for a free buffer >= {_pct(th.pool_wait_share)} of "
         f"data operations (>= {th.min_ops} ops)",
         "Requests queued for I/O buffers: raise storage.buffer_count (memory per worker = "
-        "buffer_count x client.chunk_size) or lower the clients' windows. Bounded waiting is "
+        "buffer_count x layout.chunk_size) or lower the clients' windows. Bounded waiting is "
         "backpressure working as designed; in the seeds an exhausted pool turned into 30 s "
         "timeouts and retry cascades.",
     )

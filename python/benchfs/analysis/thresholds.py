@@ -1,69 +1,24 @@
 """The insight thresholds: the `[insights]` section of the one configuration.
 
-Their defaults live in rust/benchfs-core/src/config.rs (`InsightsConfig`) and nowhere else;
-Python reads the effective values through `benchfs.config`, like every other tool.
+Their keys and defaults live in rust/benchfs-core/src/config.rs (`InsightsConfig`) and nowhere
+else. A run is judged by the thresholds it was made with: its own config.toml, then any
+overrides given to the analysis; the environment is not read (docs/results.md: analysis reads
+only the results directory).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from pathlib import Path
 
-from benchfs.config import load_config
+from benchfs.config import Section, load_config, section
+from benchfs.results import RunDir
 
-__all__ = ["Thresholds", "resolve_thresholds"]
+__all__ = ["Thresholds", "resolve_thresholds", "run_thresholds"]
 
-
-@dataclass(frozen=True)
-class Thresholds:
-    """One field per key of `[insights]` (docs/config.md, docs/analysis.md)."""
-
-    slow_op_ms: float
-    min_ops: int
-    depth1_share: float
-    starvation_queue_ratio: float
-    batch_mean_max: float
-    batch_depth_min: float
-    slow_node_pct: float
-    slow_node_factor: float
-    device_await_ratio: float
-    device_await_min_ms: float
-    placement_max_mean: float
-    retry_rate: float
-    pool_wait_share: float
-    read_write_ratio: float
-    small_write_bytes: int
-    fsync_per_write: float
-    handle_miss_share: float
-    bimodal_mode_share: float
-
-    @classmethod
-    def keys(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Thresholds:
-        """The thresholds of a parsed effective configuration (ValueError if incomplete)."""
-        section = config.get("insights")
-        if not isinstance(section, Mapping):
-            raise ValueError(
-                "the configuration has no [insights] section: this build of benchfs._core "
-                "predates the insight thresholds (rebuild it with `make build`)"
-            )
-        missing = [k for k in cls.keys() if k not in section]
-        if missing:
-            raise ValueError(f"[insights] lacks {', '.join(missing)}: rebuild with `make build`")
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            raw = section[f.name]
-            values[f.name] = int(raw) if f.type in ("int", int) else float(raw)
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+#: The `[insights]` section (`th.slow_op_ms`, ...).
+Thresholds = Section
 
 
 def resolve_thresholds(
@@ -71,4 +26,12 @@ def resolve_thresholds(
 ) -> Thresholds:
     """The `[insights]` thresholds of the effective configuration (defaults < file <
     `BENCHFS_INSIGHTS_*` < `overrides` such as "insights.slow_op_ms=50")."""
-    return Thresholds.from_config(load_config(path, overrides))
+    return section(load_config(path, overrides), "insights")
+
+
+def run_thresholds(run_dir: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Thresholds:
+    """The `[insights]` thresholds run `run_dir` was made with (its config.toml; the defaults
+    for a run without one), then `overrides`. Neither `BENCHFS_*` nor `$BENCHFS_CONFIG` is read."""
+    recorded = RunDir(Path(run_dir)).config_path
+    path = recorded if recorded.is_file() else None
+    return section(load_config(path, overrides, environment=False), "insights")

@@ -13,7 +13,7 @@ directory given, not tmpfs), and per case two tools moving the same bytes:
 Cases: 1 MiB and 4 MiB transfers over the default chunk size, and 2 MiB transfers over 1 MiB
 chunks, each written then read. A file's layout (its chunk size) is set by the servers when it
 is created, so the 1 MiB-chunk case has its own 2-server cluster started with
-`client.chunk_size=1M` (a client's setting alone would not change the layout). Repeats are
+`layout.chunk_size=1M` (a client's setting alone would not change the layout). Repeats are
 interleaved (`benchfs.bench.stats.interleave`), the page cache is dropped before every write
 and read (`drop_caches`, as the storage bench does), and the report gives medians.
 """
@@ -210,7 +210,7 @@ def run_e2e(
     }
     for g in GEOMETRIES:
         if g.chunk is not None and g.chunk not in clusters:
-            chunk = [*overrides, f"client.chunk_size={g.chunk}"]
+            chunk = [*overrides, f"layout.chunk_size={g.chunk}"]
             clusters[g.chunk] = Cluster(
                 root / f"cluster-chunk{g.chunk}", f"e2e-c{g.chunk}", 2, chunk, benchfsd
             )
@@ -240,7 +240,7 @@ def run_e2e(
                     "ratio": ratio(median(ours), median(theirs)),
                     "direction": direction,
                     "transfer_size": g.transfer,
-                    "chunk_size": g.chunk or int(load_config()["client"]["chunk_size"]),
+                    "chunk_size": g.chunk or int(load_config()["layout"]["chunk_size"]),
                     "samples": ours,
                     "fio_samples": theirs,
                 }

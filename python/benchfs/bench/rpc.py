@@ -669,7 +669,7 @@ class RpcBench:
 
     def _pair(self, name: str, overrides: Sequence[str]) -> Pair:
         """One benchfsd and one client process with 32 MiB calls (its files written)."""
-        cluster = self._cluster(name, 1, [f"client.chunk_size={BW_CHUNK}", *overrides], True)
+        cluster = self._cluster(name, 1, [f"layout.chunk_size={BW_CHUNK}", *overrides], True)
         (client,) = cluster.start_clients(1, BW_CALL, prepare=True)
         return Pair(cluster, client)
 
@@ -801,7 +801,7 @@ class RpcBench:
     def _overload(self) -> dict[str, Any]:
         s = self.settings
         common = [
-            f"client.chunk_size={LOAD_CHUNK}",
+            f"layout.chunk_size={LOAD_CHUNK}",
             f"client.max_inflight_per_server={LOAD_INFLIGHT}",
             *TRANSPORTS[0].overrides(),
         ]

@@ -308,7 +308,7 @@ class WholePathBench:
 
     def _server(self, name: str, telemetry: bool) -> BenchServer:
         overrides = [
-            f"client.chunk_size={self.chunk_size}",
+            f"layout.chunk_size={self.chunk_size}",
             f"client.max_inflight={self.inflight_per_client}",
             "storage.direct_read=true",
             f"telemetry.enabled={str(telemetry).lower()}",

@@ -21,7 +21,7 @@ from benchfs import __version__
 from benchfs.analysis import Analysis, analyze, load_run
 from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
 from benchfs.analysis.report import print_terminal, render_html, to_json
-from benchfs.analysis.thresholds import Thresholds, resolve_thresholds
+from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
 from benchfs.results import RunDir, write_json_atomic, write_text_atomic
 
 EXIT_FAILED = 1
@@ -33,8 +33,11 @@ class AnalyzeError(Exception):
         self.code, self.message = code, message
 
 
-def _thresholds(config: Path | None, overrides: tuple[str, ...]) -> Thresholds:
+def _thresholds(run: Path, config: Path | None, overrides: tuple[str, ...]) -> Thresholds:
+    """The run's own thresholds (its config.toml), unless `--config` names another file."""
     try:
+        if config is None:
+            return run_thresholds(run, overrides)
         return resolve_thresholds(config, overrides)
     except FileNotFoundError as e:
         raise AnalyzeError("ENOENT", f"configuration: {e}") from e
@@ -109,14 +112,15 @@ def _write(path: Path, text: str) -> None:
     "--config",
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Configuration file for the [insights] thresholds [$BENCHFS_CONFIG].",
+    help="Configuration file for the [insights] thresholds, read with the BENCHFS_* variables "
+    "[the run's own config.toml, without them].",
 )
 @click.option(
     "--set",
     "overrides",
     multiple=True,
     metavar="SECTION.KEY=VALUE",
-    help="Override one configuration key, e.g. insights.slow_op_ms=50 (repeatable).",
+    help="Override one threshold, e.g. insights.slow_op_ms=50 (repeatable).",
 )
 def main(
     results_dir: Path,
@@ -134,7 +138,7 @@ def main(
     """Analyze the results directory RESULTS_DIR (see docs/analysis.md)."""
     out, err = Console(), Console(stderr=True)
     try:
-        thresholds = _thresholds(config_path, overrides)
+        thresholds = _thresholds(results_dir, config_path, overrides)
         a = _analyze(results_dir, thresholds, interval)
         b = _analyze(baseline, thresholds, interval) if baseline else None
         report = to_json(a, b)

@@ -21,13 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
-from benchfs.config import load_config, resolve_config_text
+from benchfs.config import load_config, parse_config, resolve_config_text, section
 from benchfs.diagnose.errors import DiagnoseError
 from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.judge import Thresholds
 from benchfs.diagnose.screen import Settings, load_screen, run_screen, run_screen_mpi, screen_csv
 from benchfs.nodes import NodesFileError, from_allocation, load_nodes
-from benchfs.results import ScreenDir
+from benchfs.results import RunDir, ScreenDir
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -54,8 +54,19 @@ def _fail(err: Console, code: str, message: str, exit_code: int = EXIT_FAILED) -
 
 
 def _config(config_path: str | None, sets: Sequence[str]) -> tuple[str, Thresholds]:
+    """The effective configuration (resolved once) and its `[diagnose]` section."""
     text = resolve_config_text(config_path, sets)
-    return text, Thresholds.from_config(load_config(config_path, sets))
+    return text, section(parse_config(text), "diagnose")
+
+
+def _run_config(results_dir: str, config_path: str | None, sets: Sequence[str]) -> Thresholds:
+    """The `[diagnose]` section a run was made with (its config.toml, without the environment),
+    unless `--config` names another file."""
+    if config_path is not None:
+        return _config(config_path, sets)[1]
+    recorded = RunDir(Path(results_dir)).config_path
+    path = recorded if recorded.is_file() else None
+    return section(load_config(path, sets, environment=False), "diagnose")
 
 
 def screen_table(doc: dict[str, Any]) -> Table:
@@ -137,7 +148,8 @@ def _config_options(f: Any) -> Any:
         "--config",
         "config_path",
         type=click.Path(dir_okay=False),
-        help="Configuration file [$BENCHFS_CONFIG].",
+        help="Configuration file, read with the BENCHFS_* variables [screen: $BENCHFS_CONFIG; "
+        "judge: the run's own config.toml, without the variables].",
     )(f)
 
 
@@ -241,7 +253,7 @@ def judge(
     """Judge a run from its telemetry and iostat captures (writes diagnose/judge.json)."""
     out, err = Console(), Console(stderr=True)
     try:
-        _, th = _config(config_path, sets)
+        th = _run_config(results_dir, config_path, sets)
         doc = judge_run(results_dir, th, Path(screen_path) if screen_path else None)
     except (ValueError, FileNotFoundError) as e:
         _fail(err, "EINVAL", str(e), EXIT_USAGE)

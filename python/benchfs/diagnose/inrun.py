@@ -208,7 +208,7 @@ def judge_run(run_dir: str | Path, th: Thresholds, screen: Path | None = None) -
         "missed_by_screen": [
             n for n in flagged if screened is not None and screened.get(n, "ok") == "ok"
         ],
-        "thresholds": th.to_json(),
+        "thresholds": th.to_dict(),
     }
     run.diagnose_dir.mkdir(exist_ok=True)
     write_json_atomic(run.judge_json, doc)

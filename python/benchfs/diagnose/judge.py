@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from benchfs.diagnose.errors import DiagnoseError
+from benchfs.config import Section
 
 __all__ = [
     "KIND_ABOVE",
@@ -52,44 +52,9 @@ SMALL_SAMPLE_MAD = {3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 
 MAD of a few values underestimates their spread (of 3, it is the distance to the nearer one)."""
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """The `[diagnose]` section of the configuration (defaults: rust/benchfs-core/src/config.rs,
-    docs/config.md)."""
-
-    workload_seconds: float
-    quick_seconds: float
-    budget_s: float
-    z_threshold: float
-    min_worse: float
-    min_spread: float
-    two_node_ratio: float
-    group_ratio: float
-    r_await_ms: float
-    r_await_floor_ms: float
-    member_ratio: float
-    above_device_ratio: float
-    max_exclude_share: float
-    rise_ratio: float
-
-    @staticmethod
-    def from_config(config: Mapping[str, Any]) -> Thresholds:
-        """From an effective configuration (`benchfs.config.load_config`)."""
-        section = config.get("diagnose")
-        if not isinstance(section, Mapping):
-            raise DiagnoseError(
-                "EINVAL",
-                "the configuration has no [diagnose] section: the native module benchfs._core "
-                "was built before it existed; rebuild it (make build)",
-            )
-        names = [f.name for f in fields(Thresholds)]
-        missing = [n for n in names if n not in section]
-        if missing:
-            raise DiagnoseError("EINVAL", f"[diagnose] lacks {', '.join(missing)}: rebuild")
-        return Thresholds(**{n: float(section[n]) for n in names})
-
-    def to_json(self) -> dict[str, float]:
-        return dict(vars(self))
+#: The `[diagnose]` section of the configuration (`th.z_threshold`, ...; keys and defaults:
+#: rust/benchfs-core/src/config.rs, docs/config.md).
+Thresholds = Section
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def pairs_of(nodes: Sequence[Node], all_pairs_up_to: int = 8) -> list[tuple[Node
 def _config(config_text: str, simulated: bool) -> str:
     overrides = [
         "cluster.expected_servers=1",
-        f"client.chunk_size={CHUNK}",
+        f"layout.chunk_size={CHUNK}",
         "storage.direct_write=false",
         "storage.direct_read=false",
         "client.request_timeout_s=30.0",

@@ -309,7 +309,7 @@ class ScreenResult:
             "nodes": self.nodes,
             "excluded": [e.to_json() for e in self.excluded],
             "pairs": self.pairs,
-            "thresholds": self.thresholds.to_json(),
+            "thresholds": self.thresholds.to_dict(),
         }
 
 

@@ -788,7 +788,7 @@ mod tests {
         let overrides = [
             "cluster.expected_servers=2",
             "cluster.connect_timeout_s=10",
-            "client.chunk_size=65536",
+            "layout.chunk_size=65536",
             "client.request_timeout_s=10",
             "storage.buffer_count=8",
         ];

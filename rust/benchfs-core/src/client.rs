@@ -1613,7 +1613,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
         let mut config = Config::default();
         config.cluster.expected_servers = 2;
-        config.client.chunk_size = 64 * 1024;
+        config.layout.chunk_size = 64 * 1024;
         config.storage.buffer_count = 8;
         let servers = (0..2)
             .map(|id| {

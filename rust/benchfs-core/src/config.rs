@@ -4,15 +4,18 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::size::parse_size;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub cluster: ClusterConfig,
+    pub layout: LayoutConfig,
     pub client: ClientConfig,
     pub server: ServerConfig,
     pub storage: StorageConfig,
@@ -45,11 +48,24 @@ impl Default for ClusterConfig {
     }
 }
 
+/// How files are laid out over the servers: decided by the servers, and returned to clients
+/// with each file's layout (a client's own value has no effect).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LayoutConfig {
+    /// Bytes per chunk; a file's byte range is split on these boundaries.
+    pub chunk_size: u64,
+}
+
+impl Default for LayoutConfig {
+    fn default() -> Self {
+        LayoutConfig { chunk_size: 4 << 20 }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientConfig {
-    /// Bytes per chunk; a file's byte range is split on these boundaries.
-    pub chunk_size: u64,
     /// Chunk requests one client keeps in flight at most.
     pub max_inflight: u32,
     /// Requests one client keeps in flight to any one server worker at most.
@@ -57,7 +73,7 @@ pub struct ClientConfig {
     /// Time after which a request counts as failed.
     pub request_timeout_s: f64,
     /// Retries of an idempotent request (read, extent, fsync) after a timeout; writes are
-    /// never retried (a late original could land after a newer write to the same bytes).
+    /// never retried after a timeout (a late original could land after a newer write).
     pub max_retries: u32,
     /// First retry delay; doubles per retry, with full jitter.
     pub retry_backoff_ms: u64,
@@ -66,7 +82,6 @@ pub struct ClientConfig {
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
-            chunk_size: 4 << 20,
             max_inflight: 16,
             max_inflight_per_server: 8,
             request_timeout_s: 30.0,
@@ -101,21 +116,20 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// Page-aligned buffers of `client.chunk_size` bytes per server worker (the memory bound).
+    /// Page-aligned buffers of `layout.chunk_size` bytes per server worker (the memory bound).
     pub buffer_count: u32,
     /// io_uring submission queue entries per server worker.
     pub ring_entries: u32,
-    /// On-disk layout: "chunkfile" (one file per chunk) or "packed" (chunks in large files).
-    pub layout: String,
+    /// On-disk layout: one file per chunk, or chunks packed in large files.
+    pub layout: DiskLayout,
     /// O_DIRECT for writes (bypass the page cache); unaligned heads and tails handled.
     pub direct_write: bool,
     /// O_DIRECT for reads.
     pub direct_read: bool,
     /// Open chunk files kept per worker (bounded handle cache).
     pub handle_cache: u32,
-    /// "immediate" (default): submit every turn. "timer": the seeds' timer-gated submission,
-    /// for reproducing their experiment only.
-    pub submit_policy: String,
+    /// When queued device operations are submitted.
+    pub submit_policy: SubmitPolicy,
     /// With submit_policy = "timer": hold SQEs until this much time passed since the last submit.
     pub submit_timer_us: u64,
 }
@@ -125,16 +139,37 @@ impl Default for StorageConfig {
         StorageConfig {
             buffer_count: 32,
             ring_entries: 256,
-            layout: "chunkfile".into(),
+            layout: DiskLayout::Chunkfile,
             // Measured here (docs/storage.md): direct writes 1093 vs buffered 279 MiB/s once
             // writeback throttles; buffered sequential reads 1590 vs direct 1207 MiB/s.
             direct_write: true,
             direct_read: false,
             handle_cache: 512,
-            submit_policy: "immediate".into(),
+            submit_policy: SubmitPolicy::Immediate,
             submit_timer_us: 50_000,
         }
     }
+}
+
+/// `storage.layout`: how chunks are kept on a server's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskLayout {
+    /// One file per chunk.
+    Chunkfile,
+    /// Chunks in large preallocated files.
+    Packed,
+}
+
+/// `storage.submit_policy`: when queued device operations are submitted to io_uring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubmitPolicy {
+    /// Every turn of the event loop (the default).
+    Immediate,
+    /// Held until `submit_timer_us` passed since the last submit: a timer-gated design kept
+    /// only to reproduce its measurements.
+    Timer,
 }
 
 /// The UCX transport.
@@ -405,10 +440,10 @@ impl InsightsConfig {
 }
 
 /// Environment variables with short names, kept for the launch scripts' convenience.
-const ENV_ALIASES: &[(&str, &str, &str)] = &[
-    ("BENCHFS_REGISTRY", "cluster", "registry_dir"),
-    ("BENCHFS_EXPECTED_SERVERS", "cluster", "expected_servers"),
-    ("BENCHFS_RESULTS", "run", "results_root"),
+const ENV_ALIASES: &[(&str, &str)] = &[
+    ("BENCHFS_REGISTRY", "cluster.registry_dir"),
+    ("BENCHFS_EXPECTED_SERVERS", "cluster.expected_servers"),
+    ("BENCHFS_RESULTS", "run.results_root"),
 ];
 
 /// Names the configuration file when no path is given.
@@ -418,8 +453,8 @@ impl Config {
     /// Checks the relations between keys that types alone do not express.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Config(m.to_string()));
-        if self.client.chunk_size == 0 || self.client.chunk_size > (1 << 30) {
-            return bad("client.chunk_size must be between 1 byte and 1 GiB");
+        if self.layout.chunk_size == 0 || self.layout.chunk_size > (1 << 30) {
+            return bad("layout.chunk_size must be between 1 byte and 1 GiB");
         }
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");
@@ -444,12 +479,6 @@ impl Config {
         }
         if self.server.workers == 0 || self.server.workers > 64 {
             return bad("server.workers must be between 1 and 64");
-        }
-        if !matches!(self.storage.layout.as_str(), "chunkfile" | "packed") {
-            return bad("storage.layout must be \"chunkfile\" or \"packed\"");
-        }
-        if !matches!(self.storage.submit_policy.as_str(), "immediate" | "timer") {
-            return bad("storage.submit_policy must be \"immediate\" or \"timer\"");
         }
         if self.storage.handle_cache == 0 {
             return bad("storage.handle_cache must be at least 1");
@@ -512,138 +541,264 @@ impl Config {
         Ok(())
     }
 
-    /// The effective configuration as TOML (what goes into every results directory).
+    /// The effective configuration as TOML (what goes into every results directory), headed
+    /// by [`EFFECTIVE_HEADER`]: read back, it is taken as it is, without the environment.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise config: {e}\n"))
+        match toml::to_string(self) {
+            Ok(body) => format!("{EFFECTIVE_HEADER}\n{body}"),
+            Err(e) => format!("# cannot serialise config: {e}\n"),
+        }
     }
 
-    /// Parses a complete or partial TOML text over the defaults, without env or overrides.
+    /// Parses a complete or partial TOML text over the defaults, without env or overrides
+    /// (an effective configuration: what `to_toml` wrote, or what a client was handed).
     pub fn from_toml(text: &str) -> Result<Config> {
-        let mut table = defaults_table()?;
+        let mut r = Resolver::new()?;
         let file: toml::Table =
             toml::from_str(text).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
-        merge(&mut table, file, "").map_err(Error::Config)?;
-        finish(table)
+        r.merge_table(file, "configuration text")?;
+        r.finish()
     }
 }
 
-fn defaults_table() -> Result<toml::Table> {
-    toml::Table::try_from(Config::default()).map_err(|e| Error::Config(format!("cannot build defaults: {e}")))
-}
+/// First line of an effective configuration ([`Config::to_toml`]). A file that starts with it
+/// is complete and already has every layer applied, so [`resolve`] does not apply the
+/// `BENCHFS_*` variables over it again (only explicit overrides): every process a run starts
+/// with it runs exactly what the run recorded.
+pub const EFFECTIVE_HEADER: &str =
+    "# BenchFS effective configuration: complete; BENCHFS_* variables are not applied over it \
+     (delete this line to use it as a base)";
 
-/// Merges `over` into `base`, refusing keys the defaults do not have and values whose type
-/// differs from the default's (so the error names the key, not just the type).
-fn merge(base: &mut toml::Table, over: toml::Table, prefix: &str) -> std::result::Result<(), String> {
-    for (key, value) in over {
-        let name = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
-        };
-        match (base.get_mut(&key), value) {
-            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o, &name)?,
-            (Some(toml::Value::Table(_)), _) => return Err(format!("{name} must be a table")),
-            (Some(slot), v) => *slot = typed_like(slot, v, &name)?,
-            (None, _) => return Err(format!("unknown key {name}")),
-        }
-    }
-    Ok(())
-}
+/// Keys whose values are byte sizes: integers, or strings such as "4M" ([`parse_size`]).
+pub const SIZE_KEYS: &[&str] = &[
+    "layout.chunk_size",
+    "network.rndv_threshold",
+    "run.file_size",
+    "run.transfer_size",
+    "insights.small_write_bytes",
+];
 
-/// `value` converted to the type of `default` (integers are accepted where floats are expected).
-fn typed_like(
-    default: &toml::Value,
-    value: toml::Value,
-    name: &str,
-) -> std::result::Result<toml::Value, String> {
-    use toml::Value as V;
-    match (default, value) {
-        (V::Float(_), V::Integer(i)) => Ok(V::Float(i as f64)),
-        (d, v) if std::mem::discriminant(d) == std::mem::discriminant(&v) => Ok(v),
-        (d, v) => Err(format!(
-            "{name} must be {}, not {} ({v})",
-            d.type_str(),
-            v.type_str()
-        )),
-    }
-}
+/// Old names still accepted, each with a one-line notice: (old, new).
+const RENAMED: &[(&str, &str)] = &[("client.chunk_size", "layout.chunk_size")];
 
-/// Sets `section.key` from a string, typed after the default's type.
-fn set_from_str(
-    table: &mut toml::Table,
-    section: &str,
-    key: &str,
-    raw: &str,
-    origin: &str,
-) -> std::result::Result<(), String> {
-    let name = format!("{section}.{key}");
-    let slot = table
-        .get_mut(section)
-        .and_then(|s| s.as_table_mut())
-        .and_then(|s| s.get_mut(key))
-        .ok_or_else(|| format!("unknown key {name} (from {origin})"))?;
-    let value = match slot {
-        toml::Value::String(_) => toml::Value::String(raw.to_string()),
-        _ => {
-            let doc: toml::Table = toml::from_str(&format!("v = {raw}"))
-                .map_err(|_| format!("{name} = {raw:?} (from {origin}) is not a valid value"))?;
-            doc.get("v")
-                .cloned()
-                .ok_or_else(|| format!("{name}: empty value (from {origin})"))?
-        }
+/// Each renamed key's notice is printed once per process.
+static NOTICED: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+
+/// The current name of `name`, telling the user once if it is an old one.
+fn current_name(name: &str, origin: &str) -> String {
+    let Some(&(old, new)) = RENAMED.iter().find(|(old, _)| *old == name) else {
+        return name.to_string();
     };
-    *slot = typed_like(slot, value, &name).map_err(|e| format!("{e} (from {origin})"))?;
-    Ok(())
+    let mut noticed = NOTICED.lock().unwrap_or_else(PoisonError::into_inner);
+    if !noticed.contains(&old) {
+        noticed.push(old);
+        eprintln!("benchfs: {old} (from {origin}) is now called {new}; the old name will go");
+    }
+    new.to_string()
 }
 
-fn finish(table: toml::Table) -> Result<Config> {
-    let config: Config = toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| Error::Config(e.message().to_string()))?;
-    config.validate()?;
-    Ok(config)
+/// Builds one configuration: the defaults' table, each value merged over it with where it came
+/// from, so every error names the key, its value and its source.
+struct Resolver {
+    table: toml::Table,
+    /// "section.key" -> the source of its value (a file, a variable, "override").
+    origins: BTreeMap<String, String>,
+}
+
+impl Resolver {
+    fn new() -> Result<Resolver> {
+        let table = toml::Table::try_from(Config::default())
+            .map_err(|e| Error::Config(format!("cannot build defaults: {e}")))?;
+        Ok(Resolver {
+            table,
+            origins: BTreeMap::new(),
+        })
+    }
+
+    /// Merges a parsed file (`origin` names it): sections and keys must exist in the defaults.
+    fn merge_table(&mut self, over: toml::Table, origin: &str) -> Result<()> {
+        for (section, value) in over {
+            let toml::Value::Table(keys) = value else {
+                return Err(Error::Config(format!(
+                    "{section} must be a table [{section}] (from {origin})"
+                )));
+            };
+            for (key, value) in keys {
+                self.set(&format!("{section}.{key}"), value, origin)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets "section.key" from a string typed as people type it (a variable or an override):
+    /// a string key takes it as is, any other key parses it as a TOML value.
+    fn set_str(&mut self, name: &str, raw: &str, origin: &str) -> Result<()> {
+        let name = current_name(name, origin);
+        let value = match self.slot(&name, origin)? {
+            toml::Value::String(_) => toml::Value::String(raw.to_string()),
+            _ if SIZE_KEYS.contains(&name.as_str()) => toml::Value::String(raw.to_string()),
+            _ => {
+                let doc: toml::Table = toml::from_str(&format!("v = {raw}")).map_err(|_| {
+                    Error::Config(format!("{name} = {raw:?} (from {origin}) is not a valid value"))
+                })?;
+                doc.get("v")
+                    .cloned()
+                    .ok_or_else(|| Error::Config(format!("{name}: empty value (from {origin})")))?
+            }
+        };
+        self.set(&name, value, origin)
+    }
+
+    fn slot(&mut self, name: &str, origin: &str) -> Result<&mut toml::Value> {
+        let unknown = || Error::Config(format!("unknown key {name} (from {origin})"));
+        let (section, key) = name.split_once('.').ok_or_else(unknown)?;
+        self.table
+            .get_mut(section)
+            .and_then(toml::Value::as_table_mut)
+            .and_then(|s| s.get_mut(key))
+            .ok_or_else(unknown)
+    }
+
+    /// Sets "section.key" to `value`, converted to the default's type: integers where floats
+    /// are expected, size strings for [`SIZE_KEYS`]; anything else of another type, a negative
+    /// number for an unsigned key or a bad size is refused, naming the key and its source.
+    fn set(&mut self, name: &str, value: toml::Value, origin: &str) -> Result<()> {
+        use toml::Value as V;
+        let name = current_name(name, origin);
+        let is_size = SIZE_KEYS.contains(&name.as_str());
+        let slot = self.slot(&name, origin)?;
+        let bad = |why: String| Error::Config(format!("{name} = {value} (from {origin}): {why}"));
+        let typed = match (&*slot, &value) {
+            (V::Integer(_), V::String(text)) if is_size => {
+                let bytes = parse_size(text).map_err(bad)?;
+                V::Integer(i64::try_from(bytes).map_err(|_| bad("too large".into()))?)
+            }
+            (V::Integer(_), V::Integer(i)) if *i < 0 => {
+                return Err(bad("must not be negative".into()));
+            }
+            (V::Float(_), V::Integer(i)) => V::Float(*i as f64),
+            (d, v) if std::mem::discriminant(d) == std::mem::discriminant(v) => value.clone(),
+            (V::Table(_), _) => return Err(bad(format!("{name} is a section, not a key"))),
+            (d, v) => {
+                let sizes = if is_size { " or a size such as \"4M\"" } else { "" };
+                return Err(bad(format!(
+                    "must be {}{sizes}, not {}",
+                    d.type_str(),
+                    v.type_str()
+                )));
+            }
+        };
+        *slot = typed;
+        self.origins.insert(name, origin.to_string());
+        Ok(())
+    }
+
+    /// The typed configuration, checked: a value serde refuses (out of range, not one of an
+    /// enum's names) is reported with its key and source.
+    fn finish(self) -> Result<Config> {
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(self.table)).map_err(|e| {
+                let name = e.path().to_string();
+                let origin = self
+                    .origins
+                    .get(&name)
+                    .map_or_else(|| "the defaults".to_string(), Clone::clone);
+                Error::Config(format!("{name} (from {origin}): {}", plain(e.inner().message())))
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// serde's words for the two refusals left after [`Resolver::set`] in a user's words:
+/// "unknown variant `x`, expected `a` or `b`" and "invalid value: integer `n`, expected u32".
+fn plain(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        if let Some((value, allowed)) = rest.split_once(", expected ") {
+            let allowed = allowed.replace(" or ", ", ").replace("one of ", "");
+            return format!("{value} is not one of {allowed}");
+        }
+    }
+    if let Some(rest) = message.strip_prefix("invalid value: integer ") {
+        if let Some((value, kind)) = rest.split_once(", expected ") {
+            let max = match kind {
+                "u32" => u64::from(u32::MAX),
+                _ => u64::MAX,
+            };
+            return format!("{value} is too large (at most {max})");
+        }
+    }
+    message.to_string()
 }
 
 /// Resolves the configuration: defaults < file (`path`, else `$BENCHFS_CONFIG`) < `BENCHFS_*`
-/// variables from `env` < `overrides` (`section.key=value`).
+/// variables from `env` < `overrides` (`section.key=value`). The variables are skipped for an
+/// effective configuration file ([`EFFECTIVE_HEADER`]).
 pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &[String]) -> Result<Config> {
-    let mut table = defaults_table()?;
+    let mut r = Resolver::new()?;
     let env_path = env.get(CONFIG_ENV).filter(|p| !p.is_empty()).map(Path::new);
+    let mut effective = false;
     if let Some(file) = path.or(env_path) {
         let text = std::fs::read_to_string(file)
             .map_err(|e| Error::io(format!("configuration file {}", file.display()), e))?;
         let over: toml::Table = toml::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: malformed TOML: {e}", file.display())))?;
-        merge(&mut table, over, "").map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+        r.merge_table(over, &file.display().to_string())?;
+        effective = text.starts_with(EFFECTIVE_HEADER);
     }
-    // Generic variables: BENCHFS_<SECTION>_<KEY> for every key the defaults have.
-    let keys: Vec<(String, String)> = table
-        .iter()
-        .filter_map(|(s, v)| v.as_table().map(|t| (s, t)))
-        .flat_map(|(s, t)| t.keys().map(move |k| (s.clone(), k.clone())))
-        .collect();
-    for (section, key) in &keys {
-        let var = format!("BENCHFS_{}_{}", section.to_uppercase(), key.to_uppercase());
-        if let Some(raw) = env.get(&var) {
-            set_from_str(&mut table, section, key, raw, &var).map_err(Error::Config)?;
+    if !effective {
+        r.apply_env(env)?;
+    }
+    r.apply_overrides(overrides)?;
+    r.finish()
+}
+
+/// An effective configuration's text with `overrides` applied (no environment): for facts
+/// only known after resolving, such as a run's directories and shape.
+pub fn with_overrides(effective: &str, overrides: &[String]) -> Result<Config> {
+    let mut r = Resolver::new()?;
+    let over: toml::Table =
+        toml::from_str(effective).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
+    r.merge_table(over, "configuration text")?;
+    r.apply_overrides(overrides)?;
+    r.finish()
+}
+
+impl Resolver {
+    fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<()> {
+        // Generic variables: BENCHFS_<SECTION>_<KEY> for every key the defaults have, and the
+        // renamed keys' old names.
+        let mut names: Vec<String> = self
+            .table
+            .iter()
+            .filter_map(|(s, v)| v.as_table().map(|t| (s, t)))
+            .flat_map(|(s, t)| t.keys().map(move |k| format!("{s}.{k}")))
+            .collect();
+        names.extend(RENAMED.iter().map(|(old, _)| old.to_string()));
+        for name in &names {
+            let var = format!("BENCHFS_{}", name.replace('.', "_").to_uppercase());
+            if let Some(raw) = env.get(&var) {
+                self.set_str(name, raw, &var)?;
+            }
         }
-    }
-    for (var, section, key) in ENV_ALIASES {
-        if let Some(raw) = env.get(*var) {
-            set_from_str(&mut table, section, key, raw, var).map_err(Error::Config)?;
+        for (var, name) in ENV_ALIASES {
+            if let Some(raw) = env.get(*var) {
+                self.set_str(name, raw, var)?;
+            }
         }
+        Ok(())
     }
-    for item in overrides {
-        let (name, raw) = item
-            .split_once('=')
-            .ok_or_else(|| Error::Config(format!("override {item:?} is not section.key=value")))?;
-        let (section, key) = name
-            .trim()
-            .split_once('.')
-            .ok_or_else(|| Error::Config(format!("override {item:?} is not section.key=value")))?;
-        set_from_str(&mut table, section, key, raw.trim(), "override").map_err(Error::Config)?;
+
+    fn apply_overrides(&mut self, overrides: &[String]) -> Result<()> {
+        for item in overrides {
+            let (name, raw) = item
+                .split_once('=')
+                .filter(|(name, _)| name.contains('.'))
+                .ok_or_else(|| Error::Config(format!("override {item:?} is not section.key=value")))?;
+            self.set_str(name.trim(), raw.trim(), "override")?;
+        }
+        Ok(())
     }
-    finish(table)
 }
 
 /// The process environment's `BENCHFS_*` variables.
@@ -668,10 +823,13 @@ mod tests {
     fn precedence_defaults_file_env_override() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, "[client]\nchunk_size = 65536\nmax_inflight = 4\n")
-            .map_err(|e| Error::io("write", e))?;
+        std::fs::write(
+            &file,
+            "[layout]\nchunk_size = 65536\n[client]\nmax_inflight = 4\n",
+        )
+        .map_err(|e| Error::io("write", e))?;
         let c = resolve(Some(&file), &env(&[]), &[])?;
-        assert_eq!(c.client.chunk_size, 65536);
+        assert_eq!(c.layout.chunk_size, 65536);
         assert_eq!(c.client.request_timeout_s, 30.0);
         let c = resolve(Some(&file), &env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "8")]), &[])?;
         assert_eq!(c.client.max_inflight, 8);
@@ -686,29 +844,127 @@ mod tests {
     }
 
     #[test]
+    fn sizes_as_people_write_them() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[layout]\nchunk_size = \"1MiB\"\n[run]\nfile_size = \"2G\"\n",
+        )
+        .map_err(|e| Error::io("write", e))?;
+        let c = resolve(Some(&file), &env(&[("BENCHFS_RUN_TRANSFER_SIZE", "64k")]), &[])?;
+        assert_eq!((c.layout.chunk_size, c.run.file_size), (1 << 20, 2 << 30));
+        assert_eq!(c.run.transfer_size, 64 << 10);
+        let c = resolve(
+            None,
+            &env(&[]),
+            &["layout.chunk_size=1M".into(), "run.file_size=4096".into()],
+        )?;
+        assert_eq!((c.layout.chunk_size, c.run.file_size), (1 << 20, 4096));
+        // The old name still works, from every source.
+        let c = resolve(None, &env(&[("BENCHFS_CLIENT_CHUNK_SIZE", "2M")]), &[])?;
+        assert_eq!(c.layout.chunk_size, 2 << 20);
+        let c = resolve(None, &env(&[]), &["client.chunk_size=1M".into()])?;
+        assert_eq!(c.layout.chunk_size, 1 << 20);
+        assert_eq!(
+            Config::from_toml("[client]\nchunk_size = \"8M\"\n")?
+                .layout
+                .chunk_size,
+            8 << 20
+        );
+        // The effective text has plain numbers and the enums' names.
+        let text = c.to_toml();
+        assert!(text.contains("chunk_size = 1048576") && text.contains("layout = \"chunkfile\""));
+        Ok(())
+    }
+
+    #[test]
     fn bad_input_is_a_clear_error() {
         let e = |r: Result<Config>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        let over = |o: &str| e(resolve(None, &env(&[]), &[o.to_string()]));
         assert!(e(Config::from_toml("[client]\nchunk_sise = 1\n")).contains("unknown key client.chunk_sise"));
-        assert!(e(Config::from_toml("[client]\nchunk_size = \"big\"\n"))
-            .contains("client.chunk_size must be integer, not string"));
         assert!(
-            e(resolve(None, &env(&[]), &["client.max_inflight=1.5".into()])).contains("client.max_inflight")
+            e(Config::from_toml("[client]\nmax_inflight = \"big\"\n")).contains(
+                "client.max_inflight = \"big\" (from configuration text): must be integer, not string"
+            )
         );
+        assert!(e(Config::from_toml("[layout]\nchunk_size = \"big\"\n"))
+            .contains("layout.chunk_size = \"big\" (from configuration text): expected a whole number"));
+        assert!(over("client.max_inflight=1.5").contains("client.max_inflight"));
         assert!(e(Config::from_toml("[client\n")).contains("malformed TOML"));
-        assert!(e(Config::from_toml("[client]\nchunk_size = 0\n")).contains("chunk_size"));
-        assert!(
-            e(resolve(None, &env(&[("BENCHFS_CLIENT_CHUNK_SIZE", "x y")]), &[]))
-                .contains("BENCHFS_CLIENT_CHUNK_SIZE")
-        );
-        assert!(e(resolve(None, &env(&[]), &["nosuch.key=1".into()])).contains("unknown key"));
+        assert!(e(Config::from_toml("[layout]\nchunk_size = 0\n")).contains("chunk_size"));
+        assert!(e(resolve(
+            None,
+            &env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "x y")]),
+            &[]
+        ))
+        .contains("BENCHFS_CLIENT_MAX_INFLIGHT"));
+        assert!(over("nosuch.key=1").contains("unknown key nosuch.key (from override)"));
+        assert!(over("nokey=1").contains("is not section.key=value"));
         assert!(e(resolve(Some(Path::new("/nonexistent/c.toml")), &env(&[]), &[]))
             .contains("configuration file /nonexistent/c.toml"));
+        // Negative values, bad suffixes and enum names: the key, the value and the source.
+        assert_eq!(
+            over("client.max_inflight=-5"),
+            "invalid configuration: client.max_inflight = -5 (from override): must not be negative"
+        );
+        assert!(
+            e(resolve(None, &env(&[("BENCHFS_LAYOUT_CHUNK_SIZE", "-5")]), &[])).contains(
+                "layout.chunk_size = \"-5\" (from BENCHFS_LAYOUT_CHUNK_SIZE): a size must not be negative"
+            )
+        );
+        assert!(over("layout.chunk_size=1X")
+            .contains("layout.chunk_size = \"1X\" (from override): unknown suffix"));
+        assert!(e(Config::from_toml("[run]\nfile_size = -1\n"))
+            .contains("run.file_size = -1 (from configuration text): must not be negative"));
+        assert_eq!(
+            over("storage.layout=striped"),
+            "invalid configuration: storage.layout (from override): `striped` is not one of \
+             `chunkfile`, `packed`"
+        );
+        assert!(over("storage.submit_policy=later").contains("`later` is not one of `immediate`, `timer`"));
+        assert!(over("client.max_inflight=5000000000")
+            .contains("client.max_inflight (from override): `5000000000` is too large (at most 4294967295)"));
+        assert!(over("client=1").contains("is not section.key=value"));
     }
 
     #[test]
     fn effective_config_round_trips() -> Result<()> {
-        let c = resolve(None, &env(&[]), &["client.chunk_size=1024".into()])?;
+        let c = resolve(
+            None,
+            &env(&[]),
+            &["layout.chunk_size=1024".into(), "storage.layout=packed".into()],
+        )?;
         assert_eq!(Config::from_toml(&c.to_toml())?, c);
+        Ok(())
+    }
+
+    #[test]
+    fn an_effective_file_is_read_without_the_environment() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let file = dir.path().join("config.toml");
+        let recorded = resolve(None, &env(&[]), &["client.max_inflight=3".into()])?;
+        std::fs::write(&file, recorded.to_toml()).map_err(|e| Error::io("write", e))?;
+        let vars = env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "9"), ("BENCHFS_RUN_SERVERS", "7")]);
+        assert_eq!(resolve(Some(&file), &vars, &[])?, recorded);
+        let over = resolve(Some(&file), &vars, &["run.servers=5".into()])?;
+        assert_eq!((over.client.max_inflight, over.run.servers), (3, 5));
+        // A plain file (the header deleted) is a base again.
+        let text = recorded.to_toml().replacen(EFFECTIVE_HEADER, "", 1);
+        std::fs::write(&file, text).map_err(|e| Error::io("write", e))?;
+        assert_eq!(resolve(Some(&file), &vars, &[])?.client.max_inflight, 9);
+        let later = with_overrides(&recorded.to_toml(), &["run.clients=4".into()])?;
+        assert_eq!((later.client.max_inflight, later.run.clients), (3, 4));
+        Ok(())
+    }
+
+    #[test]
+    fn size_keys_are_integer_keys() -> Result<()> {
+        let r = Resolver::new()?;
+        for name in SIZE_KEYS {
+            let (s, k) = name.split_once('.').unwrap_or_default();
+            assert!(r.table[s][k].is_integer(), "{name}");
+        }
         Ok(())
     }
 }

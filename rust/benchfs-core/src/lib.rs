@@ -14,6 +14,7 @@ pub mod protocol;
 pub mod registry;
 pub mod runtime;
 pub mod server;
+pub mod size;
 pub mod storage;
 pub mod telemetry;
 pub mod transfer;

@@ -18,7 +18,7 @@ use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, RndvDesc, Worker};
 
 use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
-use crate::config::Config;
+use crate::config::{Config, SubmitPolicy};
 use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaRequest, MetaStore, SizeUpdate};
 use crate::protocol::{check_request, is_server_fault, Header, Op, AM_REPLY, AM_REQUEST};
@@ -744,7 +744,7 @@ fn run_worker(
     type Parts = (Runtime, Worker, Rc<ServerState>, Rc<RefCell<Outputs>>);
     let setup = || -> Result<Parts> {
         let token = registry::job_token(&registry::load_or_create_secret(&opts.registry_dir)?);
-        let hold = (config.storage.submit_policy == "timer")
+        let hold = (config.storage.submit_policy == SubmitPolicy::Timer)
             .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
         let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
         let reactor = runtime.reactor().clone();
@@ -756,14 +756,14 @@ fn run_worker(
         let store = ChunkStore::open(
             &opts.data_dir,
             &config.storage,
-            config.client.chunk_size,
+            config.layout.chunk_size,
             index,
             reactor,
             metrics.clone(),
         )?;
         let pool = BufferPool::new(
             config.storage.buffer_count as usize,
-            io_buffer_size(config.client.chunk_size),
+            io_buffer_size(config.layout.chunk_size),
         )?;
         // Pool buffers move with READ_FIXED/WRITE_FIXED and UCX knows their memory.
         runtime.reactor().register_buffers(&pool)?;
@@ -789,10 +789,10 @@ fn run_worker(
                 opts.id * config.server.workers + index,
                 config.cluster.expected_servers * config.server.workers,
                 config.cluster.expected_servers,
-                config.client.chunk_size,
+                config.layout.chunk_size,
                 id_nonce(),
             )),
-            chunk_size: config.client.chunk_size,
+            chunk_size: config.layout.chunk_size,
             metrics,
             trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
             server_id: opts.id,

@@ -12,7 +12,7 @@ fn config(servers: u32, chunk: u64) -> Result<Config> {
     let mut c = Config::default();
     c.cluster.expected_servers = servers;
     c.cluster.connect_timeout_s = 10.0;
-    c.client.chunk_size = chunk;
+    c.layout.chunk_size = chunk;
     c.client.request_timeout_s = 10.0;
     c.storage.buffer_count = 8;
     c.validate()?;

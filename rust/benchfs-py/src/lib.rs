@@ -2,6 +2,7 @@
 //! blocking call; errors become OSError subclasses with errno set (ValueError for bad
 //! configuration or registry entries).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -17,6 +18,7 @@ use benchfs_core::namespace::{self, Attr, Kind};
 use benchfs_core::placement::{Scheme, Study};
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
+use benchfs_core::size;
 use benchfs_core::transfer::{run_transfers, Direction, TransferSpec};
 use benchfs_core::Error;
 
@@ -54,17 +56,36 @@ fn config_from(text: Option<&str>) -> PyResult<Config> {
 }
 
 /// Effective configuration as TOML: defaults < file (`path`, else $BENCHFS_CONFIG) <
-/// BENCHFS_* variables < `overrides` ("section.key=value").
+/// BENCHFS_* variables < `overrides` ("section.key=value"). With `environment=False` the
+/// variables (and $BENCHFS_CONFIG) are not read: a recorded configuration stays as recorded.
 #[pyfunction]
-#[pyo3(signature = (path=None, overrides=None))]
-fn resolve_config(path: Option<PathBuf>, overrides: Option<Vec<String>>) -> PyResult<String> {
-    let c = config::resolve(
-        path.as_deref(),
-        &config::process_env(),
-        &overrides.unwrap_or_default(),
-    )
-    .map_err(to_py)?;
+#[pyo3(signature = (path=None, overrides=None, environment=true))]
+fn resolve_config(
+    path: Option<PathBuf>,
+    overrides: Option<Vec<String>>,
+    environment: bool,
+) -> PyResult<String> {
+    let env = if environment {
+        config::process_env()
+    } else {
+        BTreeMap::new()
+    };
+    let c = config::resolve(path.as_deref(), &env, &overrides.unwrap_or_default()).map_err(to_py)?;
     Ok(c.to_toml())
+}
+
+/// An effective configuration's text with `overrides` applied, without the environment.
+#[pyfunction]
+fn config_with_overrides(effective: &str, overrides: Vec<String>) -> PyResult<String> {
+    Ok(config::with_overrides(effective, &overrides)
+        .map_err(to_py)?
+        .to_toml())
+}
+
+/// Bytes of a size as people write it ("64M", "1MiB", "4096"; every suffix binary).
+#[pyfunction]
+fn parse_size(text: &str) -> PyResult<u64> {
+    size::parse_size(text).map_err(|why| PyValueError::new_err(format!("invalid size {text:?}: {why}")))
 }
 
 /// Waits for `expected` registered servers; returns the membership ordered by numeric id.
@@ -644,11 +665,10 @@ fn bench_storage<'py>(
     layout: &str,
     dataset_bytes: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut config = Config::default();
+    let layout = format!("storage.layout={layout}");
+    let mut config = config::resolve(None, &BTreeMap::new(), &[layout]).map_err(to_py)?;
     config.storage.direct_write = direct_write;
     config.storage.direct_read = direct_read;
-    config.storage.layout = layout.to_string();
-    config.validate().map_err(to_py)?;
     let spec = StorageBenchSpec {
         data_dir,
         pattern: Pattern::parse(pattern).map_err(to_py)?,
@@ -794,6 +814,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("JOB_SECRET_FILE", registry::SECRET_FILE)?;
     m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(config_with_overrides, m)?)?;
     m.add_function(wrap_pyfunction!(wait_for_servers, m)?)?;
     m.add_function(wrap_pyfunction!(bench_storage, m)?)?;
     m.add_function(wrap_pyfunction!(bench_telemetry, m)?)?;

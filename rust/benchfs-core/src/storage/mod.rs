@@ -28,7 +28,7 @@ use futures::stream::{self, StreamExt};
 
 use crate::buffer::{IoBuffer, ALIGN};
 use crate::chunking::FileId;
-use crate::config::StorageConfig;
+use crate::config::{DiskLayout, StorageConfig};
 use crate::error::{Error, Result};
 use crate::runtime::Reactor;
 use crate::telemetry::WorkerMetrics;
@@ -115,14 +115,14 @@ impl ChunkStore {
             probe_direct(data_dir)?;
         }
         let direct = policy.direct_write || policy.direct_read;
-        let layout = match config.layout.as_str() {
-            "packed" => Layout::Packed(Packed::open(
+        let layout = match config.layout {
+            DiskLayout::Packed => Layout::Packed(Packed::open(
                 &data_dir.join("packed"),
                 worker,
                 round_up(chunk_size, ALIGN as u64),
                 direct,
             )?),
-            _ => {
+            DiskLayout::Chunkfile => {
                 let root = data_dir.join("chunks");
                 // 256 fan-out directories, made once, never per write.
                 for i in 0..256 {
