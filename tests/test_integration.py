@@ -30,7 +30,7 @@ from benchfs.workloads.rw import (
     read_and_verify,
     write_file,
 )
-from conftest import KIB, MIB, data_for
+from conftest import KIB, MIB, config_text, data_for
 
 CHUNK = 64 * KIB
 CREATE = os.O_RDWR | os.O_CREAT
@@ -569,3 +569,22 @@ def test_truncation_frees_data(inproc_cluster, tmp_path: Path, layout: str) -> N
         client.unlink("/u.dat")
         if layout == "chunkfile":
             assert not list(tmp_path.glob(f"data-*/chunks/*/{gone}.*"))
+
+
+def test_a_client_chunk_size_that_cannot_apply_is_said_once(inproc_cluster, capfd) -> None:
+    """The servers decide the chunk size: a client configured with another one says so once
+    (on its first creation), and its files use the servers' chunks."""
+    cluster = inproc_cluster(2, "layout.chunk_size=65536")
+    with Client(str(cluster.registry), config=cluster.config) as same:
+        with same.open("/agreed", os.O_RDWR | os.O_CREAT):
+            pass
+    assert "layout.chunk_size" not in capfd.readouterr().err
+    mine = config_text("cluster.expected_servers=2", "layout.chunk_size=1M")
+    with Client(str(cluster.registry), config=mine) as other:
+        for name in ("/a", "/b", "/c"):
+            with other.open(name, os.O_RDWR | os.O_CREAT) as f:
+                f.pwrite(b"x" * 200_000, 0)
+        assert other.stat("/a").chunk_size == 65536
+    err = capfd.readouterr().err
+    assert err.count("layout.chunk_size = 1048576 in this client's configuration") == 1, err
+    assert "65536-byte chunks" in err

@@ -312,6 +312,8 @@ pub struct Client {
     /// Jitter for retry backoff (xorshift state).
     rng: Cell<u64>,
     config: Config,
+    /// Said once: this client's `layout.chunk_size` is not the servers' (only theirs applies).
+    told_chunk_size: Cell<bool>,
     /// The job token every request carries.
     token: u64,
     telemetry: ClientTelemetry,
@@ -525,6 +527,7 @@ impl Client {
                     | 1,
             ),
             config,
+            told_chunk_size: Cell::new(false),
             token,
             telemetry,
         };
@@ -1260,6 +1263,19 @@ impl Client {
         Ok(())
     }
 
+    /// The servers decide a new file's chunk size: if it is not this client's
+    /// `layout.chunk_size`, the user set it where it cannot apply. Said once per client.
+    fn tell_chunk_size(&self, servers: u64) {
+        let mine = self.config.layout.chunk_size;
+        if servers != mine && !self.told_chunk_size.replace(true) {
+            eprintln!(
+                "benchfs: layout.chunk_size = {mine} in this client's configuration does not \
+                 apply: the servers make files with {servers}-byte chunks (set it where the \
+                 servers start)"
+            );
+        }
+    }
+
     /// Opens the file at `path` (flags: `namespace::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
     /// adds the name to its parent directory first, then makes the inode at its owner.
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
@@ -1287,6 +1303,9 @@ impl Client {
                 }
             };
             self.check_layout(&path, &attr)?;
+            if added {
+                self.tell_chunk_size(attr.layout.chunk_size);
+            }
             // Only O_TRUNC makes the size smaller than it was.
             self.free_data(&attr, attr.size, old).await?;
             Ok(attr)
