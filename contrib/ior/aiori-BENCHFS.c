@@ -10,7 +10,7 @@
  *   --benchfs.registry=DIR   registry directory of the running cluster
  *                            (default: cluster.registry_dir of the configuration, $BENCHFS_REGISTRY)
  *   --benchfs.config=FILE    BenchFS configuration file (default: $BENCHFS_CONFIG, defaults)
- *   --benchfs.chunk-size=N   layout.chunk_size (e.g. 4m; must match the servers')
+ *   --benchfs.chunk-size=N   layout.chunk_size (e.g. 4m; the servers' value decides)
  *   --benchfs.servers=N      cluster.expected_servers (default: from the configuration)
  * Test file names (-o, mdtest -d) are absolute paths inside BenchFS, e.g. -o /ior/testfile.
  *
