@@ -696,16 +696,24 @@ impl Resolver {
     /// The typed configuration, checked: a value serde refuses (out of range, not one of an
     /// enum's names) is reported with its key and source.
     fn finish(self) -> Result<Config> {
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(self.table)).map_err(|e| {
-                let name = e.path().to_string();
-                let origin = self
-                    .origins
-                    .get(&name)
-                    .map_or_else(|| "the defaults".to_string(), Clone::clone);
-                Error::Config(format!("{name} (from {origin}): {}", plain(e.inner().message())))
-            })?;
-        config.validate()?;
+        let Resolver { table, origins } = self;
+        let origin = |name: &str| origins.get(name).map_or("the defaults", String::as_str);
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let name = e.path().to_string();
+            let why = plain(e.inner().message());
+            Error::Config(format!("{name} (from {}): {why}", origin(&name)))
+        })?;
+        // A relation or range check names its key first: add where that key's value came from.
+        config.validate().map_err(|e| match e {
+            Error::Config(m) => {
+                let key = m.split_whitespace().next().unwrap_or_default();
+                match origins.get(key) {
+                    Some(from) => Error::Config(format!("{m} (from {from})")),
+                    None => Error::Config(m),
+                }
+            }
+            other => other,
+        })?;
         Ok(config)
     }
 }
@@ -892,7 +900,9 @@ mod tests {
             .contains("layout.chunk_size = \"big\" (from configuration text): expected a whole number"));
         assert!(over("client.max_inflight=1.5").contains("client.max_inflight"));
         assert!(e(Config::from_toml("[client\n")).contains("malformed TOML"));
-        assert!(e(Config::from_toml("[layout]\nchunk_size = 0\n")).contains("chunk_size"));
+        assert!(e(Config::from_toml("[layout]\nchunk_size = 0\n"))
+            .contains("layout.chunk_size must be between 1 byte and 1 GiB (from configuration text)"));
+        assert!(over("layout.chunk_size=2G").contains("between 1 byte and 1 GiB (from override)"));
         assert!(e(resolve(
             None,
             &env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "x y")]),
