@@ -21,6 +21,7 @@ import pytest
 from benchfs import Server, _core
 from benchfs.cluster import LocalCluster
 from benchfs.config import resolve_config_text
+from benchfs.mount import Mounted, is_mounted, mounted
 from benchfs.procs import pid_alive
 from benchfs.workloads.rw import Pattern
 
@@ -111,6 +112,17 @@ def daemon_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     for cluster in started:
         cluster.stop(grace_s=5.0)
         assert cluster.leftover_pids() == []
+
+
+def checked_mount(cluster: LocalCluster, point: Path) -> Iterator[Mounted]:
+    """`benchfs-mount` of `cluster` at `point` (made here) for the length of a generator; at
+    its end the mount must have exited cleanly, without forcing, and be gone."""
+    point.mkdir()
+    with mounted(cluster.registry_dir, point, config_path=cluster.config_path) as m:
+        yield m
+    assert m.returncode == 0, m.output()
+    assert m.forced == [], m.output()
+    assert not is_mounted(point)
 
 
 def data_for(seed: int, offset: int, length: int) -> bytes:

@@ -20,7 +20,7 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mount import Mounted, find_benchfs_mount, is_mounted, mounted
-from conftest import MIB, data_for
+from conftest import MIB, checked_mount, data_for
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
@@ -37,13 +37,7 @@ def cluster(daemon_cluster: Callable[..., LocalCluster]) -> LocalCluster:
 
 @pytest.fixture
 def mount(cluster: LocalCluster, tmp_path: Path) -> Iterator[Mounted]:
-    point = tmp_path / "mnt"
-    point.mkdir()
-    with mounted(cluster.registry_dir, point, config_path=cluster.config_path) as m:
-        yield m
-    assert m.returncode == 0, m.output()
-    assert m.forced == [], m.output()
-    assert not is_mounted(point)
+    yield from checked_mount(cluster, tmp_path / "mnt")
 
 
 def run_fio(directory: Path, *args: str) -> dict:

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from benchfs.cluster import LocalCluster
-from benchfs.mount import Mounted, is_mounted, mounted
+from benchfs.mount import Mounted
 from benchfs.telemetry import load
-from conftest import MIB, data_for
+from conftest import MIB, checked_mount, data_for
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
@@ -39,18 +39,9 @@ def cluster(daemon_cluster: Callable[..., LocalCluster]) -> LocalCluster:
     return daemon_cluster(3)
 
 
-def _mount(cluster: LocalCluster, point: Path) -> Iterator[Mounted]:
-    point.mkdir()
-    with mounted(cluster.registry_dir, point, config_path=cluster.config_path) as m:
-        yield m
-    assert m.returncode == 0, m.output()
-    assert m.forced == [], m.output()
-    assert not is_mounted(point)
-
-
 @pytest.fixture
 def mount(cluster: LocalCluster, tmp_path: Path) -> Iterator[Mounted]:
-    yield from _mount(cluster, tmp_path / "mnt")
+    yield from checked_mount(cluster, tmp_path / "mnt")
 
 
 def fio(mount: Mounted, *args: str) -> None:
@@ -302,7 +293,7 @@ def test_readers_while_another_thread_writes_and_truncates(
 def test_rename_noreplace_is_atomic_across_mounts(cluster: LocalCluster, tmp_path: Path) -> None:
     """Two mounts race RENAME_NOREPLACE onto the same names: exactly one wins each name and
     the name holds the winner's bytes (a check followed by a rename let both win)."""
-    mounts = [_mount(cluster, tmp_path / f"mnt{k}") for k in range(2)]
+    mounts = [checked_mount(cluster, tmp_path / f"mnt{k}") for k in range(2)]
     a, b = (next(m) for m in mounts)
     try:
         names = 40
@@ -341,7 +332,7 @@ def test_an_open_sees_sizes_another_mount_published(cluster: LocalCluster, tmp_p
     """Close-to-open across mounts for sizes too: mount B has the file's attributes cached
     (1 s); mount A grows it, then cuts it, each time closing; B's next open sees each size,
     within the attribute cache's lifetime."""
-    mounts = [_mount(cluster, tmp_path / f"mnt{k}") for k in range(2)]
+    mounts = [checked_mount(cluster, tmp_path / f"mnt{k}") for k in range(2)]
     a, b = (next(m) for m in mounts)
     try:
         for round_ in range(3):
@@ -370,7 +361,7 @@ def test_a_healthy_fio_run_counts_no_server_errors(
     leaves every server's `errors`, `malformed` and `rejected_busy` at 0."""
     tel_dir = tmp_path / "telemetry"
     cluster = daemon_cluster(3, f"telemetry.dir={tel_dir}")
-    for m in _mount(cluster, tmp_path / "mnt"):
+    for m in checked_mount(cluster, tmp_path / "mnt"):
         fio_interleaved(m, 47008, 0, 3)
         fio_libaio(m, 1)
         fio(
