@@ -678,7 +678,6 @@ impl Resolver {
             }
             (V::Float(_), V::Integer(i)) => V::Float(*i as f64),
             (d, v) if std::mem::discriminant(d) == std::mem::discriminant(v) => value.clone(),
-            (V::Table(_), _) => return Err(bad(format!("{name} is a section, not a key"))),
             (d, v) => {
                 let sizes = if is_size { " or a size such as \"4M\"" } else { "" };
                 return Err(bad(format!(
