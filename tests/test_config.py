@@ -47,6 +47,7 @@ def test_defaults() -> None:
 
 def test_every_key_is_documented() -> None:
     text = DOCS.read_text()
+    assert resolve_config_text().splitlines()[0] in text  # the effective file's first line
     documented = set(re.findall(r"`([a-z_]+\.[a-z_0-9]+)`", text))
     for section, values in load_config().items():
         for key in values:
