@@ -123,6 +123,20 @@ def test_real_run_tables_and_silent_insights(real_run: Path) -> None:
     assert (rpc["retries"] == 0).all() and (rpc["p99_ms"] > 0).all()
 
 
+def test_the_report_a_run_saves_shows_how_it_went(real_run: Path) -> None:
+    """The run saves its report after its final manifest: outcome, clients, bandwidth and
+    verification are the run's, as a later `benchfs-analyze` also says."""
+    saved = json.loads((real_run / "analysis" / "report.json").read_text())["summary"]
+    manifest = json.loads((real_run / "manifest.json").read_text())
+    assert saved["outcome"] == "ok" and manifest["outcome"]["status"] == "ok"
+    assert saved["clients"] == 2 and saved["verified"] is True
+    assert saved["write_mib_s"] == manifest["workload"]["write_mib_s"] > 0
+    assert saved["read_mib_s"] == manifest["workload"]["read_mib_s"] > 0
+    assert manifest["analysis"]["exit_status"] == 0
+    html = (real_run / "analysis" / "report.html").read_text()
+    assert "<th>outcome</th><td>ok</td>" in html
+
+
 def test_cli_terminal_json_csv_and_save(real_run: Path, tmp_path: Path) -> None:
     out = analyze_cli(str(real_run)).stdout
     assert "insights: 0 fired of 10" in out and "per node" in out and "local-0" in out

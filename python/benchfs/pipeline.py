@@ -442,6 +442,9 @@ class Pipeline:
                 self._teardown()
         self.report.elapsed_s = time.monotonic() - start
         self._finish_manifest()
+        # After the final manifest: the saved report shows the run's outcome and figures.
+        with _signals_ignored():
+            self._analyze()
         self.progress.close()
         return self.report
 
@@ -1132,7 +1135,6 @@ class Pipeline:
             if manifest is not None:
                 manifest.data_kept = self.spec.keep_data
                 manifest.scratch_dirs = {name: str(job) for name, (_, job) in self.job_dirs.items()}
-        self._analyze()
 
     def _clean_exit(self, sid: int, code: int) -> bool:
         """Status 0 is a clean stop. Through mpiexec or srun the status is the launcher's
@@ -1176,6 +1178,7 @@ class Pipeline:
         manifest.analysis = {"exit_status": status, "log": str(log)}
         if status != 0:
             manifest.event("analysis-failed", f"benchfs-analyze exited with {status}; see {log}")
+        manifest.write(run_dir)
 
     def _finish_manifest(self) -> None:
         manifest, run_dir, error = self.report.manifest, self.report.run_dir, self.report.error
