@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,22 @@ def test_local_larger_runs_verify(tmp_path: Path, args: list[str]) -> None:
     assert report["verified"] is True
     manifest = read_json(Path(report["results_dir"]) / "manifest.json")
     assert alive(started_pids(manifest)) == []
+
+
+def test_tables_are_not_cut_off_a_terminal() -> None:
+    """In a pipe or a Slurm log, every command's console is full width: rich's 80 columns
+    would cut cells to `10…`."""
+    code = (
+        "from rich.table import Table\n"
+        "from benchfs.cli.consoles import console\n"
+        "t = Table('node', 'evidence')\n"
+        "t.add_row('local-12345678', 'r_await ' + '1234567890' * 20)\n"
+        "console().print(t)\n"
+        "console(stderr=True).print(t)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    for stream in (done.stdout, done.stderr):
+        assert "…" not in stream and "local-12345678" in stream
+        assert "1234567890" * 20 in stream

@@ -109,6 +109,8 @@ def test_screen_finds_slow_device_and_slow_link(sim: Sim, tmp_path: Path) -> Non
     assert shown.returncode == 0 and shown.stdout == (screen / "screen.csv").read_text()
     table = diagnose("show", str(screen))
     assert table.returncode == 0 and "excluded" in table.stdout and "n1<->n2" in table.stdout
+    # Off a terminal (a pipe here) nothing is cut to fit 80 columns.
+    assert "…" not in table.stdout and flags[0]["evidence"] in table.stdout
 
 
 def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: Path) -> None:

@@ -1,1 +1,1 @@
-"""Command-line tools (click): `benchfs-run` now, more as later issues add them."""
+"""Command-line tools (click): benchfs-run, benchfs-analyze, benchfs-bench, benchfs-diagnose."""

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from benchfs import __version__
@@ -22,6 +21,7 @@ from benchfs.analysis import Analysis, analyze, load_run
 from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
 from benchfs.analysis.report import print_terminal, render_html, to_json
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
+from benchfs.cli.consoles import console
 from benchfs.results import RunDir, write_json_atomic, write_text_atomic
 
 EXIT_FAILED = 1
@@ -136,7 +136,7 @@ def main(
     overrides: tuple[str, ...],
 ) -> None:
     """Analyze the results directory RESULTS_DIR (see docs/analysis.md)."""
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     try:
         thresholds = _thresholds(results_dir, config_path, overrides)
         a = _analyze(results_dir, thresholds, interval)
@@ -161,7 +161,7 @@ def main(
         if as_json:
             click.echo(json.dumps(report))
         else:
-            print_terminal(out if out.is_terminal else Console(width=120), a, b)
+            print_terminal(out, a, b)
         for what, path in (("HTML report", html_path), ("tables", csv_dir)):
             if path and not as_json:
                 err.print(

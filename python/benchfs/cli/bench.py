@@ -37,6 +37,7 @@ from benchfs.bench.rpc import CASE_NAMES, LOAD_INFLIGHT, RpcBench, Settings, fil
 from benchfs.bench.storage import CHUNK_SIZE, Sizes, StorageBench, check_engine, check_size
 from benchfs.bench.system import BenchError, free_bytes, oserror_code, tool_version
 from benchfs.bench.wholepath import WholePathBench
+from benchfs.cli.consoles import console
 from benchfs.cli.run import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config
@@ -413,7 +414,7 @@ def storage(
     duration: float | None,
 ) -> None:
     """The chunk store alone vs fio, then depth, idle CPU and telemetry overhead via benchfsd."""
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
     progress, note, notes = report_to.progress, report_to.note, report_to.notes
 
@@ -462,8 +463,6 @@ RPC_RATIO_TARGET = 0.8
 RPC_RTT_TARGET_US = {"shm": 25.0, "tcp": 60.0}
 RPC_PEAK_SHARE_TARGET = 0.9
 FULL_LOAD_CLIENTS = Settings.full().load_clients
-RPC_TABLE_WIDTH = 120
-"""Width of the report when stdout is not a terminal (rich would use 80 columns)."""
 
 
 def rpc_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -669,7 +668,7 @@ def rpc(
     rndv_study: bool | None,
 ) -> None:
     """The network layer vs ucx_perftest (tcp, shm), then overload vs peak, on tmpfs."""
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
     progress, note, notes = report_to.progress, report_to.note, report_to.notes
 
@@ -714,7 +713,7 @@ def rpc(
     if as_json:
         click.echo(json.dumps(report))
     else:
-        print_rpc_report(out if out.is_terminal else Console(width=RPC_TABLE_WIDTH), report)
+        print_rpc_report(out, report)
 
 
 def _targets_placement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -763,7 +762,7 @@ def placement(quick: bool, as_json: bool, scales: tuple[int, ...], max_steps: in
     """Chunk balance of every placement scheme on the seeds' workloads (the servers' code)."""
     from benchfs import placement as study
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
     scales = scales or ((16, 64) if quick else study.SCALES)
     steps = 8 if quick else max_steps
@@ -802,7 +801,7 @@ def placement(quick: bool, as_json: bool, scales: tuple[int, ...], max_steps: in
             _fmt(r["cv"], 3),
             _fmt(r["moved_fraction"], 3) if r["skipped"] is None else "skipped",
         )
-    Console().print(table)
+    console().print(table)
 
 
 @main.command()
@@ -814,7 +813,7 @@ def meta(root: Path, quick: bool, as_json: bool, files: int | None) -> None:
     """Create, stat and unlink throughput from 4 clients on 4 local servers."""
     from benchfs.bench.meta import MetaSettings, run_meta
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     settings = MetaSettings.quick() if quick else MetaSettings()
     if files:
         settings = dataclasses.replace(settings, files=files)
@@ -837,7 +836,7 @@ def meta(root: Path, quick: bool, as_json: bool, files: int | None) -> None:
     )
     for c in report["cases"]:
         table.add_row(c["name"], str(c["ops"]), _fmt(c["seconds"], 2), _fmt(c["ops_s"], 0))
-    Console().print(table)
+    console().print(table)
 
 
 def _run_in_scratch(
@@ -905,7 +904,7 @@ def access(
         settings = dataclasses.replace(settings, repeats=repeats)
     settings = dataclasses.replace(settings, mount_threads=mount_threads)
     report = _run_in_scratch(
-        Console(stderr=True),
+        console(stderr=True),
         root,
         "benchfs-access-",
         as_json,
@@ -915,9 +914,8 @@ def access(
     if as_json:
         click.echo(json.dumps(report))
         return
-    console = Console()
     _print_ratio_cases(
-        console,
+        console(),
         f"benchfs-bench access: medians of {report['repeats']} (MiB/s)",
         ("layer", "native"),
         "native_mib_s",
@@ -953,7 +951,7 @@ def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> N
     settings = E2ESettings.quick() if quick else E2ESettings()
     if repeats:
         settings = dataclasses.replace(settings, repeats=repeats)
-    err = Console(stderr=True)
+    err = console(stderr=True)
     with _failures_exit(err):
         base = root if root is not None else default_root()
     report = _run_in_scratch(
@@ -967,9 +965,8 @@ def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> N
     if as_json:
         click.echo(json.dumps(report))
         return
-    console = Console()
     _print_ratio_cases(
-        console,
+        console(),
         f"benchfs-bench e2e: medians of {report['repeats']} (MiB/s)",
         ("benchfs", "fio"),
         "fio_mib_s",
@@ -1052,7 +1049,7 @@ def analysis(
     from benchfs.analysis.thresholds import resolve_thresholds
     from benchfs.bench.analysis import AnalysisBench
 
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
     started = time.monotonic()
     with _failures_exit(err):

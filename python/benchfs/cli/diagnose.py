@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
+from benchfs.cli.consoles import console
 from benchfs.config import load_config, parse_config, resolve_config_text, section
 from benchfs.diagnose.errors import DiagnoseError
 from benchfs.diagnose.inrun import judge_run
@@ -195,7 +196,7 @@ def screen(
     sets: tuple[str, ...],
 ) -> None:
     """Probe every node at once, judge them, write screen.csv, excluded.txt, excluded.json."""
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     try:
         text, th = _config(config_path, sets)
         if nodes_path:
@@ -251,7 +252,7 @@ def judge(
     sets: tuple[str, ...],
 ) -> None:
     """Judge a run from its telemetry and iostat captures (writes diagnose/judge.json)."""
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     try:
         th = _run_config(results_dir, config_path, sets)
         doc = judge_run(results_dir, th, Path(screen_path) if screen_path else None)
@@ -301,7 +302,7 @@ def judge(
 @click.option("--json", "as_json", is_flag=True, help="Print screen.json.")
 def show(screen_dir: str, as_csv: bool, as_json: bool) -> None:
     """Show a screen's table (its directory or screen.json)."""
-    err = Console(stderr=True)
+    err = console(stderr=True)
     try:
         doc = load_screen(screen_dir)
     except (ValueError, FileNotFoundError) as e:
@@ -313,7 +314,7 @@ def show(screen_dir: str, as_csv: bool, as_json: bool) -> None:
         click.echo(json.dumps(doc))
     else:
         path = Path(screen_dir)
-        print_screen(Console(), doc, ScreenDir(path).path if path.is_dir() else path)
+        print_screen(console(), doc, ScreenDir(path).path if path.is_dir() else path)
 
 
 if __name__ == "__main__":

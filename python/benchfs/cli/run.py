@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
+from benchfs.cli.consoles import console
 from benchfs.cli.progress import make_progress
 from benchfs.config import load_config
 from benchfs.launch import LAUNCHERS
@@ -231,8 +232,8 @@ def local(
     no_analysis: bool,
 ) -> None:
     """Run the pipeline from here: start servers on the nodes, run the workload, record it."""
-    out = Console()
-    err = Console(stderr=True)
+    out = console()
+    err = console(stderr=True)
     if (ior_args and workload != "ior") or (mdtest_args and workload != "mdtest"):
         _fail("EINVAL", "--ior-args needs --workload ior, --mdtest-args --workload mdtest", 2)
     if bool(user_command) != (workload == "command"):
@@ -279,7 +280,7 @@ def local(
 
 
 def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
-    Console(stderr=True).print(
+    console(stderr=True).print(
         f"[red]benchfs-run: error {code}:[/] {escape(message)}", highlight=False, soft_wrap=True
     )
     sys.exit(exit_code)
@@ -464,13 +465,13 @@ def sweep(
     """Run every point of a parameter file (jobs/params/*.toml); write index.csv."""
     from benchfs.sweep import SweepError, load_params, run_sweep, sweep_table
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     try:
         plan = load_params(params)
     except SweepError as e:
         _fail("EINVAL", str(e), EXIT_USAGE)
     if dry_run:
-        Console().print(sweep_table(plan.rows_preview()))
+        console().print(sweep_table(plan.rows_preview()))
         return
 
     def progress(message: str) -> None:
@@ -485,7 +486,7 @@ def sweep(
         )
     except OSError as e:
         _fail(errno.errorcode.get(e.errno or 0, "EIO"), f"sweep: {e}")
-    Console().print(sweep_table(outcome.rows))
+    console().print(sweep_table(outcome.rows))
     click.echo(f"index     {outcome.index_path}")
     if outcome.interrupted:
         sys.exit(EXIT_INTERRUPTED)
