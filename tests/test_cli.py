@@ -157,6 +157,8 @@ def test_local_table_output_and_keep_data(tmp_path: Path) -> None:
         (["--set", "client.nope=1"], "client.nope"),
         (["--set", "layout.chunk_size=huge"], "chunk_size"),
         (["--config", "does-not-exist.toml"], "does-not-exist.toml"),
+        (["--clients", "100000"], "100002 processes on host"),
+        (["--servers", "2000"], "at most 1024 per host"),
     ],
 )
 def test_local_bad_config_exits_2_with_a_clear_message(

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,11 @@ class ProgressSink:
     def close(self) -> None: ...
 
 
+#: Servers plus client ranks one host may run: far more than any node has cores, far fewer
+#: than a typo (`--clients 100000`) would start.
+MAX_PROCESSES_PER_HOST = 1024
+
+
 @dataclass(frozen=True)
 class Layout:
     """Which server ids run on which node, and which node each client rank runs on."""
@@ -278,6 +284,13 @@ def plan_layout(
         ranks = [client_set[r * len(client_set) // clients] for r in range(clients)]
     if not placed or not ranks:
         raise ValueError("a run needs at least one server and one client")
+    per_host = Counter([n.host for _, n in placed] + [n.host for n in ranks])
+    host, most = per_host.most_common(1)[0]
+    if most > MAX_PROCESSES_PER_HOST:
+        raise ValueError(
+            f"{len(placed)} servers and {len(ranks)} clients put {most} processes on host "
+            f"{host}: at most {MAX_PROCESSES_PER_HOST} per host"
+        )
     return Layout(placed, ranks)
 
 
@@ -470,6 +483,7 @@ class Pipeline:
             scratch = run["scratch_dir"] or tempfile.gettempdir()
             nodes = [Node(f"local-{i}", this_host(), scratch) for i in range(servers)]
         self._validate(run)
+        layout = self._layout(nodes, run)  # checked before anything starts or is written
         try:
             self.launcher = make_launcher(spec.launcher, spec.mpiexec)
         except LaunchError as e:
@@ -491,7 +505,7 @@ class Pipeline:
         if spec.screen:
             with manifest.phase("screen"):
                 nodes = self._screen(run_dir, nodes)
-        layout = self._layout(nodes, run)
+            layout = self._layout(nodes, run)
         self.layout = layout
         self.report.nodes = len(layout.nodes())
         # The cluster's shape is part of the effective config, so config.toml says what ran.
