@@ -232,6 +232,9 @@ def test_missing_parts_are_notes_not_errors(tmp_path: Path) -> None:
     assert not retry.evaluated and "no client telemetry" in retry.reason
     empty = tmp_path / "empty"
     empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="is not a results directory"):
+        A.analyze(empty, TH)
+    (empty / "manifest.json").write_text("{}")  # a run that failed before any telemetry
     b = A.analyze(empty, TH)
     assert b.tables.per_node.empty and not b.fired
     assert any("no server telemetry" in n for n in b.notes)

@@ -179,6 +179,13 @@ def test_cli_errors_are_clear(real_run: Path, tmp_path: Path) -> None:
     assert done.returncode == 1 and "error EIO" in done.stderr and "bad magic" in done.stderr
     done = analyze_cli(str(real_run), "--set", "insights.nosuch=1", check=False)
     assert done.returncode == 1 and "unknown key insights.nosuch" in done.stderr
+    # A directory that is not a run: one line, and --save writes nothing into it.
+    other = tmp_path / "not-a-run"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    done = analyze_cli(str(other), "--save", check=False)
+    assert done.returncode == 1 and "is not a results directory" in done.stderr
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
 
 
 def test_baseline_compares_figures_and_configs(real_run: Path, baseline_run: Path) -> None:

@@ -98,14 +98,20 @@ class Run:
 def load_run(path: str | os.PathLike[str]) -> Run:
     """Load the results directory at `path`.
 
-    Raises FileNotFoundError if `path` is not a directory and ValueError naming the file for a
-    damaged file (telemetry, manifest, config, iostat capture). Missing optional parts become
-    notes.
+    Raises FileNotFoundError if `path` is not a results directory (not a directory, or one
+    with none of manifest.json, config.toml and telemetry) and ValueError naming the file for
+    a damaged file (telemetry, manifest, config, iostat capture). Missing optional parts
+    become notes.
     """
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"{p}: no such results directory")
     rd = RunDir(p.resolve())
+    if not (rd.manifest_path.exists() or rd.config_path.exists() or any(p.glob("*.tel"))
+            or rd.telemetry_dir.is_dir()):  # fmt: skip
+        raise FileNotFoundError(
+            f"{p} is not a results directory: it has no manifest.json, config.toml or telemetry"
+        )
     notes: list[str] = []
     manifest = read_json(rd.manifest_path) if rd.manifest_path.exists() else None
     if manifest is None:
