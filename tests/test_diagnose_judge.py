@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from benchfs import schemas
+from benchfs.cli.diagnose import main as diagnose_main
 from benchfs.config import load_config, section
 from benchfs.diagnose.judge import (
     KIND_DEVICE,
@@ -199,3 +204,38 @@ def test_exclusions_round_trip(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('[{"reasons": []}]')
     with pytest.raises(NodesFileError, match=r"bad\.json.*host"):
         read_exclusions(tmp_path / "bad.json")
+
+
+def test_a_binary_exclusion_file_is_one_clear_error(tmp_path: Path) -> None:
+    binary = tmp_path / "excluded.txt"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(NodesFileError, match=r"excluded\.txt: not a text file"):
+        read_exclusions(binary)
+
+
+def test_show_checks_the_screen_against_its_schema(th: Thresholds, tmp_path: Path) -> None:
+    """`benchfs-diagnose show`: a screen it wrote passes its schema and shows; a structurally
+    wrong or binary screen.json is one line naming the file and the place, exit status 2."""
+    probes = [probe(n, seqread=(500.0, 1000), workload=(400.0, 3000)) for n in "abc"]
+    doc = judge_screen(probes, [], th).to_json()
+    schemas.check(doc, schemas.SCREEN, "screen")
+    good = tmp_path / "screen.json"
+    good.write_text(json.dumps(doc))
+    shown = CliRunner().invoke(diagnose_main, ["show", str(good)])
+    assert shown.exit_code == 0 and "ok" in shown.stdout, shown.output
+    broken = json.loads(json.dumps(doc))
+    del broken["nodes"][1]["metrics"]
+    cases = {
+        json.dumps(broken).encode(): r"at \.nodes\[1\]: 'metrics' is a required property",
+        json.dumps({**doc, "nodes": {}}).encode(): r"at \.nodes: \{\} is not of type 'array'",
+        b"\x89PNG\r\n\x1a\n\xff": "not a JSON file",
+    }
+    for content, message in cases.items():
+        bad = tmp_path / "bad.json"
+        bad.write_bytes(content)
+        done = CliRunner().invoke(diagnose_main, ["show", str(bad)])
+        assert done.exit_code == 2, done.output
+        assert done.exception is None or isinstance(done.exception, SystemExit)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(bad) in done.stderr.replace("\n", ""), done.stderr
+        assert re.search(message, done.stderr), done.stderr

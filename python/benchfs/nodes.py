@@ -258,6 +258,8 @@ def read_exclusions(path: str | os.PathLike[str]) -> list[Exclusion]:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"exclusion file {p} does not exist") from e
+    except UnicodeDecodeError as e:
+        raise NodesFileError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from e
     if p.suffix != ".json":
         hosts = [line.split("#", 1)[0].strip() for line in text.splitlines()]
         return [Exclusion(h) for h in hosts if h]

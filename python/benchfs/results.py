@@ -357,3 +357,5 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         return json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: malformed JSON: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a JSON file (byte {e.start} is not UTF-8)") from e

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchfs import schemas
 from benchfs.bench.fio import FioResult
 from benchfs.bench.system import BenchError
 from benchfs.diagnose import fio as fioprobe
@@ -297,6 +298,10 @@ def node_metrics(p: NodeProbe) -> dict[str, Any]:
     return m
 
 
+SCREEN_SCHEMA_VERSION = 1
+"""Version of screen.json's layout (benchfs/schemas/screen.schema.json)."""
+
+
 @dataclass
 class ScreenResult:
     nodes: list[dict[str, Any]]
@@ -306,6 +311,7 @@ class ScreenResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "schema_version": SCREEN_SCHEMA_VERSION,
             "nodes": self.nodes,
             "excluded": [e.to_json() for e in self.excluded],
             "pairs": self.pairs,
@@ -528,8 +534,7 @@ def load_screen(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not file.exists():
         raise FileNotFoundError(f"no screen at {p} (expected {file})")
     doc = read_json(file)
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
-        raise ValueError(f"{file}: not a screen (no nodes list)")
+    schemas.check(doc, schemas.SCREEN, file)
     return doc
 
 
