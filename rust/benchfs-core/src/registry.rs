@@ -221,7 +221,12 @@ pub fn scan(dir: &Path) -> Result<Vec<RegistryEntry>> {
     Ok(entries)
 }
 
-/// Waits until at least `expected` servers are registered, or fails naming the missing ids.
+/// How long a client waits for a registry directory that does not exist yet (a server makes
+/// it as it starts) before it takes the path for a mistake.
+pub const REGISTRY_APPEARS: Duration = Duration::from_secs(5);
+
+/// Waits until at least `expected` servers are registered, or fails naming the missing ids
+/// (ENOENT naming the directory if it still does not exist after [`REGISTRY_APPEARS`]).
 pub fn wait_for(dir: &Path, expected: u32, timeout: Duration) -> Result<Vec<RegistryEntry>> {
     if expected == 0 {
         return Err(Error::Config(
@@ -234,6 +239,17 @@ pub fn wait_for(dir: &Path, expected: u32, timeout: Duration) -> Result<Vec<Regi
         let entries = scan(dir)?;
         if entries.len() >= expected as usize {
             return Ok(entries);
+        }
+        // A directory that never appears is a wrong path, not slow servers: say so early.
+        if entries.is_empty() && start.elapsed() >= REGISTRY_APPEARS.min(timeout) && !dir.is_dir() {
+            return Err(Error::io(
+                format!(
+                    "registry directory {} (no server made it within {} s)",
+                    dir.display(),
+                    REGISTRY_APPEARS.min(timeout).as_secs_f64()
+                ),
+                std::io::Error::from_raw_os_error(libc::ENOENT),
+            ));
         }
         if start.elapsed() >= timeout {
             let found: Vec<u32> = entries.iter().map(|e| e.id).collect();
@@ -354,6 +370,40 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(wait_for(dir.path(), 2, Duration::from_millis(10))?.len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn a_registry_that_never_appears_is_named_early() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let wrong = dir.path().join("registy");
+        let start = Instant::now();
+        let err = wait_for(&wrong, 2, Duration::from_secs(30)).err();
+        let waited = start.elapsed();
+        assert!(
+            waited >= REGISTRY_APPEARS && waited < REGISTRY_APPEARS * 2,
+            "{waited:?}"
+        );
+        let err = err.map(|e| (e.errno(), e.to_string())).unwrap_or_default();
+        assert_eq!(err.0, libc::ENOENT);
+        assert!(
+            err.1.contains("registry directory") && err.1.contains("registy"),
+            "{}",
+            err.1
+        );
+        // One that appears (a server starting late) is waited for as before.
+        let late = dir.path().join("late");
+        let maker = {
+            let late = late.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                publish(&late, &entry(0))
+            })
+        };
+        assert_eq!(wait_for(&late, 1, Duration::from_secs(10))?.len(), 1);
+        maker
+            .join()
+            .map_err(|_| Error::Config("publisher panicked".into()))??;
         Ok(())
     }
 }
