@@ -159,6 +159,8 @@ def test_local_table_output_and_keep_data(tmp_path: Path) -> None:
         (["--config", "does-not-exist.toml"], "does-not-exist.toml"),
         (["--clients", "100000"], "100002 processes on host"),
         (["--servers", "2000"], "at most 1024 per host"),
+        (["--workload", "ior", "--ior-args", "-t 1m -b 3m -Z"], "--ior-args: unrecognized"),
+        (["--workload", "mdtest", "--mdtest-args", "-n 0"], "--mdtest-args: -n: at least one"),
     ],
 )
 def test_local_bad_config_exits_2_with_a_clear_message(

@@ -592,6 +592,24 @@ class Pipeline:
             problems.append(f"--via {self.spec.via!r}: choose mount or capi")
         if problems:
             raise RunError("EINVAL", "; ".join(problems), EXIT_USAGE)
+        self._check_workload_options(run)
+
+    def _check_workload_options(self, run: dict[str, Any]) -> None:
+        """--ior-args and --mdtest-args through the workload's own parser, before anything
+        starts (the ranks would refuse them only after the servers and MPI were up)."""
+        workload = self.spec.workload
+        if workload not in ("ior", "mdtest"):
+            return
+        from benchfs.workloads import ior, mdtest
+
+        options = [*_workload_options(workload, self.spec.workload_args, run), "--registry", "-"]
+        try:
+            if workload == "ior":
+                ior.parse_options(options)
+            else:
+                mdtest.parse_args(options)
+        except (ior.UsageError, mdtest.UsageError) as e:
+            raise RunError("EINVAL", f"--{workload}-args: {e}", EXIT_USAGE) from e
 
     def _layout(self, nodes: list[Node], run: dict[str, Any]) -> Layout:
         spec = self.spec
