@@ -241,3 +241,32 @@ def test_tables_are_not_cut_off_a_terminal() -> None:
     for stream in (done.stdout, done.stderr):
         assert "…" not in stream and "local-12345678" in stream
         assert "1234567890" * 20 in stream
+
+
+def test_the_summary_says_what_ran_and_what_was_checked(tmp_path: Path) -> None:
+    """An IOR run without -W/-R says its own command line and "not requested"; one server is
+    not "1 servers"; an interrupted run says so; values line up, the results path too."""
+    from rich.console import Console
+
+    from benchfs.cli.run import _print_report
+    from benchfs.pipeline import RunError, RunReport
+    from benchfs.results import create_run_dir
+
+    def shown(report: RunReport) -> list[str]:
+        out = Console(record=True, width=200)
+        _print_report(out, report)
+        return [line.rstrip() for line in out.export_text().splitlines()]
+
+    config = {"run": {"servers": 1, "clients": 1, "file_size": 1 << 20, "transfer_size": 4096}}
+    ior = RunReport(config=config, nodes=1, workload="ior", workload_line="ior -t 1m -b 256m")
+    ior.summary = {"workload": "ior", "write_mib_s": 10.0, "read_mib_s": 20.0,
+                   "verified": False, "verify_requested": False}  # fmt: skip
+    ior.run_dir = create_run_dir(tmp_path, "local")
+    lines = shown(ior)
+    assert "cluster   1 server, 1 client on 1 node (local)" in lines
+    assert "workload  ior -t 1m -b 256m" in lines and "verified  not requested" in lines
+    assert lines[-1] == f"results   {ior.run_dir.path}"
+    stopped = RunReport(config=config, workload="rw")
+    stopped.error = RunError("EINTR", "interrupted (Ctrl-C)", 130)
+    lines = shown(stopped)
+    assert lines[0] == "outcome   interrupted (EINTR)" and "workload  rw (not run)" in lines

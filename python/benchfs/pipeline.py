@@ -173,6 +173,10 @@ class RunReport:
     elapsed_s: float = 0.0
     launcher: str = "local"
     nodes: int = 0
+    workload: str | None = None
+    """The workload's kind (`rw`, `ior`, `mdtest`, `command`), known before it starts."""
+    workload_line: str | None = None
+    """What the workload runs, in words, once its command line is built."""
 
     @property
     def exit_code(self) -> int:
@@ -193,8 +197,10 @@ class RunReport:
             "write_mib_s": summary.get("write_mib_s"),
             "read_mib_s": summary.get("read_mib_s"),
             "verified": bool(summary.get("verified")) and self.error is None,
+            "verify_requested": summary.get("verify_requested", self.workload in ("rw", "mdtest")),
             "bytes": summary.get("bytes"),
-            "workload": summary.get("workload", "rw" if summary else None),
+            "workload": summary.get("workload", self.workload),
+            "workload_line": self.workload_line,
             "rows": summary.get("rows"),
             "launcher": self.launcher,
             "nodes": self.nodes,
@@ -419,7 +425,7 @@ class Pipeline:
         elif not isinstance(progress, ProgressSink):
             progress = _MessageSink(progress)
         self.progress: ProgressSink = progress
-        self.report = RunReport(launcher=spec.launcher)
+        self.report = RunReport(launcher=spec.launcher, workload=spec.workload)
         self.launcher: Launcher | None = None
         self.cluster: LocalCluster | None = None
         self.layout: Layout | None = None
@@ -958,8 +964,8 @@ class Pipeline:
             argv += ["--file-size", str(run["file_size"]), "--transfer-size"]
             argv += [str(run["transfer_size"])]
             what = (
-                f"{format_size(run['file_size'])} each in {format_size(run['transfer_size'])} "
-                "transfers"
+                f"{format_size(run['file_size'])} per client in "
+                f"{format_size(run['transfer_size'])} transfers"
             )
             return argv, what
         if workload == "command":
@@ -990,6 +996,7 @@ class Pipeline:
         assert self.cluster is not None and manifest is not None and launcher is not None
         run = config["run"]
         argv, what = self._workload_argv(run_dir, run)
+        self.report.workload_line = what
         self.progress.phase("workload")
         self.progress.message(f"running {len(layout.clients)} clients: {what}")
         plan = self._rank_plan(run_dir, "workload", layout.clients)

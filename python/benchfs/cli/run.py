@@ -51,47 +51,61 @@ class SizeType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _print_report(console: Console, report: RunReport) -> None:
     data = report.to_json()
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    ok = report.error is None
-    table.add_row("outcome", "[green]ok[/]" if ok else f"[red]failed[/] ({data['code']})")
+    rows: list[tuple[str, str]] = []
+    if data["outcome"] == "ok":
+        rows.append(("outcome", "[green]ok[/]"))
+    else:
+        rows.append(("outcome", f"[red]{data['outcome']}[/] ({data['code']})"))
     if data["servers"] is not None:
-        where = f" on {data['nodes']} nodes ({data['launcher']})" if data["nodes"] else ""
-        table.add_row("cluster", f"{data['servers']} servers, {data['clients']} clients{where}")
+        where = (
+            f" on {_plural(data['nodes'], 'node')} ({data['launcher']})" if data["nodes"] else ""
+        )
+        cluster = f"{_plural(data['servers'], 'server')}, {_plural(data['clients'], 'client')}"
+        rows.append(("cluster", cluster + where))
         if data["excluded"]:
-            table.add_row("excluded", ", ".join(data["excluded"]))
-        if data["workload"] == "command":
-            table.add_row("workload", "user command (see workload/output.log)")
-        elif data["workload"] in ("ior", "mdtest"):
-            table.add_row("workload", f"built-in {data['workload']} (see workload/output.log)")
-        else:
-            table.add_row(
-                "workload",
-                f"{format_size(data['file_size'])} per client in "
-                f"{format_size(data['transfer_size'])} transfers",
-            )
+            rows.append(("excluded", ", ".join(data["excluded"])))
+    if data["workload"] is not None:
+        rows.append(("workload", escape(data["workload_line"] or f"{data['workload']} (not run)")))
     for key, label in (("write_mib_s", "write"), ("read_mib_s", "read")):
         if data[key] is not None:
-            table.add_row(label, f"{data[key]:.1f} MiB/s")
-    total = f" ({format_size(data['bytes'])})" if data["bytes"] else ""
-    if data["workload"] != "command":
-        table.add_row(
-            "verified", ("[green]every byte[/]" + total) if data["verified"] else "[red]no[/]"
-        )
-    table.add_row("elapsed", f"{data['elapsed_s']:.1f} s")
+            rows.append((label, f"{data[key]:.1f} MiB/s"))
+    if data["workload"] not in (None, "command"):
+        total = f" ({format_size(data['bytes'])})" if data["bytes"] else ""
+        if not data["verify_requested"]:
+            verified = "not requested"
+        elif data["verified"]:
+            verified = "[green]every byte[/]" + total
+        else:
+            verified = "[red]no[/]"
+        rows.append(("verified", verified))
+    rows.append(("elapsed", f"{data['elapsed_s']:.1f} s"))
     if data["telemetry_files"]:
-        table.add_row(
-            "telemetry",
-            f"{data['telemetry_files']} files in telemetry/ (load with benchfs.telemetry.load)",
+        rows.append(
+            (
+                "telemetry",
+                f"{data['telemetry_files']} files in telemetry/ (load with benchfs.telemetry.load)",
+            )
         )
+    width = max(len(label) for label, _ in [*rows, ("results", "")])
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold", min_width=width)
+    table.add_column()
+    for label, value in rows:
+        table.add_row(label, value)
     console.print(table)
     if data["results_dir"]:
-        # Outside the table and never wrapped: the path must survive copy and paste.
+        # Outside the table and never wrapped: the path must survive copy and paste. Its
+        # value starts where the table's do (label, then the cell paddings of 1 + 1).
         console.print(
-            f"[bold]results[/]   {escape(data['results_dir'])}", soft_wrap=True, highlight=False
+            f"[bold]{'results':<{width}}[/]  {escape(data['results_dir'])}",
+            soft_wrap=True,
+            highlight=False,
         )
 
 

@@ -696,6 +696,7 @@ class Run:
             "write_mib_s": mean_bw("write"),
             "read_mib_s": mean_bw("read"),
             "verified": ok and (o.check_read or o.check_write),
+            "verify_requested": o.check_read or o.check_write,
             "rows": rows,
             "ior": doc,
             "errors": self.errors,
