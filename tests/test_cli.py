@@ -270,3 +270,11 @@ def test_the_summary_says_what_ran_and_what_was_checked(tmp_path: Path) -> None:
     stopped.error = RunError("EINTR", "interrupted (Ctrl-C)", 130)
     lines = shown(stopped)
     assert lines[0] == "outcome   interrupted (EINTR)" and "workload  rw (not run)" in lines
+
+
+def test_help_shows_the_defaults() -> None:
+    result = run_cli(["local", "--help"], cwd=Path.cwd())
+    text = " ".join(result.stdout.split())
+    for shown in ("[default: 2, run.servers]", "[default: 2, run.clients]",
+                  "[default: 64MiB, run.file_size]", "[default: 1MiB, run.transfer_size]"):  # fmt: skip
+        assert shown in text, text

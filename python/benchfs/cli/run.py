@@ -51,6 +51,10 @@ class SizeType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+#: The built-in `[run]` defaults, shown in --help (the configuration or a flag may change them).
+_DEFAULTS = load_config(None, environment=False)["run"]
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -117,14 +121,24 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--servers", type=click.IntRange(min=1), help="Servers to start [config run.servers]."
+    "--servers",
+    type=click.IntRange(min=1),
+    help=f"Servers to start [default: {_DEFAULTS['servers']}, run.servers].",
 )
 @click.option(
-    "--clients", type=click.IntRange(min=1), help="MPI client ranks [config run.clients]."
+    "--clients",
+    type=click.IntRange(min=1),
+    help=f"MPI client ranks [default: {_DEFAULTS['clients']}, run.clients].",
 )
-@click.option("--file-size", type=SizeType(), help="Bytes per client, e.g. 64M [run.file_size].")
 @click.option(
-    "--transfer-size", type=SizeType(), help="Bytes per call, e.g. 1M [run.transfer_size]."
+    "--file-size",
+    type=SizeType(),
+    help=f"Bytes per client [default: {format_size(_DEFAULTS['file_size'])}, run.file_size].",
+)
+@click.option(
+    "--transfer-size",
+    type=SizeType(),
+    help=f"Bytes per call [default: {format_size(_DEFAULTS['transfer_size'])}, run.transfer_size].",
 )
 @click.option(
     "--config",
