@@ -1,4 +1,4 @@
-"""Telemetry to answers: the seeds' analyses of a results directory, as a library.
+"""Telemetry to answers: the standard analyses of a results directory, as a library.
 
     >>> from benchfs import analysis
     >>> a = analysis.analyze("results/20250102T030405Z-local-3fa9c1")

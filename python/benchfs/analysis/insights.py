@@ -126,8 +126,9 @@ def depth_starvation(run: Run, t: Tables, th: Thresholds) -> Insight:
         "The device was fed one request at a time although requests were waiting: raise "
         "server.max_in_service and storage.buffer_count so more of them reach the device at "
         "once, and check the clients' windows (client.max_inflight, "
-        "client.max_inflight_per_server). The seeds' 98.8% depth-1 submits with 700+ requests "
-        "pending held reads to ~200 MiB/s per node against 5,500 MiB/s for fio at depth 32.",
+        "client.max_inflight_per_server). On a production cluster, 98.8% depth-1 submits "
+        "with 700+ requests pending held reads to ~200 MiB/s per node against 5,500 MiB/s "
+        "for fio at depth 32.",
     )
     d = t.io_depth
     if d.empty:
@@ -170,7 +171,7 @@ def batching(run: Run, t: Tables, th: Thresholds) -> Insight:
         f"io_uring_enter <= {th.batch_mean_max:g} while the mean device depth was >= "
         f"{th.batch_depth_min:g}",
         "With the timer policy every request waits for the timer: use storage.submit_policy = "
-        '"immediate" (the seeds\' 10 ms timer raised depth 4.6x and made the median I/O 31x '
+        '"immediate" (a 10 ms timer once raised depth 4.6x and made the median I/O 31x '
         "slower). One io_uring_enter per SQE under load costs a system call per I/O: let the "
         "event loop gather a turn's SQEs (more requests in service per turn).",
     )
@@ -216,8 +217,8 @@ def slow_node(run: Run, t: Tables, th: Thresholds) -> Insight:
         "per node, >= 2 nodes)",
         "Look at the named node's devices during the run (iostat r_await per member device, "
         "nvme smart-log, /proc/mdstat) and screen the nodes with benchfs-diagnose, which "
-        "writes the exclusion list benchfs-run consumes. The seeds found 3 nodes holding over "
-        "90% of the delay, different nodes in different runs: judge every run, not once.",
+        "writes the exclusion list benchfs-run consumes. On a production cluster, 3 nodes "
+        "held over 90% of the delay, different nodes in different runs: judge every run, not once.",
     )
     p = t.per_node
     p = p[p["ops"] >= th.min_ops] if not p.empty else p
@@ -274,7 +275,7 @@ def device_asymmetry(run: Run, t: Tables, th: Thresholds) -> Insight:
         "One member of the node's array is much slower than its siblings, and the array (md0) "
         "waits for its slowest member: check that device (nvme smart-log, firmware, "
         "temperature, PCIe link) and exclude the node until it is fixed (benchfs-diagnose). "
-        "The seeds saw nvme1n1 at 25-427 ms beside nvme0n1 at 0.7 ms under the same md0.",
+        "One production node had nvme1n1 at 25-427 ms beside nvme0n1 at 0.7 ms under the same md0.",
     )
     d = t.iostat_devices
     if run.iostat is None:
@@ -311,8 +312,8 @@ def placement_imbalance(run: Run, t: Tables, th: Thresholds) -> Insight:
         "run's servers, or a member server received nothing (also checked on client requests "
         "per target)",
         "Check that every client used the whole membership (manifest membership; "
-        "cluster.expected_servers) and how files map to servers: the seeds sent all 736 "
-        "clients' first chunks to 2 of 16 servers (a linear path hash with a modulo), and "
+        "cluster.expected_servers) and how files map to servers: one production system sent "
+        "all 736 clients' first chunks to 2 of 16 servers (a linear path hash with a modulo), and "
         "clients that started with 8 of 16 servers loaded only those.",
     )
     s = t.placement_summary
@@ -350,8 +351,8 @@ def retry_storm(run: Run, t: Tables, th: Thresholds) -> Insight:
         "Retries add load to servers that are already late: find why requests time out "
         "(a slow node, BFS-003; buffer-pool waits, BFS-007), keep overload as backpressure "
         "(server.max_queued refuses with EAGAIN instead of letting requests age into "
-        "timeouts) and lower client.max_inflight if the servers cannot keep up. The seeds "
-        "had 34.55% retries with 30 s timeouts and 48 MiB/s.",
+        "timeouts) and lower client.max_inflight if the servers cannot keep up. One production "
+        "run had 34.55% retries with 30 s timeouts and 48 MiB/s.",
     )
     if not run.has_clients:
         return _skip(i, NO_CLIENT_TELEMETRY)
@@ -383,8 +384,8 @@ def pool_exhaustion(run: Run, t: Tables, th: Thresholds) -> Insight:
         f"data operations (>= {th.min_ops} ops)",
         "Requests queued for I/O buffers: raise storage.buffer_count (memory per worker = "
         "buffer_count x layout.chunk_size) or lower the clients' windows. Bounded waiting is "
-        "backpressure working as designed; in the seeds an exhausted pool turned into 30 s "
-        "timeouts and retry cascades.",
+        "backpressure working as designed; in one production run an exhausted pool turned "
+        "into 30 s timeouts and retry cascades.",
     )
     ops = _counter(run, "ops", "read", by="node").add(
         _counter(run, "ops", "write", by="node"), fill_value=0
@@ -422,7 +423,7 @@ def read_write_asymmetry(run: Run, t: Tables, th: Thresholds) -> Insight:
         f"workload wrote >= {th.read_write_ratio:g} x faster than it read",
         "Reads and writes take different paths: compare the node's device read latency "
         "(iostat r_await per member device) with its peers, and the read policy "
-        "(storage.direct_read, the handle cache). The seeds' slow nodes read 25-83x slower than "
+        "(storage.direct_read, the handle cache). Slow production nodes read 25-83x slower than "
         "they wrote while their writes were normal; the cause was the node, not the software.",
     )
     p = t.per_node

@@ -86,7 +86,7 @@ def op_time_figure(tables: Tables, device: bool = False) -> Figure | None:
     ax = fig.add_subplot()
     _bars(ax, d, [label for label, _, _ in OP_TIME_RANGES], "op")
     what = "device time" if device else "server op time (arrival to reply)"
-    ax.set_title(f"{what} in the seeds' ranges")
+    ax.set_title(f"{what} by range")
     return fig
 
 

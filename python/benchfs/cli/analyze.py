@@ -1,4 +1,4 @@
-"""`benchfs-analyze RESULTS_DIR`: the seeds' analyses, coded insights and reports of one run.
+"""`benchfs-analyze RESULTS_DIR`: the standard analyses, coded insights and reports of one run.
 
 Prints a terminal summary (rich); `--html` writes one self-contained report, `--json` prints
 one JSON object instead of the summary, `--csv` writes every table, `--baseline` compares with

@@ -759,7 +759,7 @@ def _targets_placement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     help="Synchronised steps sampled per workload (evenly spaced; all when fewer).",
 )
 def placement(quick: bool, as_json: bool, scales: tuple[int, ...], max_steps: int) -> None:
-    """Chunk balance of every placement scheme on the seeds' workloads (the servers' code)."""
+    """Chunk balance of every placement scheme on recorded file sets (the servers' code)."""
     from benchfs import placement as study
 
     err = console(stderr=True)
