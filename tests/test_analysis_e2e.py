@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from nbclient import NotebookClient
 
 from benchfs import analysis as A
+from benchfs import schemas
 from benchfs.analysis.report import SECTIONS, render_html
 from benchfs.cli.analyze import main as analyze_main
 from conftest import benchfs_run_command
@@ -126,8 +127,11 @@ def test_real_run_tables_and_silent_insights(real_run: Path) -> None:
 def test_the_report_a_run_saves_shows_how_it_went(real_run: Path) -> None:
     """The run saves its report after its final manifest: outcome, clients, bandwidth and
     verification are the run's, as a later `benchfs-analyze` also says."""
-    saved = json.loads((real_run / "analysis" / "report.json").read_text())["summary"]
+    document = json.loads((real_run / "analysis" / "report.json").read_text())
+    schemas.check(document, schemas.REPORT, "report.json")
+    saved = document["summary"]
     manifest = json.loads((real_run / "manifest.json").read_text())
+    schemas.check(manifest, schemas.MANIFEST, "manifest.json")
     assert saved["outcome"] == "ok" and manifest["outcome"]["status"] == "ok"
     assert saved["clients"] == 2 and saved["verified"] is True
     assert saved["write_mib_s"] == manifest["workload"]["write_mib_s"] > 0
@@ -192,6 +196,7 @@ def test_baseline_compares_figures_and_configs(real_run: Path, baseline_run: Pat
     report = json.loads(
         analyze_cli(str(real_run), "--json", "--baseline", str(baseline_run)).stdout
     )
+    schemas.check(report, schemas.REPORT, "benchfs-analyze --json --baseline")
     diff = {r["key"]: (r["this"], r["baseline"]) for r in report["baseline"]["config_diff"]}
     assert diff["storage.handle_cache"] == (512, 64)
     assert "telemetry.dir" in diff  # each run's own directories differ too

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchfs import __version__
+from benchfs import __version__, schemas
 from benchfs.config import config_hash, parse_config
 from benchfs.results import read_json
 from conftest import alive, benchfs_run_command
@@ -64,6 +64,7 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
     ]
     assert len(renamed) == 1, result.stderr  # one notice, however often the old name appears
     report = json.loads(result.stdout)
+    schemas.check(report, schemas.RUN_SUMMARY, "benchfs-run --json")
     assert report["outcome"] == "ok"
     assert report["verified"] is True
     assert report["write_mib_s"] > 0 and report["read_mib_s"] > 0
@@ -85,6 +86,7 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
     assert report["telemetry_files"] == len(list((run_dir / "telemetry").glob("*.tel")))
 
     manifest = read_json(run_dir / "manifest.json")
+    schemas.check(manifest, schemas.MANIFEST, run_dir / "manifest.json")
     assert manifest["outcome"] == {"status": "ok", "code": None, "message": None, "exit_code": 0}
     assert manifest["versions"]["benchfs"] == __version__
     assert set(manifest["versions"]) >= {"benchfs", "ucx", "mpi", "kernel", "fio", "sysstat"}
@@ -195,10 +197,12 @@ def test_unusable_scratch_dir_fails_cleanly(tmp_path: Path) -> None:
     )
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads(result.stdout)
+    schemas.check(report, schemas.RUN_SUMMARY, "benchfs-run --json")
     assert report["outcome"] == "failed"
     assert report["code"] == "ENOTDIR"
     assert str(blocker) in report["message"]
     manifest = read_json(Path(report["results_dir"]) / "manifest.json")
+    schemas.check(manifest, schemas.MANIFEST, "manifest.json")
     assert manifest["outcome"]["code"] == "ENOTDIR"
     assert manifest["processes"] == []
 

@@ -161,6 +161,10 @@ class RunSpec:
         return [f"{key}={value}" for key, value in pairs.items() if value is not None]
 
 
+RUN_SUMMARY_SCHEMA_VERSION = 1
+"""Version of `benchfs-run local --json`'s object (benchfs/schemas/run-summary.schema.json)."""
+
+
 @dataclass
 class RunReport:
     """The result of a run, for the terminal and for --json."""
@@ -191,6 +195,7 @@ class RunReport:
             outcome = "interrupted" if self.error.code == "EINTR" else "failed"
         excluded = [] if self.manifest is None else self.manifest.excluded
         return {
+            "schema_version": RUN_SUMMARY_SCHEMA_VERSION,
             "outcome": outcome,
             "code": None if self.error is None else self.error.code,
             "message": None if self.error is None else self.error.message,

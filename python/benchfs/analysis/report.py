@@ -109,9 +109,14 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _num(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
+REPORT_SCHEMA_VERSION = 1
+"""Version of report.json's layout (benchfs/schemas/report.schema.json)."""
+
+
 def to_json(a: Analysis, baseline: Analysis | None = None) -> dict[str, Any]:
     """The whole analysis as one JSON-ready object."""
     out: dict[str, Any] = {
+        "schema_version": REPORT_SCHEMA_VERSION,
         "benchfs_version": __version__,
         "summary": a.summary(),
         "insights": [i.to_dict() for i in a.insights],

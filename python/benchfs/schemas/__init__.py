@@ -15,8 +15,14 @@ from typing import Any
 
 import jsonschema
 
-__all__ = ["SCREEN", "check", "schema"]
+__all__ = ["MANIFEST", "REPORT", "RUN_SUMMARY", "SCREEN", "check", "schema"]
 
+MANIFEST = "manifest"
+"""`manifest.json` of a run (docs/results.md)."""
+REPORT = "report"
+"""`analysis/report.json`, and `benchfs-analyze --json` (docs/analysis.md)."""
+RUN_SUMMARY = "run-summary"
+"""The object `benchfs-run local --json` prints (docs/run.md)."""
 SCREEN = "screen"
 """`screen.json` of a `benchfs-diagnose screen`."""
 
