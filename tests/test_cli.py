@@ -283,3 +283,22 @@ def test_help_shows_the_defaults() -> None:
     shown += ["[default: 64MiB, run.file_size]", "[default: 1MiB, run.transfer_size]"]
     for default in shown:
         assert default in text, text
+
+
+def test_plain_progress_names_its_bandwidth_and_ends_on_the_workloads_totals() -> None:
+    """Plain lines (logs, batch jobs) say their bandwidth is the current one and end on the
+    workload's own byte counts, not on the servers' lagging telemetry."""
+    from rich.console import Console
+
+    from benchfs.cli.progress import PlainProgress
+
+    out = Console(record=True, width=300)
+    p = PlainProgress(out)
+    p.phase("workload")
+    p.moved(0, 0)
+    p.moved(128 << 20, 0)
+    p.totals(1 << 30, 1 << 30)
+    text = out.export_text()
+    assert "written 128MiB, read 0B; now" in text and "MiB/s writing" in text and "(last " in text
+    assert "workload moved 1GiB written, 1GiB read" in text
+    assert (p.rates.written, p.rates.read) == (1 << 30, 1 << 30)

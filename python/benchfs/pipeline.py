@@ -231,6 +231,10 @@ class ProgressSink:
 
     def moved(self, written: int, read: int) -> None: ...
 
+    def totals(self, written: int, read: int) -> None:
+        """The workload's own byte counts once it ended (the servers' telemetry, behind
+        `moved`, lags by up to a snapshot)."""
+
     def close(self) -> None: ...
 
 
@@ -1070,6 +1074,8 @@ class Pipeline:
             self.report.summary = summary
             assert self.report.manifest is not None
             self.report.manifest.workload = summary
+            if summary.get("bytes") is not None:
+                self.progress.totals(summary["bytes"], summary.get("bytes_read") or 0)
         return summary
 
     def _watch(

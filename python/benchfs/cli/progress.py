@@ -30,6 +30,8 @@ class _Rates:
         self.write_mib_s = 0.0
         self.read_mib_s = 0.0
         self._last: tuple[float, int, int] | None = None
+        self.window_s = 0.0
+        """Seconds the bandwidths were measured over (since the previous sample)."""
 
     def update(self, written: int, read: int) -> None:
         now = time.monotonic()
@@ -39,6 +41,7 @@ class _Rates:
             if dt > 0:
                 self.write_mib_s = max(0, written - w) / dt / MIB
                 self.read_mib_s = max(0, read - r) / dt / MIB
+                self.window_s = dt
         self._last = (now, written, read)
         self.written, self.read = written, read
 
@@ -74,10 +77,16 @@ class PlainProgress(ProgressSink):
         if changed and now >= self._next_line:
             self._next_line = now + PLAIN_EVERY_S
             r = self.rates
+            # The current bandwidth, named as such: the summary's is each phase's average.
             self._line(
-                f"{self.current}: written {format_size(r.written)} ({r.write_mib_s:.0f} MiB/s), "
-                f"read {format_size(r.read)} ({r.read_mib_s:.0f} MiB/s)"
+                f"{self.current}: written {format_size(r.written)}, read {format_size(r.read)}; "
+                f"now {r.write_mib_s:.0f} MiB/s writing, {r.read_mib_s:.0f} MiB/s reading "
+                f"(last {r.window_s:.1f} s)"
             )
+
+    def totals(self, written: int, read: int) -> None:
+        self.rates.written, self.rates.read = written, read
+        self._line(f"workload moved {format_size(written)} written, {format_size(read)} read")
 
 
 class LiveProgress(ProgressSink):
@@ -123,6 +132,9 @@ class LiveProgress(ProgressSink):
 
     def moved(self, written: int, read: int) -> None:
         self.rates.update(written, read)
+
+    def totals(self, written: int, read: int) -> None:
+        self.rates.written, self.rates.read = written, read
 
     def close(self) -> None:
         self.live.stop()
