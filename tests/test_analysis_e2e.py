@@ -155,6 +155,10 @@ def test_cli_terminal_json_csv_and_save(real_run: Path, tmp_path: Path) -> None:
     assert {"io_depth.csv", "per_node.csv", "placement.csv", "insights.csv"} <= names
     assert len((csv_dir / "per_node.csv").read_text().splitlines()) == 3
     assert (csv_dir / "rpc_by_target.csv").read_text().startswith("target,node,requests")
+    for table in csv_dir.glob("*.csv"):  # floats with 6 significant digits, not 17
+        for number in re.findall(r"\b\d+\.\d+", table.read_text()):
+            significant = number.replace(".", "").lstrip("0")
+            assert len(significant) <= 6, (table.name, number)
     analyze_cli(str(real_run), "--save")
     saved = real_run / "analysis"
     assert (saved / "report.html").is_file() and (saved / "tables" / "per_node.csv").is_file()

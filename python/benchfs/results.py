@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "ANALYSIS_DIR",
+    "CSV_FLOAT_FORMAT",
     "EXCLUDED_JSON",
     "EXCLUDED_TXT",
     "MANIFEST_SCHEMA_VERSION",
@@ -34,6 +35,7 @@ __all__ = [
     "ScreenDir",
     "create_run_dir",
     "create_screen_dir",
+    "csv_cell",
     "read_json",
     "utc_now",
     "write_json_atomic",
@@ -348,6 +350,19 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+CSV_FLOAT_FORMAT = "%.6g"
+"""Floats in every CSV BenchFS writes: 6 significant digits (no 0.30000000000000004)."""
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell: None empty, floats in CSV_FLOAT_FORMAT, the rest as it is."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return CSV_FLOAT_FORMAT % value
+    return value
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

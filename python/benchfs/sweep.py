@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.table import Table
 
+from benchfs.results import csv_cell
 from benchfs.units import format_size, parse_size
 
 __all__ = [
@@ -225,7 +226,7 @@ def _write_index(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=INDEX_COLUMNS)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: "" if row[k] is None else row[k] for k in INDEX_COLUMNS})
+            writer.writerow({k: csv_cell(row[k]) for k in INDEX_COLUMNS})
     os.replace(tmp, path)
 
 

@@ -48,6 +48,7 @@ from benchfs.analysis.tables import (
     timeseries,
 )
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
+from benchfs.results import CSV_FLOAT_FORMAT
 
 __all__ = [
     "CATALOG",
@@ -181,7 +182,7 @@ class Analysis:
         paths = []
         for name, frame in self.tables.frames().items():
             path = d / f"{name}.csv"
-            frame.to_csv(path, index=False)
+            frame.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
             paths.append(path)
         path = d / "insights.csv"
         pd.DataFrame(
@@ -196,7 +197,7 @@ class Analysis:
                 }
                 for i in self.insights
             ]
-        ).to_csv(path, index=False)
+        ).to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
         paths.append(path)
         return paths
 
