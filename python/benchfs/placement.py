@@ -1,4 +1,4 @@
-"""The placement study: how evenly each scheme spreads the chunks of the seeds' workloads.
+"""The placement study: how evenly each scheme spreads the chunks of IOR-like workloads.
 
 Placement itself is the Rust code the servers and clients run (`benchfs._core.PlacementStudy`:
 files are "created" in the workload's order, so each metadata owner hands out layouts from its
@@ -32,7 +32,7 @@ DEFAULT_SCHEME = "layout"
 """The scheme BenchFS uses (stored layouts)."""
 
 CLIENTS_PER_SERVER = 46
-"""The seed's ratio: 736 clients on 16 servers."""
+"""A large machine's ratio: 736 clients on 16 servers."""
 
 SCALES = (16, 64, 256, 1024, 4096)
 
@@ -86,7 +86,7 @@ def _fpp(chunks_per_file: int) -> Workload:
         pair = np.tile(np.arange(2, dtype=np.uint64), clients)
         return chunks_per_file // 2, lambda k: Step(files, pair + np.uint64(2 * k))
 
-    return Workload(f"seed-fpp-{chunks_per_file}chunks", paths, steps)
+    return Workload(f"fpp-{chunks_per_file}chunks", paths, steps)
 
 
 def _shared(block_chunks: int) -> Workload:
@@ -107,7 +107,7 @@ def _shared(block_chunks: int) -> Workload:
         )
 
     return Workload(
-        f"seed-shared-{block_chunks}chunk{'s' if block_chunks > 1 else ''}", paths, steps
+        f"shared-{block_chunks}chunk{'s' if block_chunks > 1 else ''}", paths, steps
     )
 
 

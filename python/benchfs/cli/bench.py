@@ -723,7 +723,7 @@ def _targets_placement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not r["default"] or r["max_over_mean"] is None:
             continue
         if r["servers"] == 16:
-            overall = {"seed-fpp-2chunks": 1.10, "mdtest-100k": 1.05}.get(r["workload"], 1.02)
+            overall = {"fpp-2chunks": 1.10, "mdtest-100k": 1.05}.get(r["workload"], 1.02)
             step = None if r["workload"] == "mdtest-100k" else 1.10
         else:
             overall, step = 1.25, 1.25
