@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchfs import schemas
 from benchfs.results import read_json
 from benchfs.sweep import INDEX_COLUMNS, SweepError, load_params, parse_params
 from conftest import alive, benchfs_run_command
@@ -67,6 +68,14 @@ def test_two_by_two_sweep_writes_its_index(tmp_path: Path) -> None:
         # the point's chunk size reached the effective configuration of its run
         assert f"chunk_size = {row['chunk_size']}" in (run_dir / "config.toml").read_text()
         assert alive([p["pid"] for p in manifest["processes"]]) == []
+    # index.json holds the same rows, typed, and follows its schema
+    doc = read_json(index.parent / "index.json")
+    schemas.check(doc, schemas.SWEEP_INDEX, index.parent / "index.json")
+    assert doc["name"] == "tiny" and doc["set"] == ["cluster.connect_timeout_s=10.0"]
+    assert [(r["chunk_size"], r["verified"]) for r in doc["rows"]] == [
+        (int(r["chunk_size"]), True) for r in rows
+    ]
+    assert all(r["code"] is None and r["write_mib_s"] > 0 for r in doc["rows"])
     # the printed table has one line per row
     assert len(re.findall(r"^\s*\d+\s+0\s+(64|128)KiB", result.stdout, re.M)) == 4
 
@@ -129,3 +138,21 @@ def test_invalid_parameter_file_is_a_usage_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "servers is an empty list" in result.stderr
     assert not (tmp_path / "res").exists()
+
+
+def test_index_of_a_failed_point_follows_the_schema(tmp_path: Path) -> None:
+    """A point that failed before measuring anything: nulls where nothing was measured, the
+    code kept; both index files written."""
+    from benchfs.sweep import _row, _write_index
+
+    plan = parse_params(BASE, "p.toml")
+    rows = [_row(plan.points[0], 0, "failed", "ETIMEDOUT", {}, str(tmp_path / "run"))]
+    _write_index(tmp_path, plan, rows)
+    doc = read_json(tmp_path / "index.json")
+    schemas.check(doc, schemas.SWEEP_INDEX, tmp_path / "index.json")
+    assert doc["rows"][0]["code"] == "ETIMEDOUT" and doc["rows"][0]["write_mib_s"] is None
+    line = (tmp_path / "index.csv").read_text().splitlines()[1]
+    assert ",failed,ETIMEDOUT,,,," in line
+    doc["rows"][0]["outcome"] = "maybe"
+    with pytest.raises(ValueError, match=r"index.json: not a sweep-index document: at \.rows\[0\]"):
+        schemas.check(doc, schemas.SWEEP_INDEX, tmp_path / "index.json")

@@ -106,9 +106,7 @@ def _shared(block_chunks: int) -> Workload:
             files, base + offset + np.uint64(per_step * k)
         )
 
-    return Workload(
-        f"shared-{block_chunks}chunk{'s' if block_chunks > 1 else ''}", paths, steps
-    )
+    return Workload(f"shared-{block_chunks}chunk{'s' if block_chunks > 1 else ''}", paths, steps)
 
 
 def _mdtest() -> Workload:

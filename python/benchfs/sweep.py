@@ -3,8 +3,8 @@
 A parameter file (`jobs/params/*.toml`, documented in docs/submit.md) lists values per
 parameter; the sweep runs the cartesian product chunk size x transfer size x block size (bytes
 per client) x servers x clients, each `repetitions` times, every run in its own results
-directory under one sweep directory, and keeps `index.csv` (one row per point and repetition)
-up to date after every run, so an interrupted sweep still has its index.
+directory under one sweep directory, and keeps `index.csv` and `index.json` (one row per point
+and repetition) up to date after every run, so an interrupted sweep still has its index.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.table import Table
 
-from benchfs.results import csv_cell
+from benchfs.results import csv_cell, write_json_atomic
 from benchfs.units import format_size, parse_size
 
 __all__ = [
@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 INDEX_NAME = "index.csv"
+INDEX_JSON_NAME = "index.json"
+INDEX_SCHEMA_VERSION = 1
+"""Version of index.json's layout (benchfs/schemas/sweep-index.schema.json)."""
 PARAMS_COPY = "params.toml"
 MAX_CHUNK = 1 << 30
 LIST_KEYS = ("chunk_size", "transfer_size", "block_size", "servers", "clients")
@@ -211,16 +214,19 @@ def _row(
         "servers": point.servers,
         "clients": point.clients,
         "outcome": outcome,
-        "code": code or "",
+        "code": code,
         "write_mib_s": report.get("write_mib_s"),
         "read_mib_s": report.get("read_mib_s"),
         "verified": report.get("verified"),
         "elapsed_s": report.get("elapsed_s"),
-        "results_dir": results_dir or "",
+        "results_dir": results_dir,
     }
 
 
-def _write_index(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def _write_index(sweep_dir: Path, plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> None:
+    """index.csv for spreadsheets and shell tools, index.json (typed, with a schema) for
+    programs; both replaced atomically after every run."""
+    path = sweep_dir / INDEX_NAME
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=INDEX_COLUMNS)
@@ -228,6 +234,15 @@ def _write_index(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         for row in rows:
             writer.writerow({k: csv_cell(row[k]) for k in INDEX_COLUMNS})
     os.replace(tmp, path)
+    doc = {
+        "schema_version": INDEX_SCHEMA_VERSION,
+        "name": plan.name,
+        "params": PARAMS_COPY,
+        "repetitions": plan.repetitions,
+        "set": list(plan.sets),
+        "rows": [dict(r) for r in rows],
+    }
+    write_json_atomic(sweep_dir / INDEX_JSON_NAME, doc)
 
 
 @dataclass
@@ -260,7 +275,7 @@ def run_sweep(
     shutil.copyfile(plan.source, sweep_dir / PARAMS_COPY)
     index = sweep_dir / INDEX_NAME
     outcome = SweepOutcome(sweep_dir, index, [])
-    _write_index(index, outcome.rows)
+    _write_index(sweep_dir, plan, outcome.rows)
     total = len(plan.points) * plan.repetitions
     done = 0
     for point in plan.points:
@@ -287,7 +302,7 @@ def run_sweep(
             data = report.to_json()
             row = _row(point, rep, data["outcome"], data["code"], data, data["results_dir"])
             outcome.rows.append(row)
-            _write_index(index, outcome.rows)
+            _write_index(sweep_dir, plan, outcome.rows)
             if report.error is not None:
                 progress(f"  {data['outcome']}: {report.error.code}: {report.error.message}")
                 if report.error.code == "EINTR":

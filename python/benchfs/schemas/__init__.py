@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-__all__ = ["MANIFEST", "REPORT", "RUN_SUMMARY", "SCREEN", "check", "schema"]
+__all__ = ["MANIFEST", "REPORT", "RUN_SUMMARY", "SCREEN", "SWEEP_INDEX", "check", "schema"]
 
 MANIFEST = "manifest"
 """`manifest.json` of a run (docs/results.md)."""
@@ -25,6 +25,8 @@ RUN_SUMMARY = "run-summary"
 """The object `benchfs-run local --json` prints (docs/run.md)."""
 SCREEN = "screen"
 """`screen.json` of a `benchfs-diagnose screen`."""
+SWEEP_INDEX = "sweep-index"
+"""`index.json` of a `benchfs-run sweep` (docs/submit.md)."""
 
 
 @cache
