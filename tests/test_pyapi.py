@@ -18,6 +18,7 @@ import pytest
 
 import benchfs
 from benchfs import Client, File
+from benchfs.cluster import LocalCluster
 from conftest import MIB, InProcessCluster, data_for
 
 
@@ -276,3 +277,31 @@ def test_threads_with_a_shared_and_with_own_clients(
             c.close()
     assert not any(t.is_alive() for t in threads)
     assert errors == []
+
+
+def test_libraries_loaded_after_a_client_exit_cleanly(
+    daemon_cluster: Callable[..., LocalCluster],
+) -> None:
+    """UCX relocates symbols of every library loaded after it; with malloc symbols relocated,
+    numpy's exit handlers freed glibc memory through UCX's allocator, which aborted (SIGABRT
+    at exit, nothing printed). The process must end as it would without BenchFS."""
+    import subprocess
+    import sys
+
+    cluster = daemon_cluster(2)
+    script = (
+        "import sys\n"
+        "from benchfs import Client\n"
+        "client = Client(sys.argv[1], expected_servers=2)\n"
+        "import numpy, pandas\n"  # loaded after UCX
+        "with client.open('/late', 'wb') as f:\n"
+        "    f.write(numpy.ones(1 << 16))\n"
+        "print('done')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(cluster.registry_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (out.returncode, out.stdout) == (0, "done\n"), out.stderr
