@@ -302,3 +302,66 @@ def test_plain_progress_names_its_bandwidth_and_ends_on_the_workloads_totals() -
     assert "written 128MiB, read 0B; now" in text and "MiB/s writing" in text and "(last " in text
     assert "workload moved 1GiB written, 1GiB read" in text
     assert (p.rates.written, p.rates.read) == (1 << 30, 1 << 30)
+
+
+@pytest.mark.timeout(120)
+def test_live_panel_on_a_real_terminal(tmp_path: Path) -> None:
+    """On a terminal (a pty, its output rendered by the pyte terminal emulator) the live panel
+    shows the workload's phase and bytes while the run goes on, is gone at the end, and the
+    screen ends on the summary with the workload's own totals."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    import pyte
+
+    cols, rows = 120, 50
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen(
+        [*benchfs_run_command(), "local", "--file-size", "128M", "--results-root", str(tmp_path)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    screen = pyte.Screen(cols, rows)
+    stream = pyte.ByteStream(screen)
+    panels: list[str] = []
+    deadline = time.monotonic() + 100
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer of the pty is gone
+            break
+        if not data:
+            break
+        stream.feed(data)
+        shown = "\n".join(screen.display)
+        if re.search(r"^phase\s+\w+\s+elapsed", shown, re.M):
+            panels.append(shown)
+    os.close(master)
+    assert proc.wait(timeout=30) == 0
+    final = "\n".join(line.rstrip() for line in screen.display)
+    assert any(re.search(r"^phase\s+workload\s", p, re.M) for p in panels), panels[-1:]
+    moving = r"^written\s+\d+(\.\d+)?[KMG]iB\s+\d+\.\d MiB/s"
+    assert any(re.search(moving, p, re.M) for p in panels)
+    # The panel is transient: the final screen holds the messages and the summary only.
+    assert not re.search(r"^phase\s+\w+\s+elapsed", final, re.M), final
+    # Its last frame shows the workload's own totals, not the servers' lagging telemetry.
+    assert re.search(r"^written\s+256MiB\s.*\sread\s+256MiB\s", panels[-1], re.M), panels[-1]
+    assert re.search(r"^outcome\s+ok$", final, re.M)
+    assert re.search(r"^verified\s+every byte \(256MiB\)$", final, re.M), final
+    assert "Traceback" not in final

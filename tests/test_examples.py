@@ -1,0 +1,243 @@
+"""Every example of README.md and docs/*.md runs (tests/doc_examples.py says how they are found).
+
+Each example runs as written, in one workspace directory shared by all of them, after these
+placeholders are replaced by real things made here:
+
+| in the docs | here |
+| --- | --- |
+| `/path/to/registry` | the registry of a 2-server cluster of `benchfsd` daemons |
+| `results/<run>`, `RUN`, `results/RUN`, `results/2025...-local-...` | a real run (traces on) |
+| `results/<other>`, `OTHER_RUN` | a copy of that run, under another name |
+| `results/<screen>`, `results/2025...-screen-...` | a real `--quick` screen of `nodes.toml` |
+| `/scratch/results`, `/opt/benchfs`, `/mnt/benchfs`, `/tmp/bfs`, `/dev/shm/bfs-` | workspace dirs |
+
+The workspace also holds `my.toml`, `job.toml`, `benchfs.toml`, `config.toml` (the cluster's
+configuration), `nodes.toml` (three simulated nodes on this host), `app.c` and `mpi_app.c` (the
+program of docs/capi.md), `ior.out` (a real IOR 4.0 output) and `fio.json` (from a real fio run),
+and links to the repository's `.venv` and `jobs`. Examples marked `not run` are skipped with
+their reason, so `pytest -rs` lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from benchfs.cluster import LocalCluster
+from benchfs.config import resolve_config_text
+from benchfs.mount import is_mounted
+from doc_examples import ROOT, Example, all_examples, examples
+
+EXAMPLES = all_examples()
+RUN_DIR = re.compile(r"results/\d{8}T\d{6}Z-local-[0-9a-f]{6}")
+SCREEN_DIR = re.compile(r"results/\d{8}T\d{6}Z-screen-[0-9a-f]{6}")
+
+
+class Workspace:
+    """The directory examples run in, and the real things their placeholders stand for (made
+    on first use: a screen costs half a minute)."""
+
+    def __init__(self, path: Path, cluster: LocalCluster) -> None:
+        self.path = path
+        self.cluster = cluster
+        self._made: dict[str, str] = {}
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env['PATH']}"
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        # The docs' `mpiexec -n 4` is for a node with 4 cores or more; Open MPI refuses more
+        # ranks than cores otherwise (MPICH does not), and CI machines may have 2.
+        env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        return env
+
+    def _once(self, key: str, make: Callable[[], str]) -> str:
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    def _run(self) -> str:
+        out = subprocess.run(
+            [
+                *("benchfs-run", "local", "--file-size", "8M", "--set", "telemetry.trace=true"),
+                *("--results-root", "results", "--json"),
+            ],
+            cwd=self.path,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stderr
+        return "results/" + Path(json.loads(out.stdout)["results_dir"]).name
+
+    def _other(self) -> str:
+        """A baseline for the comparisons: a copy of the run (a second run costs 6 s)."""
+        run = self._once("run", self._run)
+        other = f"{run[:-6]}{int(run[-6:], 16) ^ 1:06x}"
+        shutil.copytree(self.path / run, self.path / other, symlinks=True)
+        return other
+
+    def _screen(self) -> str:
+        out = subprocess.run(
+            ["benchfs-diagnose", "screen", "--nodes", "nodes.toml", "--quick", "--json"],
+            cwd=self.path,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode in (0, 1), out.stderr
+        return "results/" + Path(json.loads(out.stdout)["screen_dir"]).name
+
+    def expand(self, code: str) -> str:
+        """`code` with the placeholders replaced (only those it uses are made)."""
+        run = lambda: self._once("run", self._run)  # noqa: E731
+        other = lambda: self._once("other", self._other)  # noqa: E731
+        screen = lambda: self._once("screen", self._screen)  # noqa: E731
+        literal: list[tuple[str, Callable[[], str]]] = [
+            ("/path/to/registry", lambda: str(self.cluster.registry_dir)),
+            ("results/<run>", run),
+            ("results/<other>", other),
+            ("results/<screen>", screen),
+            ("OTHER_RUN", other),
+            ("results/RUN", run),
+            ("/scratch/results", lambda: str(self.path / "scratch-results")),
+            ("/opt/benchfs", lambda: str(self.path / "opt-benchfs")),
+            ("/mnt/benchfs", lambda: str(self.path / "mnt-benchfs")),
+            ("/tmp/bfs", lambda: str(self.path / "bfs")),
+            ("/dev/shm/bfs-", lambda: str(self.path / "shm-bfs-")),
+        ]
+        for text, make in literal:
+            if text in code:
+                code = code.replace(text, make())
+        if SCREEN_DIR.search(code):
+            code = SCREEN_DIR.sub(screen(), code)
+        if RUN_DIR.search(code):
+            code = RUN_DIR.sub(run(), code)
+        if re.search(r"\bRUN\b", code):
+            code = re.sub(r"\bRUN\b", run(), code)
+        return code
+
+
+CAPI_PROGRAM = next(e for e in examples(ROOT / "docs" / "capi.md") if e.lang == "c").code
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+    path = tmp_path_factory.mktemp("examples")
+    (path / ".venv").symlink_to(ROOT / ".venv")
+    (path / "jobs").symlink_to(ROOT / "jobs")
+    config = resolve_config_text(None, ["cluster.expected_servers=2"])
+    (path / "config.toml").write_text(config)
+    (path / "my.toml").write_text("[cluster]\nexpected_servers = 2\n")
+    for name in ("job.toml", "benchfs.toml"):
+        (path / name).write_text("[client]\nmax_inflight = 16\n")
+    nodes = []
+    for n in ("n1", "n2", "n3"):
+        (path / "scr" / n).mkdir(parents=True)
+        nodes.append(
+            f'[[node]]\nname = "{n}"\nhost = "{os.uname().nodename}"\n'
+            f'scratch = "{path / "scr" / n}"\n'
+        )
+    (path / "nodes.toml").write_text("\n".join(nodes))
+    (path / "app.c").write_text(CAPI_PROGRAM)
+    (path / "mpi_app.c").write_text(CAPI_PROGRAM)
+    shutil.copyfile(ROOT / "tests" / "data" / "ior" / "ior-4.0-shared.txt", path / "ior.out")
+    subprocess.run(
+        ["fio", "--name=w", f"--directory={path}", "--rw=write", "--bs=64k", "--size=1M",
+         "--output-format=json", "--output=fio.json"],
+        cwd=path, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    for d in ("scratch-results", "opt-benchfs", "mnt-benchfs"):
+        (path / d).mkdir()
+    cluster = LocalCluster(path / "cluster" / "registry", config_path=path / "config.toml")
+    (path / "cluster" / "registry").mkdir(parents=True, mode=0o700)
+    for i in range(2):
+        base = path / "cluster"
+        cluster.start(i, base / f"data-{i}", base / f"server-{i}.log", f"n{i}")
+    cluster.wait_ready(30.0)
+    yield Workspace(path, cluster)
+    cluster.stop(grace_s=5.0)
+    assert cluster.leftover_pids() == []
+
+
+def _run(example: Example, ws: Workspace, timeout: float) -> subprocess.CompletedProcess[str]:
+    code = ws.expand(example.code)
+    cwd = ROOT if example.in_source_tree else ws.path
+    stem = re.sub(r"\W", "_", example.id)
+    if example.lang == "python":
+        script = ws.path / f"{stem}.py"
+        script.write_text(code)
+        argv = [sys.executable, str(script)]
+    elif example.lang == "c":
+        source = ws.path / f"{stem}.c"
+        source.write_text(code)
+        pkg = f"PKG_CONFIG_PATH={ROOT / '.venv' / 'lib' / 'pkgconfig'}"
+        build = (
+            f"{pkg} cc -O2 -Wall -Werror {source} -o {ws.path / stem} "
+            f"$({pkg} pkg-config --cflags --libs benchfs) "
+            f"-Wl,-rpath,$({pkg} pkg-config --variable=libdir benchfs)"
+        )
+        argv = ["bash", "-c", f"set -e; {build}; {ws.path / stem} {ws.cluster.registry_dir}"]
+    else:
+        argv = ["bash", "-e", "-o", "pipefail", "-c", code]
+    # A session of its own, so that whatever an example leaves in the background is killed.
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=ws.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{example.id}: no end after {timeout:g} s\n{out}\n{err}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _param(e: Example) -> object:
+    marks = [pytest.mark.long] if e.long else []
+    if e.not_run is not None:
+        marks.append(pytest.mark.skip(reason=f"{e.id} not run: {e.not_run}"))
+    return pytest.param(e, id=e.id, marks=marks)
+
+
+@pytest.mark.parametrize("example", [_param(e) for e in EXAMPLES])
+def test_example_runs(example: Example, workspace: Workspace) -> None:
+    result = _run(example, workspace, timeout=900.0 if example.long else 120.0)
+    assert result.returncode == 0, (
+        f"{example.id} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
+        f"\n--- stderr\n{result.stderr[-4000:]}"
+    )
+    for point in (workspace.path / "mnt-benchfs", workspace.path / "bfs" / "mnt"):
+        assert not is_mounted(point), f"{example.id} left {point} mounted"
+
+
+def test_every_example_is_run_or_says_why_not() -> None:
+    """The docs hold examples, each accounted for; C fragments say where the whole program is."""
+    assert len(EXAMPLES) >= 30
+    for e in EXAMPLES:
+        assert e.code.strip(), e.id
+        if e.lang == "c" and "int main" not in e.code:
+            assert e.not_run, f"{e.id}: a C fragment must say where its whole program is"
