@@ -216,8 +216,21 @@ def _run(example: Example, ws: Workspace, timeout: float) -> subprocess.Complete
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+KNOWN_DEFECTS = {
+    ("README.md", "--nodes-file nodes.toml --exclude-from results/<screen>/excluded.json"): (
+        "a screen of nodes sharing one host and device can exclude a healthy one, and exclusion "
+        "by host then takes every node of the host with it (open: the screen's accuracy)"
+    ),
+}
+"""Examples that fail today for a defect recorded in the issues, by document and a line of
+their code: expected to fail (not strictly: the screen's false positive is not certain)."""
+
+
 def _param(e: Example) -> object:
     marks = [pytest.mark.long] if e.long else []
+    for (doc, snippet), defect in KNOWN_DEFECTS.items():
+        if e.doc == doc and snippet in e.code:
+            marks.append(pytest.mark.xfail(reason=defect, strict=False))
     if e.not_run is not None:
         marks.append(pytest.mark.skip(reason=f"{e.id} not run: {e.not_run}"))
     return pytest.param(e, id=e.id, marks=marks)
