@@ -6,6 +6,7 @@ its test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -146,7 +147,8 @@ def alive(pids: Sequence[int]) -> list[int]:
 def run_bounded(
     cmd: list[str], timeout: float, **kwargs: object
 ) -> subprocess.CompletedProcess[str]:
-    """Runs `cmd` in its own process group, killed whole if it outlives `timeout`."""
+    """Runs `cmd` in its own process group, killed whole if it outlives `timeout`; whatever
+    it left running in the group is killed when it ends."""
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -161,6 +163,9 @@ def run_bounded(
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{shlex.join(cmd)} timed out after {timeout}s:\n{out}\n{err}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ import pytest
 from benchfs.cluster import LocalCluster
 from benchfs.config import resolve_config_text
 from benchfs.mount import is_mounted
+from conftest import run_bounded
 from doc_examples import ROOT, Example, all_examples, examples
 
 EXAMPLES = all_examples()
@@ -193,27 +193,7 @@ def _run(example: Example, ws: Workspace, timeout: float) -> subprocess.Complete
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", code]
     # A session of its own, so that whatever an example leaves in the background is killed.
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=ws.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{example.id}: no end after {timeout:g} s\n{out}\n{err}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_bounded(argv, timeout, cwd=cwd, env=ws.env())
 
 
 KNOWN_DEFECTS = {
