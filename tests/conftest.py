@@ -26,9 +26,6 @@ from benchfs.mount import Mounted, is_mounted, mounted
 from benchfs.procs import pid_alive
 from benchfs.workloads.rw import Pattern
 
-KIB = 1 << 10
-MIB = 1 << 20
-
 # Small chunks so that modest test files span many chunks and every server; short timeouts
 # so that fault tests fail fast.
 TEST_OVERRIDES = (

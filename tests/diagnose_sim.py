@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from benchfs.nodes import Node
+from benchfs.units import MIB
 
 HELPERS = Path(__file__).parent / "helpers"
 CGROUP_BLKIO = Path("/sys/fs/cgroup/blkio")
-MIB = 1 << 20
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from benchfs.config import resolve_config_text
+from benchfs.units import MIB
 from tel_writer import TelWriter, trace_header, trace_record
 
 T0 = 1_800_000_000_000_000_000
 """The synthetic runs' start (ns since the epoch); snapshot k is taken at T0 + (k + 1) s."""
 SECOND = 1_000_000_000
 MS = 1_000_000
-MIB = 1 << 20
 
 
 def iso(t_ns: int) -> str:

@@ -35,11 +35,12 @@ from benchfs.bench.storage import (
     StorageBench,
     parse_engine_result,
 )
-from benchfs.bench.system import BenchError, cpu_seconds
+from benchfs.bench.system import cpu_seconds
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.bench.wholepath import Load, depth_summary
 from benchfs.cli.bench import plan_sizes, targets
-from conftest import KIB, MIB
+from benchfs.errors import BenchError
+from benchfs.units import KIB, MIB
 
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 

@@ -39,11 +39,11 @@ from benchfs.bench.rpc_client import Driver
 from benchfs.bench.stats import interleave
 from benchfs.cli.bench import rpc_targets
 from benchfs.procs import stop_process
+from benchfs.units import MIB
 from conftest import InProcessCluster
 
 PERFTEST = shutil.which("ucx_perftest")
 needs_perftest = pytest.mark.skipif(PERFTEST is None, reason="ucx_perftest is not installed")
-MIB = 1 << 20
 
 # Verbatim ucx_perftest 1.13 output (each row split over source lines).
 LAT_OUTPUT = (

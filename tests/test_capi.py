@@ -19,13 +19,13 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mpi import MpiLauncher
+from benchfs.units import MIB
 from conftest import benchfs_run_command, run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 C_DIR = ROOT / "tests" / "c"
 # `make build` installs the library into the prefix of the environment running the tests.
 PREFIX = Path(sys.prefix)
-MIB = 1 << 20
 
 
 def pkg_config(*args: str) -> list[str]:

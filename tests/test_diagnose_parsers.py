@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from benchfs.bench.fio import FioError
-from benchfs.diagnose import ParseError
 from benchfs.diagnose.fio import result_of
 from benchfs.diagnose.iostat import iostat_command, iostat_env, parse_iostat, read_iostat, summarize
 from benchfs.diagnose.mdraid import member_devices, parse_mdstat
@@ -24,6 +23,7 @@ from benchfs.diagnose.triage import (
     parse_vmstat,
     run_triage,
 )
+from benchfs.errors import ParseError
 
 DATA = Path(__file__).parent / "data" / "diagnose"
 

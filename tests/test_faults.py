@@ -19,8 +19,8 @@ import pytest
 
 from benchfs import Client, Server, _core
 from benchfs.results import read_json
+from benchfs.units import MIB
 from conftest import (
-    MIB,
     alive,
     benchfs_run_command,
     config_text,

@@ -23,6 +23,7 @@ from benchfs import Client, File
 from benchfs.cluster import child_env
 from benchfs.mpi import MpiLauncher
 from benchfs.results import read_json
+from benchfs.units import KIB, MIB
 from benchfs.workloads.rw import (
     Pattern,
     PatternBuffer,
@@ -30,7 +31,7 @@ from benchfs.workloads.rw import (
     read_and_verify,
     write_file,
 )
-from conftest import KIB, MIB, config_text, data_for
+from conftest import config_text, data_for
 
 CHUNK = 64 * KIB
 CREATE = os.O_RDWR | os.O_CREAT

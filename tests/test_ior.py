@@ -15,11 +15,10 @@ from benchfs.cluster import LocalCluster, child_env
 from benchfs.mpi import MpiLauncher
 from benchfs.parsers import parse_ior_json, parse_ior_text
 from benchfs.results import read_json
+from benchfs.units import KIB, MIB
 from benchfs.workloads import ior
 from conftest import benchfs_run_command, run_bounded
 
-KIB = 1 << 10
-MIB = 1 << 20
 RANKS = 3
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mount import Mounted, find_benchfs_mount, is_mounted, mounted
-from conftest import MIB, checked_mount, data_for
+from benchfs.units import MIB
+from conftest import checked_mount, data_for
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,

@@ -23,7 +23,8 @@ import pytest
 from benchfs.cluster import LocalCluster
 from benchfs.mount import Mounted
 from benchfs.telemetry import load
-from conftest import MIB, checked_mount, data_for
+from benchfs.units import MIB
+from conftest import checked_mount, data_for
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,

@@ -20,9 +20,9 @@ import pytest
 from benchfs.cluster import LocalCluster, child_env
 from benchfs.mpi import NETMOD_VAR, MpiLauncher, find_mpich, find_mpiexec
 from benchfs.results import read_json
+from benchfs.units import MIB
 from conftest import run_bounded
 
-MIB = 1 << 20
 MARK = "MPI_FLAVOUR_TEST_MARK"
 FLAVOURS = ["openmpi", "mpich"]
 

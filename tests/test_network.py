@@ -16,7 +16,8 @@ import pytest
 
 from benchfs import Client, File, _core
 from benchfs.cluster import LocalCluster
-from conftest import KIB, data_for
+from benchfs.units import KIB
+from conftest import data_for
 
 FAST = ("client.request_timeout_s=3.0", "client.max_retries=1", "client.retry_backoff_ms=20")
 

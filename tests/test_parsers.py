@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from benchfs.parsers import ParseError, ResultRow, parse_fio, parse_ior, parse_ior_json
+from benchfs.errors import ParseError
+from benchfs.parsers import ResultRow, parse_fio, parse_ior, parse_ior_json
+from benchfs.units import MIB
 
 DATA = Path(__file__).parent / "data" / "ior"
-MIB = 1 << 20
 
 
 def read(name: str) -> str:

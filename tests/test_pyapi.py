@@ -19,7 +19,8 @@ import pytest
 import benchfs
 from benchfs import Client, File
 from benchfs.cluster import LocalCluster
-from conftest import MIB, InProcessCluster, data_for
+from benchfs.units import MIB
+from conftest import InProcessCluster, data_for
 
 
 @pytest.fixture

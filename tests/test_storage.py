@@ -19,7 +19,8 @@ import pytest
 
 from benchfs import Client
 from benchfs.cluster import LocalCluster
-from conftest import KIB, MIB, InProcessCluster, data_for
+from benchfs.units import KIB, MIB
+from conftest import InProcessCluster, data_for
 
 CREATE = os.O_RDWR | os.O_CREAT
 

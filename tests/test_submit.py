@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from benchfs.errors import SubmitError
 from benchfs.nodes import Exclusion, load_nodes, write_exclusions
 from benchfs.results import read_json
-from benchfs.submit import (
-    JobSpec,
-    SubmitError,
-    format_time_limit,
-    parse_job_id,
-    parse_time_limit,
-    render,
-)
+from benchfs.submit import JobSpec, format_time_limit, parse_job_id, parse_time_limit, render
 from conftest import alive, benchfs_run_command
 from slurm_local import LocalSlurm, missing_binaries
 

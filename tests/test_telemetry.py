@@ -24,7 +24,8 @@ from benchfs.telemetry import (
     bucket_bounds,
     load,
 )
-from conftest import KIB, MIB, data_for
+from benchfs.units import KIB, MIB
+from conftest import data_for
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "telemetry.md"
 OPS = ["write", "read", "fsync", "meta"]

@@ -3,8 +3,27 @@
 Private: import the public names from `benchfs` instead. Every blocking call releases the GIL.
 """
 
-from collections.abc import Buffer
-from typing import Any
+from types import TracebackType
+from typing import Any, final
+
+from typing_extensions import Buffer  # collections.abc has it from Python 3.12
+
+__all__ = [
+    "JOB_SECRET_FILE",
+    "Client",
+    "File",
+    "PlacementStudy",
+    "Server",
+    "__version__",
+    "bench_storage",
+    "bench_telemetry",
+    "bench_transfers",
+    "config_with_overrides",
+    "ior_phase",
+    "parse_size",
+    "resolve_config",
+    "wait_for_servers",
+]
 
 __version__: str
 JOB_SECRET_FILE: str
@@ -104,31 +123,39 @@ def ior_phase(
     mismatched_words and first_mismatch (None, or offset, expected, found, message). ValueError
     for a bad geometry (block not a multiple of the transfer, transfer not a multiple of 8)."""
 
+@final
 class Server:
     """A chunk server on its own thread in this process (the same code as `benchfsd`)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         registry_dir: str,
         data_dir: str,
         server_id: int,
         config: str | None = None,
         node: str | None = None,
-    ) -> None: ...
+    ) -> Server: ...
     @property
     def server_id(self) -> int: ...
     def stop(self) -> None:
         """Stop serving and remove the registry entry; calling it again does nothing."""
     def __enter__(self) -> Server: ...
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(
+        self,
+        _exc_type: type[BaseException] | None,
+        _exc: BaseException | None,
+        _tb: TracebackType | None,
+        /,
+    ) -> None: ...
 
+@final
 class Client:
     """A BenchFS client. Threads may share one (they take turns); use one per thread for
     parallel I/O."""
 
-    def __init__(
-        self, registry_dir: str, config: str | None = None, expected_servers: int | None = None
-    ) -> None:
+    def __new__(
+        cls, registry_dir: str, config: str | None = None, expected_servers: int | None = None
+    ) -> Client:
         """Connect once the expected membership has registered (TimeoutError names the missing)."""
     def open(self, path: str, flags: int = 0, mode: int = 0o644) -> File:
         """Open `path`; flags take os.O_CREAT, os.O_EXCL, os.O_TRUNC (access bits are ignored).
@@ -154,8 +181,15 @@ class Client:
     def server_ids(self) -> list[int]: ...
     def close(self) -> None: ...
     def __enter__(self) -> Client: ...
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(
+        self,
+        _exc_type: type[BaseException] | None,
+        _exc: BaseException | None,
+        _tb: TracebackType | None,
+        /,
+    ) -> None: ...
 
+@final
 class File:
     """An open file: positional I/O; close publishes the size it wrote (close-to-open)."""
 
@@ -177,13 +211,20 @@ class File:
     def closed(self) -> bool: ...
     def close(self) -> None: ...
     def __enter__(self) -> File: ...
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(
+        self,
+        _exc_type: type[BaseException] | None,
+        _exc: BaseException | None,
+        _tb: TracebackType | None,
+        /,
+    ) -> None: ...
 
+@final
 class PlacementStudy:
     """Simulated creation of `paths` on `servers` servers, then batched chunk placement by
     `scheme` with the servers' own code (see analysis/placement)."""
 
-    def __init__(self, scheme: str, servers: int, paths: list[str]) -> None: ...
+    def __new__(cls, scheme: str, servers: int, paths: list[str]) -> PlacementStudy: ...
     @staticmethod
     def schemes() -> list[str]:
         """Scheme names, the default ("layout") first."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchfs.cluster import child_env
+from benchfs.errors import LaunchError
 from benchfs.mpi import MpiLauncher
 from benchfs.nodes import Node
 
@@ -42,15 +43,6 @@ __all__ = [
 ]
 
 LAUNCHERS = ("local", "mpiexec", "srun")
-
-
-class LaunchError(RuntimeError):
-    """A launcher cannot work here: `code` ENOENT (its program is missing) or EINVAL (e.g.
-    srun outside an allocation)."""
-
-    def __init__(self, message: str, code: str = "EINVAL") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def rank_command(plan: Path, argv: Sequence[str]) -> list[str]:
@@ -151,7 +143,7 @@ class LocalLauncher(Launcher):
             try:
                 self._mpi = MpiLauncher()
             except FileNotFoundError as e:
-                raise LaunchError(str(e), "ENOENT") from e
+                raise LaunchError("ENOENT", str(e)) from e
         return self._mpi
 
     def node_command(self, node: Node, argv: Sequence[str]) -> list[str]:
@@ -180,7 +172,7 @@ class MpiexecLauncher(Launcher):
         try:
             self.mpi = MpiLauncher(mpiexec)
         except FileNotFoundError as e:
-            raise LaunchError(str(e), "ENOENT") from e
+            raise LaunchError("ENOENT", str(e)) from e
 
     def node_command(self, node: Node, argv: Sequence[str]) -> list[str]:
         return self.mpi.command(1, node.command(argv), hosts=[node.host])
@@ -211,11 +203,12 @@ class SrunLauncher(Launcher):
     def __init__(self, srun: str | None = None, mpi_plugin: str = "pmix") -> None:
         found = srun or shutil.which("srun")
         if found is None:
-            raise LaunchError("srun not found on PATH: the srun launcher needs Slurm", "ENOENT")
+            raise LaunchError("ENOENT", "srun not found on PATH: the srun launcher needs Slurm")
         if not (os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")):
             raise LaunchError(
+                "EINVAL",
                 "the srun launcher runs inside a Slurm allocation (SLURM_JOB_ID is unset); "
-                "use `benchfs-run submit --scheduler slurm` or salloc"
+                "use `benchfs-run submit --scheduler slurm` or salloc",
             )
         self.srun = found
         self.mpi_plugin = mpi_plugin
@@ -265,7 +258,7 @@ def make_launcher(name: str, mpiexec: str | None = None) -> Launcher:
         return MpiexecLauncher(mpiexec)
     if name == "srun":
         return SrunLauncher()
-    raise LaunchError(f"unknown launcher {name!r} (choose from {', '.join(LAUNCHERS)})")
+    raise LaunchError("EINVAL", f"unknown launcher {name!r} (choose from {', '.join(LAUNCHERS)})")
 
 
 def this_host() -> str:

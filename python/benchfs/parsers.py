@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchfs.bench.fio import FioError, parse_fio_json
+from benchfs.errors import ParseError
+from benchfs.units import KIB, MIB
 
 __all__ = [
     "ParseError",
@@ -36,13 +38,7 @@ __all__ = [
     "parse_ior_text",
 ]
 
-KIB = 1024
-MIB = 1 << 20
 OPERATIONS = ("write", "read")
-
-
-class ParseError(ValueError):
-    """Output that is not what the parser understands; the message names the source."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ the terminal. `Pipeline.execute` never raises; it returns a RunReport.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import platform
@@ -37,13 +36,14 @@ from typing import Any
 from benchfs import __version__
 from benchfs.cluster import LocalCluster, ServerExited, child_env
 from benchfs.config import config_hash, parse_config, resolve_config_text, with_overrides
-from benchfs.launch import (
-    Launcher,
-    LaunchError,
-    make_launcher,
-    rank_command,
-    this_host,
+from benchfs.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    BenchfsError,
+    RunError,
+    errno_name,
 )
+from benchfs.launch import Launcher, make_launcher, rank_command, this_host
 from benchfs.nodes import Exclusion, Node, NodesFileError, load_nodes, read_exclusions, write_nodes
 from benchfs.procs import descendants, kill_pids, stop_process, tail
 from benchfs.results import (
@@ -60,9 +60,6 @@ from benchfs.ucx import find_tool
 from benchfs.units import format_size
 
 __all__ = [
-    "EXIT_FAILED",
-    "EXIT_INTERRUPTED",
-    "EXIT_USAGE",
     "Layout",
     "Pipeline",
     "ProgressSink",
@@ -73,9 +70,6 @@ __all__ = [
     "plan_layout",
 ]
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 SERVER_STOP_GRACE_S = 10.0
 WORKLOAD_STOP_GRACE_S = 5.0
 NODE_COMMAND_TIMEOUT_S = 120.0
@@ -99,16 +93,6 @@ _ERROR_CODES = {
     "FileNotFoundError": "ENOENT",
     "VerificationError": "EIO",
 }
-
-
-class RunError(Exception):
-    """A run failed: `code` is an errno-like name, `message` says what happened and where."""
-
-    def __init__(self, code: str, message: str, exit_code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.exit_code = exit_code
 
 
 class Terminated(KeyboardInterrupt):
@@ -172,7 +156,7 @@ class RunReport:
     run_dir: RunDir | None = None
     manifest: Manifest | None = None
     summary: dict[str, Any] | None = None
-    error: RunError | None = None
+    error: BenchfsError | None = None
     config: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
     launcher: str = "local"
@@ -453,13 +437,13 @@ class Pipeline:
         try:
             with _signals_as_interrupts():
                 self._pipeline()
-        except RunError as e:
+        except BenchfsError as e:  # a run's own, or a launcher's
             self.report.error = e
         except KeyboardInterrupt as e:
             what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
             self.report.error = RunError("EINTR", what, EXIT_INTERRUPTED)
         except OSError as e:  # e.g. an unwritable results root: the errno says it all
-            code = errno.errorcode.get(e.errno or 0, "EIO")
+            code = errno_name(e)
             self.report.error = RunError(code, str(e))
         except Exception as e:  # a bug, but it still has to tear down and be recorded
             traceback.print_exc()
@@ -499,10 +483,7 @@ class Pipeline:
             nodes = [Node(f"local-{i}", this_host(), scratch) for i in range(servers)]
         self._validate(run)
         layout = self._layout(nodes, run)  # checked before anything starts or is written
-        try:
-            self.launcher = make_launcher(spec.launcher, spec.mpiexec)
-        except LaunchError as e:
-            raise RunError(e.code, str(e), EXIT_USAGE) from e
+        self.launcher = make_launcher(spec.launcher, spec.mpiexec)
 
         run_dir = create_run_dir(run["results_root"], spec.launcher)
         self.report.run_dir = run_dir
@@ -616,6 +597,7 @@ class Pipeline:
         if workload not in ("ior", "mdtest"):
             return
         from benchfs.workloads import ior, mdtest
+        from benchfs.workloads.steps import UsageError
 
         options = [*_workload_options(workload, self.spec.workload_args, run), "--registry", "-"]
         try:
@@ -623,7 +605,7 @@ class Pipeline:
                 ior.parse_options(options)
             else:
                 mdtest.parse_args(options)
-        except (ior.UsageError, mdtest.UsageError) as e:
+        except UsageError as e:
             raise RunError("EINVAL", f"--{workload}-args: {e}", EXIT_USAGE) from e
 
     def _layout(self, nodes: list[Node], run: dict[str, Any]) -> Layout:
@@ -778,9 +760,7 @@ class Pipeline:
         except subprocess.TimeoutExpired as e:
             raise RunError("ETIMEDOUT", f"{what} on {node.name} took over {e.timeout} s") from e
         except OSError as e:
-            raise RunError(
-                errno.errorcode.get(e.errno or 0, "EIO"), f"{what} on {node.name}: {e}"
-            ) from e
+            raise RunError(errno_name(e), f"{what} on {node.name}: {e}") from e
         if done.returncode != 0:
             raise RunError(
                 "EIO", f"{what} on {node.name} failed: {(done.stderr or done.stdout).strip()}"
@@ -804,7 +784,7 @@ class Pipeline:
             try:
                 job.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                code = errno.errorcode.get(e.errno or 0, "EIO")
+                code = errno_name(e)
                 raise RunError(
                     code, f"cannot create the job directory {job} on {node.name}: {e}"
                 ) from e
@@ -1010,15 +990,9 @@ class Pipeline:
         self.progress.message(f"running {len(layout.clients)} clients: {what}")
         plan = self._rank_plan(run_dir, "workload", layout.clients)
         env = self._command_env(run_dir) if self.spec.workload == "command" else None
-        try:
-            proc, cmd = launcher.ranks(
-                [n.host for n in layout.clients],
-                rank_command(plan, argv),
-                run_dir.workload_log,
-                env,
-            )
-        except LaunchError as e:
-            raise RunError(e.code, str(e)) from e
+        proc, cmd = launcher.ranks(
+            [n.host for n in layout.clients], rank_command(plan, argv), run_dir.workload_log, env
+        )
         manifest.commands.append({"what": "workload", "argv": cmd})
         record: dict[str, Any] = {"role": "workload", "pid": proc.pid, "argv": cmd}
         manifest.processes.append(record)

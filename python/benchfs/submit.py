@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchfs.errors import SubmitError
 from benchfs.nodes import Exclusion, write_exclusions
 from benchfs.results import write_json_atomic, write_text_atomic
 
@@ -48,15 +49,6 @@ SUBMIT_TIMEOUT_S = 120.0
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9._@:+=/,%-]+$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TIME_RE = re.compile(r"^(\d+)([smhd])$")
-
-
-class SubmitError(Exception):
-    """A job could not be rendered or submitted; `code` is an errno-like name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class _JobTemplate(string.Template):

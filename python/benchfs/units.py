@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from benchfs import _core
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["GIB", "KIB", "MIB", "format_size", "parse_size"]
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
 
 
 def parse_size(text: str | int) -> int:

@@ -10,6 +10,6 @@
 Method and how to read the numbers: docs/bench.md.
 """
 
-from benchfs.bench.system import BenchError
+from benchfs.errors import BenchError
 
 __all__ = ["BenchError"]

@@ -24,9 +24,9 @@ from benchfs import Client, _core
 from benchfs.bench.fio import find_fio, run_fio
 from benchfs.bench.rpc import Cluster
 from benchfs.bench.stats import interleave, median, ratio
-from benchfs.bench.system import BenchError
+from benchfs.errors import BenchError
+from benchfs.units import MIB
 
-MIB = 1 << 20
 TOOLS = ("layer", "native")
 FIO_CASES = ("fio-psync-write", "fio-psync-read", "fio-uring-write", "fio-uring-read")
 CASES = (*FIO_CASES, "python-readinto")

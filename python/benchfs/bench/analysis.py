@@ -26,7 +26,7 @@ from benchfs import _core
 from benchfs.analysis import compute_tables, evaluate, load_run
 from benchfs.analysis.thresholds import Thresholds
 from benchfs.bench.stats import median
-from benchfs.bench.system import BenchError
+from benchfs.errors import BenchError
 from benchfs.telemetry import (
     BUCKETS,
     MAGIC,
@@ -36,10 +36,10 @@ from benchfs.telemetry import (
     TRACE_DTYPE,
     TRACE_MAGIC,
 )
+from benchfs.units import MIB
 
 __all__ = ["MODES", "AnalysisBench", "bucket_index", "generate_run"]
 
-MIB = 1 << 20
 OPS = ["write", "read", "fsync", "meta"]
 MODES = ("off", "snapshots", "trace")
 """Telemetry modes of the overhead measurement, in the order of even-numbered repeats."""

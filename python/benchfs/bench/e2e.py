@@ -32,14 +32,14 @@ from typing import Any
 from benchfs.bench.fio import find_fio, run_fio
 from benchfs.bench.rpc import Cluster
 from benchfs.bench.stats import interleave, median, ratio
-from benchfs.bench.system import BenchError, drop_caches, remove_path
+from benchfs.bench.system import drop_caches, remove_path
 from benchfs.cluster import child_env
 from benchfs.config import load_config
+from benchfs.errors import BenchError, ParseError
 from benchfs.mpi import MpiLauncher
-from benchfs.parsers import ParseError, parse_ior_json
-from benchfs.units import format_size
+from benchfs.parsers import parse_ior_json
+from benchfs.units import MIB, format_size
 
-MIB = 1 << 20
 TOOLS = ("benchfs", "fio")
 DIRECTIONS = ("write", "read")
 TARGET_RATIO = 0.7

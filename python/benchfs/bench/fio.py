@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchfs.bench.system import BenchError
+from benchfs.errors import BenchError
+from benchfs.units import MIB
 
 __all__ = ["FioError", "FioResult", "find_fio", "fio_command", "parse_fio_json", "run_fio"]
 
-MIB = 1 << 20
 FIO_RW = {"seqwrite": "write", "seqread": "read", "randread": "randread"}
 """fio's `rw=` for each storage pattern."""
 

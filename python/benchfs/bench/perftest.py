@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchfs.bench.system import BenchError
+from benchfs.errors import BenchError
 from benchfs.procs import stop_process, tail
 from benchfs.ucx import find_tool
 

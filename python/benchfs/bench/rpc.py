@@ -39,12 +39,13 @@ import pandas as pd
 from benchfs import telemetry
 from benchfs.bench.perftest import find_perftest, run_perftest
 from benchfs.bench.stats import Bucket, histogram_quantile, interleave, median, ratio
-from benchfs.bench.system import BenchError, free_bytes, oserror_code, remove_path
+from benchfs.bench.system import free_bytes, remove_path
 from benchfs.bench.wholepath import Reader
 from benchfs.cluster import LocalCluster, ServerExited
 from benchfs.config import parse_config, resolve_config_text
+from benchfs.errors import BenchError, errno_name
 from benchfs.procs import tail
-from benchfs.units import format_size
+from benchfs.units import GIB, KIB, MIB, format_size
 
 __all__ = [
     "CASE_NAMES",
@@ -63,9 +64,6 @@ __all__ = [
     "wait_telemetry",
 ]
 
-KIB = 1 << 10
-MIB = 1 << 20
-GIB = 1 << 30
 
 CASE_NAMES = ("write-4m", "read-4m", "rtt-null", "rtt-write-4k", "rtt-read-4k")
 TOOLS = ("benchfs", "ucx_perftest")
@@ -623,7 +621,7 @@ class RpcBench:
             self.root.mkdir(parents=True, exist_ok=True)
             free = free_bytes(self.root)
         except OSError as e:
-            raise BenchError(oserror_code(e), f"data directory root {self.root}: {e}") from e
+            raise BenchError(errno_name(e), f"data directory root {self.root}: {e}") from e
         fs = filesystem_type(self.root)
         if fs != "tmpfs":
             self.note(
@@ -642,7 +640,7 @@ class RpcBench:
         try:
             self.workdir = Path(tempfile.mkdtemp(prefix="benchfs-bench-", dir=self.root))
         except OSError as e:
-            raise BenchError(oserror_code(e), f"data directory under {self.root}: {e}") from e
+            raise BenchError(errno_name(e), f"data directory under {self.root}: {e}") from e
         self.progress(f"working in {self.workdir} (tmpfs, buffered I/O)")
         try:
             cases = self._cases()

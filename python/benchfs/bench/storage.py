@@ -17,8 +17,9 @@ from typing import Any
 from benchfs import _core
 from benchfs.bench.fio import fio_command, run_fio
 from benchfs.bench.stats import interleave, median, ratio
-from benchfs.bench.system import BenchError, drop_caches, oserror_code, remove_path
-from benchfs.units import format_size
+from benchfs.bench.system import drop_caches, remove_path
+from benchfs.errors import BenchError, errno_name
+from benchfs.units import KIB, MIB, format_size
 
 __all__ = [
     "CASES",
@@ -32,8 +33,6 @@ __all__ = [
     "run_engine",
 ]
 
-KIB = 1 << 10
-MIB = 1 << 20
 CHUNK_SIZE = 4 * MIB
 """Chunk size of the engine in every storage case."""
 PREP_BLOCK = 4 * MIB
@@ -190,7 +189,7 @@ def run_engine(
             layout,
         )
     except OSError as e:
-        raise BenchError(oserror_code(e), f"{what}: {e}") from e
+        raise BenchError(errno_name(e), f"{what}: {e}") from e
     except ValueError as e:
         raise BenchError("EINVAL", f"{what}: {e}") from e
     return parse_engine_result(result)

@@ -2,37 +2,23 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from benchfs.errors import BenchError
 
 __all__ = [
     "BenchError",
     "cpu_seconds",
     "drop_caches",
     "free_bytes",
-    "oserror_code",
     "remove_path",
     "tool_version",
 ]
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
-
-
-class BenchError(Exception):
-    """A benchmark failed: `code` is an errno-like name, `message` says what and where."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def oserror_code(e: OSError) -> str:
-    """The errno name of an OSError ("EIO" when it has none)."""
-    return errno.errorcode.get(e.errno or 0, "EIO")
 
 
 def drop_caches() -> bool:

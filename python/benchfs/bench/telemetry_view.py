@@ -17,7 +17,7 @@ import pandas as pd
 
 from benchfs import telemetry
 from benchfs.bench.stats import Bucket, histogram_mean, histogram_quantile, histogram_share
-from benchfs.bench.system import BenchError
+from benchfs.errors import BenchError
 
 __all__ = ["Snapshot", "Window", "load_snapshots", "window"]
 

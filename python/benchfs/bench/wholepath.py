@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from benchfs.bench.stats import interleave, median
-from benchfs.bench.system import BenchError, cpu_seconds, drop_caches
+from benchfs.bench.system import cpu_seconds, drop_caches
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.cluster import LocalCluster, ServerExited, child_env, find_benchfsd
 from benchfs.config import parse_config, resolve_config_text
+from benchfs.errors import BenchError
 from benchfs.procs import stop_process, tail
+from benchfs.units import MIB
 
 __all__ = ["BenchServer", "Load", "WholePathBench", "depth_summary", "explain"]
 
-MIB = 1 << 20
 READY_TIMEOUT_S = 300.0
 SERVER_START_TIMEOUT_S = 30.0
 SNAPSHOT_TIMEOUT_S = 10.0

@@ -22,15 +22,8 @@ from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
 from benchfs.analysis.report import print_terminal, render_html, to_json
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
 from benchfs.cli.consoles import console
+from benchfs.errors import EXIT_FAILED, AnalyzeError
 from benchfs.results import RunDir, write_json_atomic, write_text_atomic
-
-EXIT_FAILED = 1
-
-
-class AnalyzeError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 def _thresholds(run: Path, config: Path | None, overrides: tuple[str, ...]) -> Thresholds:

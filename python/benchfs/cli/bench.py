@@ -35,19 +35,16 @@ from benchfs import __version__
 from benchfs.bench.fio import find_fio
 from benchfs.bench.rpc import CASE_NAMES, LOAD_INFLIGHT, RpcBench, Settings, filesystem_type
 from benchfs.bench.storage import CHUNK_SIZE, Sizes, StorageBench, check_engine, check_size
-from benchfs.bench.system import BenchError, free_bytes, oserror_code, tool_version
+from benchfs.bench.system import free_bytes, tool_version
 from benchfs.bench.wholepath import WholePathBench
 from benchfs.cli.consoles import console
 from benchfs.cli.run import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config
+from benchfs.errors import EXIT_FAILED, EXIT_INTERRUPTED, BenchError, errno_name
 from benchfs.ucx import find_tool
-from benchfs.units import format_size
+from benchfs.units import GIB, MIB, format_size
 
-MIB = 1 << 20
-GIB = 1 << 30
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 DEFAULT_ROOT = "/var/tmp"
 """Scratch filesystem for the default --dir (disk-backed, unlike a tmpfs /tmp)."""
 FULL = {"seq": GIB, "rand": 256 * MIB, "file": 256 * MIB, "duration": 15.0, "idle": 10.0}
@@ -303,7 +300,7 @@ def run_storage(
         sizes, file_size = plan_sizes(sizes, file_size, free_bytes(root), note)
         workdir = Path(tempfile.mkdtemp(prefix="benchfs-bench-", dir=root))
     except OSError as e:
-        raise BenchError(oserror_code(e), f"scratch directory under {root}: {e}") from e
+        raise BenchError(errno_name(e), f"scratch directory under {root}: {e}") from e
     started = time.monotonic()
     try:
         whole = WholePathBench(
@@ -1063,7 +1060,7 @@ def analysis(
             root.mkdir(parents=True, exist_ok=True)
             workdir = Path(tempfile.mkdtemp(prefix="benchfs-bench-analysis-", dir=root))
         except OSError as e:
-            raise BenchError(oserror_code(e), f"scratch directory under {root}: {e}") from e
+            raise BenchError(errno_name(e), f"scratch directory under {root}: {e}") from e
         try:
             bench = AnalysisBench(
                 workdir=workdir,

@@ -23,15 +23,13 @@ from rich.table import Table
 from benchfs import __version__
 from benchfs.cli.consoles import console
 from benchfs.config import load_config, parse_config, resolve_config_text, section
-from benchfs.diagnose.errors import DiagnoseError
 from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.judge import Thresholds
 from benchfs.diagnose.screen import Settings, load_screen, run_screen, run_screen_mpi, screen_csv
+from benchfs.errors import EXIT_FAILED, EXIT_USAGE, DiagnoseError
 from benchfs.nodes import NodesFileError, from_allocation, load_nodes
 from benchfs.results import RunDir, ScreenDir
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 SHOWN_METRICS = (
     ("fio_seqread_mib_s", "seq rd MiB/s", "{:.0f}"),
     ("fio_seqwrite_mib_s", "seq wr MiB/s", "{:.0f}"),

@@ -12,13 +12,12 @@ from rich.table import Table
 from rich.text import Text
 
 from benchfs.pipeline import ProgressSink
-from benchfs.units import format_size
+from benchfs.units import MIB, format_size
 
 __all__ = ["LiveProgress", "PlainProgress", "make_progress"]
 
 PLAIN_EVERY_S = 10.0
 """Plain output prints bytes and bandwidth at most this often (phase changes at once)."""
-MIB = 1 << 20
 
 
 class _Rates:

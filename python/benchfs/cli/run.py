@@ -9,7 +9,6 @@ allocation; `sweep` runs it once per point of a parameter file.
 
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from typing import Any, NoReturn
@@ -23,18 +22,9 @@ from benchfs import __version__
 from benchfs.cli.consoles import console
 from benchfs.cli.progress import make_progress
 from benchfs.config import load_config
+from benchfs.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, errno_name
 from benchfs.launch import LAUNCHERS
-from benchfs.pipeline import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    VIA,
-    WORKLOADS,
-    Pipeline,
-    RunReport,
-    RunSpec,
-    apply_exclusions,
-)
+from benchfs.pipeline import VIA, WORKLOADS, Pipeline, RunReport, RunSpec, apply_exclusions
 from benchfs.results import write_text_atomic
 from benchfs.units import format_size, parse_size
 
@@ -513,7 +503,7 @@ def sweep(
             "EINTR", "sweep interrupted; index.csv lists the runs that finished", EXIT_INTERRUPTED
         )
     except OSError as e:
-        _fail(errno.errorcode.get(e.errno or 0, "EIO"), f"sweep: {e}")
+        _fail(errno_name(e), f"sweep: {e}")
     console().print(sweep_table(outcome.rows))
     click.echo(f"index     {outcome.index_path}")
     if outcome.interrupted:

@@ -13,6 +13,6 @@
 Method, thresholds and outputs: docs/diagnose.md.
 """
 
-from benchfs.diagnose.errors import DiagnoseError, ParseError
+from benchfs.errors import DiagnoseError, ParseError
 
 __all__ = ["DiagnoseError", "ParseError"]

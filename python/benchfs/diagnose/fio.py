@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchfs.bench.fio import FioResult, find_fio, parse_fio_json
+from benchfs.units import MIB
 
 __all__ = ["PROBES", "Sizes", "job_file", "prepare_tree", "result_of"]
 
-MIB = 1 << 20
 PROBES = ("seqwrite", "seqread", "workload", "rand4k")
 TREE_FANOUT = 4
 TREE_DEPTH = 3

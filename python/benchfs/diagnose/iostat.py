@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchfs.diagnose.errors import DiagnoseError, ParseError
+from benchfs.errors import DiagnoseError, ParseError
 
 __all__ = [
     "Capture",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchfs.diagnose.errors import ParseError
+from benchfs.errors import ParseError
 
 __all__ = ["BUSY_ACTIONS", "MdArray", "member_devices", "parse_mdstat", "read_md_arrays"]
 

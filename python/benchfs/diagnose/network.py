@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchfs.bench.system import BenchError
 from benchfs.bench.wholepath import Reader
 from benchfs.cluster import LocalCluster, ServerExited, find_benchfsd
 from benchfs.config import parse_config, resolve_config_text
+from benchfs.errors import BenchError
 from benchfs.nodes import Node
 
 __all__ = ["PairResult", "measure_pair", "pairs_of"]

@@ -24,10 +24,8 @@ from typing import Any
 
 from benchfs import schemas
 from benchfs.bench.fio import FioResult
-from benchfs.bench.system import BenchError
 from benchfs.diagnose import fio as fioprobe
 from benchfs.diagnose import iostat, mdraid, smart, triage
-from benchfs.diagnose.errors import DiagnoseError, ParseError
 from benchfs.diagnose.judge import (
     KIND_ABOVE,
     KIND_DEVICE,
@@ -44,6 +42,7 @@ from benchfs.diagnose.judge import (
     outliers,
 )
 from benchfs.diagnose.network import PairResult, measure_pairs
+from benchfs.errors import BenchfsError, DiagnoseError, ParseError
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
 
@@ -217,7 +216,7 @@ def probe_node(node: Node, screen: ScreenDir, settings: Settings, deadline: floa
                 end = time.time()
                 windows[name] = (end - seconds, end)
                 probe.fio[name] = _fio_metrics(name, fioprobe.result_of(out, name))
-            except (DiagnoseError, BenchError, OSError) as e:
+            except (BenchfsError, OSError) as e:  # fio's own (BenchError) or the probe's
                 probe.errors.append(f"fio {name}: {getattr(e, 'message', e)}")
     finally:
         if cap is not None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchfs.diagnose.errors import ParseError
+from benchfs.errors import ParseError
 
 __all__ = ["Health", "parse_nvme_smart_log", "parse_smartctl_json", "probe_health"]
 

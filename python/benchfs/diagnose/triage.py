@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchfs.diagnose.errors import ParseError
+from benchfs.errors import ParseError
 
 __all__ = [
     "TRIAGE_COMMANDS",

@@ -26,20 +26,14 @@ from typing import Any
 
 from benchfs import Client, _core
 from benchfs.config import resolve_config_text
+from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
-from benchfs.units import parse_size
-from benchfs.workloads.steps import WorkloadError, agreed_step
+from benchfs.units import KIB, MIB, parse_size
+from benchfs.workloads.steps import UsageError, WorkloadError, agreed_step
 
-MIB = 1 << 20
-KIB = 1 << 10
 VERSION = "4.0.0"
 """The IOR version whose output formats this workload writes."""
 API = "BENCHFS"
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Options IOR would reject; reported before MPI starts, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

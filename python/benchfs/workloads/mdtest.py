@@ -24,10 +24,10 @@ from typing import Any
 
 from benchfs import Client
 from benchfs.config import resolve_config_text
+from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
-from benchfs.workloads.steps import agreed_step
+from benchfs.workloads.steps import UsageError, VerificationError, agreed_step
 
-EXIT_USAGE = 2
 PHASES = ("create", "stat", "read", "remove")
 LABELS = {
     "create": "File creation",
@@ -37,14 +37,6 @@ LABELS = {
     "tree_create": "Tree creation",
     "tree_remove": "Tree removal",
 }
-
-
-class UsageError(Exception):
-    """Options mdtest would reject; exit status 2 before MPI starts."""
-
-
-class VerifyError(Exception):
-    """A stat size or read contents differ from what was written."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -171,7 +163,7 @@ class Run:
             for i in range(n):
                 got = c.stat(self.path(it, i)).st_size
                 if got != size:
-                    raise VerifyError(f"{self.path(it, i)}: stat size {got}, wrote {size}")
+                    raise VerificationError(f"{self.path(it, i)}: stat size {got}, wrote {size}")
             return n
 
         def read() -> int:
@@ -185,7 +177,7 @@ class Run:
                         None,
                     )
                     where = f"first difference at byte {at}" if at is not None else "length"
-                    raise VerifyError(
+                    raise VerificationError(
                         f"{self.path(it, i)}: read {len(data)} bytes that differ from the "
                         f"{size} written ({where})"
                     )

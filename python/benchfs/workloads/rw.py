@@ -30,8 +30,8 @@ from typing import Any
 from benchfs import Client
 from benchfs.config import resolve_config_text
 from benchfs.results import write_json_atomic
-from benchfs.units import parse_size
-from benchfs.workloads.steps import agreed_step
+from benchfs.units import MIB, parse_size
+from benchfs.workloads.steps import VerificationError, agreed_step
 
 WORD = 8
 RANK_SHIFT = 40
@@ -39,11 +39,6 @@ PERIOD_WORDS = (1 << 23) + 1
 """The pattern repeats every 64 MiB + 8 bytes: a period that is no power of two never lines up
 with chunk boundaries, and files up to that size hold no repeated word at all."""
 GENERATE_PIECE = 1 << 20
-MIB = 1 << 20
-
-
-class VerificationError(Exception):
-    """Bytes read back differ from what their writer wrote."""
 
 
 class Pattern:

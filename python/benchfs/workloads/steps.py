@@ -12,9 +12,18 @@ from collections.abc import Callable
 from typing import Any
 
 
+class UsageError(Exception):
+    """Options the workload (like IOR or mdtest) would reject: reported before MPI starts,
+    exit status 2."""
+
+
 class WorkloadError(Exception):
     """A failure whose message is complete on its own (data that does not verify, a short
     file): reported without the exception type in front."""
+
+
+class VerificationError(WorkloadError):
+    """Bytes read back, or a size, differ from what was written."""
 
 
 def describe_failure(phase: str, e: BaseException) -> dict[str, Any]:
