@@ -49,6 +49,7 @@ lint: build
 	$(VENV)/bin/ruff check python tests analysis
 	$(VENV)/bin/ruff format --check python tests analysis
 	cd python && ../$(PY) -m mypy.stubtest benchfs._core
+	cd python && ../$(VENV)/bin/lint-imports ../pyproject.toml
 
 test-rust: build
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked

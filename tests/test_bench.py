@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from benchfs import _core, telemetry
-from benchfs.bench.fio import FioError, fio_command, parse_fio_json, run_fio
 from benchfs.bench.stats import (
     Bucket,
     histogram_mean,
@@ -35,11 +34,12 @@ from benchfs.bench.storage import (
     StorageBench,
     parse_engine_result,
 )
-from benchfs.bench.system import cpu_seconds
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.bench.wholepath import Load, depth_summary
 from benchfs.cli.bench import plan_sizes, targets
 from benchfs.errors import BenchError
+from benchfs.probes.fio import FioError, fio_command, parse_fio_json, run_fio
+from benchfs.probes.system import cpu_seconds
 from benchfs.units import KIB, MIB
 
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")

@@ -16,14 +16,6 @@ from typing import Any
 import pytest
 
 from benchfs import Client
-from benchfs.bench.perftest import (
-    PerftestError,
-    free_port,
-    listening,
-    parse_perftest_output,
-    perftest_command,
-    run_perftest,
-)
 from benchfs.bench.rpc import (
     CASE_NAMES,
     PEAK_WINDOWS,
@@ -38,6 +30,14 @@ from benchfs.bench.rpc import (
 from benchfs.bench.rpc_client import Driver
 from benchfs.bench.stats import interleave
 from benchfs.cli.bench import rpc_targets
+from benchfs.probes.perftest import (
+    PerftestError,
+    free_port,
+    listening,
+    parse_perftest_output,
+    perftest_command,
+    run_perftest,
+)
 from benchfs.procs import stop_process
 from benchfs.units import MIB
 from conftest import InProcessCluster

@@ -157,6 +157,26 @@ def test_kind_device_vs_above_and_member_asymmetry(th: Thresholds) -> None:
     assert len(csv_text.splitlines()) == 1 + len(probes)
 
 
+def test_queueing_every_node_shares_excludes_none(th: Thresholds) -> None:
+    """Three healthy nodes at 18.7, 19.7 and 20.7 ms r_await under the many-files load (a busy
+    machine, seen in the test suite): the one over the absolute threshold is flagged, not
+    excluded. A node that also stands apart from its peers is excluded."""
+    probes = []
+    for name, r_await in (("n1", 18.7), ("n2", 19.7), ("n3", 20.7), ("n4", 19.0)):
+        p = probe(name, seqread=(500.0, 1000), workload=(400.0, 15000))
+        p.devices = {"loop0": device(r_await)}
+        probes.append(p)
+    result = judge_screen(probes, [], th)
+    by = {n["name"]: n for n in result.nodes}
+    assert result.excluded == [], by["n3"]
+    assert by["n3"]["verdict"]["status"] == "flagged"
+    (flag,) = [f for f in by["n3"]["flags"] if f["flag"] == "dev_r_await_abs"]
+    assert not flag["excludable"] and "peers queue alike (median 19 ms" in flag["evidence"]
+    probes[2].devices = {"loop0": device(45.0)}  # now 2.3x its peers' median
+    result = judge_screen(probes, [], th)
+    assert [e.host for e in result.excluded] == ["host-n3"]
+
+
 def test_nodes_file_round_trip_and_errors(tmp_path: Path) -> None:
     nodes = [
         Node("n1", "bnode001", "/scr", ("nvme0n1", "nvme1n1")),

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from benchfs.bench.fio import FioError
 from benchfs.diagnose.fio import result_of
-from benchfs.diagnose.iostat import iostat_command, iostat_env, parse_iostat, read_iostat, summarize
-from benchfs.diagnose.mdraid import member_devices, parse_mdstat
-from benchfs.diagnose.smart import parse_nvme_smart_log, parse_smartctl_json
-from benchfs.diagnose.triage import (
+from benchfs.errors import ParseError
+from benchfs.probes.fio import FioError
+from benchfs.probes.iostat import iostat_command, iostat_env, parse_iostat, read_iostat, summarize
+from benchfs.probes.mdraid import member_devices, parse_mdstat
+from benchfs.probes.smart import parse_nvme_smart_log, parse_smartctl_json
+from benchfs.probes.triage import (
     parse_df,
     parse_free,
     parse_loadavg,
@@ -23,7 +24,6 @@ from benchfs.diagnose.triage import (
     parse_vmstat,
     run_triage,
 )
-from benchfs.errors import ParseError
 
 DATA = Path(__file__).parent / "data" / "diagnose"
 

@@ -17,11 +17,11 @@ import pytest
 from benchfs import Client
 from benchfs.cluster import LocalCluster
 from benchfs.config import load_config, resolve_config_text, section
-from benchfs.diagnose import iostat
 from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.screen import Settings, load_screen, run_screen
 from benchfs.mpi import MpiLauncher
 from benchfs.nodes import Node, read_exclusions, write_nodes
+from benchfs.probes import iostat
 from benchfs.results import create_run_dir
 from diagnose_sim import MIB, Sim, delayfs_or_skip, node, simulation
 

@@ -11,7 +11,7 @@ Parsed formats (docs/submit.md, "Result parsers"):
 - IOR's JSON output (`-O summaryFormat=JSON`): `tests[].Results` (per iteration; an array per
   iteration, or a flat array) and `summary[]`.
 - fio's JSON output (`--output-format=json`): every job and direction that moved bytes, through
-  `benchfs.bench.fio.parse_fio_json`.
+  `benchfs.probes.fio.parse_fio_json`.
 
 Malformed or truncated input raises `ParseError` naming the source and what is missing.
 """
@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchfs.bench.fio import FioError, parse_fio_json
 from benchfs.errors import ParseError
+from benchfs.probes.fio import FioError, parse_fio_json
 from benchfs.units import KIB, MIB
 
 __all__ = [

@@ -807,7 +807,7 @@ class Pipeline:
     # iostat on every node.
 
     def _start_iostat(self, run_dir: RunDir, layout: Layout) -> None:
-        from benchfs.diagnose.iostat import find_iostat, iostat_command, iostat_env
+        from benchfs.probes.iostat import find_iostat, iostat_command, iostat_env
 
         assert self.launcher is not None and self.report.manifest is not None
         try:

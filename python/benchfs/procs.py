@@ -7,11 +7,16 @@ for them), so it can never hit an unrelated process of the same name.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import selectors
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
+
+from benchfs.errors import BenchfsError
 
 __all__ = ["descendants", "kill_pids", "pid_alive", "stop_process", "tail"]
 
@@ -108,3 +113,62 @@ def tail(path: Path, lines: int = 20) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class LineProcess:
+    """A child process spoken to one JSON line at a time: a command on its stdin, one JSON
+    object back on its stdout (`{"error": ...}` for a failure); stderr goes to `log_path`.
+    Failures are `BenchfsError` EIO naming the process (`label`) with the end of its log."""
+
+    def __init__(self, argv: list[str], log_path: Path, label: str, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self.label = label
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+            )
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError as e:
+            raise self._failed("exited") from e
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                raise self._failed(f"did not answer within {timeout_s:.0f} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self._failed("exited")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise self._failed(f"failed: {answer['error']}")
+        return answer
+
+    def _failed(self, what: str) -> BenchfsError:
+        log = tail(self.log_path, 5)
+        return BenchfsError(
+            "EIO",
+            f"{self.label} {self.proc.pid} {what}" + (f"; its log:\n{log}" if log else ""),
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(BenchfsError):
+                self.send("quit")
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        stop_process(self.proc, 5.0, group=True, sig=None)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

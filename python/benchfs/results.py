@@ -149,7 +149,7 @@ class RunDir:
 
     @property
     def iostat_dir(self) -> Path:
-        """iostat captured on every node during the run (`benchfs.diagnose.iostat.capture`)."""
+        """iostat captured on every node during the run (`benchfs.probes.iostat.capture`)."""
         return self.path / IOSTAT_DIR
 
     def iostat_capture(self, node: str) -> Path:

@@ -1,6 +1,6 @@
 """iostat captures of a run (`iostat/<node>.json`) as one DataFrame, for the analysis tables.
 
-Parsing is `benchfs.diagnose.iostat` (JSON or text `iostat -x` output of any sysstat version,
+Parsing is `benchfs.probes.iostat` (JSON or text `iostat -x` output of any sysstat version,
 captures cut short by a signal read up to their last complete interval); this module only
 turns its samples into a frame with one row per device and interval.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchfs.diagnose.iostat import Sample, read_iostat
+from benchfs.probes.iostat import Sample, read_iostat
 
 __all__ = ["COLUMNS", "frame", "is_member_device", "load_dir", "load_file"]
 

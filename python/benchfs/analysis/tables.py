@@ -1,4 +1,4 @@
-"""The seeds' analyses as functions of a loaded run: one DataFrame each, every one CSV-ready.
+"""The standard analyses of a loaded run: one DataFrame each, every one CSV-ready.
 
 Server figures come from the telemetry snapshots (docs/telemetry.md); where a run also has
 per-operation traces, distributions and slow-operation counts are computed exactly from them

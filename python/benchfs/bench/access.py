@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from benchfs import Client, _core
-from benchfs.bench.fio import find_fio, run_fio
 from benchfs.bench.rpc import Cluster
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.errors import BenchError
+from benchfs.probes.fio import find_fio, run_fio
 from benchfs.units import MIB
 
 TOOLS = ("layer", "native")

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchfs.bench.fio import find_fio, run_fio
 from benchfs.bench.rpc import Cluster
 from benchfs.bench.stats import interleave, median, ratio
-from benchfs.bench.system import drop_caches, remove_path
 from benchfs.cluster import child_env
 from benchfs.config import load_config
 from benchfs.errors import BenchError, ParseError
 from benchfs.mpi import MpiLauncher
 from benchfs.parsers import parse_ior_json
+from benchfs.probes.fio import find_fio, run_fio
+from benchfs.probes.system import drop_caches, remove_path
 from benchfs.units import MIB, format_size
 
 TOOLS = ("benchfs", "fio")

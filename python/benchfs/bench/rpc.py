@@ -37,14 +37,13 @@ import numpy as np
 import pandas as pd
 
 from benchfs import telemetry
-from benchfs.bench.perftest import find_perftest, run_perftest
 from benchfs.bench.stats import Bucket, histogram_quantile, interleave, median, ratio
-from benchfs.bench.system import free_bytes, remove_path
-from benchfs.bench.wholepath import Reader
-from benchfs.cluster import LocalCluster, ServerExited
+from benchfs.cluster import LocalCluster, ServerExited, child_env
 from benchfs.config import parse_config, resolve_config_text
 from benchfs.errors import BenchError, errno_name
-from benchfs.procs import tail
+from benchfs.probes.perftest import find_perftest, run_perftest
+from benchfs.probes.system import free_bytes, remove_path
+from benchfs.procs import LineProcess
 from benchfs.units import GIB, KIB, MIB, format_size
 
 __all__ = [
@@ -203,17 +202,6 @@ class Settings:
         )
 
 
-class ClientProc(Reader):
-    """One `benchfs.bench.rpc_client` process, spoken to one JSON line at a time."""
-
-    def _failed(self, what: str) -> BenchError:
-        log = tail(self.log_path, 5)
-        return BenchError(
-            "EIO",
-            f"client process {self.proc.pid} {what}" + (f"; its log:\n{log}" if log else ""),
-        )
-
-
 @dataclass
 class Cluster:
     """`servers` benchfsd daemons on tmpfs (own registry, config, data) and their clients."""
@@ -225,7 +213,7 @@ class Cluster:
     benchfsd: str
     with_telemetry: bool = False
     cluster: LocalCluster | None = None
-    clients: list[ClientProc] = field(default_factory=list)
+    clients: list[LineProcess] = field(default_factory=list)
     started_clients: int = 0
 
     @property
@@ -280,7 +268,7 @@ class Cluster:
 
     def start_clients(
         self, count: int, call_size: int, prepare: bool, extra: Sequence[str] = ()
-    ) -> list[ClientProc]:
+    ) -> list[LineProcess]:
         """Start `count` client processes with this config plus `extra`; wait until ready."""
         assert self.cluster is not None
         text = self.config_text(extra)
@@ -306,7 +294,7 @@ class Cluster:
             if not prepare:
                 argv.append("--no-prepare")
             log = self.root / f"client-{self.started_clients}.log"
-            proc = ClientProc(argv, log)
+            proc = LineProcess(argv, log, "client process", child_env())
             self.clients.append(proc)
             started.append(proc)
         for proc in started:
@@ -336,7 +324,7 @@ class Pair:
     """One server and the one client process of the one-to-one cases."""
 
     cluster: Cluster
-    client: ClientProc
+    client: LineProcess
 
 
 @dataclass(frozen=True)

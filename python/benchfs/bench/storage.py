@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from benchfs import _core
-from benchfs.bench.fio import fio_command, run_fio
 from benchfs.bench.stats import interleave, median, ratio
-from benchfs.bench.system import drop_caches, remove_path
 from benchfs.errors import BenchError, errno_name
+from benchfs.probes.fio import fio_command, run_fio
+from benchfs.probes.system import drop_caches, remove_path
 from benchfs.units import KIB, MIB, format_size
 
 __all__ = [

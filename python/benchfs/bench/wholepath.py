@@ -13,10 +13,6 @@ Three measurements, on two daemons started side by side (telemetry on, telemetry
 
 from __future__ import annotations
 
-import contextlib
-import json
-import selectors
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from benchfs.bench.stats import interleave, median
-from benchfs.bench.system import cpu_seconds, drop_caches
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.cluster import LocalCluster, ServerExited, child_env, find_benchfsd
 from benchfs.config import parse_config, resolve_config_text
 from benchfs.errors import BenchError
-from benchfs.procs import stop_process, tail
+from benchfs.probes.system import cpu_seconds, drop_caches
+from benchfs.procs import LineProcess
 from benchfs.units import MIB
 
 __all__ = ["BenchServer", "Load", "WholePathBench", "depth_summary", "explain"]
@@ -69,62 +65,6 @@ class Load:
         }
 
 
-class Reader:
-    """One `benchfs.bench.reader` process, spoken to one JSON line at a time."""
-
-    def __init__(self, argv: list[str], log_path: Path) -> None:
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=child_env(),
-                start_new_session=True,
-            )
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(line.encode() + b"\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError as e:
-            raise self._failed("exited") from e
-
-    def receive(self, timeout_s: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                raise self._failed(f"did not answer within {timeout_s:.0f} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise self._failed("exited")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise self._failed(f"failed: {answer['error']}")
-        return answer
-
-    def _failed(self, what: str) -> BenchError:
-        log = tail(self.log_path, 5)
-        return BenchError(
-            "EIO",
-            f"reader process {self.proc.pid} {what}" + (f"; its log:\n{log}" if log else ""),
-        )
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(BenchError):
-                self.send("quit")
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        stop_process(self.proc, 5.0, group=True, sig=None)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 @dataclass
 class BenchServer:
     """One `benchfsd` (its own registry, config, data and telemetry) and its readers."""
@@ -135,7 +75,7 @@ class BenchServer:
     benchfsd: str
     chunk_size: int
     cluster: LocalCluster | None = None
-    readers: list[Reader] = field(default_factory=list)
+    readers: list[LineProcess] = field(default_factory=list)
 
     @property
     def telemetry_dir(self) -> Path:
@@ -195,7 +135,9 @@ class BenchServer:
                 "--range-size",
                 str(range_size),
             ]
-            self.readers.append(Reader(argv, self.root / f"reader-{i}.log"))
+            self.readers.append(
+                LineProcess(argv, self.root / f"reader-{i}.log", "reader process", child_env())
+            )
         for reader in self.readers:
             reader.receive(READY_TIMEOUT_S)
 

@@ -32,16 +32,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
-from benchfs.bench.fio import find_fio
 from benchfs.bench.rpc import CASE_NAMES, LOAD_INFLIGHT, RpcBench, Settings, filesystem_type
 from benchfs.bench.storage import CHUNK_SIZE, Sizes, StorageBench, check_engine, check_size
-from benchfs.bench.system import free_bytes, tool_version
 from benchfs.bench.wholepath import WholePathBench
 from benchfs.cli.consoles import console
 from benchfs.cli.run import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config
 from benchfs.errors import EXIT_FAILED, EXIT_INTERRUPTED, BenchError, errno_name
+from benchfs.probes.fio import find_fio
+from benchfs.probes.system import free_bytes, tool_version
 from benchfs.ucx import find_tool
 from benchfs.units import GIB, MIB, format_size
 

@@ -1,4 +1,4 @@
-"""The fio probes of a screen, written as job files and parsed with `benchfs.bench.fio`.
+"""The fio probes of a screen, written as job files and parsed with `benchfs.probes.fio`.
 
 - `seqwrite`, `seqread`: one file, 1 MiB blocks, 32 in flight, direct I/O.
 - `workload`: shaped like BenchFS's chunk reads (seed 000): many files in a deep directory
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchfs.bench.fio import FioResult, find_fio, parse_fio_json
+from benchfs.probes.fio import FioResult, find_fio, parse_fio_json
 from benchfs.units import MIB
 
 __all__ = ["PROBES", "Sizes", "job_file", "prepare_tree", "result_of"]

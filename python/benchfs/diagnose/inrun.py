@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from benchfs import telemetry
-from benchfs.diagnose import iostat
 from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE, KIND_UNCLEAR, MetricSpec, Thresholds
 from benchfs.diagnose.judge import outliers as find_outliers
 from benchfs.errors import DiagnoseError, ParseError
+from benchfs.probes import iostat
 from benchfs.results import RunDir, read_json, write_json_atomic, write_text_atomic
 
 __all__ = ["change_point", "judge_run", "node_series"]

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchfs.bench.wholepath import Reader
-from benchfs.cluster import LocalCluster, ServerExited, find_benchfsd
+from benchfs.cluster import LocalCluster, ServerExited, child_env, find_benchfsd
 from benchfs.config import parse_config, resolve_config_text
-from benchfs.errors import BenchError
+from benchfs.errors import BenchfsError
 from benchfs.nodes import Node
+from benchfs.procs import LineProcess
 
 __all__ = ["PairResult", "measure_pair", "pairs_of"]
 
@@ -114,7 +114,7 @@ def measure_pair(
     config.write_text(_config(config_text, simulated))
     data = Path(tempfile.mkdtemp(prefix=f"benchfs-diagnose-net-{server.name}-", dir="/dev/shm"))
     cluster = LocalCluster(registry, config_path=config, benchfsd=find_benchfsd())
-    reader: Reader | None = None
+    reader: LineProcess | None = None
     try:
         cluster.start(0, data, root / "server.log", server.name, prefix=server.prefix)
         cluster.wait_ready(READY_TIMEOUT_S)
@@ -133,7 +133,7 @@ def measure_pair(
                 str(CALL),
             ]
         )
-        reader = Reader(argv, root / "client.log")
+        reader = LineProcess(argv, root / "client.log", "client process", child_env())
         reader.receive(READY_TIMEOUT_S)
         answers: dict[str, Any] = {}
         for op in ("write", "read"):
@@ -147,7 +147,7 @@ def measure_pair(
         answers["rtt_write"] = a
         result.rtt_p50_us, result.rtt_p99_us = a["p50_us"], a["p99_us"]
         (root / "answers.json").write_text(repr(answers) + "\n")
-    except (BenchError, ServerExited, TimeoutError, OSError, ValueError) as e:
+    except (BenchfsError, ServerExited, TimeoutError, OSError, ValueError) as e:
         result.error = f"{type(e).__name__}: {e}"
     finally:
         if reader is not None:

@@ -14,6 +14,7 @@ import io
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchfs import schemas
-from benchfs.bench.fio import FioResult
 from benchfs.diagnose import fio as fioprobe
-from benchfs.diagnose import iostat, mdraid, smart, triage
 from benchfs.diagnose.judge import (
     KIND_ABOVE,
     KIND_DEVICE,
@@ -44,6 +43,8 @@ from benchfs.diagnose.judge import (
 from benchfs.diagnose.network import PairResult, measure_pairs
 from benchfs.errors import BenchfsError, DiagnoseError, ParseError
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
+from benchfs.probes import iostat, mdraid, smart, triage
+from benchfs.probes.fio import FioResult
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
 
 __all__ = ["NodeProbe", "Settings", "judge_screen", "probe_node", "run_screen", "write_screen"]
@@ -398,6 +399,34 @@ def _device_flags(p: NodeProbe, m: Mapping[str, Any], th: Thresholds) -> list[Fl
     return flags
 
 
+def _shared_queueing(
+    metrics: Mapping[str, Mapping[str, Any]], flags: dict[str, list[Flag]], th: Thresholds
+) -> None:
+    """An r_await over the absolute threshold under the many-files load is queueing as much
+    as service time, and the load queues alike on every node (all of them on a busy machine,
+    or nodes sharing one device). Unless the node also stands `group_ratio` above the median
+    of its peers, the flag stays but is no ground to exclude it (measured: three healthy
+    nodes at 18.7, 19.7 and 20.7 ms under load 25 excluded the one at 20.7)."""
+    loaded = {n: m.get("dev_r_await_ms") for n, m in metrics.items()}
+    for n, r_await in loaded.items():
+        if r_await is None or r_await < th.r_await_ms:
+            continue  # its flag, if any, is the service time at 1 in flight: its own
+        peers = [v for k, v in loaded.items() if k != n and v is not None]
+        if not peers:
+            continue
+        median = statistics.median(peers)
+        if r_await >= th.group_ratio * max(median, 1e-3):
+            continue
+        for f in flags[n]:
+            if f.name == "dev_r_await_abs":
+                f.excludable = False
+                f.evidence += (
+                    f"; its peers queue alike (median {median:.3g} ms, under "
+                    f"{th.group_ratio:g}x): the load's, not this node's alone"
+                )
+                break
+
+
 def judge_screen(
     probes: Sequence[NodeProbe], pairs: Sequence[PairResult], th: Thresholds
 ) -> ScreenResult:
@@ -408,6 +437,7 @@ def judge_screen(
     by_name = {p.node.name: p for p in probes}
     for n in names:
         flags[n].extend(_device_flags(by_name[n], metrics[n], th))
+    _shared_queueing(metrics, flags, th)
     for spec in SPECS.values():
         for o in outliers({n: metrics[n][spec.name] for n in names}, spec, th):
             flags[o.key].append(Flag(spec.name, "", o.evidence(), o.worse))

@@ -1,4 +1,4 @@
-"""Triage after seed 004's sixty-second analysis: one summary row per node.
+"""A node's first-minute triage: one summary row per node.
 
 Load average, vmstat (runnable and blocked tasks, iowait), mpstat (the busiest CPU's iowait),
 free (available memory), df (use and file-system type of the scratch directory), recent kernel
