@@ -93,17 +93,10 @@ def daemon_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
 
     def start(n: int, *overrides: str) -> LocalCluster:
-        index = len(started)
-        base = tmp_path / f"daemons-{index}"
-        registry = base / "registry"
-        registry.mkdir(parents=True, mode=0o700)
-        config = base / "config.toml"
-        config.write_text(config_text(f"cluster.expected_servers={n}", *overrides))
-        cluster = LocalCluster(registry, config_path=config)
+        base = tmp_path / f"daemons-{len(started)}"
+        nodes = [f"test-{i}" for i in range(n)]
+        cluster = LocalCluster.start_in(base, config_text(*overrides), nodes, 15.0)
         started.append(cluster)
-        for i in range(n):
-            cluster.start(i, base / f"data-{i}", base / f"server-{i}.log", f"test-{i}")
-        cluster.wait_ready(15.0)
         return cluster
 
     yield start

@@ -37,7 +37,7 @@ from benchfs.bench.storage import (
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.bench.wholepath import Load, depth_summary
 from benchfs.cli.bench import plan_sizes, targets
-from benchfs.errors import BenchError
+from benchfs.errors import BenchError, ProbeError
 from benchfs.probes.fio import FioError, fio_command, parse_fio_json, run_fio
 from benchfs.probes.system import cpu_seconds
 from benchfs.units import KIB, MIB
@@ -351,7 +351,7 @@ def test_cpu_seconds_of_this_process_grows() -> None:
     while time.process_time() < deadline:
         pass
     assert cpu_seconds(os.getpid()) > before
-    with pytest.raises(BenchError, match="process"):
+    with pytest.raises(ProbeError, match="process"):
         cpu_seconds(2**22 + 12345)
 
 

@@ -27,9 +27,9 @@ from benchfs.bench.rpc import (
     summarize_case,
     summarize_overload,
 )
-from benchfs.bench.rpc_client import Driver
 from benchfs.bench.stats import interleave
 from benchfs.cli.bench import rpc_targets
+from benchfs.clients.calls import Driver
 from benchfs.probes.perftest import (
     PerftestError,
     free_port,

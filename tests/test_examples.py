@@ -161,12 +161,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
     )  # fmt: skip
     for d in ("scratch-results", "opt-benchfs", "mnt-benchfs"):
         (path / d).mkdir()
-    cluster = LocalCluster(path / "cluster" / "registry", config_path=path / "config.toml")
-    (path / "cluster" / "registry").mkdir(parents=True, mode=0o700)
-    for i in range(2):
-        base = path / "cluster"
-        cluster.start(i, base / f"data-{i}", base / f"server-{i}.log", f"n{i}")
-    cluster.wait_ready(30.0)
+    cluster = LocalCluster.start_in(path / "cluster", config, ["n0", "n1"], 30.0)
     yield Workspace(path, cluster)
     cluster.stop(grace_s=5.0)
     assert cluster.leftover_pids() == []

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from benchfs import _core
+from benchfs.config import with_overrides
+from benchfs.errors import BenchfsError
 from benchfs.procs import pid_alive, stop_process, tail
 
 __all__ = ["Daemon", "LocalCluster", "ServerExited", "child_env", "find_benchfsd"]
@@ -30,7 +32,7 @@ WAIT_SLICE_S = 0.2
 """How often membership waiting stops to check that no daemon has died meanwhile."""
 
 
-class ServerExited(RuntimeError):
+class ServerExited(BenchfsError, RuntimeError):
     """A daemon this cluster started is no longer running."""
 
     def __init__(self, daemon: Daemon) -> None:
@@ -40,7 +42,8 @@ class ServerExited(RuntimeError):
         self.headline = f"server {daemon.server_id} (pid {daemon.pid}, node {daemon.node}) {how}"
         log = tail(daemon.log_path, 5)
         super().__init__(
-            self.headline + (f"; last log lines ({daemon.log_path}):\n{log}" if log else "")
+            "EHOSTDOWN",
+            self.headline + (f"; last log lines ({daemon.log_path}):\n{log}" if log else ""),
         )
 
 
@@ -159,6 +162,48 @@ class LocalCluster:
         daemon = Daemon(server_id, node, data_dir, log_path, argv, proc)
         self.daemons.append(daemon)
         return daemon
+
+    @classmethod
+    def start_in(
+        cls,
+        root: Path,
+        config_text: str,
+        nodes: Sequence[str],
+        ready_timeout_s: float,
+        *,
+        data_dirs: Sequence[Path] | None = None,
+        prefix: Sequence[str] = (),
+        benchfsd: str | None = None,
+    ) -> LocalCluster:
+        """The one way to bring up a cluster of its own in a directory: one daemon per name in
+        `nodes`, all registered before it returns.
+
+        `root` gets the registry (mode 0700), the effective configuration (`config.toml`:
+        `config_text` with this cluster's size and registry) and one log per daemon; each
+        daemon's data goes to `data_dirs[i]` (default `root/data-i`). If a daemon dies or the
+        membership is not full within `ready_timeout_s`, the daemons started are stopped and
+        ServerExited or TimeoutError is raised. A run's servers, started through a launcher
+        onto other nodes, use `start` and `wait_ready` (benchfs.pipeline).
+        """
+        registry = root / "registry"
+        registry.mkdir(parents=True, mode=0o700, exist_ok=True)
+        config_path = root / "config.toml"
+        config_path.write_text(
+            with_overrides(
+                config_text,
+                [f"cluster.expected_servers={len(nodes)}", f"cluster.registry_dir={registry}"],
+            )
+        )
+        cluster = cls(registry, config_path, benchfsd or find_benchfsd())
+        try:
+            for i, node in enumerate(nodes):
+                data = data_dirs[i] if data_dirs is not None else root / f"data-{i}"
+                cluster.start(i, data, root / f"server-{i}.log", node, prefix=prefix)
+            cluster.wait_ready(ready_timeout_s)
+        except BaseException:
+            cluster.stop(grace_s=5.0)
+            raise
+        return cluster
 
     def exited(self) -> list[Daemon]:
         """Daemons that are no longer running (crashed, killed or stopped)."""

@@ -19,8 +19,10 @@ __all__ = [
     "BenchError",
     "BenchfsError",
     "DiagnoseError",
+    "InputError",
     "LaunchError",
     "ParseError",
+    "ProbeError",
     "RunError",
     "SubmitError",
     "errno_name",
@@ -74,9 +76,25 @@ class AnalyzeError(BenchfsError):
     """A run could not be analysed (benchfs-analyze)."""
 
 
-class ParseError(ValueError):
+class ProbeError(BenchfsError):
+    """An outside program (fio, ucx_perftest, ...) failed, or printed what its parser does not
+    understand; the message names the program and its output."""
+
+
+class ParseError(BenchfsError, ValueError):
     """A tool's output or a file is malformed or truncated; the message names the file (or
-    the command)."""
+    the command). A ValueError too, as bad input."""
+
+    def __init__(self, message: str, code: str = "EINVAL") -> None:
+        super().__init__(code, message)
+
+
+class InputError(BenchfsError, ValueError):
+    """A file the user wrote (nodes file, sweep file, ...) is invalid; the message names the
+    file and the key. Found before anything starts: a usage error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("EINVAL", message, EXIT_USAGE)
 
 
 def errno_name(e: OSError, default: str = "EIO") -> str:

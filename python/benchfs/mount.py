@@ -26,13 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from benchfs.errors import BenchfsError
+
 __all__ = ["MountError", "Mounted", "find_benchfs_mount", "is_mounted", "mount_fstype", "mounted"]
 
 POLL_S = 0.05
 
 
-class MountError(RuntimeError):
+class MountError(BenchfsError, RuntimeError):
     """The mount did not come up (the process's own message is included)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("EIO", message)
 
 
 def find_benchfs_mount() -> str:

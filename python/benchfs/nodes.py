@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchfs.errors import InputError
 from benchfs.results import EXCLUDED_JSON, EXCLUDED_TXT, write_json_atomic, write_text_atomic
 
 __all__ = [
@@ -49,7 +50,7 @@ _DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 _KEYS = {"name", "host", "scratch", "devices", "prefix"}
 
 
-class NodesFileError(ValueError):
+class NodesFileError(InputError):
     """A nodes or exclusion file is missing something or malformed; the message names the file
     and the key."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.table import Table
 
+from benchfs.errors import InputError
 from benchfs.results import csv_cell, write_json_atomic
 from benchfs.units import format_size, parse_size
 
@@ -66,7 +67,7 @@ INDEX_COLUMNS = (
 )
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """A parameter file is invalid; the message names the file and the key."""
 
 

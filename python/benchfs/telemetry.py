@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchfs.errors import ParseError
 from benchfs.results import TELEMETRY_PATTERN, TRACE_PATTERN, RunDir
 
 __all__ = [
@@ -128,7 +129,7 @@ assert TRACE_DTYPE.itemsize == TRACE_RECORD_SIZE
 TRACE_FLAG_ERROR = 1
 
 
-class TelemetryFormatError(ValueError):
+class TelemetryFormatError(ParseError):
     """A file is not BenchFS telemetry, has another format version, or is damaged."""
 
 

@@ -4,7 +4,7 @@
   then the whole path through one `benchfsd` (`benchfs.bench.wholepath`): in-flight depth at the
   device, idle CPU and telemetry overhead.
 - `rpc`: the network layer on tmpfs beside `ucx_perftest` (`benchfs.bench.rpc`, with the
-  client process `benchfs.bench.rpc_client` and `benchfs.probes.perftest`), over TCP and shared
+  client process `benchfs.clients.calls` and `benchfs.probes.perftest`), over TCP and shared
   memory, then an overload shaped like seed 002 against the peak of small windows.
 
 Method and how to read the numbers: docs/bench.md.

@@ -247,19 +247,12 @@ class Cluster:
             raise BenchError("EINVAL", f"configuration of the {self.name} servers: {e}") from e
 
     def start(self) -> None:
-        text = self.config_text()
+        nodes = [f"bench-{self.name}-{i}" for i in range(self.servers)]
         self.root.mkdir(parents=True)
-        self.registry.mkdir(mode=0o700)
-        self.config_path.write_text(text)
-        self.cluster = LocalCluster(
-            self.registry, config_path=self.config_path, benchfsd=self.benchfsd
-        )
-        for i in range(self.servers):
-            self.cluster.start(
-                i, self.root / f"data-{i}", self.root / f"server-{i}.log", f"bench-{self.name}-{i}"
-            )
         try:
-            self.cluster.wait_ready(SERVER_START_TIMEOUT_S)
+            self.cluster = LocalCluster.start_in(
+                self.root, self.config_text(), nodes, SERVER_START_TIMEOUT_S, benchfsd=self.benchfsd
+            )
         except (ServerExited, TimeoutError) as e:
             raise BenchError("EHOSTDOWN", f"benchfsd ({self.name}) did not start: {e}") from e
 
@@ -281,7 +274,7 @@ class Cluster:
             argv = [
                 sys.executable,
                 "-m",
-                "benchfs.bench.rpc_client",
+                "benchfs.clients.calls",
                 "--registry",
                 str(self.registry),
                 "--config",

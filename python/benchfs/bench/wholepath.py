@@ -83,7 +83,8 @@ class BenchServer:
 
     @property
     def config_path(self) -> Path:
-        return self.root / "config.toml"
+        assert self.cluster is not None and self.cluster.config_path is not None
+        return self.cluster.config_path
 
     @property
     def pid(self) -> int:
@@ -92,12 +93,7 @@ class BenchServer:
 
     def config_text(self) -> str:
         """The daemon's effective configuration: defaults (and the user's layers), then ours."""
-        overrides = [
-            "cluster.expected_servers=1",
-            f"cluster.registry_dir={self.root / 'registry'}",
-            f"telemetry.dir={self.telemetry_dir}",
-            *self.overrides,
-        ]
+        overrides = [f"telemetry.dir={self.telemetry_dir}", *self.overrides]
         try:
             return resolve_config_text(None, overrides)
         except (ValueError, FileNotFoundError) as e:
@@ -105,14 +101,15 @@ class BenchServer:
 
     def start(self) -> None:
         text = self.config_text()
-        registry = self.root / "registry"
-        registry.mkdir(parents=True, mode=0o700)
-        self.telemetry_dir.mkdir()
-        self.config_path.write_text(text)
-        self.cluster = LocalCluster(registry, config_path=self.config_path, benchfsd=self.benchfsd)
-        self.cluster.start(0, self.root / "data", self.root / "server.log", f"bench-{self.name}")
+        self.telemetry_dir.mkdir(parents=True)
         try:
-            self.cluster.wait_ready(SERVER_START_TIMEOUT_S)
+            self.cluster = LocalCluster.start_in(
+                self.root,
+                text,
+                [f"bench-{self.name}"],
+                SERVER_START_TIMEOUT_S,
+                benchfsd=self.benchfsd,
+            )
         except (ServerExited, TimeoutError) as e:
             raise BenchError("EHOSTDOWN", f"benchfsd ({self.name}) did not start: {e}") from e
 
@@ -123,7 +120,7 @@ class BenchServer:
             argv = [
                 sys.executable,
                 "-m",
-                "benchfs.bench.reader",
+                "benchfs.clients.range_reader",
                 "--registry",
                 str(self.cluster.registry_dir),
                 "--config",

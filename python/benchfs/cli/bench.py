@@ -39,7 +39,7 @@ from benchfs.cli.consoles import console
 from benchfs.cli.run import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config
-from benchfs.errors import EXIT_FAILED, EXIT_INTERRUPTED, BenchError, errno_name
+from benchfs.errors import EXIT_INTERRUPTED, BenchError, BenchfsError, errno_name
 from benchfs.probes.fio import find_fio
 from benchfs.probes.system import free_bytes, tool_version
 from benchfs.ucx import find_tool
@@ -112,16 +112,17 @@ class _Reporter:
 
 @contextlib.contextmanager
 def _failures_exit(err: Console) -> Iterator[None]:
-    """A BenchError or Ctrl-C ends the command with its message and exit status."""
+    """A tool's error (BenchfsError) or Ctrl-C ends the command with its message and exit
+    status."""
     try:
         yield
-    except BenchError as e:
+    except BenchfsError as e:
         err.print(
             f"[red]benchfs-bench: error {e.code}:[/] {escape(e.message)}",
             highlight=False,
             soft_wrap=True,
         )
-        sys.exit(EXIT_FAILED)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("[red]benchfs-bench: interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)

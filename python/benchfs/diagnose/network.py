@@ -1,7 +1,7 @@
 """Network probe: bandwidth and round trips between node pairs over BenchFS's own transport.
 
 For each pair (a, b), one `benchfsd` runs under a's command prefix (its data on tmpfs, so no
-disk is measured) and one client process (`benchfs.bench.rpc_client`, i.e. `benchfs._core`
+disk is measured) and one client process (`benchfs.clients.calls`, i.e. `benchfs._core`
 over UCX) under b's: it writes, then reads a call of 4 chunks again and again for a few
 seconds each, then times 4 KiB write round trips one by one. Pairs run one at a time so that
 they do not share the links they measure.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchfs.cluster import LocalCluster, ServerExited, child_env, find_benchfsd
+from benchfs.cluster import LocalCluster, child_env
 from benchfs.config import parse_config, resolve_config_text
 from benchfs.errors import BenchfsError
 from benchfs.nodes import Node
@@ -79,7 +79,6 @@ def pairs_of(nodes: Sequence[Node], all_pairs_up_to: int = 8) -> list[tuple[Node
 
 def _config(config_text: str, simulated: bool) -> str:
     overrides = [
-        "cluster.expected_servers=1",
         f"layout.chunk_size={CHUNK}",
         "storage.direct_write=false",
         "storage.direct_read=false",
@@ -108,25 +107,27 @@ def measure_pair(
     result = PairResult(server.name, client.name)
     root = raw_dir / f"{server.name}--{client.name}"
     root.mkdir(parents=True, exist_ok=True)
-    registry = root / "registry"
-    registry.mkdir(mode=0o700, exist_ok=True)
-    config = root / "config.toml"
-    config.write_text(_config(config_text, simulated))
     data = Path(tempfile.mkdtemp(prefix=f"benchfs-diagnose-net-{server.name}-", dir="/dev/shm"))
-    cluster = LocalCluster(registry, config_path=config, benchfsd=find_benchfsd())
+    cluster: LocalCluster | None = None
     reader: LineProcess | None = None
     try:
-        cluster.start(0, data, root / "server.log", server.name, prefix=server.prefix)
-        cluster.wait_ready(READY_TIMEOUT_S)
+        cluster = LocalCluster.start_in(
+            root,
+            _config(config_text, simulated),
+            [server.name],
+            READY_TIMEOUT_S,
+            data_dirs=[data],
+            prefix=server.prefix,
+        )
         argv = client.command(
             [
                 sys.executable,
                 "-m",
-                "benchfs.bench.rpc_client",
+                "benchfs.clients.calls",
                 "--registry",
-                str(registry),
+                str(cluster.registry_dir),
                 "--config",
-                str(config),
+                str(cluster.config_path),
                 "--name",
                 f"probe-{client.name}",
                 "--call-size",
@@ -147,15 +148,16 @@ def measure_pair(
         answers["rtt_write"] = a
         result.rtt_p50_us, result.rtt_p99_us = a["p50_us"], a["p99_us"]
         (root / "answers.json").write_text(repr(answers) + "\n")
-    except (BenchfsError, ServerExited, TimeoutError, OSError, ValueError) as e:
+    except (BenchfsError, TimeoutError, OSError, ValueError) as e:
         result.error = f"{type(e).__name__}: {e}"
     finally:
         if reader is not None:
             reader.close()
-        cluster.stop(grace_s=5.0)
+        if cluster is not None:
+            cluster.stop(grace_s=5.0)
         shutil.rmtree(data, ignore_errors=True)
         with contextlib.suppress(OSError):
-            registry.rmdir()
+            (root / "registry").rmdir()
     return result
 
 

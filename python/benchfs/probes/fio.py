@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchfs.errors import BenchError
+from benchfs.errors import ProbeError
 from benchfs.units import MIB
 
 __all__ = ["FioError", "FioResult", "find_fio", "fio_command", "parse_fio_json", "run_fio"]
@@ -31,7 +31,7 @@ FIO_RW = {"seqwrite": "write", "seqread": "read", "randread": "randread"}
 _CLAT_KEYS = (("lat_ns", 1e-3), ("clat_ns", 1e-3), ("clat_us", 1.0), ("clat", 1.0))
 
 
-class FioError(BenchError):
+class FioError(ProbeError):
     """fio failed, or its output is not the JSON this parser understands."""
 
     def __init__(self, message: str) -> None:
@@ -54,7 +54,7 @@ class FioResult:
 def find_fio() -> str:
     found = shutil.which("fio")
     if found is None:
-        raise BenchError("ENOENT", "fio not found on PATH: install fio (apt-get install fio)")
+        raise ProbeError("ENOENT", "fio not found on PATH: install fio (apt-get install fio)")
     return found
 
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchfs.errors import BenchError
+from benchfs.errors import ProbeError
 from benchfs.procs import stop_process, tail
 from benchfs.ucx import find_tool
 
@@ -47,7 +47,7 @@ PORT_ATTEMPTS = 3
 PERCENTILE = re.compile(r"^(\d+(?:\.\d+)?)%ile$")
 
 
-class PerftestError(BenchError):
+class PerftestError(ProbeError):
     """ucx_perftest failed or printed something this parser does not understand."""
 
     def __init__(self, message: str) -> None:
@@ -153,11 +153,11 @@ def parse_perftest_output(text: str, command: str) -> PerftestResult:
 
 def find_perftest() -> str:
     """Path of the ucx_perftest of BenchFS's own UCX (the same library on both sides of the
-    comparison); BenchError ENOENT naming where it looked if there is none."""
+    comparison); ProbeError ENOENT naming where it looked if there is none."""
     try:
         return find_tool(PERFTEST)
     except FileNotFoundError as e:
-        raise BenchError("ENOENT", str(e)) from None
+        raise ProbeError("ENOENT", str(e)) from None
 
 
 def free_port() -> int:

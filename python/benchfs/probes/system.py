@@ -7,10 +7,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from benchfs.errors import BenchError
+from benchfs.errors import ProbeError
 
 __all__ = [
-    "BenchError",
     "cpu_seconds",
     "drop_caches",
     "free_bytes",
@@ -39,7 +38,7 @@ def cpu_seconds(pid: int) -> float:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError as e:
-        raise BenchError("ESRCH", f"cannot read CPU time of process {pid}: {e}") from e
+        raise ProbeError("ESRCH", f"cannot read CPU time of process {pid}: {e}") from e
     # Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     fields = stat.rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])

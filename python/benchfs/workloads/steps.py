@@ -11,15 +11,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from benchfs.errors import BenchfsError, InputError
 
-class UsageError(Exception):
+
+class UsageError(InputError):
     """Options the workload (like IOR or mdtest) would reject: reported before MPI starts,
     exit status 2."""
 
 
-class WorkloadError(Exception):
+class WorkloadError(BenchfsError):
     """A failure whose message is complete on its own (data that does not verify, a short
     file): reported without the exception type in front."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("EIO", message)
 
 
 class VerificationError(WorkloadError):

@@ -1,6 +1,7 @@
-"""A load-generating client for the whole-path benchmark, driven over stdin and stdout.
+"""A client process that reads one file in ranges, driven over stdin and stdout (the whole-path
+benchmark starts several).
 
-`python -m benchfs.bench.reader --registry DIR --config FILE --path /f --file-size B
+`python -m benchfs.clients.range_reader --registry DIR --config FILE --path /f --file-size B
 --range-size R` connects, writes its file (untimed), prints `{"ready": true}`, then obeys one
 command per stdin line and answers with one JSON line each:
 
@@ -64,7 +65,7 @@ def read_for(file: File, size: int, piece: int, seconds: float) -> dict[str, Any
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchfs.bench.reader", description=__doc__.splitlines()[0]
+        prog="python -m benchfs.clients.range_reader", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--registry", required=True)
     parser.add_argument("--config", required=True, help="effective configuration file")

@@ -1,6 +1,7 @@
-"""A BenchFS client process for the RPC benchmark, driven over stdin and stdout.
+"""A BenchFS client process that makes timed calls (bandwidth, round trips, load), driven over
+stdin and stdout; the RPC benchmark and the diagnose network probe start it.
 
-`python -m benchfs.bench.rpc_client --registry DIR --config FILE --name NAME --call-size B`
+`python -m benchfs.clients.calls --registry DIR --config FILE --name NAME --call-size B`
 connects, writes its two files untimed (`/<NAME>.dat` of B bytes for the bandwidth and load
 commands, `/<NAME>-4k.dat` of 4 KiB for the round trips; `--no-prepare` skips this), prints
 `{"ready": true}`, then obeys one command per stdin line and answers with one JSON line each:
@@ -198,7 +199,7 @@ class Driver:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchfs.bench.rpc_client", description=__doc__.splitlines()[0]
+        prog="python -m benchfs.clients.calls", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--registry", required=True)
     parser.add_argument("--config", required=True, help="effective configuration file")
