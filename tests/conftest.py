@@ -7,6 +7,7 @@ its test.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shlex
 import shutil
@@ -16,8 +17,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from benchfs import Server, _core
 from benchfs.cluster import LocalCluster
@@ -185,3 +188,11 @@ def interrupt_once_the_workload_runs(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def rendered(render: Callable[[Console, dict[str, Any]], None], report: dict[str, Any]) -> str:
+    """What a benchmark's terminal report prints for `report` (its --json object): the same
+    figures must render for people, not only as JSON."""
+    out = io.StringIO()
+    render(Console(file=out, width=160, color_system=None), report)
+    return out.getvalue()

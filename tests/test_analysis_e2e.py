@@ -22,8 +22,9 @@ from nbclient import NotebookClient
 from benchfs import analysis as A
 from benchfs import schemas
 from benchfs.analysis.report import SECTIONS, render_html
+from benchfs.bench import analysis as analysis_bench
 from benchfs.cli.analyze import main as analyze_main
-from conftest import benchfs_run_command
+from conftest import benchfs_run_command, rendered
 from synth_run import ClientSpec, make_run, ms
 from test_analysis import TH, cluster, healthy_clients, healthy_iostat
 
@@ -352,6 +353,7 @@ def test_bench_analysis_quick_json(tmp_path: Path) -> None:
         report
     )
     assert report["records"] == 200_000 and report["slow_node_found"] is True
+    assert "target telemetry overhead" in rendered(analysis_bench.render, report)
     assert report["load_s"] > 0 and report["tables_s"] > 0
     assert isinstance(report["overhead_snapshots_pct"], float)
     assert isinstance(report["overhead_trace_pct"], float)

@@ -15,6 +15,17 @@ import numpy as np
 import pytest
 
 from benchfs import _core, telemetry
+from benchfs.bench import storage
+from benchfs.bench.chunkstore import (
+    CASES,
+    CHUNK_SIZE,
+    Case,
+    CaseResult,
+    CaseSizes,
+    Measurement,
+    StorageBench,
+    parse_engine_result,
+)
 from benchfs.bench.stats import (
     Bucket,
     histogram_mean,
@@ -24,23 +35,14 @@ from benchfs.bench.stats import (
     median,
     ratio,
 )
-from benchfs.bench.storage import (
-    CASES,
-    CHUNK_SIZE,
-    Case,
-    CaseResult,
-    Measurement,
-    Sizes,
-    StorageBench,
-    parse_engine_result,
-)
+from benchfs.bench.storage import plan_sizes, targets
 from benchfs.bench.telemetry_view import Window, load_snapshots, window
 from benchfs.bench.wholepath import Load, depth_summary
-from benchfs.cli.bench import plan_sizes, targets
 from benchfs.errors import BenchError, ProbeError
 from benchfs.probes.fio import FioError, fio_command, parse_fio_json, run_fio
 from benchfs.probes.system import cpu_seconds
 from benchfs.units import KIB, MIB
+from conftest import rendered
 
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 
@@ -283,18 +285,18 @@ def test_engine_result_is_validated() -> None:
 
 def test_sizes_scale_down_to_fit_with_a_message() -> None:
     notes: list[str] = []
-    sizes, file_size = plan_sizes(Sizes(1 << 30, 256 * MIB), 256 * MIB, 2 << 30, notes.append)
+    sizes, file_size = plan_sizes(CaseSizes(1 << 30, 256 * MIB), 256 * MIB, 2 << 30, notes.append)
     assert sizes.disk_need() + 8 * file_size + 256 * MIB <= 2 << 30
     assert sizes.seq % CHUNK_SIZE == 0 and sizes.rand % CHUNK_SIZE == 0
     assert len(notes) == 1 and "scaled down" in notes[0]
     notes.clear()
-    assert plan_sizes(Sizes(32 * MIB, 8 * MIB), 32 * MIB, 100 << 30, notes.append) == (
-        Sizes(32 * MIB, 8 * MIB),
+    assert plan_sizes(CaseSizes(32 * MIB, 8 * MIB), 32 * MIB, 100 << 30, notes.append) == (
+        CaseSizes(32 * MIB, 8 * MIB),
         32 * MIB,
     )
     assert notes == []
     with pytest.raises(BenchError) as e:
-        plan_sizes(Sizes(32 * MIB, 8 * MIB), 32 * MIB, 100 * MIB, notes.append)
+        plan_sizes(CaseSizes(32 * MIB, 8 * MIB), 32 * MIB, 100 * MIB, notes.append)
     assert e.value.code == "ENOSPC"
 
 
@@ -323,7 +325,7 @@ def test_storage_bench_interleaves_and_prepares(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(_core, "bench_storage", fake_engine, raising=False)
     work = tmp_path / "work"
     work.mkdir()
-    bench = StorageBench(work, Sizes(8 * MIB, 4 * MIB), repeats=1, direct=True)
+    bench = StorageBench(work, CaseSizes(8 * MIB, 4 * MIB), repeats=1, direct=True)
     results = bench.run()
     assert [r.case.name for r in results] == CASE_NAMES
     # Two untimed dataset writes (one per dataset size), then the 10 cases.
@@ -536,6 +538,7 @@ def test_storage_quick_json_end_to_end(tmp_path: Path) -> None:
     assert elapsed < 60, f"--quick took {elapsed:.0f} s"
     report = json.loads(out.stdout)
     assert [c["name"] for c in report["cases"]] == CASE_NAMES
+    assert "target whole-path mean in-flight depth" in rendered(storage.render, report)
     for case in report["cases"]:
         for key in (
             "benchfs_mib_s",

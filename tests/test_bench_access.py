@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from benchfs.bench import access
+from conftest import rendered
+
 CASES = [
     "fio-psync-write",
     "fio-psync-read",
@@ -47,4 +50,6 @@ def test_access_quick_json() -> None:
     assert report["data_dir"].startswith("/dev/shm/") and report["data_fs"] == "tmpfs"
     assert not Path(report["data_dir"]).exists()
     assert len(report["targets"]) == len(CASES)
+    text = rendered(access.render, report)
+    assert "python-readinto" in text and "target fio-psync-write" in text
     assert _fuse_mounts() == before

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from benchfs.bench import e2e
 from benchfs.procs import descendants
+from conftest import rendered
 
 CASES = [
     "write-t1m",
@@ -46,6 +48,8 @@ def test_e2e_quick_json(tmp_path: Path) -> None:
     assert report["data_dir"].startswith(str(tmp_path)) and report["data_fs"] != "tmpfs"
     assert not Path(report["data_dir"]).exists()
     assert len(report["targets"]) == len(CASES)
+    text = rendered(e2e.render, report)
+    assert "read-t2m-chunk1m" in text and "target write-t1m" in text
     assert report["ranks"] == 2 and report["block_size"] == 8 << 20
     assert descendants(os.getpid()) == []
 

@@ -16,19 +16,18 @@ from typing import Any
 import pytest
 
 from benchfs import Client
+from benchfs.bench import rpc
 from benchfs.bench.rpc import (
     CASE_NAMES,
     PEAK_WINDOWS,
     TOOLS,
     TRANSPORTS,
     Case,
-    Settings,
-    filesystem_type,
+    RpcSettings,
     summarize_case,
     summarize_overload,
 )
 from benchfs.bench.stats import interleave
-from benchfs.cli.bench import rpc_targets
 from benchfs.clients.calls import Driver
 from benchfs.probes.perftest import (
     PerftestError,
@@ -38,9 +37,10 @@ from benchfs.probes.perftest import (
     perftest_command,
     run_perftest,
 )
+from benchfs.probes.system import filesystem_type
 from benchfs.procs import stop_process
 from benchfs.units import MIB
-from conftest import InProcessCluster
+from conftest import InProcessCluster, rendered
 
 PERFTEST = shutil.which("ucx_perftest")
 needs_perftest = pytest.mark.skipif(PERFTEST is None, reason="ucx_perftest is not installed")
@@ -283,7 +283,7 @@ def test_overload_summary_takes_the_best_window_as_peak() -> None:
         "peak-w4": [load_run(990)] * 3,
     }
     config = {"client": {"request_timeout_s": 30.0, "max_retries": 2}}
-    over = summarize_overload(runs, Settings.quick(3), config)
+    over = summarize_overload(runs, RpcSettings.quick(3), config)
     assert over["mib_s"] == 800 and over["peak_mib_s"] == 1000 and over["peak_window"] == 2
     assert over["ratio_to_peak"] == 0.8
     assert (over["timeouts"], over["retries"], over["pool_waits"]) == (1, 2, 15)
@@ -300,7 +300,7 @@ def test_targets_are_checked() -> None:
         {"transport": "tcp", "name": "rtt-null", "ratio": None, "p50_us": 500.0},
     ]
     overload = {"timeouts": 0, "retries": 3, "ratio_to_peak": 0.95}
-    met = {t["target"]: t["met"] for t in rpc_targets({"cases": cases, "overload": overload})}
+    met = {t["target"]: t["met"] for t in rpc.targets({"cases": cases, "overload": overload})}
     assert met == {
         "write-4m over tcp: ratio >= 0.8": True,
         "read-4m over shm: ratio >= 0.8": False,
@@ -382,6 +382,7 @@ def test_rpc_quick_json_end_to_end() -> None:
     report = json.loads(out.stdout)
     assert {"cases", "overload", "data_dir", "io_mode"} <= set(report)
     assert report["io_mode"] == "buffered" and report["data_fs"] == "tmpfs"
+    assert "overload" in rendered(rpc.render, report)
     assert report["data_dir"].startswith("/dev/shm/benchfs-bench-")
     assert not Path(report["data_dir"]).exists()
     keys = {"transport", "name", "mib_s", "perftest_mib_s", "ratio", "p50_us", "p99_us"}

@@ -253,7 +253,8 @@ def test_the_summary_says_what_ran_and_what_was_checked(tmp_path: Path) -> None:
     from rich.console import Console
 
     from benchfs.cli.run import _print_report
-    from benchfs.pipeline import RunError, RunReport
+    from benchfs.errors import RunError
+    from benchfs.pipeline import RunReport
     from benchfs.results import create_run_dir
 
     def shown(report: RunReport) -> list[str]:

@@ -18,7 +18,7 @@ from benchfs import Client
 from benchfs.cluster import LocalCluster
 from benchfs.config import load_config, resolve_config_text, section
 from benchfs.diagnose.inrun import judge_run
-from benchfs.diagnose.screen import Settings, load_screen, run_screen
+from benchfs.diagnose.screen import ScreenSettings, load_screen, run_screen
 from benchfs.mpi import MpiLauncher
 from benchfs.nodes import Node, read_exclusions, write_nodes
 from benchfs.probes import iostat
@@ -128,7 +128,9 @@ def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: P
     # the many-files load, so the absolute r_await rule is set above that here.
     overrides = ["diagnose.max_exclude_share=0.4", "diagnose.r_await_ms=100"]
     th = section(load_config(None, overrides), "diagnose")
-    settings = Settings.from_thresholds(th, quick=True, network=False, seconds=float(QUICK_SECONDS))
+    settings = ScreenSettings.from_thresholds(
+        th, quick=True, network=False, seconds=float(QUICK_SECONDS)
+    )
     screen, _ = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "results")
     doc = load_screen(screen.path)
     nodes_by = by_name(doc)
@@ -155,7 +157,7 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
     scratch = {n: sim.mount([disks[n]], n) for n in names}
     nodes = [node(n, scratch[n], [disks[n]]) for n in names]
     th = section(load_config(), "diagnose")
-    settings = Settings.from_thresholds(th, quick=True, network=False, seconds=2.0)
+    settings = ScreenSettings.from_thresholds(th, quick=True, network=False, seconds=2.0)
     screen, _ = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "screens")
     assert all(n["verdict"]["status"] == "ok" for n in load_screen(screen.path)["nodes"])
 
@@ -231,7 +233,7 @@ def test_screen_random_slow_node_and_delay(sim: Sim, tmp_path: Path) -> None:
     nodes = [node(n, sim.mount([disks[n]], n), [disks[n]]) for n in names]
     disks[slow].fs.set_delay(delay)
     th = section(load_config(), "diagnose")
-    settings = Settings.from_thresholds(th, quick=True, network=False)
+    settings = ScreenSettings.from_thresholds(th, quick=True, network=False)
     _, result = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "results")
     assert [e.host for e in result.excluded] == [f"host-{slow}"], (slow, delay, result.to_json())
     doc = by_name(result.to_json())

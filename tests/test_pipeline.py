@@ -18,7 +18,7 @@ import pytest
 from benchfs.launch import this_host
 from benchfs.mpi import find_mpich
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
-from benchfs.pipeline import apply_exclusions, plan_layout
+from benchfs.pipeline import apply_exclusions, plan_roles
 from benchfs.rankexec import rank_argv, rank_from_env
 from benchfs.results import read_json
 from benchfs.telemetry import TelemetryFollower
@@ -61,21 +61,21 @@ def nodes_named(*names: str) -> list[Node]:
     return [Node(n, f"h-{n}", "/scratch") for n in names]
 
 
-# Layout and exclusions.
+# Node roles and exclusions.
 
 
 def test_layout_shares_nodes_by_default_and_separates_with_server_nodes() -> None:
     nodes = nodes_named("a", "b", "c", "d")
-    shared = plan_layout(nodes, None, None)
+    shared = plan_roles(nodes, None, None)
     assert [(sid, n.name) for sid, n in shared.servers] == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]
     assert [n.name for n in shared.clients] == ["a", "b", "c", "d"]
 
-    split = plan_layout(nodes, None, None, server_nodes=1, servers_per_node=3, clients_per_node=2)
+    split = plan_roles(nodes, None, None, server_nodes=1, servers_per_node=3, clients_per_node=2)
     assert [(sid, n.name) for sid, n in split.servers] == [(0, "a"), (1, "a"), (2, "a")]
     assert [n.name for n in split.clients] == ["b", "b", "c", "c", "d", "d"]
     assert [n.name for n in split.nodes()] == ["a", "b", "c", "d"]
 
-    totals = plan_layout(nodes, 3, 5, server_nodes=2)
+    totals = plan_roles(nodes, 3, 5, server_nodes=2)
     assert [n.name for _, n in totals.servers] == ["a", "b", "a"]
     # Clients in blocks: a node's ranks are consecutive.
     assert [n.name for n in totals.clients] == ["c", "c", "c", "d", "d"]
@@ -94,12 +94,12 @@ def test_layout_shares_nodes_by_default_and_separates_with_server_nodes() -> Non
 def test_layout_rejects_what_does_not_fit(kwargs: dict[str, int], message: str) -> None:
     args = {"servers": None, "clients": None, **kwargs}
     with pytest.raises(ValueError, match=message):
-        plan_layout(nodes_named("a", "b", "c", "d"), **args)
+        plan_roles(nodes_named("a", "b", "c", "d"), **args)
 
 
 def test_layout_needs_nodes() -> None:
     with pytest.raises(ValueError, match="no nodes"):
-        plan_layout([], None, None)
+        plan_roles([], None, None)
 
 
 def test_exclusions_match_host_short_host_or_node_name() -> None:

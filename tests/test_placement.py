@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from benchfs._core import PlacementStudy
+from benchfs.bench import meta, placement
+from conftest import rendered
 
 ROW_KEYS = {
     "scheme",
@@ -40,6 +42,7 @@ def bench(*args: str) -> dict:
 def test_placement_quick_json_shape_and_targets() -> None:
     report = bench("placement", "--quick", "--json")
     rows = report["rows"]
+    assert "rendezvous" in rendered(placement.render, report)
     assert rows and all(ROW_KEYS <= set(r) for r in rows)
     assert {r["servers"] for r in rows} == {16, 64}
     assert {r["workload"] for r in rows} == {
@@ -82,6 +85,7 @@ def test_placement_study_rejects_bad_input() -> None:
 def test_meta_quick_json_shape() -> None:
     report = bench("meta", "--quick", "--json")
     assert [c["name"] for c in report["cases"]] == ["create", "stat", "unlink"]
+    assert "unlink" in rendered(meta.render, report)
     for c in report["cases"]:
         assert c["ops"] == report["files"] and c["ops_s"] > 0 and c["seconds"] > 0
     assert not os.path.exists(report["data_dir"])

@@ -28,7 +28,7 @@ from benchfs.analysis.run import (
     NO_CLIENT_TELEMETRY,
     NO_IOSTAT,
     NO_TRACE,
-    Run,
+    LoadedRun,
     latest_run,
     load_run,
 )
@@ -59,7 +59,7 @@ __all__ = [
     "OP_TIME_RANGES",
     "Analysis",
     "Insight",
-    "Run",
+    "LoadedRun",
     "Tables",
     "Thresholds",
     "analyze",
@@ -84,7 +84,9 @@ __all__ = [
 ]
 
 
-def compute_tables(run: Run, thresholds: Thresholds, interval_s: float | None = None) -> Tables:
+def compute_tables(
+    run: LoadedRun, thresholds: Thresholds, interval_s: float | None = None
+) -> Tables:
     """Every standard table of `run` (what the report, the CSV export and the insights use)."""
     ts = timeseries(run, thresholds.slow_op_ms, interval_s)
     place = placement(run)
@@ -112,7 +114,7 @@ def _num(v: Any) -> Any:
     return v
 
 
-def summary(run: Run, tables: Tables) -> dict[str, Any]:
+def summary(run: LoadedRun, tables: Tables) -> dict[str, Any]:
     """The run at a glance: what ran, how it went, and the headline figures."""
     m = run.manifest or {}
     w = m.get("workload") or {}
@@ -159,7 +161,7 @@ def summary(run: Run, tables: Tables) -> dict[str, Any]:
 class Analysis:
     """A run, its standard tables and the insights' verdicts."""
 
-    run: Run
+    run: LoadedRun
     thresholds: Thresholds
     tables: Tables
     insights: list[Insight]
@@ -203,7 +205,7 @@ class Analysis:
 
 
 def analyze(
-    run: Run | str | os.PathLike[str],
+    run: LoadedRun | str | os.PathLike[str],
     thresholds: Thresholds | None = None,
     interval_s: float | None = None,
 ) -> Analysis:
@@ -213,7 +215,7 @@ def analyze(
     (`run_thresholds`); `interval_s` is the time-series step (default: the run's
     telemetry.interval_ms).
     """
-    r = run if isinstance(run, Run) else load_run(run)
+    r = run if isinstance(run, LoadedRun) else load_run(run)
     th = thresholds if thresholds is not None else run_thresholds(r.path)
     t = compute_tables(r, th, interval_s)
     return Analysis(r, th, t, evaluate(r, t, th))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from benchfs.analysis.run import NO_CLIENT_TELEMETRY, NO_IOSTAT, Run
+from benchfs.analysis.run import NO_CLIENT_TELEMETRY, NO_IOSTAT, LoadedRun
 from benchfs.analysis.thresholds import Thresholds
 
 __all__ = ["CATALOG", "Insight", "Tables", "evaluate"]
@@ -72,7 +72,7 @@ class Insight:
         return asdict(self)
 
 
-Check = Callable[[Run, Tables, Thresholds], Insight]
+Check = Callable[[LoadedRun, Tables, Thresholds], Insight]
 
 
 def _pct(x: float) -> str:
@@ -85,7 +85,7 @@ def _ms(x: float) -> str:
     return f"{x:.3g} ms" if x < 1000 else f"{x / 1000:.3g} s"
 
 
-def _counter(run: Run, name: str, op: str | None = None, by: str | None = None) -> Any:
+def _counter(run: LoadedRun, name: str, op: str | None = None, by: str | None = None) -> Any:
     tel = run.telemetry
     if tel is None:
         return 0 if by is None else pd.Series(dtype="int64")
@@ -98,7 +98,7 @@ def _counter(run: Run, name: str, op: str | None = None, by: str | None = None) 
     return c.groupby(by, observed=True)["value"].sum()
 
 
-def _mean(run: Run, metric: str) -> float:
+def _mean(run: LoadedRun, metric: str) -> float:
     """Exact mean (ns) of a per-op histogram over reads and writes."""
     total = sum(_counter(run, f"{metric}.sum", op) for op in ("read", "write"))
     n = sum(_counter(run, f"{metric}.count", op) for op in ("read", "write"))
@@ -115,7 +115,7 @@ def _skip(insight: Insight, reason: str) -> Insight:
     return insight
 
 
-def depth_starvation(run: Run, t: Tables, th: Thresholds) -> Insight:
+def depth_starvation(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-001",
         "Device depth starvation",
@@ -162,7 +162,7 @@ def depth_starvation(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def batching(run: Run, t: Tables, th: Thresholds) -> Insight:
+def batching(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-002",
         "Submit batching inefficiency",
@@ -206,7 +206,7 @@ def batching(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def slow_node(run: Run, t: Tables, th: Thresholds) -> Insight:
+def slow_node(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-003",
         "Slow node",
@@ -265,7 +265,7 @@ def slow_node(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def device_asymmetry(run: Run, t: Tables, th: Thresholds) -> Insight:
+def device_asymmetry(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-004",
         "Member-device asymmetry",
@@ -303,7 +303,7 @@ def device_asymmetry(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def placement_imbalance(run: Run, t: Tables, th: Thresholds) -> Insight:
+def placement_imbalance(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-005",
         "Placement imbalance",
@@ -342,7 +342,7 @@ def placement_imbalance(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def retry_storm(run: Run, t: Tables, th: Thresholds) -> Insight:
+def retry_storm(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-006",
         "Retry storm",
@@ -375,7 +375,7 @@ def retry_storm(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def pool_exhaustion(run: Run, t: Tables, th: Thresholds) -> Insight:
+def pool_exhaustion(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-007",
         "Buffer-pool exhaustion",
@@ -413,7 +413,7 @@ def pool_exhaustion(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def read_write_asymmetry(run: Run, t: Tables, th: Thresholds) -> Insight:
+def read_write_asymmetry(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-008",
         "Read/write asymmetry",
@@ -455,7 +455,7 @@ def read_write_asymmetry(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def small_write_amplification(run: Run, t: Tables, th: Thresholds) -> Insight:
+def small_write_amplification(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-009",
         "Small-write amplification (fsync after small writes)",
@@ -504,7 +504,7 @@ def small_write_amplification(run: Run, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
-def handle_thrash(run: Run, t: Tables, th: Thresholds) -> Insight:
+def handle_thrash(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-010",
         "Handle-cache thrash",
@@ -552,6 +552,6 @@ CATALOG: tuple[Check, ...] = (
 """Every insight, in id order."""
 
 
-def evaluate(run: Run, tables: Tables, thresholds: Thresholds) -> list[Insight]:
+def evaluate(run: LoadedRun, tables: Tables, thresholds: Thresholds) -> list[Insight]:
     """Every insight's verdict on the run, in id order."""
     return [check(run, tables, thresholds) for check in CATALOG]

@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from benchfs.analysis.insights import Tables
-from benchfs.analysis.run import Run
+from benchfs.analysis.run import LoadedRun
 from benchfs.analysis.tables import DEPTH_RANGES, OP_TIME_RANGES
 
 __all__ = [
@@ -172,7 +172,7 @@ def rpc_figure(tables: Tables) -> Figure | None:
     return fig
 
 
-def iostat_figure(run: Run) -> Figure | None:
+def iostat_figure(run: LoadedRun) -> Figure | None:
     io = run.iostat
     if io is None or io.empty:
         return None

@@ -2,7 +2,7 @@
 
 Analysis reads only the results directory (docs/results.md). Everything optional may be
 missing (client telemetry, traces, iostat captures, even the manifest of a run made by hand);
-`Run.notes` says what was missing, so that every analysis can degrade to a clear note instead
+`LoadedRun.notes` says what was missing, so that every analysis can degrade to a clear note instead
 of an exception.
 """
 
@@ -20,7 +20,7 @@ from benchfs import telemetry
 from benchfs.analysis import iostat as iostat_parser
 from benchfs.results import RunDir, read_json
 
-__all__ = ["NO_CLIENT_TELEMETRY", "NO_IOSTAT", "NO_TRACE", "Run", "latest_run", "load_run"]
+__all__ = ["NO_CLIENT_TELEMETRY", "NO_IOSTAT", "NO_TRACE", "LoadedRun", "latest_run", "load_run"]
 
 NO_CLIENT_TELEMETRY = "no client telemetry in this run (RPC latency and retries by target need it)"
 NO_TRACE = (
@@ -31,7 +31,7 @@ NO_IOSTAT = "no iostat captures in this run (iostat/<node>.json): device tables 
 
 
 @dataclass
-class Run:
+class LoadedRun:
     """Everything analysis reads from one results directory."""
 
     path: Path
@@ -95,7 +95,7 @@ class Run:
         return self.config.get(section, {}).get(key, default)
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
+def load_run(path: str | os.PathLike[str]) -> LoadedRun:
     """Load the results directory at `path`.
 
     Raises FileNotFoundError if `path` is not a results directory (not a directory, or one
@@ -139,7 +139,7 @@ def load_run(path: str | os.PathLike[str]) -> Run:
         notes.append(NO_IOSTAT)
     elif io["t"].isna().all():
         notes.append("iostat captures without timestamps (-t): not limited to the run's window")
-    return Run(rd.path, manifest, config, config_text, tel, trace, io, notes)
+    return LoadedRun(rd.path, manifest, config, config_text, tel, trace, io, notes)
 
 
 def latest_run(root: str | os.PathLike[str] = "results") -> Path:

@@ -6,7 +6,7 @@ instead. Histogram buckets that straddle a range edge (100 us, 5-8, ...) are spl
 proportion to the integer values they cover on each side; means are always exact (sums).
 
 Every function returns a DataFrame (empty, with its columns, when the run lacks what it needs;
-`Run.notes` then says why) and never raises for a missing part.
+`LoadedRun.notes` then says why) and never raises for a missing part.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from benchfs.analysis.iostat import is_member_device
-from benchfs.analysis.run import Run
+from benchfs.analysis.run import LoadedRun
 from benchfs.telemetry import histogram_quantile
 
 __all__ = [
@@ -86,7 +86,7 @@ class TraceArrays:
     queue_ns: np.ndarray
 
 
-def trace_arrays(run: Run) -> TraceArrays | None:
+def trace_arrays(run: LoadedRun) -> TraceArrays | None:
     """The run's trace as arrays (None without one); cached on the run."""
     tr = run.trace
     if tr is None or len(tr) == 0:
@@ -153,7 +153,7 @@ def bimodal(shares: Sequence[float], mode_share: float) -> bool:
     return False
 
 
-def _latest_hist(run: Run, metric: str, ops: Sequence[str] | None) -> pd.DataFrame:
+def _latest_hist(run: LoadedRun, metric: str, ops: Sequence[str] | None) -> pd.DataFrame:
     """The whole-run buckets of a server histogram (last snapshot of every writer)."""
     tel = run.telemetry
     if tel is None:
@@ -165,7 +165,9 @@ def _latest_hist(run: Run, metric: str, ops: Sequence[str] | None) -> pd.DataFra
     return h
 
 
-def _latest_stat(run: Run, name: str, ops: Sequence[str] | None, by: Sequence[str]) -> pd.Series:
+def _latest_stat(
+    run: LoadedRun, name: str, ops: Sequence[str] | None, by: Sequence[str]
+) -> pd.Series:
     """A counter (or histogram statistic) summed per group over the last snapshots."""
     tel = run.telemetry
     if tel is None:
@@ -187,7 +189,7 @@ def _merged_quantiles(h: pd.DataFrame, qs: Sequence[float], vmin: int, vmax: int
     ]
 
 
-def _extremes(run: Run, metric: str, ops: Sequence[str], by: str | None) -> pd.DataFrame:
+def _extremes(run: LoadedRun, metric: str, ops: Sequence[str], by: str | None) -> pd.DataFrame:
     """min (over non-empty writers) and max of a histogram, per group."""
     tel = run.telemetry
     assert tel is not None
@@ -218,7 +220,7 @@ def _extremes(run: Run, metric: str, ops: Sequence[str], by: str | None) -> pd.D
 # io_depth
 
 
-def io_depth(run: Run) -> pd.DataFrame:
+def io_depth(run: LoadedRun) -> pd.DataFrame:
     """Device queue depth (`inflight_at_submit`) per node and overall, in the seeds' terms.
 
     Columns: node ("all" for the whole run), submits, mean (exact), share_depth1, p50, max,
@@ -270,7 +272,9 @@ def io_depth(run: Run) -> pd.DataFrame:
 # Op-time distribution
 
 
-def op_time_distribution(run: Run, mode_share: float, metric: str = "total_ns") -> pd.DataFrame:
+def op_time_distribution(
+    run: LoadedRun, mode_share: float, metric: str = "total_ns"
+) -> pd.DataFrame:
     """Server op times in the seeds' ranges, per data op and for both together.
 
     Columns: op ("write", "read", "all"), ops, one share column per OP_TIME_RANGES label,
@@ -369,7 +373,7 @@ PER_NODE_COLUMNS = [
 ]
 
 
-def per_node(run: Run, slow_ms: float, metric: str = "total_ns") -> pd.DataFrame:
+def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.DataFrame:
     """The seeds' per-node table over data operations (reads and writes).
 
     Columns: node, servers (ids), ops, slow_ops (op time above `slow_ms`), slow_pct, mean_ms,
@@ -490,14 +494,14 @@ def _rw(by_op: pd.DataFrame, node: str) -> dict[str, Any]:
 TIMESERIES_COLUMNS = ["node", "t_s", "ops", "slow_ops", "slow_pct", "mean_ms", "source"]
 
 
-def _interval_s(run: Run, interval_s: float | None) -> float:
+def _interval_s(run: LoadedRun, interval_s: float | None) -> float:
     if interval_s:
         return float(interval_s)
     ms = run.config_value("telemetry", "interval_ms", 1000)
     return max(float(ms) / 1000.0, 0.1)
 
 
-def _t0(run: Run) -> pd.Timestamp | None:
+def _t0(run: LoadedRun) -> pd.Timestamp | None:
     start, _ = run.window()
     if run.trace is not None and len(run.trace):
         first = run.trace["t"].min()
@@ -506,7 +510,7 @@ def _t0(run: Run) -> pd.Timestamp | None:
 
 
 def timeseries(
-    run: Run, slow_ms: float, interval_s: float | None = None, metric: str = "total_ns"
+    run: LoadedRun, slow_ms: float, interval_s: float | None = None, metric: str = "total_ns"
 ) -> pd.DataFrame:
     """Per node and interval: ops, slow ops (above `slow_ms`), slow_pct, mean op time.
 
@@ -638,7 +642,7 @@ PLACEMENT_COLUMNS = [
 ]
 
 
-def placement(run: Run) -> pd.DataFrame:
+def placement(run: LoadedRun) -> pd.DataFrame:
     """Bytes and chunks per server (every member of the run, idle ones included).
 
     Columns: server, node, write_bytes, write_ops, read_bytes, read_ops, chunks (distinct
@@ -735,7 +739,7 @@ RPC_COLUMNS = [
 ]
 
 
-def rpc_by_target(run: Run) -> pd.DataFrame:
+def rpc_by_target(run: LoadedRun) -> pd.DataFrame:
     """Client-side RPC figures per target server (empty without client telemetry).
 
     Columns: target, node, requests (attempts), retries, retry_pct, timeouts, busy (EAGAIN
@@ -793,7 +797,7 @@ def rpc_by_target(run: Run) -> pd.DataFrame:
 RPC_TS_COLUMNS = ["t_s", "target", "requests", "retries", "timeouts", "mean_ms"]
 
 
-def rpc_timeseries(run: Run, interval_s: float | None = None) -> pd.DataFrame:
+def rpc_timeseries(run: LoadedRun, interval_s: float | None = None) -> pd.DataFrame:
     """Per interval and target: requests, retries, timeouts and mean RPC time (client side)."""
     t0 = _t0(run)
     if not run.has_clients or t0 is None:
@@ -847,7 +851,7 @@ IOSTAT_COLUMNS = [
 ]
 
 
-def iostat_devices(run: Run, active_only: bool = True) -> pd.DataFrame:
+def iostat_devices(run: LoadedRun, active_only: bool = True) -> pd.DataFrame:
     """Per node and device during the run: rates, await (mean over active samples), queue.
 
     Only samples inside the run's time window count; await means are over samples where the

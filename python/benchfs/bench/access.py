@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from benchfs import Client, _core
-from benchfs.bench.rpc import Cluster
+from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.render import print_lines_and_targets, print_ratio_cases
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.errors import BenchError
 from benchfs.probes.fio import find_fio, run_fio
-from benchfs.units import MIB
+from benchfs.units import MIB, format_size
 
 TOOLS = ("layer", "native")
 FIO_CASES = ("fio-psync-write", "fio-psync-read", "fio-uring-write", "fio-uring-read")
@@ -70,7 +73,7 @@ def _fio_argv(fio: str, mountpoint: Path, engine: str, direction: str, size: int
 class AccessBench:
     """The cluster, the mount and the clients of one run; `measure` runs one step."""
 
-    def __init__(self, settings: AccessSettings, cluster: Cluster, mountpoint: Path) -> None:
+    def __init__(self, settings: AccessSettings, cluster: BenchCluster, mountpoint: Path) -> None:
         self.settings = settings
         self.cluster = cluster
         self.mountpoint = mountpoint
@@ -137,7 +140,7 @@ def run_access(
     """Starts the cluster and the mount, runs the interleaved schedule, stops everything."""
     from benchfs.mount import mounted
 
-    cluster = Cluster(root / "access", "access", settings.servers, [], benchfsd)
+    cluster = BenchCluster(root / "access", "access", settings.servers, [], benchfsd)
     mountpoint = root / "mnt"
     mountpoint.mkdir()
     samples: dict[tuple[str, str], list[float]] = {}
@@ -183,3 +186,21 @@ def run_access(
         "fio_jobs": FIO_JOBS,
         "py_file_size": settings.py_file_size,
     }
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    """Each layer beside the native client, for people."""
+    print_ratio_cases(
+        console,
+        f"benchfs-bench access: medians of {report['repeats']} (MiB/s)",
+        ("layer", "native"),
+        "native_mib_s",
+        report["cases"],
+    )
+    fio = f"{report['fio_jobs']} jobs x {format_size(report['fio_file_size'])}, bs 1M, direct"
+    lines = [
+        ("servers' data", f"{report['data_dir']} ({report['data_fs']})"),
+        ("fio", fio),
+        ("readinto", f"{format_size(report['py_file_size'])} in 4 MiB calls"),
+    ]
+    print_lines_and_targets(console, lines, report["targets"])

@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchfs.bench.rpc import Cluster
+from rich.console import Console
+
+from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.render import print_lines_and_targets, print_ratio_cases
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.cluster import child_env
 from benchfs.config import load_config
@@ -84,7 +87,7 @@ class E2EBench:
     one run."""
 
     def __init__(
-        self, root: Path, settings: E2ESettings, clusters: dict[int | None, Cluster]
+        self, root: Path, settings: E2ESettings, clusters: dict[int | None, BenchCluster]
     ) -> None:
         self.root = root
         self.settings = settings
@@ -205,13 +208,13 @@ def run_e2e(
         f"storage.direct_write={str(bool(storage['direct_write'])).lower()}",
         f"storage.direct_read={str(bool(storage['direct_read'])).lower()}",
     ]
-    clusters: dict[int | None, Cluster] = {
-        None: Cluster(root / "cluster", "e2e", 2, overrides, benchfsd)
+    clusters: dict[int | None, BenchCluster] = {
+        None: BenchCluster(root / "cluster", "e2e", 2, overrides, benchfsd)
     }
     for g in GEOMETRIES:
         if g.chunk is not None and g.chunk not in clusters:
             chunk = [*overrides, f"layout.chunk_size={g.chunk}"]
-            clusters[g.chunk] = Cluster(
+            clusters[g.chunk] = BenchCluster(
                 root / f"cluster-chunk{g.chunk}", f"e2e-c{g.chunk}", 2, chunk, benchfsd
             )
     samples: dict[tuple[str, str, str], list[float]] = {}
@@ -257,3 +260,26 @@ def run_e2e(
         "direct_read": bench.direct["read"],
         "cache_dropped": bench.cache_dropped,
     }
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    """BenchFS beside fio, case by case, for people."""
+    print_ratio_cases(
+        console,
+        f"benchfs-bench e2e: medians of {report['repeats']} (MiB/s)",
+        ("benchfs", "fio"),
+        "fio_mib_s",
+        report["cases"],
+    )
+    io = f"direct_write={report['direct_write']}, direct_read={report['direct_read']}"
+    lines = [
+        ("data", f"{report['data_dir']} ({report['data_fs']}), {io}"),
+        (
+            "shape",
+            f"{report['servers']} servers, {report['ranks']} ranks x "
+            f"{format_size(report['block_size'])}, file per process; fio {report['ranks']} jobs",
+        ),
+    ]
+    if not report["cache_dropped"]:
+        lines.append(("note", "page cache not dropped (not root): reads may hit the cache"))
+    print_lines_and_targets(console, lines, report["targets"])

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from benchfs import Client
-from benchfs.bench.rpc import Cluster
+from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.render import fmt, report_table
 
 PHASES = ("create", "stat", "unlink")
 
@@ -63,7 +66,7 @@ def _phase(clients: list[Client], work: Callable[[Client, int], None]) -> float:
 
 def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any]:
     """Starts the cluster, runs the three phases, stops everything; returns the report body."""
-    cluster = Cluster(root / "meta", "meta", settings.servers, [], benchfsd)
+    cluster = BenchCluster(root / "meta", "meta", settings.servers, [], benchfsd)
     per_client = settings.files // settings.clients
     cluster.start()
     try:
@@ -105,3 +108,15 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
         "files": per_client * settings.clients,
         "data_dir": str(cluster.root),
     }
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    """The phases' throughput, for people."""
+    table = report_table(
+        f"benchfs-bench meta: {report['files']} files, {report['clients']} clients, "
+        f"{report['servers']} servers",
+        ["ops", "seconds", "ops/s"],
+    )
+    for c in report["cases"]:
+        table.add_row(c["name"], str(c["ops"]), fmt(c["seconds"], 2), fmt(c["ops_s"], 0))
+    console.print(table)

@@ -9,7 +9,7 @@ the RPC layer, not a disk. Three parts, in one invocation:
   (round trips timed one by one) beside `ucx_perftest -t ucp_am_lat` (whose one-way latency
   is doubled into a round trip). BenchFS and ucx_perftest alternate case by case, in
   interleaved repeats; the report gives medians.
-- **Overload**, shaped like seed 002: 16 client processes x 64 chunk requests in flight against
+- **Overload**: 16 client processes x 64 chunk requests in flight against
   2 servers with 8 buffers each, 1 MiB chunks, over TCP, for a fixed time; throughput and the
   p99 chunk op time come from the servers' telemetry over the steady part of the load, timeouts
   and retries from every client's per-server counters. **Peak** is the best throughput of the
@@ -23,9 +23,6 @@ Method and how to read the numbers: docs/bench.md.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,17 +30,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
+from rich.console import Console
+from rich.markup import escape
 
-from benchfs import telemetry
-from benchfs.bench.stats import Bucket, histogram_quantile, interleave, median, ratio
-from benchfs.cluster import LocalCluster, ServerExited, child_env
-from benchfs.config import parse_config, resolve_config_text
+from benchfs import __version__
+from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.render import duration, fmt, print_lines_and_targets, report_table
+from benchfs.bench.stats import interleave, median, ratio
+from benchfs.bench.telemetry_view import op_window, wait_telemetry
 from benchfs.errors import BenchError, errno_name
 from benchfs.probes.perftest import find_perftest, run_perftest
-from benchfs.probes.system import free_bytes, remove_path
+from benchfs.probes.system import filesystem_type, free_bytes, remove_path, tool_version
 from benchfs.procs import LineProcess
+from benchfs.ucx import find_tool
 from benchfs.units import GIB, KIB, MIB, format_size
 
 __all__ = [
@@ -52,15 +51,14 @@ __all__ = [
     "TOOLS",
     "TRANSPORTS",
     "Case",
-    "OpWindow",
     "RpcBench",
-    "Settings",
+    "RpcSettings",
     "Transport",
-    "filesystem_type",
-    "op_window",
+    "render",
+    "run_rpc",
     "summarize_case",
     "summarize_overload",
-    "wait_telemetry",
+    "targets",
 ]
 
 
@@ -83,14 +81,11 @@ LOAD_BUFFERS = 8
 PEAK_BUFFERS = 64
 PEAK_WINDOWS = (1, 2, 4)
 LOAD_PHASES = ("overload", *(f"peak-w{w}" for w in PEAK_WINDOWS))
-TELEMETRY_INTERVAL_MS = 100
 TELEMETRY_WAIT_S = 10.0
 
 RNDV_THRESHOLDS = (0, 64 * KIB, MIB)
 """network.rndv_threshold values of the study; 0 keeps UCX's own threshold."""
 
-SERVER_START_TIMEOUT_S = 30.0
-CLIENT_READY_TIMEOUT_S = 120.0
 ANSWER_MARGIN_S = 60.0
 PERFTEST_TIMEOUT_S = 120.0
 HEADROOM = 512 * MIB
@@ -148,7 +143,7 @@ class Case:
 
 
 @dataclass(frozen=True)
-class Settings:
+class RpcSettings:
     """How long and how often everything runs (full mode or --quick)."""
 
     repeats: int
@@ -166,8 +161,8 @@ class Settings:
     rndv_study: bool
 
     @staticmethod
-    def full(repeats: int = 3) -> Settings:
-        return Settings(
+    def full(repeats: int = 3) -> RpcSettings:
+        return RpcSettings(
             repeats=repeats,
             bw_seconds=2.0,
             rtt_count=5000,
@@ -184,8 +179,8 @@ class Settings:
         )
 
     @staticmethod
-    def quick(repeats: int = 1) -> Settings:
-        return Settings(
+    def quick(repeats: int = 1) -> RpcSettings:
+        return RpcSettings(
             repeats=repeats,
             bw_seconds=0.5,
             rtt_count=1000,
@@ -202,292 +197,12 @@ class Settings:
         )
 
 
-@dataclass
-class Cluster:
-    """`servers` benchfsd daemons on tmpfs (own registry, config, data) and their clients."""
-
-    root: Path
-    name: str
-    servers: int
-    overrides: Sequence[str]
-    benchfsd: str
-    with_telemetry: bool = False
-    cluster: LocalCluster | None = None
-    clients: list[LineProcess] = field(default_factory=list)
-    started_clients: int = 0
-
-    @property
-    def registry(self) -> Path:
-        return self.root / "registry"
-
-    @property
-    def telemetry_dir(self) -> Path:
-        return self.root / "telemetry"
-
-    @property
-    def config_path(self) -> Path:
-        return self.root / "config.toml"
-
-    def config_text(self, extra: Sequence[str] = ()) -> str:
-        """Defaults (and the user's layers), then the benchmark's settings, then `extra`."""
-        overrides = [
-            f"cluster.expected_servers={self.servers}",
-            f"cluster.registry_dir={self.registry}",
-            "storage.direct_write=false",
-            "storage.direct_read=false",
-        ]
-        if self.with_telemetry:
-            overrides += [
-                f"telemetry.dir={self.telemetry_dir}",
-                f"telemetry.interval_ms={TELEMETRY_INTERVAL_MS}",
-            ]
-        try:
-            return resolve_config_text(None, [*overrides, *self.overrides, *extra])
-        except (ValueError, FileNotFoundError) as e:
-            raise BenchError("EINVAL", f"configuration of the {self.name} servers: {e}") from e
-
-    def start(self) -> None:
-        nodes = [f"bench-{self.name}-{i}" for i in range(self.servers)]
-        self.root.mkdir(parents=True)
-        try:
-            self.cluster = LocalCluster.start_in(
-                self.root, self.config_text(), nodes, SERVER_START_TIMEOUT_S, benchfsd=self.benchfsd
-            )
-        except (ServerExited, TimeoutError) as e:
-            raise BenchError("EHOSTDOWN", f"benchfsd ({self.name}) did not start: {e}") from e
-
-    def settings(self, extra: Sequence[str] = ()) -> dict[str, Any]:
-        return parse_config(self.config_text(extra))
-
-    def start_clients(
-        self, count: int, call_size: int, prepare: bool, extra: Sequence[str] = ()
-    ) -> list[LineProcess]:
-        """Start `count` client processes with this config plus `extra`; wait until ready."""
-        assert self.cluster is not None
-        text = self.config_text(extra)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-        path = self.root / f"client-{digest}.toml"
-        path.write_text(text)
-        started = []
-        for i in range(count):
-            self.started_clients += 1
-            argv = [
-                sys.executable,
-                "-m",
-                "benchfs.clients.calls",
-                "--registry",
-                str(self.registry),
-                "--config",
-                str(path),
-                "--name",
-                f"client-{i}",
-                "--call-size",
-                str(call_size),
-            ]
-            if not prepare:
-                argv.append("--no-prepare")
-            log = self.root / f"client-{self.started_clients}.log"
-            proc = LineProcess(argv, log, "client process", child_env())
-            self.clients.append(proc)
-            started.append(proc)
-        for proc in started:
-            proc.receive(CLIENT_READY_TIMEOUT_S)
-        return started
-
-    def check_alive(self) -> None:
-        assert self.cluster is not None
-        try:
-            self.cluster.check_alive()
-        except ServerExited as e:
-            raise BenchError("EHOSTDOWN", f"{self.name}: {e}") from e
-
-    def stop_clients(self) -> None:
-        for proc in self.clients:
-            proc.close()
-        self.clients.clear()
-
-    def stop(self) -> None:
-        self.stop_clients()
-        if self.cluster is not None:
-            self.cluster.stop(grace_s=10.0)
-
-
 @dataclass(frozen=True)
 class Pair:
     """One server and the one client process of the one-to-one cases."""
 
-    cluster: Cluster
+    cluster: BenchCluster
     client: LineProcess
-
-
-@dataclass(frozen=True)
-class OpWindow:
-    """What the servers did for one op between two snapshots of each worker (telemetry)."""
-
-    seconds: float
-    bytes: int
-    ops: int
-    mib_s: float
-    p50_us: float
-    p99_us: float
-    mean_us: float
-    device_p50_us: float
-    queue_wait_p50_us: float
-    errors: int
-    rejected_busy: int
-    pool_waits: int
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def filesystem_type(path: Path) -> str | None:
-    """The type of the file system holding `path` (longest mount point of /proc/self/mounts)."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    target = os.path.realpath(path)
-    best, kind = "", None
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
-    return kind
-
-
-def _quantile_us(buckets: list[Bucket], q: float) -> float:
-    """Quantile of a nanosecond histogram in µs, interpolated over each bucket's whole width."""
-    widened = [Bucket(b.lo, b.hi + 1, b.count) if b.hi > b.lo else b for b in buckets]
-    return histogram_quantile(widened, q) / 1000
-
-
-def wait_telemetry(directory: Path, after: float, timeout_s: float) -> telemetry.Telemetry:
-    """The servers' telemetry once every worker has a snapshot at or after `after` (Unix s)."""
-    deadline = time.monotonic() + timeout_s
-    after_ns = int(after * 1e9)
-    while True:
-        try:
-            tel = telemetry.load(directory)
-        except FileNotFoundError:
-            tel = None
-        except ValueError as e:
-            raise BenchError("EIO", f"telemetry in {directory}: {e}") from e
-        if tel is not None and len(tel.counters):
-            last = tel.counters.groupby(["server", "worker"], observed=True)["t"].max()
-            if pd.DatetimeIndex(last).asi8.min() >= after_ns:
-                return tel
-        if time.monotonic() >= deadline:
-            raise BenchError(
-                "ETIMEDOUT", f"no telemetry snapshot in {directory} within {timeout_s:g} s"
-            )
-        time.sleep(TELEMETRY_INTERVAL_MS / 2000)
-
-
-HISTOGRAMS = {"total": "total_ns", "device": "device_ns", "queue_wait": "queue_wait_ns"}
-
-
-def op_window(
-    tel: telemetry.Telemetry, start: float, end: float, op: str, enclose: bool
-) -> OpWindow:
-    """The servers' work on `op` ("write", "read", "meta") between `start` and `end`.
-
-    Each server worker's window is bounded by two of its snapshots: with `enclose`, the last at
-    or before `start` (none: its start, when all was zero) and the first at or after `end`, so
-    that everything between the two moments is counted; without, the first at or after `start`
-    and the last at or before `end`, so that only the time in between is (a steady part of a
-    load). Counters and histograms are differenced between the two; the throughput is the sum
-    over workers of bytes / time between their snapshots.
-    """
-    c, h = tel.counters, tel.histograms
-    if len(c) == 0:
-        raise BenchError("EIO", "telemetry holds no snapshot")
-    c_t, h_t = pd.DatetimeIndex(c["t"]).asi8, pd.DatetimeIndex(h["t"]).asi8
-    c_server, c_worker = c["server"].to_numpy(), c["worker"].to_numpy()
-    c_name = c["metric"].astype(str).to_numpy() + "/" + c["op"].astype(str).to_numpy()
-    c_value = c["value"].to_numpy()
-    h_server, h_worker = h["server"].to_numpy(), h["worker"].to_numpy()
-    h_metric, h_op = h["metric"].astype(str).to_numpy(), h["op"].astype(str).to_numpy()
-    start_ns, end_ns = int(start * 1e9), int(end * 1e9)
-    names = {
-        "bytes": f"bytes/{op}",
-        "ops": f"ops/{op}",
-        "errors": f"errors/{op}",
-        "sum": f"total_ns.sum/{op}",
-        "rejected_busy": "rejected_busy/",
-        "pool_waits": "pool_waits/",
-    }
-    totals = dict.fromkeys(names, 0)
-    rate = 0.0
-    spans: list[float] = []
-    buckets: dict[str, dict[int, list[int]]] = {k: {} for k in HISTOGRAMS}
-    for server, worker in sorted(set(zip(c_server.tolist(), c_worker.tolist(), strict=True))):
-        mine = (c_server == server) & (c_worker == worker)
-        times = np.unique(c_t[mine])
-        if enclose:
-            before, after = times[times <= start_ns], times[times >= end_ns]
-            t_a = int(before[-1]) if len(before) else None
-            t_b = int(after[0]) if len(after) else None
-        else:
-            inside = times[(times >= start_ns) & (times <= end_ns)]
-            t_a = int(inside[0]) if len(inside) >= 2 else None
-            t_b = int(inside[-1]) if len(inside) >= 2 else None
-        if t_b is None or (t_a is None and not enclose):
-            raise BenchError(
-                "EIO",
-                f"telemetry of server {server} worker {worker} has no snapshots around the "
-                f"{end - start:.2f} s measurement window",
-            )
-        at_b = mine & (c_t == t_b)
-        at_a = mine & (c_t == t_a) if t_a is not None else np.zeros_like(mine)
-        moved = 0
-        for key, name in names.items():
-            diff = int(c_value[at_b & (c_name == name)].sum())
-            diff -= int(c_value[at_a & (c_name == name)].sum())
-            totals[key] += diff
-            moved = diff if key == "bytes" else moved
-        span = (t_b - (t_a if t_a is not None else int(times[0]))) / 1e9
-        spans.append(span)
-        rate += moved / span if span > 0 else 0.0
-        h_mine = (h_server == server) & (h_worker == worker) & (h_op == op)
-        for key, metric in HISTOGRAMS.items():
-            of_metric = h_mine & (h_metric == metric)
-            for sign, t in ((1, t_b), (-1, t_a)):
-                if t is None:
-                    continue
-                part = h[of_metric & (h_t == t)]
-                for bucket, lo, hi, count in zip(
-                    part["bucket"], part["bucket_lo"], part["bucket_hi"], part["count"], strict=True
-                ):
-                    entry = buckets[key].setdefault(int(bucket), [int(lo), int(hi), 0])
-                    entry[2] += sign * int(count)
-    found = {
-        key: [Bucket(lo, hi, n) for lo, hi, n in b.values() if n > 0] for key, b in buckets.items()
-    }
-    if not found["total"] or totals["ops"] <= 0:
-        raise BenchError("EIO", f"the servers recorded no {op} operations in the window")
-
-    def q(key: str, quantile: float) -> float:
-        return _quantile_us(found[key], quantile) if found[key] else 0.0
-
-    return OpWindow(
-        seconds=min(spans),
-        bytes=totals["bytes"],
-        ops=totals["ops"],
-        mib_s=rate / MIB,
-        p50_us=q("total", 0.5),
-        p99_us=q("total", 0.99),
-        mean_us=totals["sum"] / totals["ops"] / 1000 if totals["sum"] > 0 else 0.0,
-        device_p50_us=q("device", 0.5),
-        queue_wait_p50_us=q("queue_wait", 0.5),
-        errors=totals["errors"],
-        rejected_busy=totals["rejected_busy"],
-        pool_waits=totals["pool_waits"],
-    )
 
 
 def summarize_case(case: Case, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -526,7 +241,7 @@ def summarize_case(case: Case, runs: dict[str, list[dict[str, Any]]]) -> dict[st
 
 
 def summarize_overload(
-    runs: dict[str, list[dict[str, Any]]], settings: Settings, config: dict[str, Any]
+    runs: dict[str, list[dict[str, Any]]], settings: RpcSettings, config: dict[str, Any]
 ) -> dict[str, Any]:
     """The `overload` object: medians per phase over the repeats; counts summed over them."""
     over = runs["overload"]
@@ -578,13 +293,13 @@ class RpcBench:
     """The whole `rpc` benchmark in a fresh directory under `root` (see the module docstring)."""
 
     root: Path
-    settings: Settings
+    settings: RpcSettings
     benchfsd: str
     progress: Callable[[str], None] = lambda message: None
     note: Callable[[str], None] = lambda message: None
     perftest: str = field(default_factory=find_perftest)
     workdir: Path | None = None
-    clusters: list[Cluster] = field(default_factory=list)
+    clusters: list[BenchCluster] = field(default_factory=list)
 
     def need_bytes(self) -> int:
         """tmpfs bytes the servers hold at most: the load files, the bandwidth files."""
@@ -597,7 +312,7 @@ class RpcBench:
     def check(self) -> None:
         """Fail early: the configurations must be accepted and the files must fit."""
         for transport in TRANSPORTS:
-            Cluster(Path("/"), "check", 1, transport.overrides(), self.benchfsd).config_text()
+            BenchCluster(Path("/"), "check", 1, transport.overrides(), self.benchfsd).config_text()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             free = free_bytes(self.root)
@@ -634,14 +349,16 @@ class RpcBench:
             remove_path(self.workdir)
         return {"cases": cases, "overload": overload, "rndv_threshold_study": study}
 
-    def _cluster(self, name: str, servers: int, overrides: Sequence[str], tel: bool) -> Cluster:
+    def _cluster(
+        self, name: str, servers: int, overrides: Sequence[str], tel: bool
+    ) -> BenchCluster:
         assert self.workdir is not None
-        cluster = Cluster(self.workdir / name, name, servers, overrides, self.benchfsd, tel)
+        cluster = BenchCluster(self.workdir / name, name, servers, overrides, self.benchfsd, tel)
         self.clusters.append(cluster)
         cluster.start()
         return cluster
 
-    def _stop(self, cluster: Cluster) -> None:
+    def _stop(self, cluster: BenchCluster) -> None:
         cluster.stop()
         self.clusters.remove(cluster)
         remove_path(cluster.root)
@@ -806,7 +523,7 @@ class RpcBench:
         config = over.settings([f"client.max_inflight={LOAD_INFLIGHT}"])
         return summarize_overload(runs, s, config)
 
-    def _load(self, cluster: Cluster, window: int) -> dict[str, Any]:
+    def _load(self, cluster: BenchCluster, window: int) -> dict[str, Any]:
         """One timed write load of all clients against `cluster` with `window` in flight each."""
         s = self.settings
         extra = [f"client.max_inflight={window}"]
@@ -849,3 +566,207 @@ class RpcBench:
             "wall_s": wall,
             "server_window": win.to_json(),
         }
+
+
+RPC_RATIO_TARGET = 0.8
+RPC_RTT_TARGET_US = {"shm": 25.0, "tcp": 60.0}
+RPC_PEAK_SHARE_TARGET = 0.9
+FULL_LOAD_CLIENTS = RpcSettings.full().load_clients
+
+
+def run_rpc(
+    root: Path,
+    settings: RpcSettings,
+    benchfsd: str,
+    quick: bool,
+    progress: Callable[[str], None],
+    note: Callable[[str], None],
+) -> dict[str, Any]:
+    """The whole `rpc` benchmark under `root` (tmpfs), with its targets and method notes."""
+    started = time.monotonic()
+    bench = RpcBench(root, settings, benchfsd, progress=progress, note=note)
+    results = bench.run()
+    report: dict[str, Any] = {
+        **results,
+        "data_dir": str(bench.workdir),
+        "io_mode": "buffered",
+        "data_fs": filesystem_type(root),
+        "direct_write": False,
+        "direct_read": False,
+        "case_names": list(CASE_NAMES),
+        "overload_inflight": LOAD_INFLIGHT,
+        "repeats": settings.repeats,
+        "quick": quick,
+        "settings": dataclasses.asdict(settings),
+        "versions": {
+            "benchfs": __version__,
+            "ucx": ucx_version(),
+            "ucx_perftest": bench.perftest,
+        },
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }
+    report["targets"] = targets(report)
+    report["notes"] = method_notes(settings, quick)
+    return report
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rpc targets, checked against this report's medians."""
+    found: list[dict[str, Any]] = []
+    for case in report["cases"]:
+        name, transport = case["name"], case["transport"]
+        if name in ("write-4m", "read-4m") and case["ratio"] is not None:
+            found.append(
+                {
+                    "target": f"{name} over {transport}: ratio >= {RPC_RATIO_TARGET}",
+                    "value": case["ratio"],
+                    "met": case["ratio"] >= RPC_RATIO_TARGET,
+                }
+            )
+        if name in ("rtt-write-4k", "rtt-read-4k") and case["p50_us"] is not None:
+            limit = RPC_RTT_TARGET_US[transport]
+            found.append(
+                {
+                    "target": f"{name} over {transport}: p50 <= {limit:g} µs",
+                    "value": case["p50_us"],
+                    "met": case["p50_us"] <= limit,
+                }
+            )
+    over = report["overload"]
+    found.append(
+        {
+            "target": "overload: zero timeouts",
+            "value": over["timeouts"],
+            "met": over["timeouts"] == 0,
+        }
+    )
+    found.append(
+        {"target": "overload: zero retries", "value": over["retries"], "met": over["retries"] == 0}
+    )
+    share = over["ratio_to_peak"]
+    found.append(
+        {
+            "target": f"overload: throughput >= {RPC_PEAK_SHARE_TARGET} x peak",
+            "value": share,
+            "met": share is not None and share >= RPC_PEAK_SHARE_TARGET,
+        }
+    )
+    return found
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    """The table of cases, the overload lines and the rendezvous study, for people."""
+    table = report_table(
+        "benchfs-bench rpc: medians (bandwidth in MiB/s, round trips in µs)",
+        [
+            "benchfs\nMiB/s",
+            "perftest\nMiB/s",
+            "ratio",
+            "benchfs\np50",
+            "benchfs\np99",
+            "perftest\np50",
+            "perftest\np99",
+            "perftest\nsleep p50",
+            "server\np50",
+        ],
+    )
+    for case in report["cases"]:
+        value = case["ratio"]
+        style = "" if value is None else ("green" if value >= RPC_RATIO_TARGET else "yellow")
+        table.add_row(
+            f"{case['transport']} {case['name']}",
+            fmt(case["mib_s"], 0),
+            fmt(case["perftest_mib_s"], 0),
+            f"[{style}]{fmt(value, 2)}[/]" if style else fmt(value, 2),
+            fmt(case["p50_us"], 1),
+            fmt(case["p99_us"], 1),
+            fmt(case["perftest_us"], 1),
+            fmt(case.get("perftest_p99_us"), 1),
+            fmt(case.get("perftest_sleep_us"), 1),
+            fmt(case.get("server_p50_us"), 1),
+        )
+    console.print(table)
+    over = report["overload"]
+    peaks = ", ".join(f"w{w} {fmt(v, 0)}" for w, v in over["peak_by_window"].items())
+    lines = [
+        (
+            "overload",
+            f"{over['clients']} clients x {over['inflight_per_client']} in flight, "
+            f"{over['servers']} servers x {over['buffer_count']} buffers, "
+            f"{format_size(over['transfer_size'])} transfers over "
+            f"{format_size(over['chunk_size'])} chunks ({over['op']}, {over['transport']}, "
+            f"{over['duration_s']:g} s): {fmt(over['mib_s'], 0)} MiB/s = "
+            f"{fmt(over['ratio_to_peak'], 2)} x peak",
+        ),
+        (
+            "peak",
+            f"{fmt(over['peak_mib_s'], 0)} MiB/s (window {over['peak_window']}, "
+            f"{over['peak_buffer_count']} buffers; by window: {peaks})",
+        ),
+        (
+            "chunk ops",
+            f"p50 {duration(over['p50_us'])}, p99 {duration(over['p99_us'])} at the servers "
+            f"(arrival to reply ready); slowest client's call p99 "
+            f"{duration(over['call_p99_us'])}",
+        ),
+        (
+            "faults",
+            f"timeouts {over['timeouts']}, retries {over['retries']}, failures "
+            f"{over['failures']}, failed calls {over['failed_calls']}, refused busy "
+            f"{over['rejected_busy']}, buffer waits {over['pool_waits']}",
+        ),
+    ]
+    study = report.get("rndv_threshold_study")
+    if study:
+        lines.append(
+            (
+                "rndv study",
+                "; ".join(
+                    f"{row['label']}: write-4m {fmt(row['write-4m_mib_s'], 0)}, read-4m "
+                    f"{fmt(row['read-4m_mib_s'], 0)} MiB/s"
+                    for row in study["rows"]
+                )
+                + " (tcp)",
+            )
+        )
+    lines.append(
+        (
+            "settings",
+            f"data on {report['data_dir']} ({report['data_fs']}, {report['io_mode']} I/O), "
+            f"{report['repeats']} repeat{'s' if report['repeats'] != 1 else ''}, "
+            f"UCX {report['versions']['ucx'] or '?'}",
+        )
+    )
+    print_lines_and_targets(console, lines, report["targets"])
+    for text in report["notes"]:
+        console.print(f"  note: {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def method_notes(settings: RpcSettings, quick: bool) -> list[str]:
+    """What the output's figures are, said where they are read."""
+    notes = [
+        "rtt-null is Client.stat on a 1-server cluster (BenchFS has no null op): one "
+        "round trip to the metadata owner, no payload and no disk",
+        "perftest RTT = 2 x ucx_perftest's ucp_am_lat latency, which is one-way (half the "
+        "ping-pong round trip); ucx_perftest busy-polls, BenchFS sleeps in the kernel when idle",
+        "overload p50/p99_us are chunk write times at the servers (request arrival to reply "
+        "ready, from telemetry) over the load minus its first "
+        f"{settings.load_ramp_s:g} s; each client call moves 128 MiB (64 transfers of 2 MiB)",
+    ]
+    if settings.load_clients != FULL_LOAD_CLIENTS:
+        why = " (--quick: 16 processes are heavy on a small host)" if quick else ""
+        notes.append(
+            f"overload and peak ran with {settings.load_clients} client processes, "
+            f"not {FULL_LOAD_CLIENTS}{why}"
+        )
+    if not settings.rndv_study:
+        notes.append("no rendezvous threshold study (--quick or --no-rndv-study)")
+    return notes
+
+
+def ucx_version() -> str | None:
+    try:
+        line = tool_version([find_tool("ucx_info"), "-v"])
+    except FileNotFoundError:
+        return None
+    return line.lstrip("# ").removeprefix("Version ").strip() if line else None

@@ -1,331 +1,233 @@
-"""The storage cases: the chunk store alone (`_core.bench_storage`) against fio.
+"""`benchfs-bench storage`: the chunk store alone against fio on the same directory
+(`benchfs.bench.chunkstore`), then the whole path through `benchfsd`
+(`benchfs.bench.wholepath`): in-flight depth at the device, idle CPU and telemetry overhead.
 
-Both tools run on the same directory with the same sizes, block size, queue depth and
-direct/buffered setting. Each measurement is preceded by a page cache drop; read cases read
-datasets written beforehand (untimed), write cases write a fresh file. The schedule interleaves
-the repeats (see `benchfs.bench.stats.interleave`) and the summary reports medians.
+This module owns the command's sizes (scaled down to the free space), its targets and its
+terminal report. Method and how to read the numbers: docs/bench.md.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchfs import _core
-from benchfs.bench.stats import interleave, median, ratio
+from rich.console import Console
+
+from benchfs import __version__
+from benchfs.bench.chunkstore import CHUNK_SIZE, CaseSizes, StorageBench, check_engine
+from benchfs.bench.render import fmt, print_lines_and_targets, report_table
+from benchfs.bench.wholepath import WholePathBench
+from benchfs.cluster import find_benchfsd
 from benchfs.errors import BenchError, errno_name
-from benchfs.probes.fio import fio_command, run_fio
-from benchfs.probes.system import drop_caches, remove_path
-from benchfs.units import KIB, MIB, format_size
+from benchfs.probes.fio import find_fio
+from benchfs.probes.system import free_bytes, tool_version
+from benchfs.units import GIB, MIB, format_size
 
-__all__ = [
-    "CASES",
-    "CHUNK_SIZE",
-    "Case",
-    "CaseResult",
-    "Measurement",
-    "Sizes",
-    "StorageBench",
-    "check_engine",
-    "run_engine",
-]
-
-CHUNK_SIZE = 4 * MIB
-"""Chunk size of the engine in every storage case."""
-PREP_BLOCK = 4 * MIB
-PREP_DEPTH = 32
-ENGINE_KEYS = ("bytes", "seconds", "mib_s", "ops", "p50_us", "p99_us")
+FULL = {"seq": GIB, "rand": 256 * MIB, "file": 256 * MIB, "duration": 15.0, "idle": 10.0}
+QUICK = {"seq": 32 * MIB, "rand": 8 * MIB, "file": 32 * MIB, "duration": 2.0, "idle": 2.0}
+MIN_SEQ, MIN_RAND, MIN_FILE = 16 * MIB, CHUNK_SIZE, 16 * MIB
+HEADROOM = 256 * MIB
+"""Free space kept beyond what the benchmark writes."""
+WHOLE_PATH_CLIENTS = 4
+WHOLE_PATH_SERVERS = 2
+MIN_OVERHEAD_REPEATS_FULL = 3
+MAX_DEPTH = 32
+"""The deepest queue of the storage cases."""
 
 
-@dataclass(frozen=True)
-class Case:
-    """One storage case: `pattern` in `block_size` pieces with `queue_depth` in flight."""
+def plan_sizes(
+    sizes: CaseSizes, file_size: int, free: int, note: Callable[[str], None]
+) -> tuple[CaseSizes, int]:
+    """Scale the sizes down (halving) until they fit in `free` bytes; BenchError if they never do.
 
-    name: str
-    pattern: str
-    block_size: int
-    queue_depth: int
+    Whole-path files count too: each of the two servers holds one per reader.
+    """
 
-    @property
-    def reads(self) -> bool:
-        return self.pattern != "seqwrite"
+    def need(s: CaseSizes, f: int) -> int:
+        return s.disk_need() + WHOLE_PATH_SERVERS * WHOLE_PATH_CLIENTS * f + HEADROOM
 
-
-def _case(pattern: str, block: str, depth: int) -> Case:
-    size = {"4k": 4 * KIB, "1m": MIB, "4m": 4 * MIB}[block]
-    return Case(f"{pattern}-{block}-qd{depth}", pattern, size, depth)
-
-
-CASES: tuple[Case, ...] = (
-    *(_case("seqwrite", b, d) for b in ("1m", "4m") for d in (1, 32)),
-    *(_case("seqread", b, d) for b in ("1m", "4m") for d in (1, 32)),
-    *(_case("randread", "4k", d) for d in (1, 32)),
-)
-"""The cases of issue 3, by their exact names, in the order they run."""
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Bytes each sequential case moves, and bytes each random-read case reads."""
-
-    seq: int
-    rand: int
-
-    def for_case(self, case: Case) -> int:
-        return self.rand if case.pattern == "randread" else self.seq
-
-    def datasets(self) -> list[int]:
-        """Sizes of the read datasets: one for the sequential reads, one for the random ones."""
-        return sorted({self.seq, self.rand})
-
-    def disk_need(self) -> int:
-        """Peak bytes on disk: both tools' write files plus both tools' read datasets."""
-        return 2 * self.seq + 2 * sum(self.datasets())
-
-    def halved(self, floor: int) -> Sizes:
-        """Both sizes halved (rounded down to whole chunks), none below `floor`."""
-
-        def half(v: int) -> int:
-            return max(floor, v // 2 // CHUNK_SIZE * CHUNK_SIZE)
-
-        return Sizes(half(self.seq), half(self.rand))
-
-    def describe(self) -> str:
-        return f"{format_size(self.seq)} per sequential case, {format_size(self.rand)} per random"
-
-
-def check_size(value: int, what: str) -> None:
-    """Sizes must be whole chunks: every block size divides them and datasets end on a chunk."""
-    if value < CHUNK_SIZE or value % CHUNK_SIZE:
-        raise BenchError(
-            "EINVAL", f"{what} must be a positive multiple of 4 MiB (got {format_size(value)})"
+    wanted = need(sizes, file_size)
+    while need(sizes, file_size) > free:
+        smaller = sizes.halved(MIN_SEQ)
+        smaller = CaseSizes(smaller.seq, max(MIN_RAND, smaller.rand))
+        smaller_file = max(MIN_FILE, file_size // 2 // MIB * MIB)
+        if (smaller, smaller_file) == (sizes, file_size):
+            raise BenchError(
+                "ENOSPC",
+                f"only {format_size(free)} free; even the smallest sizes need "
+                f"{format_size(need(sizes, file_size))}",
+            )
+        sizes, file_size = smaller, smaller_file
+    if need(sizes, file_size) < wanted:
+        note(
+            f"only {free / GIB:.1f} GiB free (the requested sizes need {wanted / GIB:.1f} GiB): "
+            f"scaled down to {sizes.describe()} and {format_size(file_size)} per whole-path file"
         )
+    return sizes, file_size
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """One tool's figures for one run of one case."""
-
-    mib_s: float
-    p50_us: float
-    p99_us: float
-    bytes: int
-    seconds: float
-    ops: int
-    extra: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "mib_s": self.mib_s,
-            "p50_us": self.p50_us,
-            "p99_us": self.p99_us,
-            "bytes": self.bytes,
-            "seconds": self.seconds,
-            "ops": self.ops,
-            **self.extra,
-        }
-
-
-def check_engine() -> Callable[..., dict[str, Any]]:
-    """The engine-alone driver, or BenchError if this build of the native module lacks it."""
-    driver = getattr(_core, "bench_storage", None)
-    if driver is None:
-        raise BenchError(
-            "ENOSYS",
-            f"benchfs._core ({_core.__file__}) has no bench_storage, the engine-alone driver: "
-            "rebuild it with `make build`",
-        )
-    return driver
-
-
-def parse_engine_result(result: Any) -> Measurement:
-    """Validate the driver's dict and turn it into a Measurement (BenchError if malformed)."""
-    if not isinstance(result, dict):
-        raise BenchError("EIO", f"bench_storage returned {type(result).__name__}, not a dict")
-    values: dict[str, float] = {}
-    for key, value in result.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            values[key] = float(value)
-    missing = [k for k in ENGINE_KEYS if k not in values or not math.isfinite(values[k])]
-    if missing:
-        raise BenchError("EIO", f"bench_storage result lacks {', '.join(missing)}: {result!r}")
-    extra = {k: v for k, v in values.items() if k not in ENGINE_KEYS}
-    return Measurement(
-        mib_s=values["mib_s"],
-        p50_us=values["p50_us"],
-        p99_us=values["p99_us"],
-        bytes=int(values["bytes"]),
-        seconds=values["seconds"],
-        ops=int(values["ops"]),
-        extra=extra,
-    )
-
-
-def run_engine(
-    data_dir: Path,
-    pattern: str,
-    block_size: int,
-    queue_depth: int,
-    total_bytes: int,
+def run_storage(
+    root: Path,
+    sizes: CaseSizes,
+    file_size: int,
+    repeats: int,
+    quick: bool,
     direct: bool,
     layout: str,
-) -> Measurement:
-    """One run of the chunk store alone (no network) in `data_dir`."""
-    driver = check_engine()
-    what = f"bench_storage {pattern} bs={block_size} qd={queue_depth} in {data_dir}"
+    duration_s: float,
+    progress: Callable[[str], None],
+    note: Callable[[str], None],
+) -> dict[str, Any]:
+    """The whole `storage` benchmark in a fresh directory under `root`, removed afterwards."""
+    fio = find_fio()
+    check_engine()
     try:
-        result = driver(
-            str(data_dir),
-            pattern,
-            block_size,
-            queue_depth,
-            total_bytes,
-            CHUNK_SIZE,
-            direct,
-            direct,
-            layout,
-        )
+        benchfsd = find_benchfsd()
+    except FileNotFoundError as e:
+        raise BenchError("ENOENT", str(e)) from e
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        sizes, file_size = plan_sizes(sizes, file_size, free_bytes(root), note)
+        workdir = Path(tempfile.mkdtemp(prefix="benchfs-bench-", dir=root))
     except OSError as e:
-        raise BenchError(errno_name(e), f"{what}: {e}") from e
-    except ValueError as e:
-        raise BenchError("EINVAL", f"{what}: {e}") from e
-    return parse_engine_result(result)
-
-
-@dataclass
-class CaseResult:
-    """Every repeat of one case, for both tools, and their medians."""
-
-    case: Case
-    size: int
-    runs: dict[str, list[Measurement]] = field(default_factory=lambda: {"benchfs": [], "fio": []})
-
-    def summary(self) -> dict[str, Any]:
-        ours, theirs = self.runs["benchfs"], self.runs["fio"]
-        ours_mib = median(m.mib_s for m in ours)
-        fio_mib = median(m.mib_s for m in theirs)
-        summary: dict[str, Any] = {
-            "name": self.case.name,
-            "benchfs_mib_s": ours_mib,
-            "fio_mib_s": fio_mib,
-            "ratio": ratio(ours_mib, fio_mib),
-            "p50_us": median(m.p50_us for m in ours),
-            "fio_p50_us": median(m.p50_us for m in theirs),
-            "p99_us": median(m.p99_us for m in ours),
-            "fio_p99_us": median(m.p99_us for m in theirs),
-            "pattern": self.case.pattern,
-            "block_size": self.case.block_size,
-            "queue_depth": self.case.queue_depth,
-            "bytes": self.size,
-        }
-        for key in ("mean_inflight", "share_depth1"):
-            values = [m.extra[key] for m in ours if key in m.extra]
-            if values:
-                summary[f"benchfs_{key}"] = median(values)
-        summary["raw"] = {tool: [m.to_json() for m in runs] for tool, runs in self.runs.items()}
-        return summary
-
-
-@dataclass
-class StorageBench:
-    """The storage cases in one scratch directory (created by the caller, emptied here)."""
-
-    workdir: Path
-    sizes: Sizes
-    repeats: int
-    direct: bool
-    layout: str = "chunkfile"
-    fio: str = "fio"
-    cases: Sequence[Case] = CASES
-    progress: Callable[[str], None] = lambda message: None
-    cache_dropped: bool = True
-    fio_version: str | None = None
-
-    def _engine_dir(self, name: str) -> Path:
-        return self.workdir / "engine" / name
-
-    def _fio_file(self, name: str) -> Path:
-        return self.workdir / "fio" / f"{name}.dat"
-
-    @staticmethod
-    def _dataset(size: int) -> str:
-        return f"read-{format_size(size)}"
-
-    def prepare(self) -> None:
-        """Write the read datasets of both tools (untimed): the engine's with its own seqwrite."""
-        (self.workdir / "engine").mkdir(parents=True, exist_ok=True)
-        (self.workdir / "fio").mkdir(parents=True, exist_ok=True)
-        for size in self.sizes.datasets():
-            name = self._dataset(size)
-            self.progress(f"writing the {format_size(size)} read datasets (untimed)")
-            data_dir = self._engine_dir(name)
-            data_dir.mkdir(parents=True, exist_ok=True)
-            run_engine(data_dir, "seqwrite", PREP_BLOCK, PREP_DEPTH, size, self.direct, self.layout)
-            argv = fio_command(
-                self.fio,
-                str(self._fio_file(name)),
-                "seqwrite",
-                PREP_BLOCK,
-                PREP_DEPTH,
-                size,
-                self.direct,
-                name="prepare",
-            )
-            run_fio(argv, "write")
-
-    def measure(self, case: Case, tool: str) -> Measurement:
-        """One measurement: fresh target for a write, dropped page cache, then the tool."""
-        size = self.sizes.for_case(case)
-        if case.reads:
-            name = self._dataset(size)
-        else:
-            name = "write"
-            target = self._engine_dir(name) if tool == "benchfs" else self._fio_file(name)
-            remove_path(target)
-        self.cache_dropped = drop_caches() and self.cache_dropped
-        if tool == "benchfs":
-            data_dir = self._engine_dir(name)
-            data_dir.mkdir(parents=True, exist_ok=True)
-            return run_engine(
-                data_dir,
-                case.pattern,
-                case.block_size,
-                case.queue_depth,
-                size,
-                self.direct,
-                self.layout,
-            )
-        argv = fio_command(
-            self.fio,
-            str(self._fio_file(name)),
-            case.pattern,
-            case.block_size,
-            case.queue_depth,
-            size,
-            self.direct,
-            name=case.name,
+        raise BenchError(errno_name(e), f"scratch directory under {root}: {e}") from e
+    started = time.monotonic()
+    try:
+        whole = WholePathBench(
+            workdir / "whole-path",
+            duration_s=duration_s,
+            idle_s=QUICK["idle"] if quick else FULL["idle"],
+            overhead_repeats=repeats if quick else max(MIN_OVERHEAD_REPEATS_FULL, repeats),
+            file_size=file_size,
+            clients=WHOLE_PATH_CLIENTS,
+            progress=progress,
+            benchfsd=benchfsd,
         )
-        result = run_fio(argv, "read" if case.reads else "write")
-        self.fio_version = result.version or self.fio_version
-        return Measurement(
-            result.mib_s, result.p50_us, result.p99_us, result.bytes, result.seconds, result.ops
+        whole.check()
+        progress(f"working in {workdir} ({'direct' if direct else 'buffered'} I/O)")
+        storage = StorageBench(
+            workdir / "storage", sizes, repeats, direct, layout, fio=fio, progress=progress
         )
+        storage.workdir.mkdir()
+        cases = [c.summary() for c in storage.run()]
+        whole.workdir.mkdir()
+        whole_report = whole.run()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report: dict[str, Any] = {
+        "cases": cases,
+        **whole_report,
+        "io_mode": "direct" if direct else "buffered",
+        "direct_write": direct,
+        "direct_read": direct,
+        "page_cache_dropped": storage.cache_dropped,
+        "sizes": {
+            "seq": sizes.seq,
+            "rand": sizes.rand,
+            "seq_human": format_size(sizes.seq),
+            "rand_human": format_size(sizes.rand),
+        },
+        "chunk_size": CHUNK_SIZE,
+        "layout": layout,
+        "repeats": repeats,
+        "quick": quick,
+        "dir": str(root),
+        "fio_version": storage.fio_version or tool_version([fio, "--version"]),
+        "benchfs_version": __version__,
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }
+    report["targets"] = targets(report)
+    return report
 
-    def run(self) -> list[CaseResult]:
-        """Prepare, then every case R times, interleaved; results in case order."""
-        results = {c.name: CaseResult(c, self.sizes.for_case(c)) for c in self.cases}
-        if any(c.reads for c in self.cases):
-            self.prepare()
-        for step in interleave(list(self.cases), self.repeats):
-            self.progress(
-                f"repeat {step.repeat + 1}/{self.repeats}: {step.case.name} with {step.tool}"
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The storage targets, checked against this report's medians."""
+    found: list[dict[str, Any]] = []
+    by_name = {c["name"]: c for c in report["cases"]}
+    for name, case in by_name.items():
+        if name.startswith("seq") and name.endswith("qd32") and case["ratio"] is not None:
+            found.append(
+                {
+                    "target": f"{name} ratio >= 0.95",
+                    "value": case["ratio"],
+                    "met": case["ratio"] >= 0.95,
+                }
             )
-            m = self.measure(step.case, step.tool)
-            results[step.case.name].runs[step.tool].append(m)
-        for name in ("write",):
-            remove_path(self._engine_dir(name))
-            remove_path(self._fio_file(name))
-        return list(results.values())
+    rand = by_name.get("randread-4k-qd1")
+    if rand is not None and rand["fio_p50_us"] > 0:
+        value = rand["p50_us"] / rand["fio_p50_us"]
+        found.append(
+            {"target": "randread-4k-qd1 p50 <= 1.1 x fio's", "value": value, "met": value <= 1.1}
+        )
+    depth = report["depth"]["mean_inflight"]
+    found.append(
+        {"target": "whole-path mean in-flight depth >= 16", "value": depth, "met": depth >= 16}
+    )
+    idle = report["idle_cpu_pct"]
+    found.append({"target": "idle server < 1% of one core", "value": idle, "met": idle < 1})
+    over = report["telemetry_overhead_pct"]
+    found.append({"target": "telemetry overhead < 2%", "value": over, "met": over < 2})
+    return found
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    """The table of cases and the whole-path lines, for people."""
+    table = report_table(
+        "benchfs-bench storage: medians (MiB/s, latency in µs)",
+        [
+            "benchfs\nMiB/s",
+            "fio\nMiB/s",
+            "ratio",
+            "benchfs\np50",
+            "fio\np50",
+            "benchfs\np99",
+            "fio\np99",
+        ],
+    )
+    for case in report["cases"]:
+        ratio = case["ratio"]
+        style = "" if ratio is None else ("green" if ratio >= 0.95 else "yellow")
+        table.add_row(
+            case["name"],
+            fmt(case["benchfs_mib_s"], 1),
+            fmt(case["fio_mib_s"], 1),
+            f"[{style}]{fmt(ratio, 2)}[/]" if style else fmt(ratio, 2),
+            fmt(case["p50_us"]),
+            fmt(case["fio_p50_us"]),
+            fmt(case["p99_us"]),
+            fmt(case["fio_p99_us"]),
+        )
+    console.print(table)
+    depth = report["depth"]
+    lines = [
+        (
+            "depth",
+            f"mean in-flight {depth['mean_inflight']:.1f}, depth-1 submits "
+            f"{100 * depth['share_depth1']:.1f}%, op time p50 {fmt(depth['p50_us'])} µs, "
+            f"p99 {fmt(depth['p99_us'])} µs",
+        ),
+        ("why", depth["explanation"]),
+        (
+            "idle CPU",
+            f"{report['idle_cpu_pct']:.2f}% of one core over {report['idle_seconds']:g} s",
+        ),
+        (
+            "telemetry",
+            f"overhead {report['telemetry_overhead_pct']:+.1f}% server CPU per op "
+            f"({report['telemetry_overhead']['cpu_us_per_op_on']:.1f} µs on vs "
+            f"{report['telemetry_overhead']['cpu_us_per_op_off']:.1f} µs off)",
+        ),
+        (
+            "settings",
+            f"{report['io_mode']} I/O, {report['sizes']['seq_human']} per sequential case, "
+            f"{report['sizes']['rand_human']} per random case, {report['repeats']} "
+            f"repeat{'s' if report['repeats'] != 1 else ''}, "
+            f"layout {report['layout']}"
+            + ("" if report["page_cache_dropped"] else "; page cache NOT dropped (not root)"),
+        ),
+    ]
+    print_lines_and_targets(console, lines, report["targets"])

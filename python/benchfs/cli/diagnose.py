@@ -25,7 +25,13 @@ from benchfs.cli.consoles import console
 from benchfs.config import load_config, parse_config, resolve_config_text, section
 from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.judge import Thresholds
-from benchfs.diagnose.screen import Settings, load_screen, run_screen, run_screen_mpi, screen_csv
+from benchfs.diagnose.screen import (
+    ScreenSettings,
+    load_screen,
+    run_screen,
+    run_screen_mpi,
+    screen_csv,
+)
 from benchfs.errors import EXIT_FAILED, EXIT_USAGE, DiagnoseError
 from benchfs.nodes import NodesFileError, from_allocation, load_nodes
 from benchfs.results import RunDir, ScreenDir
@@ -203,7 +209,7 @@ def screen(
             nodes = from_allocation(scratch)
         else:
             raise NodesFileError("give --nodes FILE, or --scratch DIR inside an allocation")
-        settings = Settings.from_thresholds(th, quick, not no_network, seconds)
+        settings = ScreenSettings.from_thresholds(th, quick, not no_network, seconds)
         if mpi:
             done = run_screen_mpi(nodes, text, th, settings, results_root)
             if done is None:

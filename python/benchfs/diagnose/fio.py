@@ -18,7 +18,7 @@ from pathlib import Path
 from benchfs.probes.fio import FioResult, find_fio, parse_fio_json
 from benchfs.units import MIB
 
-__all__ = ["PROBES", "Sizes", "job_file", "prepare_tree", "result_of"]
+__all__ = ["PROBES", "ProbeSizes", "job_file", "prepare_tree", "result_of"]
 
 PROBES = ("seqwrite", "seqread", "workload", "rand4k")
 TREE_FANOUT = 4
@@ -28,7 +28,7 @@ WORK_DIR = "benchfs-diagnose"
 
 
 @dataclass(frozen=True)
-class Sizes:
+class ProbeSizes:
     """Bytes the probes lay out on each node."""
 
     seq_file: int
@@ -36,12 +36,12 @@ class Sizes:
     file_size: int
 
     @staticmethod
-    def full() -> Sizes:
-        return Sizes(seq_file=1024 * MIB, files=2048, file_size=4 * MIB)
+    def full() -> ProbeSizes:
+        return ProbeSizes(seq_file=1024 * MIB, files=2048, file_size=4 * MIB)
 
     @staticmethod
-    def quick() -> Sizes:
-        return Sizes(seq_file=64 * MIB, files=32, file_size=4 * MIB)
+    def quick() -> ProbeSizes:
+        return ProbeSizes(seq_file=64 * MIB, files=32, file_size=4 * MIB)
 
     def need(self) -> int:
         return self.seq_file + self.files * self.file_size
@@ -56,7 +56,7 @@ def tree_paths(root: Path, files: int) -> list[Path]:
     return out
 
 
-def prepare_tree(work: Path, sizes: Sizes) -> list[Path]:
+def prepare_tree(work: Path, sizes: ProbeSizes) -> list[Path]:
     """Create the directories of the workload probe's tree; return its file paths."""
     paths = tree_paths(work / "tree", sizes.files)
     for p in {p.parent for p in paths}:
@@ -64,7 +64,7 @@ def prepare_tree(work: Path, sizes: Sizes) -> list[Path]:
     return paths
 
 
-def job_file(probe: str, work: Path, seconds: float, sizes: Sizes, files: list[Path]) -> str:
+def job_file(probe: str, work: Path, seconds: float, sizes: ProbeSizes, files: list[Path]) -> str:
     """The fio job file of `probe` on a node whose probe directory is `work`."""
     runtime = max(1, round(seconds))
     common = [

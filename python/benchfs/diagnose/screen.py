@@ -47,7 +47,14 @@ from benchfs.probes import iostat, mdraid, smart, triage
 from benchfs.probes.fio import FioResult
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
 
-__all__ = ["NodeProbe", "Settings", "judge_screen", "probe_node", "run_screen", "write_screen"]
+__all__ = [
+    "NodeProbe",
+    "ScreenSettings",
+    "judge_screen",
+    "probe_node",
+    "run_screen",
+    "write_screen",
+]
 
 FULL_SCRATCH_PCT = 95.0
 IOSTAT_TAIL_S = 1.2
@@ -68,12 +75,12 @@ PAIR_SPECS = (
 
 
 @dataclass(frozen=True)
-class Settings:
+class ScreenSettings:
     """How long and how big the probes are (full, or --quick)."""
 
     workload_seconds: float
     short_seconds: float
-    sizes: fioprobe.Sizes
+    sizes: fioprobe.ProbeSizes
     network: bool
     network_seconds: float
     budget_s: float
@@ -81,14 +88,14 @@ class Settings:
     @staticmethod
     def from_thresholds(
         th: Thresholds, quick: bool, network: bool = True, seconds: float | None = None
-    ) -> Settings:
+    ) -> ScreenSettings:
         workload = (
             seconds if seconds is not None else (th.quick_seconds if quick else th.workload_seconds)
         )
-        return Settings(
+        return ScreenSettings(
             workload_seconds=workload,
             short_seconds=max(2.0, workload / 4) if quick else max(2.0, min(15.0, workload / 4)),
-            sizes=fioprobe.Sizes.quick() if quick else fioprobe.Sizes.full(),
+            sizes=fioprobe.ProbeSizes.quick() if quick else fioprobe.ProbeSizes.full(),
             network=network,
             network_seconds=1.0 if quick else 3.0,
             budget_s=th.budget_s,
@@ -166,7 +173,9 @@ def _fio_metrics(probe: str, r: FioResult) -> dict[str, float]:
     }
 
 
-def probe_node(node: Node, screen: ScreenDir, settings: Settings, deadline: float) -> NodeProbe:
+def probe_node(
+    node: Node, screen: ScreenDir, settings: ScreenSettings, deadline: float
+) -> NodeProbe:
     """Run every per-node probe on `node` under its prefix; failures are recorded, not raised."""
     probe = NodeProbe(node)
     raw = screen.raw_dir / node.name
@@ -594,7 +603,7 @@ def run_screen(
     nodes: Sequence[Node],
     config_text: str,
     th: Thresholds,
-    settings: Settings,
+    settings: ScreenSettings,
     root: str | os.PathLike[str],
     progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[ScreenDir, ScreenResult]:
@@ -623,7 +632,7 @@ def run_screen_mpi(
     nodes: Sequence[Node],
     config_text: str,
     th: Thresholds,
-    settings: Settings,
+    settings: ScreenSettings,
     root: str | os.PathLike[str],
 ) -> tuple[ScreenDir, ScreenResult] | None:
     """One MPI rank per node: each probes its own node, rank 0 judges and writes (and returns

@@ -12,6 +12,7 @@ from benchfs.errors import ProbeError
 __all__ = [
     "cpu_seconds",
     "drop_caches",
+    "filesystem_type",
     "free_bytes",
     "remove_path",
     "tool_version",
@@ -59,11 +60,33 @@ def remove_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def tool_version(argv: list[str]) -> str | None:
-    """First line of a tool's `--version` output, or None if it cannot be run."""
+def tool_version(argv: list[str], timeout_s: float = 10.0) -> str | None:
+    """The first non-empty line of a tool's version output (stdout, then stderr), or None if
+    it cannot be run."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.strip():
+            return line.strip()
+    return None
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the file system holding `path` (longest mount point of /proc/self/mounts)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return None
-    lines = (out.stdout or out.stderr).strip().splitlines()
-    return lines[0] if lines else None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind

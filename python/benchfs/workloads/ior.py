@@ -474,10 +474,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     from mpi4py import MPI  # late, so that --help and option errors need no MPI runtime
 
-    return Run(opts, MPI).execute()
+    return IorRank(opts, MPI).execute()
 
 
-class Run:
+class IorRank:
     """One workload run on one rank; every collective is reached by every rank."""
 
     def __init__(self, opts: Options, mpi: Any) -> None:

@@ -81,7 +81,7 @@ def contents(rank: int, index: int, size: int) -> bytes:
     return (unit * (size // len(unit) + 1))[:size]
 
 
-class Run:
+class MdtestRank:
     """One rank's run; every collective is reached by every rank (see workloads.rw)."""
 
     def __init__(self, a: argparse.Namespace, mpi: Any) -> None:
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     from mpi4py import MPI  # late, so that --help and option errors need no MPI runtime
 
-    return Run(a, MPI).execute()
+    return MdtestRank(a, MPI).execute()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""What every stage of a run shares: the request, the launcher, the results directory and its
+manifest, the progress sink, the node roles, and the node operations built on them (job
+directories, short commands on a node, CPU pinning, rank plans)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchfs.errors import RunError, errno_name
+from benchfs.launch import Launcher, this_host
+from benchfs.nodes import Node
+from benchfs.pipeline.roles import NodeRoles
+from benchfs.pipeline.spec import ProgressSink, RunSpec
+from benchfs.results import Manifest, RunDir, write_json_atomic
+
+NODE_COMMAND_TIMEOUT_S = 120.0
+"""Bound of one short command on a node (create or delete its job directory, mount waits)."""
+
+
+@dataclass
+class RunContext:
+    """One run's shared state, made once its results directory exists."""
+
+    spec: RunSpec
+    launcher: Launcher
+    run_dir: RunDir
+    manifest: Manifest
+    progress: ProgressSink
+    roles: NodeRoles | None = None
+    """Known after the screen (if any); every stage that starts processes needs it."""
+    mounted: bool = False
+    """A FUSE mount runs on every client node (the ranks are told where)."""
+
+    def job_dir(self, node: Node) -> Path:
+        """The node-local directory of this run on `node` (servers' data, mount point)."""
+        return Path(node.scratch) / f"benchfs-{self.run_dir.run_id}-{node.name}"
+
+    def mountpoint(self, node: Node) -> Path:
+        return self.job_dir(node) / "mnt"
+
+    def on_node(self, node: Node, argv: Sequence[str], what: str) -> None:
+        """Run a short command on `node` through the launcher; RunError says what failed."""
+        try:
+            done = self.launcher.run(node, argv, NODE_COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            raise RunError("ETIMEDOUT", f"{what} on {node.name} took over {e.timeout} s") from e
+        except OSError as e:
+            raise RunError(errno_name(e), f"{what} on {node.name}: {e}") from e
+        if done.returncode != 0:
+            raise RunError(
+                "EIO", f"{what} on {node.name} failed: {(done.stderr or done.stdout).strip()}"
+            )
+
+    def here(self, node: Node) -> bool:
+        """True when the node's files are this process's files: no prefix, and the local
+        launcher or the node is this host. Then its job directory is made and removed here,
+        which also works while a cancelled Slurm job can no longer start steps."""
+        if node.prefix:
+            return False
+        return self.launcher.name == "local" or node.host.split(".", 1)[0] == this_host()
+
+    def cpus(self, node: Node, index: int) -> list[int] | None:
+        """CPU of the index-th process on a node with --pin-cpus (servers first, then ranks),
+        assuming nodes have this host's CPU count."""
+        if not self.spec.pin_cpus:
+            return None
+        count = os.cpu_count() or 1
+        return [index % count]
+
+    def rank_plan(self, name: str, nodes: Sequence[Node]) -> Path:
+        """Write the per-rank plan of benchfs.rankexec: rank i runs as nodes[i]. Before the
+        roles are known (the screen) there is no pinning and no mount."""
+        per_node_servers: dict[str, int] = {}
+        if self.roles is not None:
+            for _, node in self.roles.servers:
+                per_node_servers[node.name] = per_node_servers.get(node.name, 0) + 1
+        seen: dict[str, int] = {}
+        ranks = []
+        for node in nodes:
+            index = per_node_servers.get(node.name, 0) + seen.get(node.name, 0)
+            seen[node.name] = seen.get(node.name, 0) + 1
+            mount = self.mountpoint(node) if self.mounted else None
+            ranks.append(
+                {
+                    "node": node.name,
+                    "host": node.host,
+                    "prefix": list(node.prefix),
+                    "cpus": self.cpus(node, index) if self.roles is not None else None,
+                    "mount": None if mount is None else str(mount),
+                }
+            )
+        path = self.run_dir.path / f"{name}.ranks.json"
+        write_json_atomic(path, {"ranks": ranks})
+        return path
+
+    def node_records(self) -> list[dict[str, Any]]:
+        """The manifest's `nodes`: each node that runs something, with its servers and ranks."""
+        assert self.roles is not None
+        roles = self.roles
+        return [
+            {
+                "name": node.name,
+                "host": node.host,
+                "scratch": node.scratch,
+                "devices": list(node.devices),
+                "prefix": list(node.prefix),
+                "servers": [sid for sid, n in roles.servers if n.name == node.name],
+                "ranks": [r for r, n in enumerate(roles.clients) if n.name == node.name],
+            }
+            for node in roles.nodes()
+        ]

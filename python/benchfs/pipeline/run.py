@@ -1,0 +1,346 @@
+"""One run of the pipeline: resolve, place, start each stage, run the workload, unwind.
+
+`Pipeline.execute` never raises: whatever fails, or a Ctrl-C / SIGTERM, the stages started so
+far are stopped in reverse (each bounded in time), and the run ends with an errno-like code
+and a reason, in the manifest and on the terminal; it returns a RunReport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import Any
+
+from benchfs import __version__
+from benchfs.cluster import child_env
+from benchfs.config import config_hash, parse_config, resolve_config_text, with_overrides
+from benchfs.errors import EXIT_INTERRUPTED, EXIT_USAGE, BenchfsError, RunError, errno_name
+from benchfs.launch import make_launcher, this_host
+from benchfs.nodes import Node, NodesFileError, load_nodes, read_exclusions, write_nodes
+from benchfs.pipeline.context import RunContext
+from benchfs.pipeline.roles import NodeRoles, apply_exclusions, plan_roles
+from benchfs.pipeline.screen import screen_nodes
+from benchfs.pipeline.spec import VIA, WORKLOADS, MessageSink, ProgressSink, RunReport, RunSpec
+from benchfs.pipeline.stages import IostatCapture, JobDirs, Mounts, Servers, Stage
+from benchfs.pipeline.workload import Workload, check_workload_options
+from benchfs.probes.system import tool_version
+from benchfs.results import Manifest, create_run_dir, write_text_atomic
+from benchfs.ucx import find_tool
+
+ANALYSIS_TIMEOUT_S = 600.0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the launcher, handled like Ctrl-C: tear down, record, exit non-zero."""
+
+
+def collect_versions(mpiexec: str | None) -> dict[str, str | None]:
+    """The manifest's `versions`: what ran, so that two runs can be told apart later."""
+    try:
+        ucx = tool_version([find_tool("ucx_info"), "-v"])
+    except FileNotFoundError:
+        ucx = None
+    return {
+        "benchfs": __version__,
+        "ucx": ucx.lstrip("# ") if ucx else None,
+        "mpi": tool_version([mpiexec, "--version"]) if mpiexec else None,
+        "kernel": platform.release(),
+        "fio": tool_version(["fio", "--version"]),
+        "sysstat": tool_version(["iostat", "-V"]),
+        "python": platform.python_version(),
+    }
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """Turn SIGTERM into an interrupt during the run, so that it tears down like Ctrl-C."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """Let teardown finish (it is bounded by grace periods) even if the user presses Ctrl-C."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class Pipeline:
+    """One `benchfs-run` run: `execute` never raises, it returns a RunReport."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        command: Sequence[str],
+        progress: ProgressSink | Callable[[str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.command = list(command)
+        if progress is None:
+            progress = ProgressSink()
+        elif not isinstance(progress, ProgressSink):
+            progress = MessageSink(progress)
+        self.progress: ProgressSink = progress
+        self.report = RunReport(launcher=spec.launcher, workload=spec.workload)
+        self.started: list[Stage] = []
+        """The stages started (or starting), in order; teardown stops them in reverse."""
+
+    def execute(self) -> RunReport:
+        start = time.monotonic()
+        try:
+            with _signals_as_interrupts():
+                self._pipeline()
+        except BenchfsError as e:  # a run's own, or a launcher's
+            self.report.error = e
+        except KeyboardInterrupt as e:
+            what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+            self.report.error = RunError("EINTR", what, EXIT_INTERRUPTED)
+        except OSError as e:  # e.g. an unwritable results root: the errno says it all
+            self.report.error = RunError(errno_name(e), str(e))
+        except Exception as e:  # a bug, but it still has to tear down and be recorded
+            traceback.print_exc()
+            self.report.error = RunError("EIO", f"unexpected error: {type(e).__name__}: {e}")
+        finally:
+            with _signals_ignored():
+                self.progress.phase("teardown")
+                self._teardown()
+        self.report.elapsed_s = time.monotonic() - start
+        self._finish_manifest()
+        # After the final manifest: the saved report shows the run's outcome and figures.
+        with _signals_ignored():
+            self._analyze()
+        self.progress.close()
+        return self.report
+
+    def _pipeline(self) -> None:
+        spec = self.spec
+        self.progress.phase("setup")
+        if spec.workload == "command" and not spec.command:
+            raise RunError("EINVAL", "--workload command needs --command", EXIT_USAGE)
+        nodes, excluded_in = self._nodes()
+        overrides = [*spec.sets, *spec.flag_overrides()]
+        try:
+            # The one resolution of the run (file, BENCHFS_*, --set and flags); what the run
+            # learns later is added to it with nothing else (with_overrides).
+            resolved = resolve_config_text(spec.config, overrides)
+        except (ValueError, FileNotFoundError) as e:
+            raise RunError("EINVAL", f"configuration: {e}", EXIT_USAGE) from e
+        run = parse_config(resolved)["run"]
+        if nodes is None:
+            # No nodes file: one simulated node per server on this host.
+            servers = run["servers"]
+            if servers < 1:
+                raise RunError("EINVAL", f"run.servers must be at least 1 (got {servers})", 2)
+            scratch = run["scratch_dir"] or tempfile.gettempdir()
+            nodes = [Node(f"local-{i}", this_host(), scratch) for i in range(servers)]
+        self._validate(run)
+        roles = self._roles(nodes, run)  # checked before anything starts or is written
+        launcher = make_launcher(spec.launcher, spec.mpiexec)
+
+        run_dir = create_run_dir(run["results_root"], spec.launcher)
+        self.report.run_dir = run_dir
+        manifest = Manifest(
+            mode=spec.launcher,
+            commands=[{"what": "benchfs-run", "argv": self.command}],
+            versions=collect_versions(self._mpiexec_path()),
+            launcher=launcher.describe(),
+        )
+        manifest.excluded = excluded_in
+        self.report.manifest = manifest
+        manifest.write(run_dir)
+        self.progress.message(f"results directory {run_dir.path}")
+        ctx = RunContext(spec, launcher, run_dir, manifest, self.progress)
+
+        if spec.screen:
+            with manifest.phase("screen"):
+                nodes = screen_nodes(ctx, nodes)
+            roles = self._roles(nodes, run)
+        ctx.roles = roles
+        self.report.nodes = len(roles.nodes())
+        # The cluster's shape is part of the effective config, so config.toml says what ran.
+        text = with_overrides(
+            resolved,
+            [
+                f"run.servers={len(roles.servers)}",
+                f"run.clients={len(roles.clients)}",
+                f"cluster.expected_servers={len(roles.servers)}",
+                f"cluster.registry_dir={run_dir.registry_dir}",
+                f"telemetry.dir={run_dir.telemetry_dir}",
+            ],
+        )
+        config = parse_config(text)
+        self.report.config = config
+        write_text_atomic(run_dir.config_path, text)
+        manifest.config = config
+        manifest.config_hash = config_hash(text)
+        manifest.nodes = ctx.node_records()
+        write_nodes(run_dir.nodes_path, roles.nodes())
+        manifest.write(run_dir)
+
+        self._start(JobDirs(ctx))
+        self._start(IostatCapture(ctx))
+        servers = Servers(ctx, config)
+        self._start(servers)
+        with manifest.phase("wait_servers"):
+            servers.wait_ready()
+        if spec.workload == "command" and spec.via == "mount":
+            self._start(Mounts(ctx))
+        with manifest.phase("workload"):
+            Workload(ctx, config, servers, self.report).run()
+
+    def _start(self, stage: Stage) -> None:
+        """Start a stage, on the stack first: a stage that fails half way is stopped too."""
+        assert self.report.manifest is not None
+        self.started.append(stage)
+        with self.report.manifest.phase(stage.phase):
+            stage.start()
+
+    def _teardown(self) -> None:
+        """Stop every stage started, in reverse; the first error is the run's if it had none."""
+        while self.started:
+            stage = self.started.pop()
+            try:
+                error = stage.stop()
+            except Exception as e:  # a bug in a stop: record it, and stop the rest anyway
+                traceback.print_exc()
+                error = RunError("EIO", f"stopping {stage.phase}: {type(e).__name__}: {e}")
+            if error is not None and self.report.error is None:
+                self.report.error = error
+
+    def _mpiexec_path(self) -> str | None:
+        """The mpiexec whose version the manifest records (the one the ranks will use)."""
+        if self.spec.mpiexec:
+            return self.spec.mpiexec
+        if self.spec.launcher == "srun":
+            return None
+        return shutil.which("mpiexec")
+
+    def _nodes(self) -> tuple[list[Node] | None, list[dict[str, Any]]]:
+        """The nodes file's nodes minus the exclusions (None without a nodes file)."""
+        spec = self.spec
+        nodes: list[Node] | None = None
+        if spec.nodes_file is not None:
+            try:
+                nodes = load_nodes(spec.nodes_file)
+            except (NodesFileError, FileNotFoundError) as e:
+                raise RunError("EINVAL", str(e), EXIT_USAGE) from e
+        if spec.exclude_from is None:
+            return nodes, []
+        try:
+            exclusions = read_exclusions(spec.exclude_from)
+        except (NodesFileError, FileNotFoundError) as e:
+            raise RunError("EINVAL", str(e), EXIT_USAGE) from e
+        if nodes is None:
+            raise RunError("EINVAL", "--exclude-from needs --nodes-file (the nodes to filter)", 2)
+        kept, removed = apply_exclusions(nodes, exclusions)
+        if not kept:
+            raise RunError("EINVAL", f"every node is excluded by {spec.exclude_from}", 2)
+        for entry in removed:
+            self.progress.message(
+                f"excluded {entry['node']} ({entry['host']}): "
+                + ("; ".join(entry["reasons"]) or "listed in " + str(spec.exclude_from))
+            )
+        return kept, removed
+
+    def _validate(self, run: dict[str, Any]) -> None:
+        problems = []
+        for key in ("servers", "clients", "transfer_size"):
+            if run[key] < 1:
+                problems.append(f"run.{key} must be at least 1 (got {run[key]})")
+        if run["file_size"] < 0:
+            problems.append(f"run.file_size must not be negative (got {run['file_size']})")
+        if self.spec.workload not in WORKLOADS:
+            problems.append(f"unknown workload {self.spec.workload!r}")
+        if self.spec.via not in VIA:
+            problems.append(f"--via {self.spec.via!r}: choose mount or capi")
+        if problems:
+            raise RunError("EINVAL", "; ".join(problems), EXIT_USAGE)
+        check_workload_options(self.spec.workload, self.spec.workload_args, run)
+
+    def _roles(self, nodes: list[Node], run: dict[str, Any]) -> NodeRoles:
+        spec = self.spec
+        simulated = spec.nodes_file is None
+        if simulated and (spec.server_nodes or spec.servers_per_node or spec.clients_per_node):
+            raise RunError(
+                "EINVAL",
+                "--server-nodes, --servers-per-node and --clients-per-node place processes on "
+                "the nodes of --nodes-file (without one: --servers and --clients)",
+                EXIT_USAGE,
+            )
+        try:
+            return plan_roles(
+                nodes,
+                # Without a nodes file the nodes were made one per server; with one, totals
+                # apply only when given on the command line (else one per node).
+                None if simulated else spec.servers,
+                run["clients"] if simulated else spec.clients,
+                spec.server_nodes,
+                spec.servers_per_node,
+                spec.clients_per_node,
+            )
+        except ValueError as e:
+            raise RunError("EINVAL", str(e), EXIT_USAGE) from e
+
+    def _analyze(self) -> None:
+        """Run `benchfs-analyze --save` on a finished run (when it exists); a failed analysis
+        is recorded, it does not fail the run."""
+        run_dir, manifest = self.report.run_dir, self.report.manifest
+        if not self.spec.analyze or run_dir is None or manifest is None:
+            return
+        if self.report.error is not None or not run_dir.telemetry_files():
+            return
+        self.progress.phase("analysis")
+        argv = [sys.executable, "-m", "benchfs.cli.analyze", str(run_dir.path), "--save"]
+        manifest.commands.append({"what": "analysis", "argv": argv})
+        log = run_dir.analysis_dir / "analyze.log"
+        run_dir.analysis_dir.mkdir(exist_ok=True)
+        try:
+            with open(log, "wb") as out:
+                done = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=ANALYSIS_TIMEOUT_S,
+                    check=False,
+                    env=child_env(),
+                )
+            status: int | str = done.returncode
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        manifest.analysis = {"exit_status": status, "log": str(log)}
+        if status != 0:
+            manifest.event("analysis-failed", f"benchfs-analyze exited with {status}; see {log}")
+        manifest.write(run_dir)
+
+    def _finish_manifest(self) -> None:
+        manifest, run_dir, error = self.report.manifest, self.report.run_dir, self.report.error
+        if manifest is None or run_dir is None:
+            return
+        if error is None:
+            manifest.finish("ok", None, None, 0)
+        else:
+            status = "interrupted" if error.code == "EINTR" else "failed"
+            manifest.finish(status, error.code, error.message, error.exit_code)
+        manifest.timings_s["total"] = round(self.report.elapsed_s, 6)
+        manifest.write(run_dir)

@@ -1,0 +1,147 @@
+"""What a run is asked to do (RunSpec), what it reports back (RunReport), and where it reports
+while it runs (ProgressSink)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchfs.errors import BenchfsError
+from benchfs.results import Manifest, RunDir
+
+WORKLOADS = ("rw", "ior", "mdtest", "command")
+VIA = ("mount", "capi")
+
+
+@dataclass
+class RunSpec:
+    """What the user asked for; None means "take it from the configuration" (or the nodes)."""
+
+    servers: int | None = None
+    clients: int | None = None
+    file_size: int | None = None
+    transfer_size: int | None = None
+    config: str | None = None
+    sets: Sequence[str] = ()
+    keep_data: bool = False
+    results_root: str | None = None
+    timeout_s: float = 300.0
+    kill_server_after_s: float | None = None
+    workload: str = "rw"
+    """"rw" (write, cross-read, verify), "ior", "mdtest" (benchfs.workloads.*) or "command"."""
+    workload_args: str | None = None
+    """Options of the ior or mdtest workload, one shell-quoted string; None: derived defaults."""
+    command: str | None = None
+    """The user-named command of workload "command" (shell-quoted; `{mount}` is replaced)."""
+    via: str = "mount"
+    """How the user command reaches BenchFS: "mount" (FUSE, per client node) or "capi"."""
+    nodes_file: str | None = None
+    exclude_from: str | None = None
+    screen: bool = False
+    screen_args: str | None = None
+    launcher: str = "local"
+    mpiexec: str | None = None
+    server_nodes: int | None = None
+    servers_per_node: int | None = None
+    clients_per_node: int | None = None
+    pin_cpus: bool = False
+    analyze: bool = True
+
+    def flag_overrides(self) -> list[str]:
+        """Flags as config overrides: they are the highest layer of the one configuration."""
+        pairs = {
+            "run.servers": self.servers,
+            "run.clients": self.clients,
+            "run.file_size": self.file_size,
+            "run.transfer_size": self.transfer_size,
+            "run.results_root": self.results_root,
+        }
+        return [f"{key}={value}" for key, value in pairs.items() if value is not None]
+
+
+RUN_SUMMARY_SCHEMA_VERSION = 1
+"""Version of `benchfs-run local --json`'s object (benchfs/schemas/run-summary.schema.json)."""
+
+
+@dataclass
+class RunReport:
+    """The result of a run, for the terminal and for --json."""
+
+    run_dir: RunDir | None = None
+    manifest: Manifest | None = None
+    summary: dict[str, Any] | None = None
+    error: BenchfsError | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    launcher: str = "local"
+    nodes: int = 0
+    workload: str | None = None
+    """The workload's kind (`rw`, `ior`, `mdtest`, `command`), known before it starts."""
+    workload_line: str | None = None
+    """What the workload runs, in words, once its command line is built."""
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.error is None else self.error.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        run = self.config.get("run", {})
+        summary = self.summary or {}
+        if self.error is None:
+            outcome = "ok"
+        else:
+            outcome = "interrupted" if self.error.code == "EINTR" else "failed"
+        excluded = [] if self.manifest is None else self.manifest.excluded
+        return {
+            "schema_version": RUN_SUMMARY_SCHEMA_VERSION,
+            "outcome": outcome,
+            "code": None if self.error is None else self.error.code,
+            "message": None if self.error is None else self.error.message,
+            "write_mib_s": summary.get("write_mib_s"),
+            "read_mib_s": summary.get("read_mib_s"),
+            "verified": bool(summary.get("verified")) and self.error is None,
+            "verify_requested": summary.get("verify_requested", self.workload in ("rw", "mdtest")),
+            "bytes": summary.get("bytes"),
+            "workload": summary.get("workload", self.workload),
+            "workload_line": self.workload_line,
+            "rows": summary.get("rows"),
+            "launcher": self.launcher,
+            "nodes": self.nodes,
+            "excluded": [e["host"] for e in excluded],
+            "servers": run.get("servers"),
+            "clients": run.get("clients"),
+            "file_size": run.get("file_size"),
+            "transfer_size": run.get("transfer_size"),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "results_dir": None if self.run_dir is None else str(self.run_dir.path),
+            "telemetry_files": None
+            if self.run_dir is None
+            else len(self.run_dir.telemetry_files()),
+        }
+
+
+class ProgressSink:
+    """Where the pipeline reports: phase changes, messages, and bytes moved (live display)."""
+
+    def phase(self, name: str) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def moved(self, written: int, read: int) -> None: ...
+
+    def totals(self, written: int, read: int) -> None:
+        """The workload's own byte counts once it ended (the servers' telemetry, behind
+        `moved`, lags by up to a snapshot)."""
+
+    def close(self) -> None: ...
+
+
+class MessageSink(ProgressSink):
+    """A progress sink that passes messages to a function (the sweep's and tests' way)."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit = emit
+
+    def message(self, text: str) -> None:
+        self.emit(text)

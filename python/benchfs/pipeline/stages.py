@@ -1,0 +1,327 @@
+"""The resources a run starts, each a stage with a start and a stop: node-local job
+directories, iostat on every node, the servers, the FUSE mounts.
+
+The pipeline pushes a stage on its stack before starting it, so that a stage that fails half
+way is still stopped; teardown stops the stack in reverse. `stop` undoes whatever part of
+`start` happened, is bounded in time, never raises, and returns the error it met (or None):
+the run's error, if the run had none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchfs.cluster import Daemon, LocalCluster, ServerExited, child_env
+from benchfs.errors import RunError, errno_name
+from benchfs.nodes import Node
+from benchfs.pipeline.context import RunContext
+from benchfs.procs import descendants, kill_pids, stop_process, tail
+
+SERVER_STOP_GRACE_S = 10.0
+MOUNT_WAIT_S = 30
+
+
+class Stage:
+    """Something a run starts and must stop; `phase` names it in the manifest."""
+
+    phase = ""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> RunError | None:
+        raise NotImplementedError
+
+
+@dataclass
+class Started:
+    """A process this run started through its launcher, and what the manifest says of it."""
+
+    proc: subprocess.Popen[bytes]
+    record: dict[str, Any]
+    node: Node | None = None
+
+
+class JobDirs(Stage):
+    """A job directory on every node of the run (servers' data, mount points); deleted at the
+    end unless --keep-data."""
+
+    phase = "prepare_nodes"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.dirs: dict[str, tuple[Node, Path]] = {}
+        """Node name -> (node, its job directory)."""
+
+    def start(self) -> None:
+        ctx = self.ctx
+        assert ctx.roles is not None
+        for node in ctx.roles.nodes():
+            job = ctx.job_dir(node)
+            self.dirs[node.name] = (node, job)  # before mkdir: a half-made dir is removed too
+            if not ctx.here(node):
+                ctx.on_node(node, ["mkdir", "-p", str(job)], f"creating {job}")
+                continue
+            try:
+                job.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise RunError(
+                    errno_name(e), f"cannot create the job directory {job} on {node.name}: {e}"
+                ) from e
+
+    def stop(self) -> RunError | None:
+        ctx = self.ctx
+        ctx.manifest.data_kept = ctx.spec.keep_data
+        ctx.manifest.scratch_dirs = {name: str(job) for name, (_, job) in self.dirs.items()}
+        if ctx.spec.keep_data:
+            kept = ", ".join(str(job) for _, job in self.dirs.values())
+            ctx.progress.message(f"kept node-local data in {kept}")
+            return None
+        problems = []
+        for node, job in self.dirs.values():
+            if ctx.here(node):
+                shutil.rmtree(job, ignore_errors=True)
+                if job.exists():
+                    problems.append(f"could not remove {job} on {node.name}")
+                continue
+            try:
+                ctx.on_node(node, ["rm", "-rf", "--one-file-system", str(job)], f"removing {job}")
+            except RunError as e:
+                problems.append(e.message)
+        return RunError("EIO", "; ".join(problems)) if problems else None
+
+
+class IostatCapture(Stage):
+    """`iostat` on every node, one JSON capture each (skipped, with an event, without
+    sysstat)."""
+
+    phase = "iostat"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.captures: list[Started] = []
+
+    def start(self) -> None:
+        from benchfs.probes.iostat import find_iostat, iostat_command, iostat_env
+
+        ctx = self.ctx
+        assert ctx.roles is not None
+        try:
+            find_iostat()
+        except Exception as e:
+            ctx.manifest.event("iostat-missing", str(e))
+            return
+        ctx.run_dir.iostat_dir.mkdir(exist_ok=True)
+        for node in ctx.roles.nodes():
+            argv = iostat_command(1.0, node.devices)
+            path = ctx.run_dir.iostat_capture(node.name)
+            proc, cmd = ctx.launcher.spawn(node, argv, path, iostat_env(child_env()))
+            record = {"role": "iostat", "node": node.name, "host": node.host, "pid": proc.pid}
+            record.update(argv=cmd, output=str(path))
+            self.captures.append(Started(proc, record, node))
+            ctx.manifest.processes.append(record)
+
+    def stop(self) -> RunError | None:
+        """SIGINT, so that iostat closes its JSON document; then the usual bounded stop."""
+        sig = self.ctx.launcher.interrupt_signal
+        for started in self.captures:
+            if started.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    started.proc.send_signal(sig)
+        for started in self.captures:
+            children = descendants(started.proc.pid)
+            started.record["exit_status"] = stop_process(started.proc, 5.0, sig=None)
+            kill_pids(children, 2.0)
+        return None
+
+
+class Servers(Stage):
+    """One `benchfsd` per server id, each on its node through the launcher, with its data in
+    the node's job directory; `wait_ready` waits for the full membership."""
+
+    phase = "start_servers"
+
+    def __init__(self, ctx: RunContext, config: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.cluster: LocalCluster | None = None
+        self.children: dict[int, list[int]] = {}
+        """Per daemon (launcher) pid, the pids found under it once the membership was full."""
+        self.killed: int | None = None
+        """The server id killed on purpose (--kill-server-after): its exit is no error."""
+
+    def start(self) -> None:
+        ctx = self.ctx
+        roles, launcher = ctx.roles, ctx.launcher
+        assert roles is not None
+        try:
+            self.cluster = LocalCluster(
+                ctx.run_dir.registry_dir, config_path=ctx.run_dir.config_path
+            )
+        except FileNotFoundError as e:
+            raise RunError("ENOENT", str(e)) from e
+        hosts = len({n.name for _, n in roles.servers})
+        ctx.progress.message(
+            f"starting {len(roles.servers)} servers on {hosts} nodes ({launcher.name})"
+        )
+        on_node: dict[str, int] = {}
+        for sid, node in roles.servers:
+            index = on_node.get(node.name, 0)
+            on_node[node.name] = index + 1
+            cpus = ctx.cpus(node, index)
+            pin = ["taskset", "--cpu-list", ",".join(map(str, cpus))] if cpus else []
+
+            def spawn(
+                argv: Sequence[str], log: Path, node: Node = node, pin: list[str] = pin
+            ) -> tuple[subprocess.Popen[bytes], list[str]]:
+                return launcher.spawn(node, [*pin, *argv], log, child_env(node.name))
+
+            daemon = self.cluster.start(
+                sid, ctx.job_dir(node) / f"server-{sid}", ctx.run_dir.server_log(sid), node.name,
+                spawn=spawn,
+            )  # fmt: skip
+            ctx.manifest.processes.append({**daemon.describe(), "host": node.host})
+        ctx.manifest.write(ctx.run_dir)
+
+    def wait_ready(self) -> None:
+        assert self.cluster is not None
+        ctx = self.ctx
+        ctx.progress.phase("wait_servers")
+        timeout = self.config["cluster"]["connect_timeout_s"]
+        try:
+            membership = self.cluster.wait_ready(timeout)
+        except ServerExited as e:
+            raise RunError("EHOSTDOWN", f"a server died before registering: {e}") from e
+        except TimeoutError as e:
+            raise RunError("ETIMEDOUT", f"servers did not register within {timeout} s: {e}") from e
+        except ValueError as e:
+            raise RunError("EINVAL", f"bad registry entry: {e}") from e
+        # Launched through mpiexec or srun, the daemons are children of the launcher
+        # processes; their pids are recorded, so teardown can reach them by pid if needed.
+        for daemon in self.cluster.daemons:
+            self.children[daemon.pid] = descendants(daemon.pid)
+        ctx.manifest.membership = membership
+        ctx.manifest.write(ctx.run_dir)
+
+    def kill_last(self) -> Daemon:
+        """SIGKILL the last server and what runs under it (fault injection)."""
+        assert self.cluster is not None
+        victim = self.cluster.daemons[-1]
+        for pid in reversed([victim.pid, *descendants(victim.pid)]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.killed = victim.server_id
+        return victim
+
+    def stop(self) -> RunError | None:
+        ctx, cluster = self.ctx, self.cluster
+        if cluster is None:
+            return None
+        if cluster.daemons:
+            ctx.progress.message("stopping servers")
+        codes = cluster.stop(SERVER_STOP_GRACE_S, ctx.launcher.stop_signal)
+        children = [pid for pids in self.children.values() for pid in pids]
+        survivors = kill_pids(children, 2.0)
+        if survivors:
+            ctx.manifest.event("leftover", f"server processes outlived SIGKILL: {survivors}")
+        daemons = {d.pid: d for d in cluster.daemons}
+        for record in ctx.manifest.processes:
+            if record.get("role") == "benchfsd" and record["pid"] in daemons:
+                record["exit_status"] = daemons[record["pid"]].proc.returncode
+                record["children"] = self.children.get(record["pid"], [])
+        unclean = {
+            sid: code
+            for sid, code in codes.items()
+            if not self._clean_exit(sid, code) and sid != self.killed
+        }
+        if not unclean:
+            return None
+        sid, code = next(iter(unclean.items()))
+        log = self._log(sid)
+        return RunError(
+            "EIO",
+            f"server {sid} did not stop cleanly (exit status {code}); see {log}:\n{tail(log, 5)}",
+        )
+
+    def _log(self, sid: int) -> Path:
+        assert self.cluster is not None
+        return next(d.log_path for d in self.cluster.daemons if d.server_id == sid)
+
+    def _clean_exit(self, sid: int, code: int) -> bool:
+        """Status 0 is a clean stop. Through mpiexec or srun the status is the launcher's
+        (Open MPI reports a signalled job as 1 even when the daemon exited 0), so there the
+        daemon's own last log line, "server N stopped", is what says it stopped cleanly."""
+        if code == 0:
+            return True
+        if self.ctx.launcher.name == "local":
+            return False
+        return tail(self._log(sid), 1).startswith(f"benchfsd: server {sid} stopped")
+
+
+class Mounts(Stage):
+    """`benchfs-mount` on every client node, for a user command through the mount."""
+
+    phase = "mount"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.mounts: list[Started] = []
+
+    def start(self) -> None:
+        from benchfs.mount import find_benchfs_mount
+
+        ctx = self.ctx
+        assert ctx.roles is not None
+        ctx.mounted = True
+        run_dir = ctx.run_dir
+        for node in list({n.name: n for n in ctx.roles.clients}.values()):
+            point = ctx.mountpoint(node)
+            ctx.on_node(node, ["mkdir", "-p", str(point)], f"creating {point}")
+            argv = [find_benchfs_mount(), "--registry", str(run_dir.registry_dir)]
+            argv += ["--config", str(run_dir.config_path), str(point)]
+            log = run_dir.servers_dir / f"mount-{node.name}.log"
+            proc, cmd = ctx.launcher.spawn(node, argv, log, child_env(node.name))
+            record: dict[str, Any] = {"role": "benchfs-mount", "node": node.name, "host": node.host}
+            record.update(pid=proc.pid, argv=cmd, log=str(log), mountpoint=str(point))
+            self.mounts.append(Started(proc, record, node))
+            ctx.manifest.processes.append(record)
+        for started in self.mounts:
+            assert started.node is not None
+            point = ctx.mountpoint(started.node)
+            # One bounded wait on the node, not one launcher call per poll.
+            quoted = shlex.quote(str(point))
+            polls = MOUNT_WAIT_S * 10
+            wait = f"for i in $(seq {polls}); do mountpoint -q {quoted} && exit 0; sleep 0.1; done"
+            wait += "; exit 1"
+            try:
+                ctx.on_node(started.node, ["sh", "-c", wait], f"waiting for the mount {point}")
+            except RunError as e:
+                log = Path(started.record["log"])
+                raise RunError(
+                    "EIO", f"{e.message}; benchfs-mount said ({log}):\n{tail(log)}"
+                ) from e
+
+    def stop(self) -> RunError | None:
+        ctx = self.ctx
+        for started in self.mounts:
+            children = descendants(started.proc.pid)
+            started.record["exit_status"] = stop_process(
+                started.proc, SERVER_STOP_GRACE_S, sig=ctx.launcher.stop_signal
+            )
+            kill_pids(children, 2.0)
+            if started.node is not None:
+                point = shlex.quote(str(ctx.mountpoint(started.node)))
+                # A mount whose process died is still there, disconnected: detach it.
+                detach = f"! mountpoint -q {point} || fusermount3 -uz {point} || umount -l {point}"
+                with contextlib.suppress(RunError):
+                    ctx.on_node(started.node, ["sh", "-c", detach], f"unmounting {point}")
+        return None
