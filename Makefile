@@ -46,8 +46,8 @@ install:
 lint: build
 	cd $(CARGO_DIR) && cargo fmt --all --check
 	cd $(CARGO_DIR) && cargo clippy --release --workspace --all-targets --locked -- -D warnings
-	$(VENV)/bin/ruff check python tests analysis
-	$(VENV)/bin/ruff format --check python tests analysis
+	$(VENV)/bin/ruff check python tests studies
+	$(VENV)/bin/ruff format --check python tests studies
 	cd python && ../$(PY) -m mypy.stubtest benchfs._core
 	cd python && ../$(VENV)/bin/lint-imports ../pyproject.toml
 
@@ -63,7 +63,7 @@ test-long: build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m long
 
 demo: build
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/benchfs-run local
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/benchfs-run launch
 
 clean:
 	rm -rf target $(VENV) python/benchfs/*.so

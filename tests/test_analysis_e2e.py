@@ -40,7 +40,7 @@ def _clean_env() -> dict[str, str]:
 
 def _real_run(root: Path, *overrides: str) -> Path:
     argv = [
-        *benchfs_run_command(), "local", "--servers", "2", "--clients", "2",
+        *benchfs_run_command(), "launch", "--servers", "2", "--clients", "2",
         "--file-size", str(FILE_SIZE), "--transfer-size", "256K",
         "--set", f"layout.chunk_size={CHUNK}", "--set", "telemetry.interval_ms=200",
         "--results-root", str(root), "--json",
@@ -55,7 +55,7 @@ def _real_run(root: Path, *overrides: str) -> Path:
 
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real `benchfs-run local` (2 servers, 2 clients, 16 MiB each in 64 KiB chunks)."""
+    """A real `benchfs-run launch` (2 servers, 2 clients, 16 MiB each in 64 KiB chunks)."""
     return _real_run(tmp_path_factory.mktemp("analysis-run"))
 
 

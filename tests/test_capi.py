@@ -192,13 +192,13 @@ def test_docs_example_runs(tmp_path: Path, daemon_cluster: Callable[..., LocalCl
 def test_pipeline_runs_a_c_program_through_the_library(
     programs: dict[str, Path], tmp_path: Path
 ) -> None:
-    """`benchfs-run local --workload command --via capi`: the pipeline hands a C program the
+    """`benchfs-run launch --workload command --via capi`: the pipeline hands a C program the
     cluster (BENCHFS_REGISTRY, BENCHFS_CONFIG, the library path) and runs it as the ranks."""
     command = f"{programs['mpi_test']} {{registry}} {{config}} pipeline"
     result = run_bounded(
         [
             *benchfs_run_command(),
-            "local",
+            "launch",
             "--clients=2",
             "--workload=command",
             "--via=capi",

@@ -1,4 +1,4 @@
-"""`benchfs-run local` end to end: real daemons, real mpiexec, a complete results directory."""
+"""`benchfs-run launch` end to end: real daemons, real mpiexec, a complete results directory."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def started_pids(manifest: dict[str, Any]) -> list[int]:
 def test_local_json_end_to_end(tmp_path: Path) -> None:
     result = run_cli(
         [
-            "local",
+            "launch",
             "--servers",
             "3",
             "--clients",
@@ -101,7 +101,7 @@ def test_local_json_end_to_end(tmp_path: Path) -> None:
     assert manifest["workload"]["verified"] is True
     own = manifest["commands"][0]
     assert own["what"] == "benchfs-run"
-    assert any(arg.endswith("benchfs-run") or arg == "local" for arg in own["argv"])
+    assert any(arg.endswith("benchfs-run") or arg == "launch" for arg in own["argv"])
     assert [c["what"] for c in manifest["commands"][1:]] == ["workload", "analysis"]
     # iostat ran on every node, into the documented place, and was stopped.
     captures = [p for p in manifest["processes"] if p["role"] == "iostat"]
@@ -131,7 +131,7 @@ def test_local_table_output_and_keep_data(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     result = run_cli(
         [
-            "local",
+            "launch",
             "--file-size=1M",
             "--transfer-size=64K",
             "--keep-data",
@@ -176,7 +176,7 @@ def test_local_bad_config_exits_2_with_a_clear_message(
 
 @pytest.mark.timeout(60)
 def test_local_bad_size_is_a_usage_error(tmp_path: Path) -> None:
-    result = run_cli(["local", "--file-size", "12 parsecs"], cwd=tmp_path)
+    result = run_cli(["launch", "--file-size", "12 parsecs"], cwd=tmp_path)
     assert result.returncode == 2
     assert "invalid size" in result.stderr
 
@@ -188,7 +188,7 @@ def test_unusable_scratch_dir_fails_cleanly(tmp_path: Path) -> None:
     blocker.write_text("")
     result = run_cli(
         [
-            "local",
+            "launch",
             f"--set=run.scratch_dir={blocker}",
             f"--results-root={tmp_path / 'results'}",
             "--json",
@@ -219,7 +219,7 @@ def test_unusable_scratch_dir_fails_cleanly(tmp_path: Path) -> None:
 )
 def test_local_larger_runs_verify(tmp_path: Path, args: list[str]) -> None:
     result = run_cli(
-        ["local", *args, f"--results-root={tmp_path}", "--json"], cwd=tmp_path, timeout=500
+        ["launch", *args, f"--results-root={tmp_path}", "--json"], cwd=tmp_path, timeout=500
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -278,12 +278,21 @@ def test_the_summary_says_what_ran_and_what_was_checked(tmp_path: Path) -> None:
 
 
 def test_help_shows_the_defaults() -> None:
-    result = run_cli(["local", "--help"], cwd=Path.cwd())
+    result = run_cli(["launch", "--help"], cwd=Path.cwd())
     text = " ".join(result.stdout.split())
     shown = ["[default: 2, run.servers]", "[default: 2, run.clients]"]
     shown += ["[default: 64MiB, run.file_size]", "[default: 1MiB, run.transfer_size]"]
     for default in shown:
         assert default in text, text
+
+
+def test_local_is_the_same_command_as_launch() -> None:
+    """`local`, the command's name before other launchers, still works: same options."""
+    launch = run_cli(["launch", "--help"], cwd=Path.cwd()).stdout
+    local = run_cli(["local", "--help"], cwd=Path.cwd()).stdout
+    assert local.split("Options:")[1] == launch.split("Options:")[1]
+    listing = run_cli(["--help"], cwd=Path.cwd()).stdout
+    assert "launch" in listing and "The same as `launch`." in listing
 
 
 def test_plain_progress_names_its_bandwidth_and_ends_on_the_workloads_totals() -> None:
@@ -325,7 +334,7 @@ def test_live_panel_on_a_real_terminal(tmp_path: Path) -> None:
     env = {**os.environ, "TERM": "xterm-256color"}
     env.pop("COLUMNS", None)
     proc = subprocess.Popen(
-        [*benchfs_run_command(), "local", "--file-size", "128M", "--results-root", str(tmp_path)],
+        [*benchfs_run_command(), "launch", "--file-size", "128M", "--results-root", str(tmp_path)],
         stdin=slave,
         stdout=slave,
         stderr=slave,

@@ -69,7 +69,7 @@ class Workspace:
     def _run(self) -> str:
         out = subprocess.run(
             [
-                *("benchfs-run", "local", "--file-size", "8M", "--set", "telemetry.trace=true"),
+                *("benchfs-run", "launch", "--file-size", "8M", "--set", "telemetry.trace=true"),
                 *("--results-root", "results", "--json"),
             ],
             cwd=self.path,

@@ -185,7 +185,7 @@ def _started_pids(manifest: dict[str, Any]) -> list[int]:
 def test_run_with_server_killed_fails_and_leaves_no_process(tmp_path: Path) -> None:
     result = _run(
         [
-            "local",
+            "launch",
             "--servers=2",
             "--clients=2",
             "--file-size=1G",
@@ -222,7 +222,7 @@ def test_run_interrupted_tears_down(tmp_path: Path) -> None:
     """Ctrl-C during the workload stops everything, records "interrupted" and exits 130."""
     results = tmp_path / "results"
     proc = subprocess.Popen(
-        [*benchfs_run_command(), "local", "--file-size=2G", f"--results-root={results}", "--json"],
+        [*benchfs_run_command(), "launch", "--file-size=2G", f"--results-root={results}", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -240,7 +240,7 @@ def test_run_interrupted_tears_down(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_run_timeout_stops_the_workload_and_its_ranks(tmp_path: Path) -> None:
     result = _run(
-        ["local", "--file-size=4G", "--timeout=1.5", f"--results-root={tmp_path}", "--json"],
+        ["launch", "--file-size=4G", "--timeout=1.5", f"--results-root={tmp_path}", "--json"],
         timeout=100,
         cwd=tmp_path,
     )

@@ -227,7 +227,7 @@ def test_benchfs_run_local_runs_the_ior_workload(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             *benchfs_run_command(),
-            "local",
+            "launch",
             "--workload",
             "ior",
             "--ior-args",
@@ -254,7 +254,7 @@ def test_benchfs_run_local_runs_the_ior_workload(tmp_path: Path) -> None:
     assert "Summary of all tests:" in log
     # A bad option is the workload's usage error, reported, with nothing left running.
     proc = subprocess.run(
-        [*benchfs_run_command(), "local", "--workload", "ior", "--ior-args", "-t 12"],
+        [*benchfs_run_command(), "launch", "--workload", "ior", "--ior-args", "-t 12"],
         capture_output=True,
         text=True,
         timeout=150,

@@ -69,7 +69,7 @@ def test_benchfs_run_local_runs_mdtest(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             *benchfs_run_command(),
-            *("local", "--workload", "mdtest", "--mdtest-args", "-n 30 -u"),
+            *("launch", "--workload", "mdtest", "--mdtest-args", "-n 30 -u"),
             *("--results-root", str(tmp_path), "--json"),
         ],
         capture_output=True,

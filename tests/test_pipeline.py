@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from benchfs.errors import RunError
 from benchfs.launch import this_host
 from benchfs.mpi import find_mpich
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
-from benchfs.pipeline import apply_exclusions, plan_roles
+from benchfs.pipeline import Pipeline, RunSpec, apply_exclusions, plan_roles
+from benchfs.pipeline.stages import Stage
 from benchfs.rankexec import rank_argv, rank_from_env
 from benchfs.results import read_json
 from benchfs.telemetry import TelemetryFollower
@@ -64,7 +66,7 @@ def nodes_named(*names: str) -> list[Node]:
 # Node roles and exclusions.
 
 
-def test_layout_shares_nodes_by_default_and_separates_with_server_nodes() -> None:
+def test_roles_share_nodes_by_default_and_separates_with_server_nodes() -> None:
     nodes = nodes_named("a", "b", "c", "d")
     shared = plan_roles(nodes, None, None)
     assert [(sid, n.name) for sid, n in shared.servers] == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]
@@ -91,13 +93,13 @@ def test_layout_shares_nodes_by_default_and_separates_with_server_nodes() -> Non
         ({"servers": 0}, "at least one server"),
     ],
 )
-def test_layout_rejects_what_does_not_fit(kwargs: dict[str, int], message: str) -> None:
+def test_roles_reject_what_does_not_fit(kwargs: dict[str, int], message: str) -> None:
     args = {"servers": None, "clients": None, **kwargs}
     with pytest.raises(ValueError, match=message):
         plan_roles(nodes_named("a", "b", "c", "d"), **args)
 
 
-def test_layout_needs_nodes() -> None:
+def test_roles_need_nodes() -> None:
     with pytest.raises(ValueError, match="no nodes"):
         plan_roles([], None, None)
 
@@ -163,7 +165,7 @@ def test_exclusion_removes_a_simulated_node(tmp_path: Path) -> None:
     write_exclusions(tmp_path, [Exclusion("sim2", ("fio randread 12 MiB/s < 50% of median",))])
     result = run_cli(
         [
-            "local",
+            "launch",
             f"--nodes-file={nodes_file}",
             f"--exclude-from={tmp_path / 'excluded.json'}",
             "--clients-per-node=2",
@@ -218,7 +220,7 @@ def test_mpiexec_launcher_on_separate_server_and_client_nodes(
 ) -> None:
     nodes_file, nodes = sim_nodes(tmp_path, 3, host=this_host())
     args = [
-        "local",
+        "launch",
         "--launcher=mpiexec",
         f"--nodes-file={nodes_file}",
         "--server-nodes=2",
@@ -283,7 +285,7 @@ def test_user_command_fio_through_the_mount(tmp_path: Path) -> None:
     )
     result = run_cli(
         [
-            "local",
+            "launch",
             "--servers=2",
             "--clients=1",
             "--workload=command",
@@ -320,7 +322,7 @@ def test_bad_pipeline_input_is_a_usage_error(tmp_path: Path) -> None:
         (["--servers-per-node=2"], "--nodes-file"),
     ]
     for args, message in cases:
-        result = run_cli(["local", f"--results-root={tmp_path / 'r'}", *args], cwd=tmp_path)
+        result = run_cli(["launch", f"--results-root={tmp_path / 'r'}", *args], cwd=tmp_path)
         assert result.returncode == 2, (args, result.stdout + result.stderr)
         assert message in result.stderr, (args, result.stderr)
 
@@ -332,7 +334,7 @@ def test_screen_first_then_run_on_the_nodes_it_kept(tmp_path: Path) -> None:
     nodes_file, nodes = sim_nodes(tmp_path, 2)
     result = run_cli(
         [
-            "local",
+            "launch",
             f"--nodes-file={nodes_file}",
             "--screen",
             # One shared disk under two nodes' probes is slow for both: no absolute flag.
@@ -368,7 +370,7 @@ def test_server_crash_under_mpiexec_fails_cleanly(tmp_path: Path) -> None:
     nodes_file, nodes = sim_nodes(tmp_path, 2, host=this_host())
     result = run_cli(
         [
-            "local",
+            "launch",
             "--launcher=mpiexec",
             f"--nodes-file={nodes_file}",
             "--file-size=1G",
@@ -387,3 +389,33 @@ def test_server_crash_under_mpiexec_fails_cleanly(tmp_path: Path) -> None:
     assert alive(started_pids(manifest)) == []
     for node in nodes:
         assert list(Path(node.scratch).iterdir()) == [], f"data left on {node.name}"
+
+
+def test_teardown_stops_every_started_stage_in_reverse_and_keeps_the_first_error() -> None:
+    """A stage whose stop fails (or raises) does not keep the stages under it running."""
+    stopped: list[str] = []
+
+    class Step(Stage):
+        def __init__(self, name: str, error: RunError | None = None, bug: bool = False) -> None:
+            self.phase, self.error, self.bug = name, error, bug
+
+        def start(self) -> None: ...
+
+        def stop(self) -> RunError | None:
+            stopped.append(self.phase)
+            if self.bug:
+                raise RuntimeError("a bug in a stop")
+            return self.error
+
+    pipeline = Pipeline(RunSpec(), ["benchfs-run", "launch"])
+    pipeline.started = [
+        Step("job_dirs", RunError("EIO", "could not remove /x")),
+        Step("iostat"),
+        Step("servers", RunError("EIO", "server 1 did not stop cleanly")),
+        Step("mount", bug=True),
+    ]
+    pipeline._teardown()
+    assert stopped == ["mount", "servers", "iostat", "job_dirs"]
+    assert pipeline.started == []
+    error = pipeline.report.error
+    assert error is not None and error.message.startswith("stopping mount: RuntimeError")

@@ -307,7 +307,7 @@ def test_dry_run_prints_and_submits_nothing(tmp_path: Path) -> None:
         (["--queue", "a b"], "--queue/--partition 'a b'"),
         (["--", "--servers", "zero"], "pipeline arguments after `--`"),
         (["--", "--results-root", "/x"], "give --results-root to `submit`"),
-        (["--", "--help"], "benchfs-run local --help"),
+        (["--", "--help"], "benchfs-run launch --help"),
     ],
 )
 def test_submit_bad_input_is_a_clear_usage_error(

@@ -35,7 +35,7 @@ def test_two_by_two_sweep_writes_its_index(tmp_path: Path) -> None:
         'name = "tiny"\n'
         'chunk_size = ["64K", "128K"]\n'
         'transfer_size = ["64K"]\n'
-        'block_size = ["512K", "1M"]\n'
+        'file_size = ["512K", "1M"]\n'
         "servers = [2]\n"
         "clients = [2]\n"
         "[set]\n"
@@ -51,7 +51,7 @@ def test_two_by_two_sweep_writes_its_index(tmp_path: Path) -> None:
         assert tuple(reader.fieldnames or ()) == INDEX_COLUMNS
         rows = list(reader)
     assert len(rows) == 4
-    assert [(r["chunk_size"], r["block_size"]) for r in rows] == [
+    assert [(r["chunk_size"], r["file_size"]) for r in rows] == [
         ("65536", "524288"),
         ("65536", "1048576"),
         ("131072", "524288"),
@@ -64,7 +64,7 @@ def test_two_by_two_sweep_writes_its_index(tmp_path: Path) -> None:
         assert run_dir.is_dir() and run_dir.parent == index.parent
         manifest = read_json(run_dir / "manifest.json")
         assert manifest["outcome"]["status"] == "ok"
-        assert manifest["workload"]["bytes"] == 2 * int(row["block_size"])
+        assert manifest["workload"]["bytes"] == 2 * int(row["file_size"])
         # the point's chunk size reached the effective configuration of its run
         assert f"chunk_size = {row['chunk_size']}" in (run_dir / "config.toml").read_text()
         assert alive([p["pid"] for p in manifest["processes"]]) == []
@@ -98,7 +98,7 @@ def test_dry_run_lists_points_without_running(tmp_path: Path) -> None:
 
 
 BASE = (
-    'chunk_size = ["1M"]\ntransfer_size = ["1M"]\nblock_size = ["4M"]\n'
+    'chunk_size = ["1M"]\ntransfer_size = ["1M"]\nfile_size = ["4M"]\n'
     "servers = [2]\nclients = [2]\n"
 )
 
@@ -108,10 +108,10 @@ BASE = (
     [
         (BASE + "colour = 1\n", "p.toml: unknown key 'colour'"),
         (BASE.replace("servers = [2]", "servers = []"), "p.toml: servers is an empty list"),
-        (BASE.replace('block_size = ["4M"]', 'block_size = ["lots"]'), "block_size: invalid size"),
+        (BASE.replace('file_size = ["4M"]', 'file_size = ["lots"]'), "file_size: invalid size"),
         (
             BASE.replace('transfer_size = ["1M"]', 'transfer_size = ["8M"]'),
-            "transfer_size 8MiB is larger than block_size 4MiB",
+            "transfer_size 8MiB is larger than file_size 4MiB",
         ),
         (BASE.replace("clients = [2]", "clients = [0]"), "clients value 0 must be an integer >= 1"),
         (
@@ -122,6 +122,7 @@ BASE = (
         (BASE + "repetitions = 0\n", "repetitions must be an integer >= 1"),
         (BASE + "[set]\nlayout.chunk_size = 5\n", "sweep it with chunk_size"),
         (BASE.replace("servers = [2]", "servers = [2, 2]"), "servers repeats the value 2"),
+        (BASE + 'block_size = ["4M"]\n', "give file_size or block_size (its earlier name)"),
         ("chunk_size = [", "malformed TOML"),
     ],
 )
@@ -129,6 +130,13 @@ def test_invalid_parameter_files_name_the_key(text: str, message: str) -> None:
     with pytest.raises(SweepError) as info:
         parse_params(text, "p.toml")
     assert message in str(info.value)
+
+
+def test_block_size_is_read_as_file_size() -> None:
+    """Parameter files written before the rename still run, with the same points."""
+    plan = parse_params(BASE.replace("file_size", "block_size"), "p.toml")
+    assert [p.file_size for p in plan.points] == [4 << 20]
+    assert plan.points == parse_params(BASE, "p.toml").points
 
 
 def test_invalid_parameter_file_is_a_usage_error(tmp_path: Path) -> None:

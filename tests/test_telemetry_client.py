@@ -205,7 +205,7 @@ def test_benchfs_analyze_shows_rpc_by_target_from_real_client_files(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
     run = subprocess.run(
         [
-            *benchfs_run_command(), "local", "--servers", "2", "--clients", "2",
+            *benchfs_run_command(), "launch", "--servers", "2", "--clients", "2",
             "--file-size", "2M", "--transfer-size", "256K",
             "--set", f"layout.chunk_size={CHUNK}", "--set", "telemetry.trace=true",
             "--results-root", str(tmp_path), "--json",

@@ -82,7 +82,7 @@ def test_manifest_is_written_atomically_and_complete(tmp_path: Path) -> None:
     run_dir = create_run_dir(tmp_path, "local")
     manifest = Manifest(
         mode="local",
-        commands=[{"what": "benchfs-run", "argv": ["benchfs-run", "local"]}],
+        commands=[{"what": "benchfs-run", "argv": ["benchfs-run", "launch"]}],
         versions={"benchfs": "0.1.0"},
     )
     with manifest.phase("wait_servers"):

@@ -33,7 +33,7 @@ for host in "${EXCLUDED_HOSTS[@]}"; do NODES_ARGS+=(--exclude "$host"); done
 "$BENCHFS_RUN" "${NODES_ARGS[@]}" || { echo "benchfs job: cannot write nodes.toml" >&2; exit 1; }
 
 # The pipeline on the allocation's nodes, through the scheduler's launcher.
-PIPELINE=("$BENCHFS_RUN" local --nodes-file "$JOB_DIR/nodes.toml" --launcher "$LAUNCHER")
+PIPELINE=("$BENCHFS_RUN" launch --nodes-file "$JOB_DIR/nodes.toml" --launcher "$LAUNCHER")
 "${PIPELINE[@]}" @{pipeline_args} --results-root "$JOB_DIR" &
 CHILD=$!
 wait "$CHILD"

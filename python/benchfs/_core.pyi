@@ -222,7 +222,7 @@ class File:
 @final
 class PlacementStudy:
     """Simulated creation of `paths` on `servers` servers, then batched chunk placement by
-    `scheme` with the servers' own code (see analysis/placement)."""
+    `scheme` with the servers' own code (see studies/placement)."""
 
     def __new__(cls, scheme: str, servers: int, paths: list[str]) -> PlacementStudy: ...
     @staticmethod

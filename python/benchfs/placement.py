@@ -4,7 +4,7 @@ Placement itself is the Rust code the servers and clients run (`benchfs._core.Pl
 files are "created" in the workload's order, so each metadata owner hands out layouts from its
 own counter, exactly as a running cluster does); this module only builds each workload's chunk
 lists as numpy arrays, one batched call per synchronised step, and counts. See
-docs/namespace.md for the schemes and analysis/placement/ for the table.
+docs/namespace.md for the schemes and studies/placement/ for the table.
 """
 
 from __future__ import annotations

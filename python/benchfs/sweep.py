@@ -1,7 +1,7 @@
-"""Parameter sweeps: expand a TOML parameter file and run every point with the local pipeline.
+"""Parameter sweeps: expand a TOML parameter file and run every point with the pipeline.
 
 A parameter file (`jobs/params/*.toml`, documented in docs/submit.md) lists values per
-parameter; the sweep runs the cartesian product chunk size x transfer size x block size (bytes
+parameter; the sweep runs the cartesian product chunk size x transfer size x file size (bytes
 per client) x servers x clients, each `repetitions` times, every run in its own results
 directory under one sweep directory, and keeps `index.csv` and `index.json` (one row per point
 and repetition) up to date after every run, so an interrupted sweep still has its index.
@@ -42,19 +42,21 @@ __all__ = [
 
 INDEX_NAME = "index.csv"
 INDEX_JSON_NAME = "index.json"
-INDEX_SCHEMA_VERSION = 1
+INDEX_SCHEMA_VERSION = 2
 """Version of index.json's layout (benchfs/schemas/sweep-index.schema.json)."""
 PARAMS_COPY = "params.toml"
 MAX_CHUNK = 1 << 30
-LIST_KEYS = ("chunk_size", "transfer_size", "block_size", "servers", "clients")
-SIZE_KEYS = ("chunk_size", "transfer_size", "block_size")
-KEYS = {"name", "repetitions", "set", *LIST_KEYS}
+LIST_KEYS = ("chunk_size", "transfer_size", "file_size", "servers", "clients")
+SIZE_KEYS = ("chunk_size", "transfer_size", "file_size")
+ALIASES = {"block_size": "file_size"}
+"""Keys of earlier parameter files, read as their current names."""
+KEYS = {"name", "repetitions", "set", *LIST_KEYS, *ALIASES}
 INDEX_COLUMNS = (
     "point",
     "repetition",
     "chunk_size",
     "transfer_size",
-    "block_size",
+    "file_size",
     "servers",
     "clients",
     "outcome",
@@ -78,7 +80,8 @@ class SweepPoint:
     index: int
     chunk_size: int
     transfer_size: int
-    block_size: int
+    file_size: int
+    """Bytes each client writes and reads back (the run's `run.file_size`)."""
     servers: int
     clients: int
 
@@ -154,13 +157,19 @@ def parse_params(text: str, source: str) -> SweepPlan:
         raise SweepError(f"{source}: malformed TOML: {e}") from e
     unknown = sorted(set(doc) - KEYS)
     if unknown:
-        raise SweepError(f"{source}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(KEYS))})")
+        keys = ", ".join(sorted(KEYS - set(ALIASES)))
+        raise SweepError(f"{source}: unknown key {unknown[0]!r} (keys: {keys})")
+    for old, new in ALIASES.items():
+        if old in doc:
+            if new in doc:
+                raise SweepError(f"{source}: give {new} or {old} (its earlier name), not both")
+            doc[new] = doc.pop(old)
     values = {key: _values(doc, key, source) for key in LIST_KEYS}
     for t in values["transfer_size"]:
-        for b in values["block_size"]:
+        for b in values["file_size"]:
             if t > b:
                 raise SweepError(
-                    f"{source}: transfer_size {format_size(t)} is larger than block_size "
+                    f"{source}: transfer_size {format_size(t)} is larger than file_size "
                     f"{format_size(b)} (a client's bytes are moved in transfers of this size)"
                 )
     reps = doc.get("repetitions", 1)
@@ -211,7 +220,7 @@ def _row(
         "repetition": repetition,
         "chunk_size": point.chunk_size,
         "transfer_size": point.transfer_size,
-        "block_size": point.block_size,
+        "file_size": point.file_size,
         "servers": point.servers,
         "clients": point.clients,
         "outcome": outcome,
@@ -284,14 +293,14 @@ def run_sweep(
             done += 1
             label = (
                 f"[{done}/{total}] chunk {format_size(point.chunk_size)}, transfer "
-                f"{format_size(point.transfer_size)}, block {format_size(point.block_size)}, "
+                f"{format_size(point.transfer_size)}, file {format_size(point.file_size)}, "
                 f"{point.servers} servers, {point.clients} clients, repetition {rep}"
             )
             progress(label)
             spec = RunSpec(
                 servers=point.servers,
                 clients=point.clients,
-                file_size=point.block_size,
+                file_size=point.file_size,
                 transfer_size=point.transfer_size,
                 config=config,
                 sets=[*plan.sets, f"layout.chunk_size={point.chunk_size}"],
@@ -315,7 +324,7 @@ def run_sweep(
 def sweep_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     """The index as a terminal table."""
     table = Table(box=None, pad_edge=False)
-    for col in ("point", "rep", "chunk", "xfer", "block", "servers", "clients", "outcome"):
+    for col in ("point", "rep", "chunk", "xfer", "file", "servers", "clients", "outcome"):
         table.add_column(col, justify="right" if col != "outcome" else "left")
     table.add_column("write MiB/s", justify="right")
     table.add_column("read MiB/s", justify="right")
@@ -329,7 +338,7 @@ def sweep_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             str(r["repetition"]),
             format_size(r["chunk_size"]),
             format_size(r["transfer_size"]),
-            format_size(r["block_size"]),
+            format_size(r["file_size"]),
             str(r["servers"]),
             str(r["clients"]),
             str(r["outcome"]) + (f" ({r['code']})" if r["code"] else ""),

@@ -463,7 +463,7 @@ def small_write_amplification(run: LoadedRun, t: Tables, th: Thresholds) -> Insi
         f"on a node, fsyncs per write >= {th.fsync_per_write:g} with writes of <= "
         f"{th.small_write_bytes:,} bytes on average (>= {th.min_ops} writes)",
         "Every fsync makes the device write whole blocks and journal commits for a few bytes "
-        "(seed 004: 128-byte writes with fsync became 4 KiB device writes plus jbd2 traffic). "
+        "(128-byte writes each followed by fsync become 4 KiB device writes plus journal traffic). "
         "Write in larger transfers and fsync once when the data must be durable: a BenchFS "
         "fsync covers every chunk written since the last one.",
     )
@@ -512,8 +512,8 @@ def handle_thrash(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
         f"on a node, handle-cache misses >= {_pct(th.handle_miss_share)} of chunk-file lookups "
         f"(>= {th.min_ops} lookups)",
         "Nearly every operation opened its chunk file: raise storage.handle_cache, or use "
-        'storage.layout = "packed" (few large files). The seeds had 100% misses over 3 '
-        "million chunk files in 188,416 directories.",
+        'storage.layout = "packed" (few large files). With millions of chunk files the cache '
+        "misses on nearly every lookup.",
     )
     hits = _counter(run, "handle_hits", by="node")
     misses = _counter(run, "handle_misses", by="node").reindex(hits.index, fill_value=0)

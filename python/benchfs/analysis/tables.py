@@ -55,7 +55,7 @@ OP_TIME_RANGES: tuple[tuple[str, float, float], ...] = (
     ("50-100ms", 50e6, 100e6),
     (">100ms", 100e6, INF),
 )
-"""The seeds' op-time ranges, in ns, each [lo, hi)."""
+"""Op-time ranges, in ns, each [lo, hi)."""
 DEPTH_RANGES: tuple[tuple[str, float, float], ...] = (
     ("1", 1, 2),
     ("2-4", 2, 5),
@@ -66,7 +66,7 @@ DEPTH_RANGES: tuple[tuple[str, float, float], ...] = (
     ("65-128", 65, 129),
     (">128", 129, INF),
 )
-"""The seeds' io_depth ranges, each [lo, hi)."""
+"""io_depth ranges, each [lo, hi)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def _extremes(run: LoadedRun, metric: str, ops: Sequence[str], by: str | None) -
 
 
 def io_depth(run: LoadedRun) -> pd.DataFrame:
-    """Device queue depth (`inflight_at_submit`) per node and overall, in the seeds' terms.
+    """Device queue depth (`inflight_at_submit`) per node and overall.
 
     Columns: node ("all" for the whole run), submits, mean (exact), share_depth1, p50, max,
     one share column per DEPTH_RANGES label, mean_batch (SQEs per io_uring_enter) and
@@ -275,7 +275,7 @@ def io_depth(run: LoadedRun) -> pd.DataFrame:
 def op_time_distribution(
     run: LoadedRun, mode_share: float, metric: str = "total_ns"
 ) -> pd.DataFrame:
-    """Server op times in the seeds' ranges, per data op and for both together.
+    """Server op times in fixed ranges, per data op and for both together.
 
     Columns: op ("write", "read", "all"), ops, one share column per OP_TIME_RANGES label,
     mean_ms (exact), p50_ms, p99_ms, mean_over_median, bimodal (see `bimodal`), source
@@ -374,7 +374,7 @@ PER_NODE_COLUMNS = [
 
 
 def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.DataFrame:
-    """The seeds' per-node table over data operations (reads and writes).
+    """The per-node table over data operations (reads and writes).
 
     Columns: node, servers (ids), ops, slow_ops (op time above `slow_ms`), slow_pct, mean_ms,
     p50_ms, p99_ms, read_ops, read_mean_ms, write_ops, write_mean_ms, read_write_ratio (mean
@@ -604,7 +604,7 @@ def onset(ts: pd.DataFrame, slow_pct: float) -> pd.DataFrame:
     """When each node became slow: the first interval with at least `slow_pct` % slow ops.
 
     Columns: node, onset_s (NaN if never), from_start (slow from its first interval: not a
-    warm-up effect, the seeds' "constant problem"), slow_intervals, intervals, slow_after_pct
+    warm-up effect but a constant problem), slow_intervals, intervals, slow_after_pct
     (share of the intervals from the onset on that were slow: persistent vs transient).
     """
     rows = []
@@ -855,7 +855,7 @@ def iostat_devices(run: LoadedRun, active_only: bool = True) -> pd.DataFrame:
     """Per node and device during the run: rates, await (mean over active samples), queue.
 
     Only samples inside the run's time window count; await means are over samples where the
-    device did that kind of I/O (r/s > 0 for r_await), as the seeds read them. With
+    device did that kind of I/O (r/s > 0 for r_await), as people read them. With
     `active_only`, devices that did no I/O in the window are left out. `member` is False for
     md/dm/loop devices.
     """

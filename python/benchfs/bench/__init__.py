@@ -5,7 +5,8 @@
   device, idle CPU and telemetry overhead.
 - `rpc`: the network layer on tmpfs beside `ucx_perftest` (`benchfs.bench.rpc`, with the
   client process `benchfs.clients.calls` and `benchfs.probes.perftest`), over TCP and shared
-  memory, then an overload shaped like seed 002 against the peak of small windows.
+  memory, then an overload (many clients, deep windows, few buffers) against the peak of small
+  windows.
 
 Method and how to read the numbers: docs/bench.md.
 """

@@ -1,6 +1,6 @@
 """`benchfs-run`: start a BenchFS cluster, run a workload against it, record everything.
 
-`benchfs-run local` runs the pipeline of benchfs.pipeline from this process: nodes (a nodes
+`benchfs-run launch` runs the pipeline of benchfs.pipeline from this process: nodes (a nodes
 file, or simulated nodes on this host), exclusions and screening, servers started through a
 launcher (local processes, mpiexec or srun), the workload, iostat on every node, teardown,
 analysis and the manifest. `submit` renders a batch job that calls the same pipeline inside the
@@ -109,7 +109,7 @@ def main() -> None:
     """Run BenchFS clusters and workloads, recording each run in a results directory."""
 
 
-@main.command()
+@main.command(name="launch")
 @click.option(
     "--servers",
     type=click.IntRange(min=1),
@@ -220,7 +220,7 @@ def main() -> None:
 )
 @click.option("--pin-cpus", is_flag=True, help="Pin each server and rank to one CPU of its node.")
 @click.option("--no-analysis", is_flag=True, help="Do not run benchfs-analyze at the end.")
-def local(
+def launch(
     servers: int | None,
     clients: int | None,
     file_size: int | None,
@@ -249,7 +249,11 @@ def local(
     pin_cpus: bool,
     no_analysis: bool,
 ) -> None:
-    """Run the pipeline from here: start servers on the nodes, run the workload, record it."""
+    """Run now, through a launcher: start the servers, run the workload, record it.
+
+    The launcher (--launcher local, mpiexec or srun) says how processes reach the nodes; the
+    run is the same for all three.
+    """
     out = console()
     err = console(stderr=True)
     if (ior_args and workload != "ior") or (mdtest_args and workload != "mdtest"):
@@ -295,6 +299,17 @@ def local(
     else:
         _print_report(out, report)
     sys.exit(report.exit_code)
+
+
+main.add_command(
+    click.Command(
+        "local",
+        callback=launch.callback,
+        params=launch.params,
+        help="The same as `launch` (its name before mpiexec and srun could launch).",
+        short_help="The same as `launch`.",
+    )
+)
 
 
 def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
@@ -352,7 +367,7 @@ def submit(
     dry_run: bool,
     pipeline_args: tuple[str, ...],
 ) -> None:
-    """Render a batch job that runs `benchfs-run local PIPELINE_ARGS` and submit it.
+    """Render a batch job that runs `benchfs-run launch PIPELINE_ARGS` and submit it.
 
     Give the pipeline's options after `--`, e.g.
     `benchfs-run submit --scheduler slurm --nodes 1 -- --servers 2 --clients 2 --file-size 8M`.
@@ -373,10 +388,10 @@ def submit(
     if args and args[0] == "--":
         args = args[1:]
     if "--help" in args or "-h" in args:
-        _fail("EINVAL", "the pipeline's --help is `benchfs-run local --help`", EXIT_USAGE)
+        _fail("EINVAL", "the pipeline's --help is `benchfs-run launch --help`", EXIT_USAGE)
     # Check the pipeline's arguments now, not an hour later on the compute node.
     try:
-        local.make_context("local", list(args))
+        launch.make_context("launch", list(args))
     except click.ClickException as e:
         _fail("EINVAL", f"pipeline arguments after `--`: {e.format_message()}", EXIT_USAGE)
     try:

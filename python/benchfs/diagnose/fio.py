@@ -1,7 +1,7 @@
 """The fio probes of a screen, written as job files and parsed with `benchfs.probes.fio`.
 
 - `seqwrite`, `seqread`: one file, 1 MiB blocks, 32 in flight, direct I/O.
-- `workload`: shaped like BenchFS's chunk reads (seed 000): many files in a deep directory
+- `workload`: shaped like BenchFS's chunk reads: many files in a deep directory
   tree, random 1-4 MiB reads, 16 in flight, direct I/O, for `seconds` (60 s by default).
 - `rand4k`: 4 KiB random reads, 1 in flight: the device's latency alone.
 

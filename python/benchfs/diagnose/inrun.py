@@ -1,6 +1,6 @@
 """In-run judgment: from a run's server telemetry and iostat captures, which nodes were slow,
 since when, on which device, what share of the run's delay they caused, and whether the
-pre-run screen had flagged them (seed 000: it had not).
+pre-run screen had flagged them (a slow node may pass a screen and slow down later).
 
 - Latency per node and op: the servers' `total_ns` histograms (sum / count), overall and per
   telemetry interval (all workers of a node's servers summed).

@@ -61,7 +61,7 @@ class RunSpec:
 
 
 RUN_SUMMARY_SCHEMA_VERSION = 1
-"""Version of `benchfs-run local --json`'s object (benchfs/schemas/run-summary.schema.json)."""
+"""Version of `benchfs-run launch --json`'s object (benchfs/schemas/run-summary.schema.json)."""
 
 
 @dataclass

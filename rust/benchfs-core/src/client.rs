@@ -784,9 +784,10 @@ impl Client {
     }
 
     /// One request to worker `target.1` of server `target.0`, within that worker's window,
-    /// with a fresh request id per attempt. Idempotent requests (read, extent, fsync) are
-    /// retried after a timeout, with exponential backoff and full jitter; a server that times
-    /// out for good, or whose transport fails, is marked lost.
+    /// with a fresh request id per attempt. Idempotent requests (read, fsync, truncate, stat,
+    /// readdir, directory entry removal) are retried after a timeout, with exponential backoff
+    /// and full jitter; a server that times out for good, or whose transport fails, is marked
+    /// lost.
     ///
     /// `ready` is when the request could have been sent (its API call's start for a batch of
     /// chunks): the wait from then to a window slot is its `window_wait_ns`.

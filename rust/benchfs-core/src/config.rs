@@ -72,8 +72,9 @@ pub struct ClientConfig {
     pub max_inflight_per_server: u32,
     /// Time after which a request counts as failed.
     pub request_timeout_s: f64,
-    /// Retries of an idempotent request (read, extent, fsync) after a timeout; writes are
-    /// never retried after a timeout (a late original could land after a newer write).
+    /// Retries of an idempotent request (read, fsync, truncate, stat, readdir, directory entry
+    /// removal) after a timeout; writes are never retried after a timeout (a late original
+    /// could land after a newer write).
     pub max_retries: u32,
     /// First retry delay; doubles per retry, with full jitter.
     pub retry_backoff_ms: u64,

@@ -1,7 +1,7 @@
 //! Where chunks go. BenchFS stores a layout in each file's metadata when the file is created
 //! (like Lustre's stripe layouts), so balance comes by construction: each metadata owner hands
 //! out stripe starts from its own counter, staggered across owners. The other schemes here
-//! exist for the placement study (`analysis/placement/`), which drives this very code through
+//! exist for the placement study (`studies/placement/`), which drives this very code through
 //! `benchfs._core.placement_servers`; docs/namespace.md gives the study's numbers.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;

@@ -135,7 +135,7 @@ pub struct Header {
     pub chunk: u64,
     /// Byte offset within the chunk.
     pub offset: u64,
-    /// Request: bytes to write or read. Reply: bytes written, read, or the file extent.
+    /// Request: bytes to write or read. Reply: bytes written or read.
     pub length: u64,
     /// The job token (from the job secret); servers refuse requests without the right one.
     pub token: u64,

@@ -5,7 +5,7 @@ through the storage engine alone (`benchfs._core.bench_storage`), direct I/O, pa
 dropped before every read, repeats interleaved; writes results.csv and results.md beside this
 file. Scales the counts down (and says so) when the scratch file system is short of space.
 
-    .venv/bin/python analysis/layout/run.py [--dir /var/tmp/benchfs-layout] [--repeats 3]
+    .venv/bin/python studies/layout/run.py [--dir /var/tmp/benchfs-layout] [--repeats 3]
 """
 
 from __future__ import annotations

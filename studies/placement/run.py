@@ -5,7 +5,7 @@ Drives the servers' own placement code through `benchfs._core.PlacementStudy` (v
 writes results.json (the rows `benchfs-bench placement --json` prints) and results.md beside
 this file.
 
-    .venv/bin/python analysis/placement/run.py [--max-steps 32]
+    .venv/bin/python studies/placement/run.py [--max-steps 32]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     lines = [
         "# Placement study",
         "",
-        f"Regenerate: `.venv/bin/python analysis/placement/run.py --max-steps {args.max_steps}`"
+        f"Regenerate: `.venv/bin/python studies/placement/run.py --max-steps {args.max_steps}`"
         f" ({elapsed:.0f} s here). Chunks per server: max/mean over the whole run and at the",
         "worst synchronised step (every client on its k-th transfer), coefficient of variation,",
         "and the fraction of chunks that move when one server is added. `*` marks the default.",

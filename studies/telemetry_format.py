@@ -6,7 +6,7 @@ format (docs/telemetry.md), loads it with `benchfs.telemetry.load`, then writes 
 as columnar CSV and, if pyarrow is importable, as Parquet, and loads those into equivalent
 DataFrames. Prints one JSON line per format: rows, bytes on disk, best load time of 3.
 
-    .venv/bin/python analysis/telemetry_format.py [--servers 4] [--snapshots 3600]
+    .venv/bin/python studies/telemetry_format.py [--servers 4] [--snapshots 3600]
 
 The numbers in docs/telemetry.md come from this script.
 """
@@ -26,7 +26,7 @@ import pandas as pd
 
 from benchfs import telemetry
 
-OPS = ["write", "read", "fsync", "extent"]
+OPS = ["write", "read", "fsync", "meta"]
 METRICS = [
     (1, "ops", "counter", True),
     (2, "bytes", "counter", True),

@@ -2,12 +2,12 @@
 
 The seeds raised io_uring's `wait_submit_timeout` from 1 us to 10 ms to batch submissions:
 mean io_depth rose 4.6x while the median I/O became 31x slower and throughput did not move.
-This study runs real `benchfs-run local` workloads under the default submission policy
+This study runs real `benchfs-run launch` workloads under the default submission policy
 (`storage.submit_policy = "immediate"`) and under the experimental timer-gated one at several
 timeouts, analyses each run's telemetry with `benchfs.analysis`, and writes the table of
 device depth vs op latency vs throughput (results.json, results.md) beside this file.
 
-    .venv/bin/python analysis/iodepth/run.py [--timers-us 100,1000,10000,50000] [--file-size 32M]
+    .venv/bin/python studies/iodepth/run.py [--timers-us 100,1000,10000,50000] [--file-size 32M]
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
     lines = [
         "# io_depth study: immediate vs timer-gated submission",
         "",
-        f"Regenerate: `.venv/bin/python analysis/iodepth/run.py --timers-us {args.timers_us}` "
+        f"Regenerate: `.venv/bin/python studies/iodepth/run.py --timers-us {args.timers_us}` "
         f"({elapsed:.0f} s here; {args.servers} servers, {args.clients} clients x "
         f"{args.file_size} in {args.transfer_size} transfers, {args.chunk_size} B chunks; a "
         "shared 2-core development machine, so read the ratios, not the absolute figures).",
