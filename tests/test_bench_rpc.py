@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,8 +28,10 @@ from benchfs.bench.rpc import (
 )
 from benchfs.bench.stats import interleave
 from benchfs.clients.calls import Driver
+from benchfs.errors import ProbeError
 from benchfs.probes.perftest import (
     PerftestError,
+    find_perftest,
     free_port,
     listening,
     parse_perftest_output,
@@ -42,7 +43,16 @@ from benchfs.procs import stop_process
 from benchfs.units import MIB
 from conftest import InProcessCluster, rendered
 
-PERFTEST = shutil.which("ucx_perftest")
+
+def perftest_or_none() -> str | None:
+    """BenchFS's own ucx_perftest (beside the UCX it loads; scripts/bootstrap installs it)."""
+    try:
+        return find_perftest()
+    except ProbeError:
+        return None
+
+
+PERFTEST = perftest_or_none()
 needs_perftest = pytest.mark.skipif(PERFTEST is None, reason="ucx_perftest is not installed")
 
 # Verbatim ucx_perftest 1.13 output (each row split over source lines).

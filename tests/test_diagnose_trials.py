@@ -148,10 +148,10 @@ def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: P
 
 
 def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path) -> None:
-    """Seed 000's story: a pre-run screen passes every node, then one node's device slows
-    during the run. `benchfs-diagnose judge` finds the node from the servers' telemetry,
-    when it slowed, its device (from the run's iostat capture), its share of the delay, and
-    that the screen had not flagged it."""
+    """A pre-run screen passes a node, then its device slows during the run.
+    `benchfs-diagnose judge` finds the node from the servers' telemetry, when it slowed, its
+    device (from the run's iostat capture), its share of the delay, and that the screen had
+    not flagged it."""
     names = ["n1", "n2", "n3"]
     disks = {n: sim.disk(n, 256 * MIB) for n in names}
     scratch = {n: sim.mount([disks[n]], n) for n in names}
@@ -159,7 +159,12 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
     th = section(load_config(), "diagnose")
     settings = ScreenSettings.from_thresholds(th, quick=True, network=False, seconds=2.0)
     screen, _ = run_screen(nodes, resolve_config_text(), th, settings, tmp_path / "screens")
-    assert all(n["verdict"]["status"] == "ok" for n in load_screen(screen.path)["nodes"])
+    # The node to slow is one the screen passed. (That a quick screen of healthy nodes flags
+    # none of them is not asserted here: noise can still flag one; issue 26's harness measures
+    # how often.)
+    status = {n["name"]: n["verdict"]["status"] for n in load_screen(screen.path)["nodes"]}
+    slow = next((n for n in reversed(names) if status[n] == "ok"), None)
+    assert slow is not None, status
 
     run = create_run_dir(tmp_path / "results", "local")
     run.diagnose_dir.mkdir()
@@ -193,7 +198,7 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
             slowed = False
             while time.monotonic() - start < 6.0:
                 if not slowed and time.monotonic() - start > 2.5:
-                    disks["n3"].fs.set_delay(30.0)
+                    disks[slow].fs.set_delay(30.0)
                     slowed = True
                 for f in files:
                     assert len(f.pread(len(data), 0)) == len(data)
@@ -205,21 +210,23 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
         cluster.stop(grace_s=10)
     assert cluster.leftover_pids() == []
     doc = judge_run(run.path, th)
-    assert doc["flagged"] == ["n3"], doc
-    n3 = next(e for e in doc["nodes"] if e["node"] == "n3")
-    (finding,) = [f for f in n3["flags"] if f["op"] == "read"]
+    assert doc["flagged"] == [slow], doc
+    slowed = next(e for e in doc["nodes"] if e["node"] == slow)
+    (finding,) = [f for f in slowed["flags"] if f["op"] == "read"]
     assert finding["onset_s"] is not None and "rose at" in finding["how"]
-    assert n3["read_delay_share"] > 0.8
+    assert slowed["read_delay_share"] > 0.8
     # Its device's read latency over the run (weighted by reads, so the fast first 2.5 s pull
     # it down from the injected 30 ms) stands far above the healthy nodes' devices.
-    healthy = [e["device"]["r_await_ms"] for e in doc["nodes"] if e["node"] != "n3"]
-    assert n3["device"]["device"] == disks["n3"].name
-    assert n3["device"]["r_await_ms"] > max(5.0, 3 * max(healthy)), (n3["device"], healthy)
-    assert n3["kind"] == "slow device" and n3["screen"] == "ok"
-    assert doc["missed_by_screen"] == ["n3"]
+    healthy = [e["device"]["r_await_ms"] for e in doc["nodes"] if e["node"] != slow]
+    assert slowed["device"]["device"] == disks[slow].name
+    assert slowed["device"]["r_await_ms"] > max(5.0, 3 * max(healthy)), (slowed["device"], healthy)
+    assert slowed["kind"] == "slow device" and slowed["screen"] == "ok"
+    assert doc["missed_by_screen"] == [slow]
     assert run.judge_csv.read_text().splitlines()[0].startswith("node,kind,screen")
     out = diagnose("judge", str(run.path))
-    assert out.returncode == 0 and "n3" in out.stdout and "missed by the screen: n3" in out.stdout
+    assert (
+        out.returncode == 0 and slow in out.stdout and f"missed by the screen: {slow}" in out.stdout
+    )
 
 
 @pytest.mark.long
