@@ -27,27 +27,23 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from benchfs import Client, File
+from benchfs.clients.lines import Obey, serve
 from benchfs.config import resolve_config_text
 from benchfs.units import parse_size
 
 FILL = 0x5A
 SMALL = 4096
 WARMUP_CALLS = 50
-
-
-def say(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 def percentiles_us(samples_ns: Sequence[int]) -> dict[str, float]:
@@ -214,25 +210,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@contextmanager
+def session(args: argparse.Namespace) -> Iterator[Obey]:
+    with Client(args.registry, config=resolve_config_text(args.config)) as client:
+        driver = Driver(client, args.name, args.call_size)
+        if args.prepare:
+            driver.prepare()
+        yield driver.obey
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with Client(args.registry, config=resolve_config_text(args.config)) as client:
-            driver = Driver(client, args.name, args.call_size)
-            if args.prepare:
-                driver.prepare()
-            say({"ready": True})
-            for line in sys.stdin:
-                words = line.split()
-                if not words:
-                    continue
-                if words[0] == "quit":
-                    break
-                say(driver.obey(words))
-    except Exception as e:
-        say({"error": f"{type(e).__name__}: {e}"})
-        return 1
-    return 0
+    return serve(lambda: session(args))
 
 
 if __name__ == "__main__":

@@ -16,23 +16,19 @@ Errors are answered as `{"error": "..."}` and end the process with status 1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from benchfs import Client, File
+from benchfs.clients.lines import Answer, Obey, serve
 from benchfs.config import resolve_config_text
 from benchfs.units import parse_size
 
 FILL = 0xA5
-
-
-def say(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 def write_file(client: Client, path: str, size: int, piece: int) -> None:
@@ -75,26 +71,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@contextmanager
+def session(args: argparse.Namespace) -> Iterator[Obey]:
+    with Client(args.registry, config=resolve_config_text(args.config)) as client:
+        write_file(client, args.path, args.file_size, args.range_size)
+        file = client.open(args.path)
+
+        def obey(words: list[str]) -> Answer:
+            if words[0] != "read" or len(words) != 2:
+                raise ValueError(f"unknown command {' '.join(words)!r}")
+            return read_for(file, args.file_size, args.range_size, float(words[1]))
+
+        yield obey
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with Client(args.registry, config=resolve_config_text(args.config)) as client:
-            write_file(client, args.path, args.file_size, args.range_size)
-            file = client.open(args.path)
-            say({"ready": True})
-            for line in sys.stdin:
-                words = line.split()
-                if not words:
-                    continue
-                if words[0] == "quit":
-                    break
-                if words[0] != "read" or len(words) != 2:
-                    raise ValueError(f"unknown command {line.strip()!r}")
-                say(read_for(file, args.file_size, args.range_size, float(words[1])))
-    except Exception as e:
-        say({"error": f"{type(e).__name__}: {e}"})
-        return 1
-    return 0
+    return serve(lambda: session(args))
 
 
 if __name__ == "__main__":
