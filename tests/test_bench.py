@@ -29,7 +29,6 @@ from benchfs.bench.chunkstore import (
 from benchfs.bench.stats import (
     Bucket,
     histogram_mean,
-    histogram_quantile,
     histogram_share,
     interleave,
     median,
@@ -230,16 +229,10 @@ def test_histogram_statistics() -> None:
     depths = [Bucket(1, 1, 2), Bucket(2, 2, 1), Bucket(3, 3, 1), Bucket(0, 0, 0)]
     assert histogram_mean(depths) == pytest.approx(7 / 4)
     assert histogram_share(depths, 1, 1) == 0.5
-    assert histogram_quantile(depths, 0.5) == 1
-    assert histogram_quantile(depths, 1.0) == 3
     wide = [Bucket(100, 199, 10), Bucket(200, 299, 10)]
-    assert histogram_quantile(wide, 0.25) == pytest.approx(149.5)
-    assert histogram_quantile(wide, 0.75) == pytest.approx(249.5)
     assert histogram_mean(wide) == pytest.approx(199.5)
     with pytest.raises(ValueError, match="empty"):
         histogram_mean([Bucket(1, 1, 0)])
-    with pytest.raises(ValueError, match="quantile"):
-        histogram_quantile(wide, 1.5)
 
 
 def m(mib_s: float, p50: float = 10, p99: float = 20, **extra: float) -> Measurement:

@@ -16,12 +16,15 @@ import pandas as pd
 import pytest
 
 from benchfs import Client
+from benchfs.bench import telemetry_view
+from benchfs.bench.stats import Bucket
 from benchfs.results import create_run_dir
 from benchfs.telemetry import (
     BUCKETS,
     Telemetry,
     TelemetryFormatError,
     bucket_bounds,
+    bucket_quantile,
     load,
 )
 from benchfs.units import KIB, MIB
@@ -312,6 +315,21 @@ def test_quantiles_follow_the_documented_rule(tmp_path: Path) -> None:
     assert per_server.to_dict() == {7: 959}
     with pytest.raises(ValueError, match="no histogram 'nope'"):
         tel.quantile("nope")
+
+
+def test_one_quantile_rule_for_windows_and_whole_runs() -> None:
+    """The benchmarks' windows and the analysis use one rule: the midpoint of the bucket holding
+    rank ceil(q * n); a window has no exact extremes, so its extreme ranks take midpoints too."""
+    lo, hi, counts = [896, 1024, 2048], [1023, 1279, 2559], [2, 1, 1]
+    assert bucket_quantile(lo, hi, counts, 0.5) == 959
+    assert bucket_quantile(lo, hi, counts, 0.75) == 1151
+    assert bucket_quantile(lo, hi, counts, 1.0) == 2303
+    assert bucket_quantile(lo, hi, counts, 0.0) == 959
+    assert bucket_quantile(lo, hi, counts, 1.0, vmin=900, vmax=2100) == 2100
+    assert bucket_quantile(lo, hi, counts, 0.0, vmin=900, vmax=2100) == 900
+    assert bucket_quantile(lo, hi, [0, 0, 0], 0.5) == 0
+    window = [Bucket(a, b, n) for a, b, n in zip(lo, hi, counts, strict=True)]
+    assert telemetry_view._quantile_us(window[::-1], 0.75) == pytest.approx(1.151)
 
 
 def test_bucket_bounds_match_the_document() -> None:

@@ -71,8 +71,9 @@ def config_hash(text: str) -> str:
 
 class Section(Mapping[str, Any]):
     """One section of an effective configuration, read-only; its keys are also attributes
-    (`th.slow_op_ms`). The keys and defaults are the core's (rust/benchfs-core/src/config.rs,
-    docs/config.md) and are not listed again in Python."""
+    (`th.slow_op_ms`). The keys and defaults are Rust's (rust/benchfs-core/src/config.rs and, for
+    the tools' sections, rust/benchfs-tools/src/config.rs; docs/config.md) and are not listed
+    again in Python."""
 
     __slots__ = ("_values", "name")
     name: str

@@ -53,7 +53,7 @@ REGISTRY_DIR = "registry"
 TELEMETRY_DIR = "telemetry"
 TELEMETRY_PATTERN = "*.tel"
 """Telemetry files in TELEMETRY_DIR: `<source>-<id>-w<worker>[.<n>].tel`, named by the writer
-in rust/benchfs-core/src/telemetry.rs (format: docs/telemetry.md)."""
+in rust/benchfs-core/src/telemetry/snapshot.rs (format: docs/telemetry.md)."""
 TRACE_PATTERN = "*.trace"
 """Per-operation trace files in TELEMETRY_DIR: `server-<id>-w<worker>[.<n>].trace`, beside
 the worker's snapshots (format: docs/telemetry.md, "Per-operation traces")."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from benchfs.errors import ParseError
 from benchfs.results import TELEMETRY_PATTERN, TRACE_PATTERN, RunDir
@@ -43,6 +44,7 @@ __all__ = [
     "TelemetryFollower",
     "TelemetryFormatError",
     "bucket_bounds",
+    "bucket_quantile",
     "histogram_quantile",
     "load",
     "load_trace",
@@ -439,20 +441,33 @@ def _build(
     return counters, histograms
 
 
-def _quantile(buckets: np.ndarray, counts: np.ndarray, q: float, vmin: int, vmax: int) -> int:
-    """The Rust `Histogram::quantile`, for merged bucket counts (buckets sorted ascending)."""
+def bucket_quantile(
+    lo: ArrayLike,
+    hi: ArrayLike,
+    counts: ArrayLike,
+    q: float,
+    vmin: int | None = None,
+    vmax: int | None = None,
+) -> int:
+    """The one quantile rule of BenchFS (the Rust `Histogram::quantile`), for buckets given by
+    their inclusive bounds `lo`..`hi` (ascending) and counts: the midpoint of the bucket holding
+    rank ceil(q * n), clamped to [vmin, vmax]; the exact `vmin`/`vmax` at the extreme ranks when
+    they are known (a cumulative histogram has them; a window between two snapshots does not).
+    0 if the counts are all zero."""
+    counts = np.asarray(counts, dtype=np.int64)
     n = int(counts.sum())
     if n == 0:
         return 0
     q = 0.5 if q != q else min(max(q, 0.0), 1.0)
     rank = min(max(int(np.ceil(q * n)), 1), n)
-    if rank == 1:
+    if rank == 1 and vmin is not None:
         return vmin
-    if rank == n:
+    if rank == n and vmax is not None:
         return vmax
     i = int(np.searchsorted(np.cumsum(counts), rank))
-    lo, hi = int(_BUCKET_LO[buckets[i]]), int(_BUCKET_HI[buckets[i]])
-    return min(max(lo + (hi - lo) // 2, vmin), vmax)
+    b_lo, b_hi = int(np.asarray(lo)[i]), int(np.asarray(hi)[i])
+    mid = b_lo + (b_hi - b_lo) // 2
+    return min(max(mid, vmin if vmin is not None else mid), vmax if vmax is not None else mid)
 
 
 def _empty_like(frame: pd.DataFrame, id_column: str) -> pd.DataFrame:
@@ -469,7 +484,8 @@ def histogram_quantile(
     """Quantile `q` of merged bucket counts (bucket indexes ascending), by the Rust rule:
     the exact `vmin`/`vmax` at the extreme ranks, else the midpoint of the bucket holding rank
     ceil(q * n), clamped to [vmin, vmax]. 0 if the counts are all zero."""
-    return _quantile(np.asarray(buckets), np.asarray(counts), q, vmin, vmax)
+    index = np.asarray(buckets)
+    return bucket_quantile(_BUCKET_LO[index], _BUCKET_HI[index], counts, q, vmin, vmax)
 
 
 @dataclass(frozen=True)
@@ -653,7 +669,7 @@ class Telemetry:
         writers = h.groupby(series_keys, observed=True).size().reset_index()[series_keys]
         mins = c[c["metric"].str.endswith(".min")].merge(writers, on=series_keys)
         vmin = int(mins["value"].min()) if len(mins) else 0
-        return _quantile(merged.index.to_numpy(), counts, q, vmin, vmax)
+        return histogram_quantile(merged.index.to_numpy(), counts, q, vmin, vmax)
 
 
 def _files_frame(files: list[_File]) -> pd.DataFrame:

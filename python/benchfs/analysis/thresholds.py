@@ -1,6 +1,6 @@
 """The insight thresholds: the `[insights]` section of the one configuration.
 
-Their keys and defaults live in rust/benchfs-core/src/config.rs (`InsightsConfig`) and nowhere
+Their keys and defaults live in rust/benchfs-tools/src/config.rs (`InsightsConfig`) and nowhere
 else. A run is judged by the thresholds it was made with: its own config.toml, then any
 overrides given to the analysis; the environment is not read (docs/results.md: analysis reads
 only the results directory).

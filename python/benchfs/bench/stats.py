@@ -13,7 +13,6 @@ __all__ = [
     "Bucket",
     "Step",
     "histogram_mean",
-    "histogram_quantile",
     "histogram_share",
     "interleave",
     "median",
@@ -94,18 +93,3 @@ def histogram_share(buckets: Iterable[Bucket], lo: float, hi: float) -> float:
     kept = _sorted_nonempty(buckets)
     total = sum(b.count for b in kept)
     return sum(b.count for b in kept if b.lo >= lo and b.hi <= hi) / total
-
-
-def histogram_quantile(buckets: Iterable[Bucket], q: float) -> float:
-    """The q-quantile (0 <= q <= 1), interpolated linearly inside the bucket that holds it."""
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile must be within [0, 1] (got {q})")
-    kept = _sorted_nonempty(buckets)
-    rank = q * sum(b.count for b in kept)
-    seen = 0.0
-    for b in kept:
-        if seen + b.count >= rank:
-            inside = (rank - seen) / b.count if b.count else 0.0
-            return b.lo + (b.hi - b.lo) * inside
-        seen += b.count
-    return kept[-1].hi

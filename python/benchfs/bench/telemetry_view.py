@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from benchfs import telemetry
-from benchfs.bench.stats import Bucket, histogram_mean, histogram_quantile, histogram_share
+from benchfs.bench.stats import Bucket, histogram_mean, histogram_share
 from benchfs.errors import BenchError
 from benchfs.units import MIB
 
@@ -125,9 +125,11 @@ def _delta(before: Snapshot, after: Snapshot, key: HistKey) -> list[Bucket]:
 
 
 def _quantile_us(buckets: list[Bucket], q: float) -> float:
-    """Quantile of a nanosecond histogram in µs, interpolated over each bucket's whole width."""
-    widened = [Bucket(b.lo, b.hi + 1, b.count) if b.hi > b.lo else b for b in buckets]
-    return histogram_quantile(widened, q) / 1000
+    """Quantile of a nanosecond histogram over a window, in µs, by the one rule that Rust and
+    `benchfs-analyze` use (`telemetry.bucket_quantile`; the window has no exact extremes)."""
+    ordered = sorted(buckets, key=lambda b: b.lo)
+    lo, hi, counts = ([getattr(b, f) for b in ordered] for f in ("lo", "hi", "count"))
+    return telemetry.bucket_quantile(lo, hi, counts, q) / 1000
 
 
 def _mean_us(before: Snapshot, after: Snapshot, key: HistKey, count: int) -> float:

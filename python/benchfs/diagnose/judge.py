@@ -53,7 +53,7 @@ MAD of a few values underestimates their spread (of 3, it is the distance to the
 
 
 #: The `[diagnose]` section of the configuration (`th.z_threshold`, ...; keys and defaults:
-#: rust/benchfs-core/src/config.rs, docs/config.md).
+#: rust/benchfs-tools/src/config.rs, docs/config.md).
 Thresholds = Section
 
 

@@ -1,11 +1,16 @@
 //! The one configuration of BenchFS. Defaults live here and nowhere else; the daemon, the client
 //! and the Python tools all resolve it through [`resolve`]:
 //! built-in defaults < TOML file < `BENCHFS_*` environment variables < explicit overrides.
+//!
+//! [`Config`] holds the file system's sections. The same file also holds the tools' sections
+//! ([`TOOL_SECTIONS`], typed in `benchfs_tools::config`): the file system skips them, and the
+//! tools resolve the whole file with [`resolve_with`], one resolver for both.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -21,9 +26,6 @@ pub struct Config {
     pub storage: StorageConfig,
     pub network: NetworkConfig,
     pub telemetry: TelemetryConfig,
-    pub run: RunConfig,
-    pub diagnose: DiagnoseConfig,
-    pub insights: InsightsConfig,
 }
 
 /// Membership: where servers register and how many a client waits for.
@@ -249,202 +251,10 @@ impl Default for TelemetryConfig {
     }
 }
 
-/// Defaults for `benchfs-run` (read by the Python launcher).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RunConfig {
-    pub servers: u32,
-    pub clients: u32,
-    /// Bytes each client writes and reads back.
-    pub file_size: u64,
-    pub transfer_size: u64,
-    pub results_root: String,
-    /// Node-local scratch directory; empty means a fresh directory under /tmp per run.
-    pub scratch_dir: String,
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        RunConfig {
-            servers: 2,
-            clients: 2,
-            file_size: 64 << 20,
-            transfer_size: 1 << 20,
-            results_root: "results".into(),
-            scratch_dir: String::new(),
-        }
-    }
-}
-
-/// Thresholds and durations of `benchfs-diagnose` (read by the Python tool; docs/diagnose.md).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DiagnoseConfig {
-    /// Seconds of the workload-shaped probe (many files, random 1-4 MiB reads).
-    pub workload_seconds: f64,
-    /// Its seconds with `--quick`; the short probes run a quarter of the workload probe's time.
-    pub quick_seconds: f64,
-    /// Wall-time budget of a whole screen; probes still running then are stopped.
-    pub budget_s: f64,
-    /// Modified z-score (MAD based) above which a node is an outlier on a metric.
-    pub z_threshold: f64,
-    /// ... and it must also be at least this much worse than the median (0.2 = 20%).
-    pub min_worse: f64,
-    /// Smallest spread assumed (relative), so that equal nodes (MAD = 0) flag no noise.
-    pub min_spread: f64,
-    /// With two nodes: flag the worse one when it is this many times worse than the other.
-    pub two_node_ratio: f64,
-    /// When half the nodes are slow: flag the worse group when it is this many times worse.
-    pub group_ratio: f64,
-    /// Device read latency (iostat r_await, ms) that flags a node whatever its peers do.
-    pub r_await_ms: f64,
-    /// Relative r_await flags need at least this latency (ms), to ignore fast-device noise.
-    pub r_await_floor_ms: f64,
-    /// A member device this many times slower (r_await) than its twin is flagged.
-    pub member_ratio: f64,
-    /// Application latency this many times the device's r_await means slow above the device.
-    pub above_device_ratio: f64,
-    /// Largest share of the nodes a screen excludes (the worst first).
-    pub max_exclude_share: f64,
-    /// In-run judgment: a node's latency rose when its level after a change point is this
-    /// many times the level before.
-    pub rise_ratio: f64,
-}
-
-impl Default for DiagnoseConfig {
-    fn default() -> Self {
-        DiagnoseConfig {
-            workload_seconds: 60.0,
-            quick_seconds: 10.0,
-            budget_s: 900.0,
-            z_threshold: 3.5,
-            min_worse: 0.2,
-            min_spread: 0.05,
-            two_node_ratio: 2.0,
-            group_ratio: 2.0,
-            r_await_ms: 20.0,
-            r_await_floor_ms: 2.0,
-            member_ratio: 5.0,
-            above_device_ratio: 4.0,
-            max_exclude_share: 0.25,
-            rise_ratio: 2.0,
-        }
-    }
-}
-
-/// Thresholds of the coded insights of `benchfs-analyze` (read by the Python tool;
-/// docs/analysis.md names the insight each key belongs to).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct InsightsConfig {
-    /// An operation slower than this (server op time, ms) is a slow operation (the seeds: 100).
-    pub slow_op_ms: f64,
-    /// Operations a server (or the run) needs before a distribution-based insight may fire.
-    pub min_ops: u64,
-    /// BFS-001: share of data submissions at device depth 1 that means starvation...
-    pub depth1_share: f64,
-    /// ... while requests waited at least this many times the mean device time to be submitted.
-    pub starvation_queue_ratio: f64,
-    /// BFS-002: mean SQEs per io_uring_enter at or below this ...
-    pub batch_mean_max: f64,
-    /// ... while the device had at least this mean depth: one enter per SQE under load.
-    pub batch_depth_min: f64,
-    /// BFS-003: a node whose percentage of slow operations exceeds the other nodes' median by
-    /// at least this many points is slow ...
-    pub slow_node_pct: f64,
-    /// ... and so is one whose mean op time is this many times the other nodes' median.
-    pub slow_node_factor: f64,
-    /// BFS-004: a member device this many times slower (iostat await) than its node's fastest ...
-    pub device_await_ratio: f64,
-    /// ... and at least this slow (ms), to ignore noise on fast devices.
-    pub device_await_min_ms: f64,
-    /// BFS-005: bytes on the busiest server over the mean across servers.
-    pub placement_max_mean: f64,
-    /// BFS-006: retries per request (client telemetry).
-    pub retry_rate: f64,
-    /// BFS-007: buffer-pool waits per data operation.
-    pub pool_wait_share: f64,
-    /// BFS-008: a node's mean read time over its mean write time (or the reverse).
-    pub read_write_ratio: f64,
-    /// BFS-009: writes of at most this many bytes on average are small ...
-    pub small_write_bytes: u64,
-    /// ... and fsyncs per write at or above this amplify them.
-    pub fsync_per_write: f64,
-    /// BFS-010: handle-cache misses per lookup.
-    pub handle_miss_share: f64,
-    /// Op-time distributions: share a range needs to count as a mode (bimodality flag).
-    pub bimodal_mode_share: f64,
-}
-
-impl Default for InsightsConfig {
-    fn default() -> Self {
-        InsightsConfig {
-            slow_op_ms: 100.0,
-            min_ops: 200,
-            depth1_share: 0.9,
-            starvation_queue_ratio: 1.0,
-            batch_mean_max: 1.2,
-            batch_depth_min: 4.0,
-            slow_node_pct: 10.0,
-            slow_node_factor: 3.0,
-            device_await_ratio: 5.0,
-            device_await_min_ms: 5.0,
-            placement_max_mean: 1.5,
-            retry_rate: 0.01,
-            pool_wait_share: 0.1,
-            read_write_ratio: 5.0,
-            small_write_bytes: 65536,
-            fsync_per_write: 0.25,
-            handle_miss_share: 0.9,
-            bimodal_mode_share: 0.1,
-        }
-    }
-}
-
-impl InsightsConfig {
-    /// Every threshold must be a number above zero (shares at most 1).
-    fn validate(&self) -> Result<()> {
-        let positive = [
-            ("slow_op_ms", self.slow_op_ms),
-            ("starvation_queue_ratio", self.starvation_queue_ratio),
-            ("batch_mean_max", self.batch_mean_max),
-            ("batch_depth_min", self.batch_depth_min),
-            ("slow_node_pct", self.slow_node_pct),
-            ("slow_node_factor", self.slow_node_factor),
-            ("device_await_ratio", self.device_await_ratio),
-            ("device_await_min_ms", self.device_await_min_ms),
-            ("placement_max_mean", self.placement_max_mean),
-            ("read_write_ratio", self.read_write_ratio),
-            ("fsync_per_write", self.fsync_per_write),
-        ];
-        for (key, value) in positive {
-            if value.is_nan() || value <= 0.0 {
-                return Err(Error::Config(format!("insights.{key} must be positive")));
-            }
-        }
-        let shares = [
-            ("depth1_share", self.depth1_share),
-            ("retry_rate", self.retry_rate),
-            ("pool_wait_share", self.pool_wait_share),
-            ("handle_miss_share", self.handle_miss_share),
-            ("bimodal_mode_share", self.bimodal_mode_share),
-        ];
-        for (key, value) in shares {
-            if value.is_nan() || value <= 0.0 || value > 1.0 {
-                return Err(Error::Config(format!(
-                    "insights.{key} must be above 0 and at most 1"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Environment variables with short names, kept for the launch scripts' convenience.
 const ENV_ALIASES: &[(&str, &str)] = &[
     ("BENCHFS_REGISTRY", "cluster.registry_dir"),
     ("BENCHFS_EXPECTED_SERVERS", "cluster.expected_servers"),
-    ("BENCHFS_RESULTS", "run.results_root"),
 ];
 
 /// Names the configuration file when no path is given.
@@ -499,67 +309,45 @@ impl Config {
         if !self.storage.ring_entries.is_power_of_two() || self.storage.ring_entries > 32768 {
             return bad("storage.ring_entries must be a power of two up to 32768");
         }
-        if self.run.transfer_size == 0 {
-            return bad("run.transfer_size must be at least 1");
-        }
-        let d = &self.diagnose;
-        let positive = [
-            ("workload_seconds", d.workload_seconds),
-            ("quick_seconds", d.quick_seconds),
-            ("budget_s", d.budget_s),
-            ("z_threshold", d.z_threshold),
-            ("min_spread", d.min_spread),
-            ("r_await_ms", d.r_await_ms),
-            ("above_device_ratio", d.above_device_ratio),
-        ];
-        for (key, value) in positive {
-            if value.is_nan() || value <= 0.0 {
-                return Err(Error::Config(format!("diagnose.{key} must be positive")));
-            }
-        }
-        let ratios = [
-            ("two_node_ratio", d.two_node_ratio),
-            ("group_ratio", d.group_ratio),
-            ("member_ratio", d.member_ratio),
-            ("rise_ratio", d.rise_ratio),
-        ];
-        for (key, value) in ratios {
-            if value.is_nan() || value <= 1.0 {
-                return Err(Error::Config(format!("diagnose.{key} must be greater than 1")));
-            }
-        }
-        if d.min_worse.is_nan()
-            || d.min_worse < 0.0
-            || d.r_await_floor_ms.is_nan()
-            || d.r_await_floor_ms < 0.0
-        {
-            return bad("diagnose.min_worse and diagnose.r_await_floor_ms must not be negative");
-        }
-        if d.max_exclude_share.is_nan() || !(0.0..=1.0).contains(&d.max_exclude_share) {
-            return bad("diagnose.max_exclude_share must be between 0 and 1");
-        }
-        self.insights.validate()?;
         Ok(())
     }
 
     /// The effective configuration as TOML (what goes into every results directory), headed
     /// by [`EFFECTIVE_HEADER`]: read back, it is taken as it is, without the environment.
     pub fn to_toml(&self) -> String {
-        match toml::to_string(self) {
-            Ok(body) => format!("{EFFECTIVE_HEADER}\n{body}"),
-            Err(e) => format!("# cannot serialise config: {e}\n"),
-        }
+        effective_toml(self, &FsOnly {})
     }
 
     /// Parses a complete or partial TOML text over the defaults, without env or overrides
     /// (an effective configuration: what `to_toml` wrote, or what a client was handed).
     pub fn from_toml(text: &str) -> Result<Config> {
-        let mut r = Resolver::new()?;
-        let file: toml::Table =
-            toml::from_str(text).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
-        r.merge_table(file, "configuration text")?;
-        r.finish()
+        from_toml_with::<FsOnly>(text).map(|(config, _)| config)
     }
+}
+
+/// The effective configuration of the file system's and `more` sections as TOML, headed by
+/// [`EFFECTIVE_HEADER`].
+pub fn effective_toml<X: Serialize>(config: &Config, more: &X) -> String {
+    #[derive(Serialize)]
+    struct Both<'a, X> {
+        #[serde(flatten)]
+        fs: &'a Config,
+        #[serde(flatten)]
+        more: &'a X,
+    }
+    match toml::to_string(&Both { fs: config, more }) {
+        Ok(body) => format!("{EFFECTIVE_HEADER}\n{body}"),
+        Err(e) => format!("# cannot serialise config: {e}\n"),
+    }
+}
+
+/// [`Config::from_toml`] with `X`'s sections too.
+pub fn from_toml_with<X: Sections>(text: &str) -> Result<(Config, X)> {
+    let mut r = Resolver::new::<X>()?;
+    let file: toml::Table =
+        toml::from_str(text).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
+    r.merge_table(file, "configuration text")?;
+    r.finish()
 }
 
 /// First line of an effective configuration ([`Config::to_toml`]). A file that starts with it
@@ -571,13 +359,30 @@ pub const EFFECTIVE_HEADER: &str =
      (delete this line to use it as a base)";
 
 /// Keys whose values are byte sizes: integers, or strings such as "4M" ([`parse_size`]).
-pub const SIZE_KEYS: &[&str] = &[
-    "layout.chunk_size",
-    "network.rndv_threshold",
-    "run.file_size",
-    "run.transfer_size",
-    "insights.small_write_bytes",
-];
+pub const SIZE_KEYS: &[&str] = &["layout.chunk_size", "network.rndv_threshold"];
+
+/// Sections of the configuration file that the tools own: the file system skips them.
+pub const TOOL_SECTIONS: &[&str] = &["run", "diagnose", "insights"];
+
+/// More sections of the configuration file, resolved with the file system's by the one
+/// resolver ([`resolve_with`]): the tools' sections. Their defaults are `Default`, their keys
+/// and types those of the serialised struct.
+pub trait Sections: Serialize + DeserializeOwned + Default {
+    /// Keys whose values are byte sizes (as [`SIZE_KEYS`]).
+    const SIZE_KEYS: &'static [&'static str] = &[];
+    /// Short environment variables for some of the keys: (variable, "section.key").
+    const ENV_ALIASES: &'static [(&'static str, &'static str)] = &[];
+    /// Checks the relations between keys that types alone do not express.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The file system's sections alone: a file's [`TOOL_SECTIONS`] are skipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct FsOnly {}
+
+impl Sections for FsOnly {}
 
 /// Old names still accepted, each with a one-line notice: (old, new).
 const RENAMED: &[(&str, &str)] = &[("client.chunk_size", "layout.chunk_size")];
@@ -604,21 +409,43 @@ struct Resolver {
     table: toml::Table,
     /// "section.key" -> the source of its value (a file, a variable, "override").
     origins: BTreeMap<String, String>,
+    /// The sections that are `X`'s, not the file system's.
+    more: Vec<String>,
+    size_keys: Vec<&'static str>,
+    env_aliases: Vec<(&'static str, &'static str)>,
 }
 
 impl Resolver {
-    fn new() -> Result<Resolver> {
-        let table = toml::Table::try_from(Config::default())
-            .map_err(|e| Error::Config(format!("cannot build defaults: {e}")))?;
+    /// The defaults of the file system's sections and of `X`'s.
+    fn new<X: Sections>() -> Result<Resolver> {
+        let defaults = |r: std::result::Result<toml::Table, toml::ser::Error>| {
+            r.map_err(|e| Error::Config(format!("cannot build defaults: {e}")))
+        };
+        let mut table = defaults(toml::Table::try_from(Config::default()))?;
+        let more = defaults(toml::Table::try_from(X::default()))?;
+        let more_names = more.keys().cloned().collect();
+        table.extend(more);
         Ok(Resolver {
             table,
             origins: BTreeMap::new(),
+            more: more_names,
+            size_keys: [SIZE_KEYS, X::SIZE_KEYS].concat(),
+            env_aliases: [ENV_ALIASES, X::ENV_ALIASES].concat(),
         })
+    }
+
+    /// A key of a tool section when the tools' sections are not being resolved: skipped.
+    fn skipped(&self, name: &str) -> bool {
+        let section = name.split_once('.').map_or(name, |(s, _)| s);
+        TOOL_SECTIONS.contains(&section) && !self.table.contains_key(section)
     }
 
     /// Merges a parsed file (`origin` names it): sections and keys must exist in the defaults.
     fn merge_table(&mut self, over: toml::Table, origin: &str) -> Result<()> {
         for (section, value) in over {
+            if self.skipped(&section) {
+                continue;
+            }
             let toml::Value::Table(keys) = value else {
                 return Err(Error::Config(format!(
                     "{section} must be a table [{section}] (from {origin})"
@@ -635,9 +462,13 @@ impl Resolver {
     /// a string key takes it as is, any other key parses it as a TOML value.
     fn set_str(&mut self, name: &str, raw: &str, origin: &str) -> Result<()> {
         let name = current_name(name, origin);
+        if self.skipped(&name) {
+            return Ok(());
+        }
+        let is_size = self.size_keys.contains(&name.as_str());
         let value = match self.slot(&name, origin)? {
             toml::Value::String(_) => toml::Value::String(raw.to_string()),
-            _ if SIZE_KEYS.contains(&name.as_str()) => toml::Value::String(raw.to_string()),
+            _ if is_size => toml::Value::String(raw.to_string()),
             _ => {
                 let doc: toml::Table = toml::from_str(&format!("v = {raw}")).map_err(|_| {
                     Error::Config(format!("{name} = {raw:?} (from {origin}) is not a valid value"))
@@ -661,12 +492,15 @@ impl Resolver {
     }
 
     /// Sets "section.key" to `value`, converted to the default's type: integers where floats
-    /// are expected, size strings for [`SIZE_KEYS`]; anything else of another type, a negative
+    /// are expected, size strings for the size keys; anything else of another type, a negative
     /// number for an unsigned key or a bad size is refused, naming the key and its source.
     fn set(&mut self, name: &str, value: toml::Value, origin: &str) -> Result<()> {
         use toml::Value as V;
         let name = current_name(name, origin);
-        let is_size = SIZE_KEYS.contains(&name.as_str());
+        if self.skipped(&name) {
+            return Ok(());
+        }
+        let is_size = self.size_keys.contains(&name.as_str());
         let slot = self.slot(&name, origin)?;
         let bad = |why: String| Error::Config(format!("{name} = {value} (from {origin}): {why}"));
         let typed = match (&*slot, &value) {
@@ -695,16 +529,27 @@ impl Resolver {
 
     /// The typed configuration, checked: a value serde refuses (out of range, not one of an
     /// enum's names) is reported with its key and source.
-    fn finish(self) -> Result<Config> {
-        let Resolver { table, origins } = self;
+    fn finish<X: Sections>(self) -> Result<(Config, X)> {
+        let Resolver {
+            mut table,
+            origins,
+            more,
+            ..
+        } = self;
         let origin = |name: &str| origins.get(name).map_or("the defaults", String::as_str);
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let more_table: toml::Table = more
+            .iter()
+            .filter_map(|name| table.remove(name).map(|v| (name.clone(), v)))
+            .collect();
+        let refused = |e: serde_path_to_error::Error<toml::de::Error>| {
             let name = e.path().to_string();
             let why = plain(e.inner().message());
             Error::Config(format!("{name} (from {}): {why}", origin(&name)))
-        })?;
+        };
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(refused)?;
+        let extra: X = serde_path_to_error::deserialize(toml::Value::Table(more_table)).map_err(refused)?;
         // A relation or range check names its key first: add where that key's value came from.
-        config.validate().map_err(|e| match e {
+        let sourced = |e: Error| match e {
             Error::Config(m) => {
                 let key = m.split_whitespace().next().unwrap_or_default();
                 match origins.get(key) {
@@ -713,8 +558,10 @@ impl Resolver {
                 }
             }
             other => other,
-        })?;
-        Ok(config)
+        };
+        config.validate().map_err(sourced)?;
+        extra.validate().map_err(sourced)?;
+        Ok((config, extra))
     }
 }
 
@@ -743,7 +590,16 @@ fn plain(message: &str) -> String {
 /// variables from `env` < `overrides` (`section.key=value`). The variables are skipped for an
 /// effective configuration file ([`EFFECTIVE_HEADER`]).
 pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &[String]) -> Result<Config> {
-    let mut r = Resolver::new()?;
+    resolve_with::<FsOnly>(path, env, overrides).map(|(config, _)| config)
+}
+
+/// [`resolve`] with `X`'s sections too.
+pub fn resolve_with<X: Sections>(
+    path: Option<&Path>,
+    env: &BTreeMap<String, String>,
+    overrides: &[String],
+) -> Result<(Config, X)> {
+    let mut r = Resolver::new::<X>()?;
     let env_path = env.get(CONFIG_ENV).filter(|p| !p.is_empty()).map(Path::new);
     let mut effective = false;
     if let Some(file) = path.or(env_path) {
@@ -764,7 +620,12 @@ pub fn resolve(path: Option<&Path>, env: &BTreeMap<String, String>, overrides: &
 /// An effective configuration's text with `overrides` applied (no environment): for facts
 /// only known after resolving, such as a run's directories and shape.
 pub fn with_overrides(effective: &str, overrides: &[String]) -> Result<Config> {
-    let mut r = Resolver::new()?;
+    with_overrides_with::<FsOnly>(effective, overrides).map(|(config, _)| config)
+}
+
+/// [`with_overrides`] with `X`'s sections too.
+pub fn with_overrides_with<X: Sections>(effective: &str, overrides: &[String]) -> Result<(Config, X)> {
+    let mut r = Resolver::new::<X>()?;
     let over: toml::Table =
         toml::from_str(effective).map_err(|e| Error::Config(format!("malformed TOML: {e}")))?;
     r.merge_table(over, "configuration text")?;
@@ -789,8 +650,8 @@ impl Resolver {
                 self.set_str(name, raw, &var)?;
             }
         }
-        for (var, name) in ENV_ALIASES {
-            if let Some(raw) = env.get(*var) {
+        for (var, name) in self.env_aliases.clone() {
+            if let Some(raw) = env.get(var) {
                 self.set_str(name, raw, var)?;
             }
         }
@@ -855,20 +716,18 @@ mod tests {
     fn sizes_as_people_write_them() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
         let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "[layout]\nchunk_size = \"1MiB\"\n[run]\nfile_size = \"2G\"\n",
-        )
-        .map_err(|e| Error::io("write", e))?;
-        let c = resolve(Some(&file), &env(&[("BENCHFS_RUN_TRANSFER_SIZE", "64k")]), &[])?;
-        assert_eq!((c.layout.chunk_size, c.run.file_size), (1 << 20, 2 << 30));
-        assert_eq!(c.run.transfer_size, 64 << 10);
+        std::fs::write(&file, "[layout]\nchunk_size = \"1MiB\"\n").map_err(|e| Error::io("write", e))?;
         let c = resolve(
-            None,
-            &env(&[]),
-            &["layout.chunk_size=1M".into(), "run.file_size=4096".into()],
+            Some(&file),
+            &env(&[("BENCHFS_NETWORK_RNDV_THRESHOLD", "64k")]),
+            &[],
         )?;
-        assert_eq!((c.layout.chunk_size, c.run.file_size), (1 << 20, 4096));
+        assert_eq!(
+            (c.layout.chunk_size, c.network.rndv_threshold),
+            (1 << 20, 64 << 10)
+        );
+        let c = resolve(None, &env(&[]), &["layout.chunk_size=1M".into()])?;
+        assert_eq!(c.layout.chunk_size, 1 << 20);
         // The old name still works, from every source.
         let c = resolve(None, &env(&[("BENCHFS_CLIENT_CHUNK_SIZE", "2M")]), &[])?;
         assert_eq!(c.layout.chunk_size, 2 << 20);
@@ -925,8 +784,6 @@ mod tests {
         );
         assert!(over("layout.chunk_size=1X")
             .contains("layout.chunk_size = \"1X\" (from override): unknown suffix"));
-        assert!(e(Config::from_toml("[run]\nfile_size = -1\n"))
-            .contains("run.file_size = -1 (from configuration text): must not be negative"));
         assert_eq!(
             over("storage.layout=striped"),
             "invalid configuration: storage.layout (from override): `striped` is not one of \
@@ -955,22 +812,47 @@ mod tests {
         let file = dir.path().join("config.toml");
         let recorded = resolve(None, &env(&[]), &["client.max_inflight=3".into()])?;
         std::fs::write(&file, recorded.to_toml()).map_err(|e| Error::io("write", e))?;
-        let vars = env(&[("BENCHFS_CLIENT_MAX_INFLIGHT", "9"), ("BENCHFS_RUN_SERVERS", "7")]);
+        let vars = env(&[
+            ("BENCHFS_CLIENT_MAX_INFLIGHT", "9"),
+            ("BENCHFS_SERVER_WORKERS", "7"),
+        ]);
         assert_eq!(resolve(Some(&file), &vars, &[])?, recorded);
-        let over = resolve(Some(&file), &vars, &["run.servers=5".into()])?;
-        assert_eq!((over.client.max_inflight, over.run.servers), (3, 5));
+        let over = resolve(Some(&file), &vars, &["server.workers=5".into()])?;
+        assert_eq!((over.client.max_inflight, over.server.workers), (3, 5));
         // A plain file (the header deleted) is a base again.
         let text = recorded.to_toml().replacen(EFFECTIVE_HEADER, "", 1);
         std::fs::write(&file, text).map_err(|e| Error::io("write", e))?;
         assert_eq!(resolve(Some(&file), &vars, &[])?.client.max_inflight, 9);
-        let later = with_overrides(&recorded.to_toml(), &["run.clients=4".into()])?;
-        assert_eq!((later.client.max_inflight, later.run.clients), (3, 4));
+        let later = with_overrides(&recorded.to_toml(), &["server.workers=4".into()])?;
+        assert_eq!((later.client.max_inflight, later.server.workers), (3, 4));
+        Ok(())
+    }
+
+    /// The file system reads a file written for the tools too: it skips their sections (from
+    /// a file, the environment and overrides), and still refuses unknown ones.
+    #[test]
+    fn the_tools_sections_are_skipped() -> Result<()> {
+        let text = "[run]\nservers = 4\nno_such_key = 1\n[diagnose]\nz_threshold = 2.0\n\
+                    [client]\nmax_inflight = 5\n";
+        assert_eq!(Config::from_toml(text)?.client.max_inflight, 5);
+        let vars = env(&[("BENCHFS_RUN_SERVERS", "7"), ("BENCHFS_RESULTS", "/r")]);
+        let c = resolve(
+            None,
+            &vars,
+            &["insights.min_ops=3".into(), "client.max_inflight=6".into()],
+        )?;
+        assert_eq!(c.client.max_inflight, 6);
+        assert!(!c.to_toml().contains("[run]"));
+        let e = Config::from_toml("[runn]\nservers = 4\n")
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.unwrap_or_default().contains("unknown key runn.servers"));
         Ok(())
     }
 
     #[test]
     fn size_keys_are_integer_keys() -> Result<()> {
-        let r = Resolver::new()?;
+        let r = Resolver::new::<FsOnly>()?;
         for name in SIZE_KEYS {
             let (s, k) = name.split_once('.').unwrap_or_default();
             assert!(r.table[s][k].is_integer(), "{name}");

@@ -1,13 +1,11 @@
 //! BenchFS core: everything the daemon, the Python module, the C library and the FUSE mount
 //! share. Front-ends stay thin; the behaviour lives here.
 
-pub mod bench;
 pub mod buffer;
 pub mod chunking;
 pub mod client;
 pub mod config;
 pub mod error;
-pub mod ior;
 pub mod namespace;
 pub mod placement;
 pub mod protocol;
@@ -17,6 +15,5 @@ pub mod server;
 pub mod size;
 pub mod storage;
 pub mod telemetry;
-pub mod transfer;
 
 pub use error::{Error, Result};

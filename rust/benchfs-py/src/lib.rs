@@ -11,16 +11,18 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use benchfs_core::bench::{self, Pattern, StorageBenchSpec};
 use benchfs_core::client::{Client as CoreClient, FileHandle};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{self, Attr, Kind};
-use benchfs_core::placement::{Scheme, Study};
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::size;
-use benchfs_core::transfer::{run_transfers, Direction, TransferSpec};
 use benchfs_core::Error;
+use benchfs_tools::config::ToolSections;
+use benchfs_tools::ior;
+use benchfs_tools::placement_study::{Scheme, Study};
+use benchfs_tools::storage_bench::{self as bench, Pattern, StorageBenchSpec};
+use benchfs_tools::transfer::{run_transfers, Direction, TransferSpec};
 
 fn to_py(e: Error) -> PyErr {
     match e {
@@ -70,16 +72,17 @@ fn resolve_config(
     } else {
         BTreeMap::new()
     };
-    let c = config::resolve(path.as_deref(), &env, &overrides.unwrap_or_default()).map_err(to_py)?;
-    Ok(c.to_toml())
+    let (c, tools) =
+        config::resolve_with::<ToolSections>(path.as_deref(), &env, &overrides.unwrap_or_default())
+            .map_err(to_py)?;
+    Ok(config::effective_toml(&c, &tools))
 }
 
 /// An effective configuration's text with `overrides` applied, without the environment.
 #[pyfunction]
 fn config_with_overrides(effective: &str, overrides: Vec<String>) -> PyResult<String> {
-    Ok(config::with_overrides(effective, &overrides)
-        .map_err(to_py)?
-        .to_toml())
+    let (c, tools) = config::with_overrides_with::<ToolSections>(effective, &overrides).map_err(to_py)?;
+    Ok(config::effective_toml(&c, &tools))
 }
 
 /// Bytes of a size as people write it ("64M", "1MiB", "4096"; every suffix binary).
@@ -763,8 +766,8 @@ fn ior_phase<'py>(
     if !stonewall_s.is_finite() || stonewall_s < 0.0 {
         return Err(PyValueError::new_err("stonewall_s must be a non-negative number"));
     }
-    let spec = benchfs_core::ior::PhaseSpec {
-        geometry: benchfs_core::ior::Geometry {
+    let spec = ior::PhaseSpec {
+        geometry: ior::Geometry {
             segments,
             block_size,
             transfer_size,
@@ -779,9 +782,7 @@ fn ior_phase<'py>(
         fsync,
     };
     spec.geometry.validate().map_err(to_py)?;
-    let r = file
-        .get()
-        .with(py, |c, f| benchfs_core::ior::run_phase(c, f, &spec))?;
+    let r = file.get().with(py, |c, f| ior::run_phase(c, f, &spec))?;
     let d = PyDict::new(py);
     d.set_item("bytes", r.bytes)?;
     d.set_item("ops", r.ops)?;

@@ -14,9 +14,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, FileHandle};
-use crate::error::{Error, Result};
 use crate::transfer::Direction;
+use benchfs_core::client::{Client, FileHandle};
+use benchfs_core::error::{Error, Result};
 
 const WORD: usize = 8;
 const RANK_SHIFT: u32 = 40;

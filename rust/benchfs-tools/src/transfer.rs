@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::Instant;
 
-use crate::client::Client;
-use crate::config::Config;
-use crate::error::{Error, Result};
-use crate::namespace;
+use benchfs_core::client::Client;
+use benchfs_core::config::Config;
+use benchfs_core::error::{Error, Result};
+use benchfs_core::namespace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {

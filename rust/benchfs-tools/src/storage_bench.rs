@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::buffer::{io_buffer_size, BufferPool};
-use crate::chunking::FileId;
-use crate::config::StorageConfig;
-use crate::error::{Error, Result};
-use crate::runtime::Runtime;
-use crate::storage::ChunkStore;
-use crate::telemetry::{
+use benchfs_core::buffer::{io_buffer_size, BufferPool};
+use benchfs_core::chunking::FileId;
+use benchfs_core::config::StorageConfig;
+use benchfs_core::error::{Error, Result};
+use benchfs_core::runtime::Runtime;
+use benchfs_core::storage::ChunkStore;
+use benchfs_core::telemetry::{
     bucket_index, unix_time_ns, OpKind, SnapshotWriter, TraceRecord, TraceRing, TraceWriter, WorkerMetrics,
     TRACE_FLAG_ERROR,
 };
@@ -358,7 +358,7 @@ pub fn bench_telemetry(spec: &TelemetryBenchSpec) -> Result<TelemetryBenchReport
             "chunk_size must be a multiple of block_size, and the dataset at least one block".into(),
         ));
     }
-    if spec.trace_records == 0 || spec.trace_records > crate::config::MAX_TRACE_RECORDS {
+    if spec.trace_records == 0 || spec.trace_records > benchfs_core::config::MAX_TRACE_RECORDS {
         return Err(Error::InvalidArgument(
             "trace_records must be between 1 and 16777216".into(),
         ));
@@ -554,10 +554,10 @@ mod tests {
         assert!(snaps.snapshots >= 1 && snaps.trace_records == 0);
         // A 1000-record ring: what was not flushed in time was dropped and counted.
         assert_eq!(trace.trace_records + trace.trace_dropped, 2100);
-        let traced = crate::telemetry::read_trace(&tel.join("trace").join("server-0-w0.trace"))?;
+        let traced = benchfs_core::telemetry::read_trace(&tel.join("trace").join("server-0-w0.trace"))?;
         assert_eq!(traced.records.len() as u64, trace.trace_records);
         assert!(traced.records.iter().all(|r| r.bytes == 4096 && r.flags == 0));
-        let snap = crate::telemetry::read_file(&tel.join("trace").join("server-0-w0.tel"))?;
+        let snap = benchfs_core::telemetry::read_file(&tel.join("trace").join("server-0-w0.tel"))?;
         let dropped = snap
             .records
             .iter()
