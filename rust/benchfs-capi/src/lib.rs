@@ -17,7 +17,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 use benchfs_core::client::{Client, FileHandle};
 use benchfs_core::config::{self, Config};
-use benchfs_core::namespace::{self, Attr, Kind};
+use benchfs_core::namespace::{Attr, Kind};
+use benchfs_core::protocol;
 use benchfs_core::Error;
 
 /// Clients in the pool when `benchfs_init` is given 0.
@@ -279,13 +280,13 @@ fn open_flags(flags: c_int, create: bool) -> Result<u32, Fail> {
     }
     let mut ns = 0;
     if create || flags & libc::O_CREAT != 0 {
-        ns |= namespace::CREATE;
+        ns |= protocol::meta::CREATE;
         if flags & libc::O_EXCL != 0 {
-            ns |= namespace::EXCLUSIVE;
+            ns |= protocol::meta::EXCLUSIVE;
         }
     }
     if flags & libc::O_TRUNC != 0 {
-        ns |= namespace::TRUNCATE;
+        ns |= protocol::meta::TRUNCATE;
     }
     Ok(ns)
 }
@@ -867,12 +868,12 @@ mod tests {
     fn flags_map_to_namespace_flags() {
         assert!(matches!(open_flags(libc::O_RDWR, false), Ok(0)));
         assert!(
-            matches!(open_flags(libc::O_CREAT | libc::O_EXCL, false), Ok(f) if f == namespace::CREATE | namespace::EXCLUSIVE)
+            matches!(open_flags(libc::O_CREAT | libc::O_EXCL, false), Ok(f) if f == protocol::meta::CREATE | protocol::meta::EXCLUSIVE)
         );
         // O_EXCL means nothing without O_CREAT (as in open(2) on regular files).
         assert!(matches!(open_flags(libc::O_EXCL, false), Ok(0)));
         assert!(
-            matches!(open_flags(libc::O_TRUNC, true), Ok(f) if f == namespace::CREATE | namespace::TRUNCATE)
+            matches!(open_flags(libc::O_TRUNC, true), Ok(f) if f == protocol::meta::CREATE | protocol::meta::TRUNCATE)
         );
         assert!(matches!(open_flags(libc::O_APPEND, true), Err(f) if f.errno == libc::EINVAL));
     }

@@ -1,4 +1,5 @@
-//! Splitting byte ranges into chunks and placing chunks on servers.
+//! Splitting byte ranges into chunks, and the ids chunks are named by (where chunks live:
+//! [`crate::placement`]).
 
 /// A file's identity: 128 bits handed out by its metadata owner at create time (the owner's
 /// index and a per-start nonce above a counter), so no two files ever share chunks.
@@ -45,16 +46,6 @@ pub fn split(offset: u64, len: u64, chunk_size: u64) -> impl Iterator<Item = Chu
     })
 }
 
-/// The worker (event loop) of the chosen server that serves a chunk: a file's consecutive
-/// chunks on one server rotate over its workers.
-pub fn place_worker(file: FileId, chunk: u64, servers: usize, workers: usize) -> usize {
-    if servers == 0 || workers == 0 {
-        return 0;
-    }
-    let mixed = ((file.0 >> 64) as u64).rotate_left(17) ^ (file.0 as u64);
-    ((chunk / servers as u64 + mixed % workers as u64) % workers as u64) as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,16 +85,5 @@ mod tests {
             next += p.len;
         }
         assert_eq!(pieces.len() as u64, (offset + len - 1) / cs - offset / cs + 1);
-    }
-
-    #[test]
-    fn a_servers_chunks_rotate_over_its_workers() {
-        let f = FileId(0x1234_5678_9abc_def0_1122_3344_5566_7788);
-        let (servers, workers) = (3u32, 4);
-        let mut per_worker = vec![0; workers];
-        for c in (0..120).filter(|&c| crate::placement::stripe_index(0, c, servers) == 0) {
-            per_worker[place_worker(f, c, servers as usize, workers)] += 1;
-        }
-        assert_eq!(per_worker, vec![10; 4]);
     }
 }

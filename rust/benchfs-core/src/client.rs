@@ -20,11 +20,12 @@ use futures::stream::{self, StreamExt};
 
 use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, WeakWorker, Worker};
 
-use crate::chunking::{place_worker, split};
+use crate::chunking::split;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::namespace::{self, Attr, DirEntry, Kind, MetaRequest};
-use crate::placement::metadata_owner;
+use crate::namespace::{self, Attr, Kind};
+use crate::placement::{chunk_target, metadata_target, Target};
+use crate::protocol::meta::{self, DirEntry, MetaRequest};
 use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST, NAMESPACE_ERRNOS};
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Runtime};
@@ -36,16 +37,6 @@ static CLIENTS_MADE: AtomicU32 = AtomicU32::new(0);
 /// Nanoseconds of a duration, saturated.
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// The telemetry op of a request (as the server counts it).
-fn op_kind(op: Op) -> OpKind {
-    match op {
-        Op::WriteChunk => OpKind::Write,
-        Op::ReadChunk => OpKind::Read,
-        Op::Fsync => OpKind::Fsync,
-        _ => OpKind::Meta,
-    }
 }
 
 /// A client's telemetry (`docs/telemetry.md`, format version 2): always-on counters, and
@@ -305,7 +296,6 @@ pub struct Client {
     links: RefCell<Vec<ServerLink>>,
     /// One window per (server, worker), indexed like `links[server].endpoints[worker]`.
     windows: Vec<Vec<Window>>,
-    counters: RefCell<Vec<ServerCounters>>,
     membership: Vec<RegistryEntry>,
     shared: Rc<Shared>,
     next_request: Cell<u64>,
@@ -502,13 +492,6 @@ impl Client {
                 probe: Probing::idle(),
             })
             .collect();
-        let counters = membership
-            .iter()
-            .map(|e| ServerCounters {
-                id: e.id,
-                ..Default::default()
-            })
-            .collect();
         let telemetry = ClientTelemetry::new(&config, &membership)?;
         let client = Client {
             runtime,
@@ -516,7 +499,6 @@ impl Client {
             address: RefCell::new(address),
             links: RefCell::new(links),
             windows,
-            counters: RefCell::new(counters),
             membership,
             shared,
             next_request: Cell::new(1),
@@ -768,19 +750,15 @@ impl Client {
     }
 
     /// Where a chunk of a file lives: (server index, worker index), by the file's layout.
-    fn route(&self, attr: &Attr, chunk: u64) -> (usize, usize) {
-        let s = attr.layout.server_index(chunk) as usize;
-        (
-            s,
-            place_worker(attr.id, chunk, self.server_count(), self.workers(s)),
-        )
+    fn route(&self, attr: &Attr, chunk: u64) -> Target {
+        chunk_target(attr.id, &attr.layout, chunk, self.server_count(), |s| {
+            self.workers(s)
+        })
     }
 
     /// The (server, worker) that owns `path`'s metadata.
-    fn owner(&self, path: &str) -> (usize, usize) {
-        let w = self.workers(0);
-        let o = metadata_owner(path, (self.server_count() * w) as u32) as usize;
-        (o / w, o % w)
+    fn owner(&self, path: &str) -> Target {
+        metadata_target(path, self.server_count(), self.workers(0))
     }
 
     /// One request to worker `target.1` of server `target.0`, within that worker's window,
@@ -802,7 +780,7 @@ impl Client {
         let (index, worker) = target;
         let client = &self.config.client;
         let metrics = &self.telemetry.metrics;
-        let kind = op_kind(header.op);
+        let kind = OpKind::of(header.op);
         let mut ready = ready;
         let idempotent = matches!(
             header.op,
@@ -817,14 +795,13 @@ impl Client {
                 request_id: self.request_id(),
                 ..header
             };
-            self.counters.borrow_mut()[index].requests += 1;
             let result = {
                 let _permit = self.windows[index][worker]
                     .acquire(client.max_inflight_per_server)
                     .await;
                 let sent = Instant::now();
                 metrics.record_window_wait(kind, ns(sent.saturating_duration_since(ready)));
-                metrics.attempt_sent(index, kind, attempt > 0);
+                metrics.attempt_sent(index, kind, attempt > 0 || busy_retries > 0);
                 let _attempt = Attempt {
                     metrics,
                     index,
@@ -836,7 +813,6 @@ impl Client {
             };
             let timed_out = matches!(result, Err(Error::Timeout { .. }));
             if timed_out {
-                self.counters.borrow_mut()[index].timeouts += 1;
                 metrics.count_timeout(index, kind);
             }
             let busy = matches!(&result, Err(Error::Remote { errno, .. }) if *errno == libc::EAGAIN);
@@ -847,7 +823,6 @@ impl Client {
                 // EAGAIN is a refusal before execution: any request, writes too, may be sent
                 // again, until the request's own timeout has passed since its first attempt.
                 Err(_) if busy && first_sent.elapsed() < timeout => {
-                    self.counters.borrow_mut()[index].retries += 1;
                     let ceiling = client.retry_backoff_ms.saturating_mul(1 << busy_retries.min(16));
                     let left = timeout.saturating_sub(first_sent.elapsed());
                     let pause = Duration::from_millis(self.jitter(ceiling)).min(left);
@@ -856,7 +831,6 @@ impl Client {
                     ready = Instant::now();
                 }
                 Err(Error::Timeout { .. }) if idempotent && attempt < client.max_retries => {
-                    self.counters.borrow_mut()[index].retries += 1;
                     let ceiling = client.retry_backoff_ms.saturating_mul(1 << attempt.min(16));
                     let pause = Duration::from_millis(self.jitter(ceiling));
                     self.runtime.reactor().sleep(pause).await;
@@ -865,7 +839,6 @@ impl Client {
                 }
                 Err(e) => {
                     metrics.count_error(index, kind);
-                    self.counters.borrow_mut()[index].failures += 1;
                     match &e {
                         Error::ServerLost { reason, .. } => self.mark_lost(index, reason.clone()),
                         Error::Timeout { .. } => self.mark_lost(index, e.to_string()),
@@ -912,7 +885,19 @@ impl Client {
 
     /// What this client saw of each server, ordered like the membership.
     pub fn server_stats(&self) -> Vec<ServerCounters> {
-        self.counters.borrow().clone()
+        let m = &self.telemetry.metrics;
+        let sum = |f: &dyn Fn(OpKind) -> u64| OpKind::ALL.into_iter().map(f).sum::<u64>();
+        self.membership
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ServerCounters {
+                id: e.id,
+                requests: sum(&|k| m.requests(i, k)),
+                retries: sum(&|k| m.retries(i, k)),
+                timeouts: sum(&|k| m.timeouts(i, k)),
+                failures: sum(&|k| m.errors(i, k)),
+            })
+            .collect()
     }
 
     /// One request/reply exchange with worker `worker` of the server at `index`.
@@ -1125,7 +1110,7 @@ impl Client {
     async fn meta(&self, op: Op, what: &'static str, req: &MetaRequest) -> Result<(Header, Vec<u8>)> {
         let payload = req.encode();
         let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
-        let mut reply = vec![0u8; namespace::REPLY_MAX];
+        let mut reply = vec![0u8; meta::REPLY_MAX];
         match self
             .call(
                 self.owner(&req.path),
@@ -1137,7 +1122,7 @@ impl Client {
             .await
         {
             Ok(h) => {
-                reply.truncate((h.length as usize).min(namespace::REPLY_MAX));
+                reply.truncate((h.length as usize).min(meta::REPLY_MAX));
                 Ok((h, reply))
             }
             // Namespace errors are about the path; others (a refused token, a draining or busy
@@ -1277,13 +1262,13 @@ impl Client {
         }
     }
 
-    /// Opens the file at `path` (flags: `namespace::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
+    /// Opens the file at `path` (flags: `meta::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
     /// adds the name to its parent directory first, then makes the inode at its owner.
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("open", path)?;
         let attr = self.run(async {
-            let start = if flags & namespace::CREATE != 0 {
+            let start = if flags & meta::CREATE != 0 {
                 self.dir_add("open", &path, Kind::File, libc::EISDIR).await?
             } else {
                 None
@@ -1486,10 +1471,10 @@ impl Client {
             let mut all = Vec::new();
             loop {
                 let mut req = MetaRequest::new(&path);
-                req.arg = namespace::READDIR_PAGE as u64;
+                req.arg = meta::READDIR_PAGE as u64;
                 req.name = all.last().map(|e: &DirEntry| e.name.clone()).unwrap_or_default();
                 let (h, body) = self.meta(Op::Readdir, "readdir", &req).await?;
-                let page = namespace::decode_entries(&body)
+                let page = meta::decode_entries(&body)
                     .ok_or_else(|| Error::Protocol("malformed readdir reply".into()))?;
                 let done = h.offset == 0 || page.is_empty();
                 all.extend(page);
@@ -1507,7 +1492,7 @@ impl Client {
         self.rename_with(from, to, 0)
     }
 
-    /// [`Self::rename`] with `flags`: [`namespace::NO_REPLACE`] fails with EEXIST if `to`
+    /// [`Self::rename`] with `flags`: [`meta::NO_REPLACE`] fails with EEXIST if `to`
     /// exists, decided by `to`'s owner in the same step that installs it (atomic, like
     /// `renameat2(RENAME_NOREPLACE)`).
     pub fn rename_with(&self, from: &str, to: &str, flags: u32) -> Result<()> {
@@ -1548,7 +1533,7 @@ impl Client {
             let added = self.dir_add("rename", &to, attr.kind, conflict).await?.is_some();
             let mut req = MetaRequest::new(&to);
             req.attr = Some(attr);
-            req.flags = flags & namespace::NO_REPLACE;
+            req.flags = flags & meta::NO_REPLACE;
             let replaced = match self.meta(Op::Install, "rename", &req).await {
                 Ok((_, replaced)) => replaced,
                 Err(e) => {
@@ -1648,7 +1633,7 @@ mod tests {
             .collect::<Result<Vec<_>>>()?;
         let client = Client::connect(&dir.path().join("registry"), config)?;
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        let f = client.open("/kept", namespace::CREATE, 0o644)?;
+        let f = client.open("/kept", meta::CREATE, 0o644)?;
         assert_eq!(client.write(&f, 0, &data)?, data.len());
         let old_address = client.address.borrow().clone();
         let old_conns: Vec<Vec<u32>> = client.links.borrow().iter().map(|l| l.conns.clone()).collect();

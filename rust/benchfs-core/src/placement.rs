@@ -1,9 +1,16 @@
-//! Where chunks go. BenchFS stores a layout in each file's metadata when the file is created
-//! (like Lustre's stripe layouts), so balance comes by construction: each metadata owner hands
-//! out stripe starts from its own counter, staggered across owners. The placement study
+//! Where things live, in one place for the client and the servers: a path's metadata owner, a
+//! chunk's server (by the file's layout) and worker. BenchFS stores a layout in each file's
+//! metadata when the file is created (like Lustre's stripe layouts), so balance comes by
+//! construction: each metadata owner hands out stripe starts from its own counter, staggered
+//! across owners. The placement study
 //! (`benchfs_tools::placement_study`) compares this very code with other schemes.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::chunking::FileId;
+
+/// A worker of a server: (server index in the membership, worker index on that server).
+pub type Target = (usize, usize);
 
 /// A file's data layout, decided at create time and never changed: chunk `c` lives on the
 /// server at index [`Layout::server_index`] among the first `stripe_count` servers of the
@@ -43,6 +50,37 @@ pub fn stripe_index(start: u32, chunk: u64, n: u32) -> u32 {
     }
     let n64 = n as u64;
     ((start as u64 + chunk % n64 + digit_sum(chunk / n64, n64)) % n64) as u32
+}
+
+/// The worker (event loop) of the chosen server that serves a chunk: a file's consecutive
+/// chunks on one server rotate over its workers.
+pub fn chunk_worker(file: FileId, chunk: u64, servers: usize, workers: usize) -> usize {
+    if servers == 0 || workers == 0 {
+        return 0;
+    }
+    let mixed = ((file.0 >> 64) as u64).rotate_left(17) ^ (file.0 as u64);
+    ((chunk / servers as u64 + mixed % workers as u64) % workers as u64) as usize
+}
+
+/// Where chunk `chunk` of file `id` with `layout` lives, among `servers` servers of
+/// `workers_of(server)` workers each.
+pub fn chunk_target(
+    id: FileId,
+    layout: &Layout,
+    chunk: u64,
+    servers: usize,
+    workers_of: impl Fn(usize) -> usize,
+) -> Target {
+    let s = layout.server_index(chunk) as usize;
+    (s, chunk_worker(id, chunk, servers, workers_of(s)))
+}
+
+/// The worker that owns `path`'s metadata among `servers` servers of `workers` workers each
+/// (every worker is one metadata owner).
+pub fn metadata_target(path: &str, servers: usize, workers: usize) -> Target {
+    let w = workers.max(1);
+    let o = metadata_owner(path, (servers * w) as u32) as usize;
+    (o / w, o % w)
 }
 
 /// Hands out layouts for the files one metadata owner creates: a per-owner counter, staggered
@@ -152,5 +190,16 @@ mod tests {
         assert_eq!(b.allocate().start, 5);
         let mut c = LayoutAllocator::new(3, 32, 16, 1 << 20);
         assert_eq!(c.allocate().start, 1);
+    }
+
+    #[test]
+    fn a_servers_chunks_rotate_over_its_workers() {
+        let f = FileId(0x1234_5678_9abc_def0_1122_3344_5566_7788);
+        let (servers, workers) = (3u32, 4);
+        let mut per_worker = vec![0; workers];
+        for c in (0..120).filter(|&c| stripe_index(0, c, servers) == 0) {
+            per_worker[chunk_worker(f, c, servers as usize, workers)] += 1;
+        }
+        assert_eq!(per_worker, vec![10; 4]);
     }
 }

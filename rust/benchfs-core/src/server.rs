@@ -20,7 +20,8 @@ use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
 use crate::config::{Config, SubmitPolicy};
 use crate::error::{Error, Result};
-use crate::namespace::{self, Kind, MetaRequest, MetaStore, SizeUpdate};
+use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
+use crate::protocol::meta::{self, MetaRequest};
 use crate::protocol::{check_request, is_server_fault, Header, Op, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
 use crate::runtime::{with_timeout, Notifier, Reactor, Runtime};
@@ -519,12 +520,7 @@ impl ServerState {
         let done = Instant::now();
         let started = device_start.unwrap_or(done);
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
-        let kind = match h.op {
-            Op::WriteChunk => OpKind::Write,
-            Op::ReadChunk => OpKind::Read,
-            Op::Fsync => OpKind::Fsync,
-            _ => OpKind::Meta,
-        };
+        let kind = OpKind::of(h.op);
         let moved = if matches!(h.op, Op::WriteChunk | Op::ReadChunk) {
             count
         } else {
@@ -602,7 +598,7 @@ impl ServerState {
         };
         let mut meta = self.meta.borrow_mut();
         let attr = |a: namespace::Attr| {
-            let mut out = Vec::with_capacity(namespace::ATTR_LEN);
+            let mut out = Vec::with_capacity(meta::ATTR_LEN);
             a.encode(&mut out);
             out
         };
@@ -630,9 +626,9 @@ impl ServerState {
                 .map(|start| (start.map_or(0, |s| s as u64 + 1), Vec::new())),
             Op::DirRemove => meta.dir_remove(&r.path, &r.name).map(|()| (0, Vec::new())),
             Op::Readdir => {
-                let max = (r.arg as usize).clamp(1, namespace::READDIR_PAGE);
+                let max = (r.arg as usize).clamp(1, meta::READDIR_PAGE);
                 meta.readdir(&r.path, &r.name, max)
-                    .map(|(page, more)| (more as u64, namespace::encode_entries(&page)))
+                    .map(|(page, more)| (more as u64, meta::encode_entries(&page)))
             }
             Op::Install => match r.attr {
                 Some(a) => meta

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use benchfs_core::client::Client;
 use benchfs_core::config::Config;
-use benchfs_core::namespace::{Kind, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
+use benchfs_core::namespace::Kind;
+use benchfs_core::protocol::meta::{CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::{Error, Result};
 

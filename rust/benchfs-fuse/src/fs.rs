@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use benchfs_core::client::{Client, FileHandle as CoreHandle};
 use benchfs_core::config::Config;
 use benchfs_core::namespace::{self, Attr, Kind};
+use benchfs_core::protocol;
 use benchfs_core::Error;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -373,17 +374,17 @@ impl Worker {
         flags: i32,
     ) -> Res<(FileAttr, u64, FopenFlags)> {
         let path = self.child(parent, name)?;
-        let mut how = namespace::CREATE;
+        let mut how = protocol::meta::CREATE;
         if flags & libc::O_EXCL != 0 {
-            how |= namespace::EXCLUSIVE;
+            how |= protocol::meta::EXCLUSIVE;
         }
         if flags & libc::O_TRUNC != 0 {
-            how |= namespace::TRUNCATE;
+            how |= protocol::meta::TRUNCATE;
         }
         // Truncating a file this mount has open: between its reads and writes, as setattr.
         let known = self.shared.table().ino_of(&path);
         let io = match known {
-            Some(ino) if how & namespace::TRUNCATE != 0 => self.shared.io_lock(ino).ok(),
+            Some(ino) if how & protocol::meta::TRUNCATE != 0 => self.shared.io_lock(ino).ok(),
             _ => None,
         };
         let _no_io = io
@@ -571,7 +572,7 @@ impl Worker {
             return Err(Errno::EPERM);
         }
         let path = self.child(parent, name)?;
-        let how = namespace::CREATE | namespace::EXCLUSIVE;
+        let how = protocol::meta::CREATE | protocol::meta::EXCLUSIVE;
         let h = self
             .client
             .open(&path, how, mode & !umask & 0o7777)
@@ -611,7 +612,7 @@ impl Worker {
                 }
             }
         }
-        let how = if noreplace { namespace::NO_REPLACE } else { 0 };
+        let how = if noreplace { protocol::meta::NO_REPLACE } else { 0 };
         self.client
             .rename_with(&from, &to, how)
             .map_err(|e| errno("rename", e))?;

@@ -13,7 +13,8 @@ use pyo3::types::{PyBytes, PyDict};
 
 use benchfs_core::client::{Client as CoreClient, FileHandle};
 use benchfs_core::config::{self, Config};
-use benchfs_core::namespace::{self, Attr, Kind};
+use benchfs_core::namespace::{Attr, Kind};
+use benchfs_core::protocol;
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::size;
@@ -262,9 +263,9 @@ impl PyClient {
     fn open(slf: Py<Self>, py: Python<'_>, path: &str, flags: i32, mode: u32) -> PyResult<PyFile> {
         let mut ns_flags = 0;
         for (os, ns) in [
-            (libc_flags::O_CREAT, namespace::CREATE),
-            (libc_flags::O_EXCL, namespace::EXCLUSIVE),
-            (libc_flags::O_TRUNC, namespace::TRUNCATE),
+            (libc_flags::O_CREAT, protocol::meta::CREATE),
+            (libc_flags::O_EXCL, protocol::meta::EXCLUSIVE),
+            (libc_flags::O_TRUNC, protocol::meta::TRUNCATE),
         ] {
             if flags & os != 0 {
                 ns_flags |= ns;

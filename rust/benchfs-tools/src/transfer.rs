@@ -9,7 +9,7 @@ use std::time::Instant;
 use benchfs_core::client::Client;
 use benchfs_core::config::Config;
 use benchfs_core::error::{Error, Result};
-use benchfs_core::namespace;
+use benchfs_core::protocol;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -121,7 +121,7 @@ fn job(client: &Client, spec: &TransferSpec, path: &str) -> Result<(Instant, Ins
     let mut moved = 0u64;
     match spec.direction {
         Direction::Write => {
-            let file = client.open(path, namespace::CREATE | namespace::TRUNCATE, 0o644)?;
+            let file = client.open(path, protocol::meta::CREATE | protocol::meta::TRUNCATE, 0o644)?;
             while moved < spec.file_size {
                 let n = (spec.file_size - moved).min(spec.transfer_size) as usize;
                 moved += client.write(&file, moved, &buf[..n])? as u64;

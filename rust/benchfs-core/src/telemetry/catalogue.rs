@@ -1,4 +1,7 @@
-//! What telemetry measures: the timed operation kinds and how each metric is described in a file's header.
+//! What telemetry measures: the timed operation kinds and how each metric is described in a file's
+//! header.
+
+use crate::protocol::Op;
 
 /// The storage operations timed separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,6 +22,16 @@ impl OpKind {
     #[inline(always)]
     pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// The kind a request of `op` is counted as, by the server and by the client alike.
+    pub fn of(op: Op) -> OpKind {
+        match op {
+            Op::WriteChunk => OpKind::Write,
+            Op::ReadChunk => OpKind::Read,
+            Op::Fsync => OpKind::Fsync,
+            _ => OpKind::Meta,
+        }
     }
 
     pub fn name(self) -> &'static str {

@@ -102,7 +102,8 @@ impl std::fmt::Debug for ClientMetrics {
 
 impl ClientMetrics {
     /// Metrics of a client of the servers `targets` (ids, in the order the client indexes
-    /// them; ascending). With `enabled` false nothing is recorded.
+    /// them; ascending). With `enabled` false only the per-target counters are kept (no
+    /// histograms, no in-flight gauge).
     pub fn new(targets: Vec<u32>, enabled: bool) -> ClientMetrics {
         ClientMetrics {
             enabled,
@@ -123,11 +124,10 @@ impl ClientMetrics {
         &self.targets
     }
 
+    /// The target's series (allocated on first use). Counters are kept whether or not
+    /// telemetry is enabled: they are what `Client::server_stats` reports.
     #[inline]
     fn target(&self, index: usize) -> Option<&TargetMetrics> {
-        if !self.enabled {
-            return None;
-        }
         self.per_target.get(index).map(|t| &**t.get_or_init(Box::default))
     }
 
@@ -143,6 +143,9 @@ impl ClientMetrics {
         if retry {
             bump(&t.retries[k], 1);
         }
+        if !self.enabled {
+            return;
+        }
         let inflight = self.inflight.get() + 1;
         self.inflight.set(inflight);
         self.inflight_at_send.record(inflight);
@@ -151,7 +154,9 @@ impl ClientMetrics {
     /// The attempt ended (reply, error, timeout or abandoned) after `rpc_ns`.
     #[inline]
     pub fn attempt_done(&self, index: usize, op: OpKind, rpc_ns: u64) {
-        let Some(t) = self.target(index) else { return };
+        let Some(t) = self.target(index).filter(|_| self.enabled) else {
+            return;
+        };
         self.inflight.set(self.inflight.get().saturating_sub(1));
         t.rpc_ns[op.index()].record(rpc_ns);
     }

@@ -1,4 +1,5 @@
-//! The metrics of one server worker: their catalogue (ids and order in a snapshot) and [`WorkerMetrics`], where they are recorded.
+//! The metrics of one server worker: their catalogue (ids and order in a snapshot) and
+//! [`WorkerMetrics`], where they are recorded.
 
 use std::cell::Cell;
 

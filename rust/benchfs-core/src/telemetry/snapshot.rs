@@ -1,4 +1,5 @@
-//! The snapshot file format (a preamble with a JSON header, then 32-byte records per snapshot) and [`SnapshotWriter`], which appends one snapshot with one `write(2)`.
+//! The snapshot file format (a preamble with a JSON header, then 32-byte records per snapshot) and
+//! [`SnapshotWriter`], which appends one snapshot with one `write(2)`.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;

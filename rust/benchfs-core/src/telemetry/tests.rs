@@ -1,3 +1,6 @@
+//! Tests of the telemetry modules together: histograms, metrics, the writer and the readers on
+//! files the real writer wrote.
+
 use serde_json::json;
 
 use super::client_metrics::cid;
@@ -479,14 +482,19 @@ fn client_snapshots_are_version_2_with_active_targets_only() -> Result<()> {
         let def = CLIENT_METRICS.iter().find(|d| d.id == r.metric);
         assert_eq!(def.map(|d| d.per_target), Some(r.target != NO_TARGET), "{r:?}");
     }
-    // A disabled client records nothing and allocates no per-target series.
+    // A disabled client keeps its per-target counters (Client::server_stats reports them)
+    // and records no histogram.
     let off = ClientMetrics::new(vec![0], false);
     off.attempt_sent(0, OpKind::Read, false);
+    off.attempt_sent(0, OpKind::Read, true);
+    off.attempt_done(0, OpKind::Read, 5);
     off.record_call(OpKind::Read, 5);
     assert_eq!(
-        (off.requests(0, OpKind::Read), off.call_ns(OpKind::Read).count()),
-        (0, 0)
+        (off.requests(0, OpKind::Read), off.retries(0, OpKind::Read)),
+        (2, 1)
     );
-    assert!(off.rpc_ns(0, OpKind::Read).is_none());
+    assert_eq!(off.call_ns(OpKind::Read).count(), 0);
+    assert_eq!(off.rpc_ns(0, OpKind::Read).map(Histogram::count), Some(0));
+    assert_eq!(off.inflight_at_send().count(), 0);
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Per-operation traces: [`TraceRecord`], the bounded [`TraceRing`] a worker fills, and the [`TraceWriter`] that flushes it at each snapshot.
+//! Per-operation traces: [`TraceRecord`], the bounded [`TraceRing`] a worker fills, and the
+//! [`TraceWriter`] that flushes it at each snapshot.
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;

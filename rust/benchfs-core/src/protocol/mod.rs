@@ -4,6 +4,8 @@
 
 use crate::error::{Error, Result};
 
+pub mod meta;
+
 /// "BFS1" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 pub const VERSION: u16 = 2;
@@ -31,7 +33,7 @@ pub enum Op {
     /// requests carry in `client`. Request `chunk`: an earlier connection id of this client
     /// to retire (0: none).
     Hello = 6,
-    // Metadata operations: the payload is a `namespace::MetaRequest` of `length` bytes; the
+    // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute; `offset` = the
     /// size before truncation.
@@ -323,7 +325,7 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
         ))),
         op if op.is_metadata()
             && (h.length != payload_len as u64
-                || !(24..=crate::namespace::REQUEST_MAX).contains(&payload_len)) =>
+                || !(24..=crate::protocol::meta::REQUEST_MAX).contains(&payload_len)) =>
         {
             Err(Error::Protocol(format!(
                 "{} payload of {payload_len} bytes (header says {})",

@@ -1,0 +1,242 @@
+//! The payloads of metadata requests and replies: open and rename flags, attributes,
+//! [`MetaRequest`] and readdir entries ([`DirEntry`]). docs/protocol.md gives the layouts;
+//! decoding never panics and never trusts a client's paths.
+
+use crate::chunking::FileId;
+use crate::namespace::{normalize, Attr, Kind, NAME_MAX, PATH_MAX};
+use crate::placement::Layout;
+
+/// Open flags on the wire (the client maps O_* to these).
+pub const CREATE: u32 = 1;
+pub const EXCLUSIVE: u32 = 2;
+pub const TRUNCATE: u32 = 4;
+/// Rename: fail with EEXIST instead of replacing the target.
+pub const NO_REPLACE: u32 = 8;
+
+/// Readdir pages hold at most this many entries (and stay well under [`REPLY_MAX`]).
+pub const READDIR_PAGE: usize = 512;
+/// The largest metadata reply payload.
+pub const REPLY_MAX: usize = 64 * 1024;
+/// The largest metadata request payload: two paths, the fixed part and an attribute.
+pub const REQUEST_MAX: usize = 24 + 2 * PATH_MAX + ATTR_LEN;
+
+pub const ATTR_LEN: usize = 64;
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Attr {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.kind as u8);
+        out.extend_from_slice(&[0; 3]);
+        out.extend_from_slice(&self.mode.to_le_bytes());
+        out.extend_from_slice(&self.id.0.to_le_bytes());
+        out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.mtime_ns.to_le_bytes());
+        out.extend_from_slice(&self.ctime_ns.to_le_bytes());
+        out.extend_from_slice(&self.layout.chunk_size.to_le_bytes());
+        out.extend_from_slice(&self.layout.stripe_count.to_le_bytes());
+        out.extend_from_slice(&self.layout.start.to_le_bytes());
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Attr> {
+        if b.len() != ATTR_LEN {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[8..24]);
+        let layout = Layout {
+            chunk_size: le_u64(b, 48),
+            stripe_count: le_u32(b, 56),
+            start: le_u32(b, 60),
+        };
+        let kind = Kind::from_u8(b[0])?;
+        if kind == Kind::File && (layout.chunk_size == 0 || layout.stripe_count == 0) {
+            return None;
+        }
+        if layout.stripe_count > 0 && layout.start >= layout.stripe_count {
+            return None;
+        }
+        Some(Attr {
+            kind,
+            mode: le_u32(b, 4),
+            id: FileId(u128::from_le_bytes(id)),
+            size: le_u64(b, 24),
+            mtime_ns: le_u64(b, 32),
+            ctime_ns: le_u64(b, 40),
+            layout,
+        })
+    }
+}
+
+/// A metadata request's payload: flags, mode, a numeric argument, one or two paths (or a
+/// directory and an entry name) and, for install, an attribute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaRequest {
+    pub flags: u32,
+    pub mode: u32,
+    pub arg: u64,
+    pub path: String,
+    pub name: String,
+    pub attr: Option<Attr>,
+}
+
+impl MetaRequest {
+    pub fn new(path: &str) -> MetaRequest {
+        MetaRequest {
+            flags: 0,
+            mode: 0,
+            arg: 0,
+            path: path.to_string(),
+            name: String::new(),
+            attr: None,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + self.path.len() + self.name.len() + ATTR_LEN);
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.mode.to_le_bytes());
+        out.extend_from_slice(&self.arg.to_le_bytes());
+        out.extend_from_slice(&(self.path.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.path.as_bytes());
+        out.extend_from_slice(self.name.as_bytes());
+        if let Some(a) = &self.attr {
+            a.encode(&mut out);
+        }
+        out
+    }
+
+    /// Decodes and validates: paths must be normalized absolute paths (the server never trusts
+    /// a client to have normalized them), names valid single components.
+    pub fn decode(b: &[u8]) -> Result<MetaRequest, String> {
+        if b.len() < 24 || b.len() > REQUEST_MAX {
+            return Err(format!("metadata payload of {} bytes", b.len()));
+        }
+        let (plen, nlen) = (le_u32(b, 16) as usize, le_u32(b, 20) as usize);
+        let rest = b.len() - 24;
+        if plen > rest || nlen > rest - plen {
+            return Err("metadata payload shorter than its paths".into());
+        }
+        let tail = rest - plen - nlen;
+        let attr = match tail {
+            0 => None,
+            ATTR_LEN => Some(Attr::decode(&b[24 + plen + nlen..]).ok_or("malformed attribute")?),
+            n => return Err(format!("{n} unexpected trailing bytes")),
+        };
+        let text =
+            |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| "path is not UTF-8".to_string());
+        let path = text(&b[24..24 + plen])?;
+        let name = text(&b[24 + plen..24 + plen + nlen])?;
+        if normalize(&path).ok().as_deref() != Some(path.as_str()) {
+            return Err(format!("path {path:?} is not a normalized absolute path"));
+        }
+        if !name.is_empty()
+            && (name.len() > NAME_MAX || name.contains(['/', '\0']) || name == "." || name == "..")
+        {
+            return Err(format!("entry name {name:?} is not a valid name"));
+        }
+        Ok(MetaRequest {
+            flags: le_u32(b, 0),
+            mode: le_u32(b, 4),
+            arg: le_u64(b, 8),
+            path,
+            name,
+            attr,
+        })
+    }
+}
+
+/// One directory entry as readdir returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// Encodes readdir entries: per entry a kind byte, a u16 length and the name.
+pub fn encode_entries(entries: &[DirEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in entries {
+        out.push(e.kind as u8);
+        out.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(e.name.as_bytes());
+    }
+    out
+}
+
+pub fn decode_entries(mut b: &[u8]) -> Option<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        if b.len() < 3 {
+            return None;
+        }
+        let kind = Kind::from_u8(b[0])?;
+        let len = u16::from_le_bytes([b[1], b[2]]) as usize;
+        let name = std::str::from_utf8(b.get(3..3 + len)?).ok()?.to_string();
+        out.push(DirEntry { name, kind });
+        b = &b[3 + len..];
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::MetaStore;
+
+    #[test]
+    fn entries_round_trip() {
+        let all: Vec<DirEntry> = (0..300)
+            .map(|i| DirEntry {
+                name: format!("n{i:04}"),
+                kind: if i % 3 == 0 { Kind::Dir } else { Kind::File },
+            })
+            .collect();
+        assert_eq!(decode_entries(&encode_entries(&all)), Some(all));
+        assert_eq!(decode_entries(&[9, 1, 0, b'x']), None);
+        assert_eq!(decode_entries(&[1, 5, 0, b'x']), None);
+    }
+
+    #[test]
+    fn requests_round_trip_and_reject_garbage() {
+        let mut r = MetaRequest::new("/a/b");
+        r.flags = CREATE;
+        r.name = "c".into();
+        let mut m = MetaStore::new(0, 1, 1, 4096, 1);
+        r.attr = Some(m.create("/x", CREATE, 0o600, None).expect("create").0);
+        assert_eq!(MetaRequest::decode(&r.encode()), Ok(r.clone()));
+        let good = r.encode();
+        for cut in 0..good.len() {
+            let _ = MetaRequest::decode(&good[..cut]);
+        }
+        for bad in ["a/b", "/a/../b", "/a//b", ""] {
+            let mut q = MetaRequest::new(bad);
+            q.path = bad.into();
+            assert!(MetaRequest::decode(&q.encode()).is_err(), "{bad:?} accepted");
+        }
+        let mut q = MetaRequest::new("/");
+        q.name = "..".into();
+        assert!(MetaRequest::decode(&q.encode()).is_err());
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            let mut b = good.clone();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = (x % b.len() as u64) as usize;
+            b[at] = (x >> 32) as u8;
+            let _ = MetaRequest::decode(&b);
+        }
+    }
+}
