@@ -18,7 +18,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use benchfs_core::client::{Client, FileHandle};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
-use benchfs_core::protocol;
+use benchfs_core::posix;
+use benchfs_core::shared::SendClient;
 use benchfs_core::Error;
 
 /// Clients in the pool when `benchfs_init` is given 0.
@@ -132,20 +133,9 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
         .map_err(|_| Fail::new(libc::EINVAL, format!("{what} is not valid UTF-8")))
 }
 
-/// A core client that may move between threads. Sound because (1) the `Rc`s inside it (its
-/// reply state, shared with the UCX reply handler) never leave it: no clone is handed out, so
-/// moving the client moves every owner of those counts together; (2) a lease gives one thread
-/// exclusive use, so the `Cell`s and `RefCell`s are never touched by two threads at once, and
-/// the pool's mutex orders one thread's last use before the next thread's first; (3) its UCX
-/// worker runs in serialized mode (any thread, one at a time) and its io_uring ring and event
-/// loop keep no thread-local state. benchfs-py's `MovableClient` rests on the same argument.
-struct MovableClient(Client);
-// SAFETY: see above.
-unsafe impl Send for MovableClient {}
-
 /// The clients of one `benchfs_init`: idle ones, and how many exist (idle or leased).
 struct PoolState {
-    idle: Vec<MovableClient>,
+    idle: Vec<SendClient>,
     live: usize,
     closed: bool,
 }
@@ -162,14 +152,14 @@ struct Pool {
 /// One client, used by one thread until dropped; `client` is None while it is being created.
 struct Lease {
     pool: Arc<Pool>,
-    client: Option<MovableClient>,
+    client: Option<SendClient>,
 }
 
 impl Lease {
     fn client(&self) -> Result<&Client, Fail> {
         self.client
             .as_ref()
-            .map(|c| &c.0)
+            .map(SendClient::client)
             .ok_or_else(|| Fail::new(libc::EIO, "leased client missing"))
     }
 }
@@ -220,7 +210,7 @@ impl Pool {
                     client: None,
                 };
                 let client = Client::connect(&self.registry, self.config.clone())?;
-                lease.client = Some(MovableClient(client));
+                lease.client = Some(SendClient::new(client));
                 return Ok(lease);
             }
             state = self.returned.wait(state).unwrap_or_else(PoisonError::into_inner);
@@ -278,17 +268,11 @@ fn open_flags(flags: c_int, create: bool) -> Result<u32, Fail> {
             "O_APPEND is not supported: writes are positional (benchfs_pwrite)",
         ));
     }
-    let mut ns = 0;
-    if create || flags & libc::O_CREAT != 0 {
-        ns |= protocol::meta::CREATE;
-        if flags & libc::O_EXCL != 0 {
-            ns |= protocol::meta::EXCLUSIVE;
-        }
-    }
-    if flags & libc::O_TRUNC != 0 {
-        ns |= protocol::meta::TRUNCATE;
-    }
-    Ok(ns)
+    Ok(posix::namespace_flags(if create {
+        flags | libc::O_CREAT
+    } else {
+        flags
+    }))
 }
 
 /// # Safety
@@ -720,6 +704,7 @@ pub extern "C" fn benchfs_version() -> *const c_char {
 mod tests {
     use super::*;
 
+    use benchfs_core::protocol::meta;
     use benchfs_core::server::{ServerHandle, ServerOptions};
 
     /// Tests that touch the process-wide library state take turns.
@@ -868,13 +853,11 @@ mod tests {
     fn flags_map_to_namespace_flags() {
         assert!(matches!(open_flags(libc::O_RDWR, false), Ok(0)));
         assert!(
-            matches!(open_flags(libc::O_CREAT | libc::O_EXCL, false), Ok(f) if f == protocol::meta::CREATE | protocol::meta::EXCLUSIVE)
+            matches!(open_flags(libc::O_CREAT | libc::O_EXCL, false), Ok(f) if f == meta::CREATE | meta::EXCLUSIVE)
         );
         // O_EXCL means nothing without O_CREAT (as in open(2) on regular files).
         assert!(matches!(open_flags(libc::O_EXCL, false), Ok(0)));
-        assert!(
-            matches!(open_flags(libc::O_TRUNC, true), Ok(f) if f == protocol::meta::CREATE | protocol::meta::TRUNCATE)
-        );
+        assert!(matches!(open_flags(libc::O_TRUNC, true), Ok(f) if f == meta::CREATE | meta::TRUNCATE));
         assert!(matches!(open_flags(libc::O_APPEND, true), Err(f) if f.errno == libc::EINVAL));
     }
 

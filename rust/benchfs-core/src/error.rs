@@ -52,6 +52,8 @@ pub enum Error {
     Ucx(#[from] benchfs_ucx::UcxError),
     #[error("stopped")]
     Stopped,
+    #[error("I/O operation on a closed {0}")]
+    Closed(&'static str),
 }
 
 impl Error {
@@ -66,6 +68,7 @@ impl Error {
             Error::Remote { errno, .. } | Error::Path { errno, .. } => *errno,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Stopped => libc::ESHUTDOWN,
+            Error::Closed(_) => libc::EBADF,
         }
     }
 

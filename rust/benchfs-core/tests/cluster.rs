@@ -408,3 +408,53 @@ fn namespace_operations_across_owners() -> Result<()> {
     }
     Ok(())
 }
+
+/// One shared client and one shared file, used by four threads at once (each its own range,
+/// several passes): every byte comes back, and a closed client or file is an error, not a crash.
+#[test]
+fn threads_take_turns_on_a_shared_client_and_file() -> Result<()> {
+    use benchfs_core::shared::{SharedClient, SharedFile};
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let c = config(2, 64 * 1024)?;
+    let mut servers = start(dir.path(), 2, &c)?;
+    let client = SharedClient::new(Client::connect(&dir.path().join("registry"), c)?);
+    let file = SharedFile::new(client.with(|cl| cl.open("/shared", CREATE | EXCLUSIVE, 0o644))?);
+    const PIECE: usize = 200_000;
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (client, file) = (&client, &file);
+                s.spawn(move || -> Result<()> {
+                    for pass in 0..5u64 {
+                        let data = pattern(t * 100 + pass, PIECE);
+                        let at = t * PIECE as u64;
+                        assert_eq!(file.with(client, |cl, f| cl.write(f, at, &data))?, PIECE);
+                        let mut back = vec![0u8; PIECE];
+                        assert_eq!(file.with(client, |cl, f| cl.read(f, at, &mut back))?, PIECE);
+                        assert!(back == data, "thread {t} pass {pass}: bytes differ");
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| Error::InvalidArgument("a thread panicked".into()))??;
+        }
+        Ok(())
+    })?;
+    file.close(&client)?;
+    assert!(file.is_closed());
+    let closed = file.with(&client, |cl, f| cl.fsync(f));
+    assert!(matches!(closed, Err(Error::Closed("file"))), "{closed:?}");
+    let reopened = client.with(|cl| cl.open("/shared", 0, 0))?;
+    assert_eq!(reopened.size(), 4 * PIECE as u64);
+    client.close();
+    let after = client.with(|cl| cl.stat("/shared"));
+    assert!(matches!(after, Err(Error::Closed("client"))), "{after:?}");
+    assert_eq!(after.err().map(|e| e.errno()), Some(libc::EBADF));
+    for s in &mut servers {
+        s.stop()?;
+    }
+    Ok(())
+}

@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use benchfs_core::client::{Client, FileHandle as CoreHandle};
 use benchfs_core::config::Config;
 use benchfs_core::namespace::{self, Attr, Kind};
+use benchfs_core::posix;
 use benchfs_core::protocol;
 use benchfs_core::Error;
 use fuser::{
@@ -50,20 +51,6 @@ const STATFS_BLOCKS: u64 = 1 << 38;
 /// How long rmdir and rename wait for queued removals of hidden names.
 const REMOVAL_WAIT: Duration = Duration::from_secs(10);
 
-/// Errnos that describe the path rather than a failure of the servers (not logged).
-const PATH_ERRNOS: [i32; 10] = [
-    libc::ENOENT,
-    libc::EEXIST,
-    libc::EISDIR,
-    libc::ENOTDIR,
-    libc::ENOTEMPTY,
-    libc::ENAMETOOLONG,
-    libc::EINVAL,
-    libc::EBUSY,
-    libc::EXDEV,
-    libc::EOPNOTSUPP,
-];
-
 type Res<T> = Result<T, Errno>;
 
 /// A queued request: run on a worker, or (`None`) answered with an error at shutdown.
@@ -73,7 +60,7 @@ pub type Job = Box<dyn FnOnce(Option<&mut Worker>) + Send>;
 /// since the application only sees EIO-like codes.
 fn errno(op: &str, e: Error) -> Errno {
     let code = e.errno();
-    if !PATH_ERRNOS.contains(&code) {
+    if !posix::is_path_answer(code) {
         eprintln!("benchfs-mount: {op}: {e}");
     }
     Errno::from_i32(code)
@@ -374,13 +361,7 @@ impl Worker {
         flags: i32,
     ) -> Res<(FileAttr, u64, FopenFlags)> {
         let path = self.child(parent, name)?;
-        let mut how = protocol::meta::CREATE;
-        if flags & libc::O_EXCL != 0 {
-            how |= protocol::meta::EXCLUSIVE;
-        }
-        if flags & libc::O_TRUNC != 0 {
-            how |= protocol::meta::TRUNCATE;
-        }
+        let how = posix::namespace_flags(flags | libc::O_CREAT);
         // Truncating a file this mount has open: between its reads and writes, as setattr.
         let known = self.shared.table().ino_of(&path);
         let io = match known {

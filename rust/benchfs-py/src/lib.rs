@@ -14,9 +14,10 @@ use pyo3::types::{PyBytes, PyDict};
 use benchfs_core::client::{Client as CoreClient, FileHandle};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
-use benchfs_core::protocol;
+use benchfs_core::posix;
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
+use benchfs_core::shared::{SharedClient, SharedFile};
 use benchfs_core::size;
 use benchfs_core::Error;
 use benchfs_tools::config::ToolSections;
@@ -27,7 +28,7 @@ use benchfs_tools::transfer::{run_transfers, Direction, TransferSpec};
 
 fn to_py(e: Error) -> PyErr {
     match e {
-        Error::Config(_) | Error::Registry { .. } | Error::InvalidArgument(_) => {
+        Error::Config(_) | Error::Registry { .. } | Error::InvalidArgument(_) | Error::Closed(_) => {
             PyValueError::new_err(e.to_string())
         }
         other => PyOSError::new_err((other.errno(), other.to_string())),
@@ -194,34 +195,18 @@ impl PyServer {
     }
 }
 
-/// A core client that may move between threads: every use, and the drop, happens under the
-/// owning `PyClient`'s mutex, and its UCX worker runs in serialized (not single-thread) mode.
-struct MovableClient(CoreClient);
-// SAFETY: see above; the client keeps no thread-local state.
-unsafe impl Send for MovableClient {}
-
 /// A client of a running cluster. Safe to share between threads, which then take turns; use
 /// one client per thread for parallel I/O.
 #[pyclass(name = "Client", module = "benchfs._core", frozen)]
 struct PyClient {
-    inner: Mutex<Option<MovableClient>>,
+    inner: SharedClient,
 }
 
 impl PyClient {
     /// Runs `f` on the client with the GIL released. The lock is taken after the GIL is
     /// released, so a thread waiting for the client never holds the GIL.
     fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&CoreClient) -> Result<R, Error>) -> PyResult<R> {
-        let outcome = detached(py, self, |me| {
-            let guard = me.inner.lock().map_err(|_| "client lock poisoned".to_string())?;
-            let client = guard
-                .as_ref()
-                .ok_or_else(|| "I/O operation on a closed client".to_string())?;
-            Ok::<_, String>(f(&client.0))
-        });
-        match outcome {
-            Ok(result) => result.map_err(to_py),
-            Err(message) => Err(PyValueError::new_err(message)),
-        }
+        detached(py, &self.inner, |shared| shared.with(f)).map_err(to_py)
     }
 }
 
@@ -249,34 +234,23 @@ impl PyClient {
             config.cluster.expected_servers = n;
         }
         let client = detached(py, (), |()| {
-            CoreClient::connect(&registry_dir, config).map(MovableClient)
+            CoreClient::connect(&registry_dir, config).map(SharedClient::new)
         })
         .map_err(to_py)?;
-        Ok(PyClient {
-            inner: Mutex::new(Some(client)),
-        })
+        Ok(PyClient { inner: client })
     }
 
     /// Opens the file at `path`. `flags` takes os.O_CREAT, os.O_EXCL and os.O_TRUNC (the
     /// access mode bits are accepted and ignored: there are no permission checks).
     #[pyo3(signature = (path, flags=0, mode=0o644))]
     fn open(slf: Py<Self>, py: Python<'_>, path: &str, flags: i32, mode: u32) -> PyResult<PyFile> {
-        let mut ns_flags = 0;
-        for (os, ns) in [
-            (libc_flags::O_CREAT, protocol::meta::CREATE),
-            (libc_flags::O_EXCL, protocol::meta::EXCLUSIVE),
-            (libc_flags::O_TRUNC, protocol::meta::TRUNCATE),
-        ] {
-            if flags & os != 0 {
-                ns_flags |= ns;
-            }
-        }
+        let ns_flags = posix::namespace_flags(flags);
         let handle = slf
             .get()
-            .with(py, |c| c.open(path, ns_flags, mode).map(MovableHandle))?;
+            .with(py, |c| c.open(path, ns_flags, mode).map(SharedFile::new))?;
         Ok(PyFile {
             client: slf.clone_ref(py),
-            handle: Mutex::new(Some(handle)),
+            file: handle,
         })
     }
 
@@ -344,12 +318,8 @@ impl PyClient {
 
     /// Closes the connections. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let closed = detached(py, self, |me| me.inner.lock().map(|mut g| g.take()).is_ok());
-        if closed {
-            Ok(())
-        } else {
-            Err(PyRuntimeError::new_err("client lock poisoned"))
-        }
+        detached(py, &self.inner, SharedClient::close);
+        Ok(())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -368,12 +338,6 @@ impl PyClient {
 }
 
 /// The O_* values of this platform (Linux), as Python's `os` module has them.
-mod libc_flags {
-    pub const O_CREAT: i32 = 0o100;
-    pub const O_EXCL: i32 = 0o200;
-    pub const O_TRUNC: i32 = 0o1000;
-}
-
 fn kind_name(k: Kind) -> &'static str {
     match k {
         Kind::File => "file",
@@ -395,17 +359,12 @@ fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
-/// An open file handle; used only under its `PyFile`'s mutex (see `MovableClient`).
-struct MovableHandle(FileHandle);
-// SAFETY: as for MovableClient: every use happens under the owning mutex.
-unsafe impl Send for MovableHandle {}
-
 /// An open file of a `Client`: positional I/O (offsets are explicit), fsync, close.
 /// Close publishes the size this handle wrote (close-to-open consistency).
 #[pyclass(name = "File", module = "benchfs._core", frozen)]
 struct PyFile {
     client: Py<PyClient>,
-    handle: Mutex<Option<MovableHandle>>,
+    file: SharedFile,
 }
 
 impl PyFile {
@@ -414,16 +373,8 @@ impl PyFile {
         py: Python<'_>,
         f: impl FnOnce(&CoreClient, &FileHandle) -> Result<R, Error>,
     ) -> PyResult<R> {
-        let handle = &self.handle;
-        self.client.get().with(py, move |c| {
-            let guard = handle
-                .lock()
-                .map_err(|_| Error::InvalidArgument("file lock poisoned".into()))?;
-            let h = guard
-                .as_ref()
-                .ok_or_else(|| Error::InvalidArgument("I/O operation on a closed file".into()))?;
-            f(c, &h.0)
-        })
+        let (file, client) = (&self.file, &self.client.get().inner);
+        detached(py, (), move |()| file.with(client, f)).map_err(to_py)
     }
 }
 
@@ -499,20 +450,14 @@ impl PyFile {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.handle.lock().map_or(true, |g| g.is_none())
+        self.file.is_closed()
     }
 
     /// Publishes the size this handle wrote, then closes it (even if publishing failed, which
     /// is reported). Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if self.closed() {
-            return Ok(());
-        }
-        let result = self.with(py, |c, f| c.close(f));
-        if let Ok(mut g) = self.handle.lock() {
-            g.take();
-        }
-        result
+        let (file, client) = (&self.file, &self.client.get().inner);
+        detached(py, (), move |()| file.close(client)).map_err(to_py)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -3,6 +3,7 @@
 //! that the server answers with an error reply.
 
 use crate::error::{Error, Result};
+use crate::posix::NAMESPACE_ERRNOS;
 
 pub mod meta;
 
@@ -275,19 +276,6 @@ impl Header {
         })
     }
 }
-
-/// The errors a metadata owner answers about a path (anything else is about the server).
-pub const NAMESPACE_ERRNOS: [i32; 9] = [
-    libc::ENOENT,
-    libc::EEXIST,
-    libc::EISDIR,
-    libc::ENOTDIR,
-    libc::ENOTEMPTY,
-    libc::ENAMETOOLONG,
-    libc::EINVAL,
-    libc::EBUSY,
-    libc::EXDEV,
-];
 
 /// Whether a reply status is the server failing (an I/O error, a payload that never arrived),
 /// as opposed to success or a metadata owner's answer about a path (ENOENT for a lookup of a
