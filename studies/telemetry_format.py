@@ -1,8 +1,9 @@
 """How fast does a run's telemetry load into pandas, per candidate on-disk format?
 
 Writes one synthetic run (servers x snapshots, with the record mix of a busy server: every
-counter and histogram statistic plus ~200 non-empty buckets per snapshot) in BenchFS's binary
-format (docs/telemetry.md), loads it with `benchfs.telemetry.load`, then writes the same rows
+counter and histogram statistic plus ~200 non-empty buckets per snapshot) with the core's own
+telemetry writer (`benchfs._core.SyntheticTelemetry`; format: docs/telemetry.md), loads it with
+`benchfs.telemetry.load`, then writes the same rows
 as columnar CSV and, if pyarrow is importable, as Parquet, and loads those into equivalent
 DataFrames. Prints one JSON line per format: rows, bytes on disk, best load time of 3.
 
@@ -24,91 +25,44 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchfs import telemetry
+from benchfs import _core, telemetry
 
-OPS = ["write", "read", "fsync", "meta"]
-METRICS = [
-    (1, "ops", "counter", True),
-    (2, "bytes", "counter", True),
-    (3, "errors", "counter", True),
-    (4, "pool_waits", "counter", False),
-    (5, "handle_hits", "counter", False),
-    (6, "handle_misses", "counter", False),
-    (7, "rejected_busy", "counter", False),
-    (8, "malformed", "counter", False),
-    (9, "queue_depth", "gauge", False),
-    (10, "in_service", "gauge", False),
-    (11, "buffers_free", "gauge", False),
-    (16, "inflight_at_submit", "histogram", False),
-    (17, "submit_batch", "histogram", False),
-    (18, "queue_wait_ns", "histogram", True),
-    (19, "device_ns", "histogram", True),
-    (20, "total_ns", "histogram", True),
-]
-BUCKETS_PER_HISTOGRAM = {16: 30, 17: 20, 18: 25, 19: 25, 20: 25}
-"""Non-empty buckets per histogram (read and write only for per-op ones): ~200 a snapshot."""
-
-
-def header(server: int) -> bytes:
-    h = {
-        "format": "benchfs-telemetry",
-        "version": 1,
-        "source": "server",
-        "id": server,
-        "worker": 0,
-        "node": f"node-{server}",
-        "pid": 1,
-        "created_unix_ns": 0,
-        "byte_order": "little",
-        "record_size": 32,
-        "ops": OPS,
-        "histogram": {"scheme": "log-linear", "sub_bucket_bits": 2, "buckets": 252},
-        "metrics": [
-            {"id": i, "name": n, "kind": k, "per_op": p, "unit": ""} for i, n, k, p in METRICS
-        ],
-    }
-    text = json.dumps(h).encode()
-    text += b" " * (-(16 + len(text)) % 32)
-    return b"BFSTELEM" + struct.pack("<II", 1, len(text)) + text
-
-
-def snapshot_template(server: int) -> np.ndarray:
-    """The records of one snapshot (values filled in per snapshot)."""
-    rows: list[tuple[int, int, int]] = []  # metric, op, bucket
-    for mid, _, kind, per_op in METRICS:
-        ops = range(4) if per_op else [0xFF]
-        for op in ops:
-            if kind != "histogram":
-                rows.append((mid, op, 0xFFFF))
-                continue
-            rows += [(mid, op, b) for b in (0xFFFE, 0xFFFD, 0xFFFC, 0xFFFB)]
-            if op in (0, 1, 0xFF):
-                first = 1 if mid in (16, 17) else 40
-                rows += [(mid, op, first + b) for b in range(BUCKETS_PER_HISTOGRAM[mid])]
-    rows.append((0, 0xFF, 0xFFFF))
-    rec = np.zeros(len(rows), dtype=telemetry.RECORD_DTYPE)
-    rec["metric"], rec["op"], rec["bucket"] = np.array(rows).T
-    rec["id"] = server
-    rec["value"][-1] = len(rows) - 1
-    return rec
+HISTOGRAM_VALUES = {
+    "inflight_at_submit": [1, 2, 3, *range(4, 128, 4)],
+    "submit_batch": [1, 2, 3, *range(4, 80, 4)],
+    "queue_wait_ns": [int(1_000 * 1.19**i) for i in range(25)],
+    "device_ns": [int(20_000 * 1.19**i) for i in range(25)],
+    "total_ns": [int(25_000 * 1.19**i) for i in range(25)],
+}
+"""Values recorded into each histogram per snapshot (for read and write, for per-op ones):
+about 200 non-empty buckets a snapshot, the mix of a busy server."""
 
 
 def write_binary(directory: Path, servers: int, snapshots: int) -> int:
+    """The run's files, written by the core's own writer; returns the records written
+    (end-of-snapshot markers not counted)."""
     rng = np.random.default_rng(1)
-    records = 0
     for server in range(servers):
-        tpl = snapshot_template(server)
-        all_rec = np.tile(tpl, snapshots)
-        seq = np.repeat(np.arange(snapshots, dtype=np.uint32), len(tpl))
-        all_rec["seq"] = seq
-        all_rec["t_ns"] = 1_700_000_000_000_000_000 + seq.astype(np.uint64) * 1_000_000_000
-        body = all_rec["metric"] != 0
-        all_rec["value"][body] = np.cumsum(rng.integers(0, 100, body.sum()))
-        with open(directory / f"server-{server}-w0.tel", "wb") as f:
-            f.write(header(server))
-            all_rec.tofile(f)
-        records += int(body.sum())
-    return records
+        w = _core.SyntheticTelemetry(directory, "server", server, 0, f"node-{server}")
+        for k in range(snapshots):
+            for op in ("write", "read"):
+                n = int(rng.integers(1, 100))
+                w.add("ops", n, op)
+                w.add("bytes", n * 1_048_576, op)
+                for name in ("queue_wait_ns", "device_ns", "total_ns"):
+                    w.record(name, HISTOGRAM_VALUES[name], op)
+            for name in ("pool_waits", "handle_hits", "handle_misses"):
+                w.add(name, int(rng.integers(0, 100)))
+            w.set("queue_depth", int(rng.integers(0, 64)))
+            w.record("inflight_at_submit", HISTOGRAM_VALUES["inflight_at_submit"])
+            w.record("submit_batch", HISTOGRAM_VALUES["submit_batch"])
+            w.snapshot(1_700_000_000_000_000_000 + k * 1_000_000_000)
+    records = 0
+    for path in directory.glob("*.tel"):
+        data = path.read_bytes()
+        (header_len,) = struct.unpack_from("<I", data, 12)
+        records += (len(data) - 16 - header_len) // telemetry.RECORD_DTYPE.itemsize
+    return records - servers * snapshots
 
 
 def best_of(n: int, fn: Callable[[], object]) -> float:

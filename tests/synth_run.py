@@ -1,4 +1,5 @@
-"""Synthetic results directories with planted answers, written with the test-only `tel_writer`."""
+"""Synthetic results directories with planted answers, their telemetry written by the core's
+own writers (`tel_writer`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from benchfs.config import resolve_config_text
 from benchfs.units import MIB
-from tel_writer import TelWriter, trace_header, trace_record
+from tel_writer import TelWriter, TraceRecord, trace_record, write_trace
 
 T0 = 1_800_000_000_000_000_000
 """The synthetic runs' start (ns since the epoch); snapshot k is taken at T0 + (k + 1) s."""
@@ -104,7 +105,7 @@ def make_run(
         batch = _split(
             spec.batch if spec.batch is not None else np.full(n_total // 4, 4), snapshots
         )
-        records = bytearray(trace_header(sid, 0, spec.node)) if trace else None
+        records: list[TraceRecord] | None = [] if trace else None
         chunk_no = 0
         for k in range(snapshots):
             t_snap = T0 + (k + 1) * SECOND
@@ -125,15 +126,17 @@ def make_run(
                         chunk = chunk_no
                         if op == "write" and spec.write_chunks is not None:
                             chunk = int(spec.write_chunks[chunk_no % len(spec.write_chunks)])
-                        records += trace_record(
-                            int(starts[j]),
-                            op,
-                            int(v),
-                            server=sid,
-                            queue_ns=int(q),
-                            file_id=(7 << 64) + sid,
-                            chunk=chunk,
-                            nbytes=nbytes,
+                        records.append(
+                            trace_record(
+                                int(starts[j]),
+                                op,
+                                int(v),
+                                server=sid,
+                                queue_ns=int(q),
+                                file_id=(7 << 64) + sid,
+                                chunk=chunk,
+                                nbytes=nbytes,
+                            )
                         )
                         chunk_no += 1
             ops_now = len(writes[k]) + len(reads[k])
@@ -151,7 +154,7 @@ def make_run(
             w.set("buffers_free", 0 if spec.pool_waits else 32)
             w.snapshot(t_snap)
         if records is not None:
-            (tel / f"server-{sid}-w0.trace").write_bytes(bytes(records))
+            write_trace(tel, sid, records, node=spec.node)
     for c in clients or []:
         w = TelWriter(
             tel / f"client-{c.ident}-w0.tel", "client", c.ident, c.node, targets=sorted(servers)

@@ -1,5 +1,6 @@
 """benchfs.analysis on synthetic telemetry with known answers (planted slow node, bimodal
-distribution, imbalance, retries...), written in the documented format by tests/tel_writer.py.
+distribution, imbalance, retries...), written by the core's own telemetry writer
+(tests/tel_writer.py).
 
 The real run's directory, the CLI, the HTML report and the notebooks are in
 test_analysis_e2e.py.
@@ -13,6 +14,7 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ from benchfs.analysis.thresholds import resolve_thresholds
 from benchfs.config import Section, load_config, section
 from benchfs.telemetry import TelemetryFormatError, load, load_trace
 from synth_run import MIB, SECOND, T0, ClientSpec, ServerSpec, iostat_json, make_run, ms
-from tel_writer import TelWriter, trace_header, trace_record
+from tel_writer import TelWriter, trace_record, write_trace
 
 TH = Section(
     "insights",
@@ -70,9 +72,11 @@ def cluster(**changes: ServerSpec) -> dict[int, ServerSpec]:
     return servers
 
 
-def healthy_clients() -> list[ClientSpec]:
+def healthy_clients(servers: Iterable[int] = range(4)) -> list[ClientSpec]:
+    """Two clients, each with healthy traffic to every one of `servers`."""
+    targets = list(servers)
     return [
-        ClientSpec(c, f"cn-{c}", {t: (400, 0, 0, ms(1.5, 400)) for t in range(4)}) for c in range(2)
+        ClientSpec(c, f"cn-{c}", {t: (400, 0, 0, ms(1.5, 400)) for t in targets}) for c in range(2)
     ]
 
 
@@ -159,16 +163,21 @@ def test_client_telemetry_loads_with_targets(tmp_path: Path) -> None:
 
 def test_version_1_rules_still_hold(tmp_path: Path) -> None:
     # a version 1 server file loads as before; per-target metrics need version 2
-    w = TelWriter(tmp_path / "server-1-w0.tel", "server", 1, "n1", version=1)
+    w = TelWriter(tmp_path / "server-1-w0.tel", "server", 1, "n1")
     w.add("ops", 3, "read")
     w.snapshot(T0)
     tel = load(tmp_path / "server-1-w0.tel")
+    assert list(tel.files["version"]) == [1]
     assert "target" not in tel.counters.columns and not tel.has_clients
     assert int(tel.latest_counters().query("metric == 'ops' and op == 'read'")["value"].sum()) == 3
-    bad = tmp_path / "client-1-w0.tel"
-    TelWriter(bad, "client", 1, "c", version=1, targets=[0])
+    # A client's file claiming version 1 (preamble and header rewritten) is refused.
+    client = TelWriter(tmp_path / "v1" / "client-1-w0.tel", "client", 1, "c", targets=[0])
+    data = bytearray(client.path.read_bytes())
+    struct.pack_into("<I", data, 8, 1)
+    assert data.count(b'"version":2') == 1
+    client.path.write_bytes(bytes(data).replace(b'"version":2', b'"version":1'))
     with pytest.raises(TelemetryFormatError, match="source 'client'"):
-        load(bad)
+        load(client.path)
 
 
 def test_client_record_with_wrong_target_is_damage(tmp_path: Path) -> None:
@@ -186,7 +195,6 @@ def test_client_record_with_wrong_target_is_damage(tmp_path: Path) -> None:
 
 
 def test_trace_loads_exactly_and_skips_a_torn_tail(tmp_path: Path) -> None:
-    path = tmp_path / "server-3-w1.trace"
     recs = [
         trace_record(
             T0,
@@ -201,7 +209,9 @@ def test_trace_loads_exactly_and_skips_a_torn_tail(tmp_path: Path) -> None:
         ),
         trace_record(T0 + 10, "read", 7_000, server=3, worker=1, queue_ns=2_000, error=True),
     ]
-    path.write_bytes(trace_header(3, 1, "n3") + b"".join(recs) + recs[0][:50])
+    path = write_trace(tmp_path, 3, recs, worker=1, node="n3")
+    with path.open("ab") as f:
+        f.write(path.read_bytes()[-72:][:50])  # a record torn by a crash
     tr = load_trace(tmp_path)
     assert tr is not None and len(tr) == 2
     assert list(tr["op"]) == ["write", "read"] and list(tr["node"]) == ["n3", "n3"]
@@ -216,8 +226,8 @@ def test_trace_loads_exactly_and_skips_a_torn_tail(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert load_trace(empty) is None
-    other = tmp_path / "server-4-w0.trace"
-    other.write_bytes(trace_header(4) + trace_record(T0, "read", 1, server=5))
+    other = tmp_path / "other"
+    write_trace(other, 4, [trace_record(T0, "read", 1, server=5)])
     with pytest.raises(TelemetryFormatError, match="does not fit the header"):
         load_trace(other)
 
@@ -472,7 +482,7 @@ def test_each_insight_fires_on_its_planted_case(tmp_path: Path, ident: str) -> N
     run = make_run(
         tmp_path,
         case["servers"],
-        clients=case.get("clients") or healthy_clients(),
+        clients=case.get("clients") or healthy_clients(case["servers"]),
         iostat=case.get("iostat") or healthy_iostat(),
         overrides=case.get("overrides", ()),
     )

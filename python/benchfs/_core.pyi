@@ -3,6 +3,8 @@
 Private: import the public names from `benchfs` instead. Every blocking call releases the GIL.
 """
 
+import os
+from pathlib import Path
 from types import TracebackType
 from typing import Any, final
 
@@ -14,6 +16,7 @@ __all__ = [
     "File",
     "PlacementStudy",
     "Server",
+    "SyntheticTelemetry",
     "__version__",
     "bench_storage",
     "bench_telemetry",
@@ -23,6 +26,7 @@ __all__ = [
     "parse_size",
     "resolve_config",
     "wait_for_servers",
+    "write_trace",
 ]
 
 __version__: str
@@ -232,3 +236,42 @@ class PlacementStudy:
         """The same files after the cluster grew (stored layouts do not change)."""
     def servers_into(self, files: Buffer, chunks: Buffer, out: Buffer) -> None:
         """out[i] = server index of chunk chunks[i] of file files[i] (uint64, uint64, uint32)."""
+
+@final
+class SyntheticTelemetry:
+    """A telemetry file with chosen contents, written by the core's own writer (for tests and
+    studies): a server worker's (`source="server"`, format version 1) or a client's
+    (`source="client"`, version 2, for the servers `targets`), named as a run names it."""
+
+    def __new__(
+        cls,
+        directory: str | os.PathLike[str],
+        source: str,
+        id: int,
+        worker: int = 0,
+        node: str = "node-0",
+        targets: list[int] | None = None,
+    ) -> SyntheticTelemetry: ...
+    @property
+    def path(self) -> Path: ...
+    def add(self, name: str, value: int, op: str | None = None, target: int | None = None) -> None:
+        """Adds to a counter (ValueError for a name, op or target the catalogue refuses)."""
+    def set(self, name: str, value: int, op: str | None = None, target: int | None = None) -> None:
+        """Sets a counter or gauge."""
+    def record(
+        self, name: str, values: list[int], op: str | None = None, target: int | None = None
+    ) -> None:
+        """Records values into a histogram."""
+    def snapshot(self, t_ns: int) -> None:
+        """Appends one snapshot of the current values, taken at `t_ns`."""
+
+def write_trace(
+    directory: str | os.PathLike[str],
+    server: int,
+    worker: int,
+    node: str,
+    records: list[tuple[int, str, int, int, int, int, int, int, int, int, bool]],
+) -> Path:
+    """Writes `records` ((t_ns, op, total_ns, queue_ns, device_ns, file_id, chunk, bytes,
+    server, worker, error) each) as `server-<server>-w<worker>.trace` in `directory` with the
+    core's trace writer; returns its path."""

@@ -19,11 +19,13 @@ use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::shared::{SharedClient, SharedFile};
 use benchfs_core::size;
+use benchfs_core::telemetry::{OpKind, TraceRecord, TRACE_FLAG_ERROR};
 use benchfs_core::Error;
 use benchfs_tools::config::ToolSections;
 use benchfs_tools::ior;
 use benchfs_tools::placement_study::{Scheme, Study};
 use benchfs_tools::storage_bench::{self as bench, Pattern, StorageBenchSpec};
+use benchfs_tools::synthetic::{self, SyntheticTelemetry};
 use benchfs_tools::transfer::{run_transfers, Direction, TransferSpec};
 
 fn to_py(e: Error) -> PyErr {
@@ -755,6 +757,110 @@ fn ior_phase<'py>(
     Ok(d)
 }
 
+/// A telemetry file with chosen contents, written by the core's own writer (for tests and
+/// studies; see `benchfs_tools::synthetic`).
+#[pyclass(name = "SyntheticTelemetry", module = "benchfs._core", unsendable)]
+struct PySyntheticTelemetry {
+    inner: SyntheticTelemetry,
+}
+
+#[pymethods]
+impl PySyntheticTelemetry {
+    /// A server worker's file (`source="server"`, format version 1) or a client's
+    /// (`source="client"`, version 2, for the servers `targets`) in `directory`.
+    #[new]
+    #[pyo3(signature = (directory, source, id, worker=0, node="node-0", targets=None))]
+    fn new(
+        directory: PathBuf,
+        source: &str,
+        id: u32,
+        worker: u32,
+        node: &str,
+        targets: Option<Vec<u32>>,
+    ) -> PyResult<Self> {
+        let inner = match (source, targets) {
+            ("server", None) => SyntheticTelemetry::server(&directory, id, worker, node),
+            ("client", Some(t)) => SyntheticTelemetry::client(&directory, id, worker, node, &t),
+            ("server", Some(_)) => return Err(PyValueError::new_err("a server file has no targets")),
+            ("client", None) => return Err(PyValueError::new_err("a client file needs targets")),
+            (other, _) => return Err(PyValueError::new_err(format!("unknown source {other:?}"))),
+        }
+        .map_err(to_py)?;
+        Ok(PySyntheticTelemetry { inner })
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.path().to_path_buf()
+    }
+
+    #[pyo3(signature = (name, value, op=None, target=None))]
+    fn add(&mut self, name: &str, value: u64, op: Option<&str>, target: Option<u32>) -> PyResult<()> {
+        self.inner.add(name, value, op, target).map_err(to_py)
+    }
+
+    #[pyo3(signature = (name, value, op=None, target=None))]
+    fn set(&mut self, name: &str, value: u64, op: Option<&str>, target: Option<u32>) -> PyResult<()> {
+        self.inner.set(name, value, op, target).map_err(to_py)
+    }
+
+    #[pyo3(signature = (name, values, op=None, target=None))]
+    fn record(
+        &mut self,
+        name: &str,
+        values: Vec<u64>,
+        op: Option<&str>,
+        target: Option<u32>,
+    ) -> PyResult<()> {
+        self.inner.record(name, &values, op, target).map_err(to_py)
+    }
+
+    fn snapshot(&mut self, t_ns: u64) -> PyResult<()> {
+        self.inner.snapshot(t_ns).map_err(to_py)
+    }
+}
+
+/// One trace record: (t_ns, op, total_ns, queue_ns, device_ns, file_id, chunk, bytes, server,
+/// worker, error).
+type TraceTuple = (u64, String, u64, u64, u64, u128, u64, u64, u32, u16, bool);
+
+/// Writes `records` as the trace file `server-<server>-w<worker>.trace` in `directory` with the
+/// core's trace writer; returns its path.
+#[pyfunction]
+fn write_trace(
+    directory: PathBuf,
+    server: u32,
+    worker: u32,
+    node: &str,
+    records: Vec<TraceTuple>,
+) -> PyResult<PathBuf> {
+    let records = records
+        .into_iter()
+        .map(
+            |(t_ns, op, total_ns, queue_ns, device_ns, file, chunk, bytes, server, worker, error)| {
+                let op = OpKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == op)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown op {op:?}")))?;
+                Ok(TraceRecord {
+                    t_ns,
+                    queue_ns,
+                    device_ns,
+                    total_ns,
+                    file,
+                    chunk,
+                    bytes,
+                    server,
+                    worker,
+                    op: op as u8,
+                    flags: if error { TRACE_FLAG_ERROR } else { 0 },
+                })
+            },
+        )
+        .collect::<PyResult<Vec<_>>>()?;
+    synthetic::write_trace(&directory, server, worker, node, &records).map_err(to_py)
+}
+
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -772,5 +878,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClient>()?;
     m.add_class::<PyFile>()?;
     m.add_class::<PyPlacementStudy>()?;
+    m.add_class::<PySyntheticTelemetry>()?;
+    m.add_function(wrap_pyfunction!(write_trace, m)?)?;
     Ok(())
 }

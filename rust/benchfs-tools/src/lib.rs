@@ -6,4 +6,5 @@ pub mod config;
 pub mod ior;
 pub mod placement_study;
 pub mod storage_bench;
+pub mod synthetic;
 pub mod transfer;
