@@ -116,6 +116,9 @@ def test_servers_write_telemetry_that_loads(inproc_cluster, tmp_path: Path) -> N
     assert total[("ops", "meta")] >= 4  # at least the two creations and the two reopenings
     for metric in ("errors", "malformed", "rejected_busy"):
         assert total[metric].sum() == 0, metric
+    # The chunk store counts its own handle lookups; the snapshot takes them (one per data op).
+    lookups = total["handle_hits"].sum() + total["handle_misses"].sum()
+    assert lookups >= total[("ops", "write")] + total[("ops", "read")], lookups
 
     # Histogram counts equal the op counts, per server and op, in the statistics and buckets.
     per = last.set_index(["server", "metric", "op"])["value"]

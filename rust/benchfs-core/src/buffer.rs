@@ -3,7 +3,7 @@
 //! allocation storm.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +14,6 @@ use std::task::{Context, Poll, Waker};
 use benchfs_ucx::{MemHandle, Worker};
 
 use crate::error::{Error, Result};
-use crate::telemetry::WorkerMetrics;
 
 pub const ALIGN: usize = 4096;
 
@@ -54,8 +53,8 @@ pub struct PoolInner {
     free: RefCell<Vec<Aligned>>,
     waiters: RefCell<VecDeque<Waker>>,
     total: usize,
-    /// Where each wait for a buffer is counted (exhaustion shows there).
-    metrics: OnceCell<Rc<WorkerMetrics>>,
+    /// Requests that had to wait for a buffer (exhaustion shows there): `pool_waits`.
+    waits: Cell<u64>,
     /// UCX registrations of the buffers, by index, once `register_ucx` ran.
     memhs: OnceCell<Vec<MemHandle>>,
 }
@@ -82,7 +81,7 @@ impl BufferPool {
                 free: RefCell::new(free),
                 waiters: RefCell::new(VecDeque::new()),
                 total: count,
-                metrics: OnceCell::new(),
+                waits: Cell::new(0),
                 memhs: OnceCell::new(),
             }),
         })
@@ -130,9 +129,9 @@ impl BufferPool {
         self.inner.free.borrow().len()
     }
 
-    /// Counts every request that has to wait for a buffer in `metrics` (`pool_waits`).
-    pub fn set_metrics(&self, metrics: Rc<WorkerMetrics>) {
-        let _ = self.inner.metrics.set(metrics);
+    /// Requests that had to wait for a buffer so far.
+    pub fn waits(&self) -> u64 {
+        self.inner.waits.get()
     }
 
     /// Forgets parked waiters (at shutdown, to break waker reference cycles).
@@ -170,9 +169,7 @@ impl Future for Acquire {
             }
         }
         if !self.waited {
-            if let Some(m) = inner.metrics.get() {
-                m.count_pool_wait();
-            }
+            inner.waits.set(inner.waits.get() + 1);
         }
         inner.waiters.borrow_mut().push_back(cx.waker().clone());
         self.waited = true;
@@ -269,8 +266,6 @@ mod tests {
     #[test]
     fn exhaustion_waits_and_release_wakes() -> Result<()> {
         let pool = BufferPool::new(2, 8192)?;
-        let metrics = Rc::new(WorkerMetrics::new(true));
-        pool.set_metrics(metrics.clone());
         let waker = noop_waker();
         let mut cx = Context::from_waker(&waker);
         let poll = |a: &mut Acquire, cx: &mut Context<'_>| match Pin::new(a).poll(cx) {
@@ -283,7 +278,7 @@ mod tests {
         assert_eq!(a.as_ref().map(|b| b.as_ptr() as usize % ALIGN), Some(0));
         let mut third = pool.acquire();
         assert!(poll(&mut third, &mut cx).is_none());
-        assert_eq!(metrics.pool_waits(), 1);
+        assert_eq!(pool.waits(), 1);
         drop(a);
         assert!(poll(&mut third, &mut cx).is_some());
         assert_eq!(pool.available(), 1);

@@ -28,7 +28,7 @@ use benchfs_ucx::Worker;
 
 use crate::buffer::{BufferPool, IoBuffer};
 use crate::error::{Error, Result};
-use crate::telemetry::WorkerMetrics;
+use crate::telemetry::SubmitStats;
 
 const TOKEN_UCX: u64 = u64::MAX;
 const TOKEN_NOTIFY: u64 = u64::MAX - 1;
@@ -70,7 +70,7 @@ pub struct Reactor {
     /// Data operations (not the loop's own polls) queued or in the kernel.
     inflight: Cell<u32>,
     /// Where depth-at-submit and batch sizes are recorded (the telemetry of this loop).
-    metrics: RefCell<Option<Rc<WorkerMetrics>>>,
+    submit_stats: SubmitStats,
     /// Experimental timer-gated submission (the seeds' policy): hold data SQEs this long.
     hold: Option<Duration>,
     last_flush: Cell<Instant>,
@@ -124,7 +124,7 @@ impl Reactor {
             notify_waker: RefCell::new(None),
             woke: Cell::new(false),
             inflight: Cell::new(0),
-            metrics: RefCell::new(None),
+            submit_stats: SubmitStats::default(),
             hold,
             last_flush: Cell::new(Instant::now()),
             fixed_pool: Cell::new(None),
@@ -311,21 +311,15 @@ impl Reactor {
         self.spin.set(spin);
     }
 
-    /// Records this loop's submissions (in-flight depth, batch size) into `metrics`.
-    pub fn set_metrics(&self, metrics: Rc<WorkerMetrics>) {
-        *self.metrics.borrow_mut() = Some(metrics);
+    /// This loop's submissions (in-flight depth, batch size), recorded once enabled.
+    pub fn submit_stats(&self) -> &SubmitStats {
+        &self.submit_stats
     }
 
     /// One `io_uring_enter` put `sqes` data operations in the kernel, leaving `depth` in
     /// flight: each of them counts as submitted at that depth.
     fn record_submit(&self, sqes: u32) {
-        if sqes == 0 {
-            return;
-        }
-        if let Some(m) = self.metrics.borrow().as_ref() {
-            m.record_inflight_n(self.inflight.get(), sqes);
-            m.record_submit(sqes);
-        }
+        self.submit_stats.record(self.inflight.get(), sqes);
     }
 
     /// A future that resolves after `dur` (for request timeouts, never for batching I/O).

@@ -652,6 +652,15 @@ impl ServerState {
         }
     }
 
+    /// Takes the stats the event loop, the buffer pool and the store keep themselves.
+    fn absorb_parts(&self) {
+        self.metrics.absorb(
+            self.reactor.submit_stats(),
+            self.pool.waits(),
+            self.store.handle_lookups(),
+        );
+    }
+
     fn set_gauges(&self) {
         self.metrics.set_gauges(
             self.queue.items.borrow().len(),
@@ -674,6 +683,7 @@ fn snapshot(state: &ServerState, outputs: &RefCell<Outputs>) {
     let mut out = outputs.borrow_mut();
     if let Some(w) = out.snapshots.as_mut() {
         state.set_gauges();
+        state.absorb_parts();
         if let Err(e) = w.write(&*state.metrics, unix_time_ns()) {
             eprintln!("benchfs: telemetry snapshots stopped: {e}");
             out.snapshots = None;
@@ -748,14 +758,13 @@ fn run_worker(
         let worker = Worker::with_options(&config.network.worker_options())?;
         reactor.attach_ucx(worker.clone());
         let metrics = Rc::new(WorkerMetrics::new(config.telemetry.enabled));
-        reactor.set_metrics(metrics.clone());
+        reactor.submit_stats().set_enabled(config.telemetry.enabled);
         let store = ChunkStore::open(
             &opts.data_dir,
             &config.storage,
             config.layout.chunk_size,
             index,
             reactor,
-            metrics.clone(),
         )?;
         let pool = BufferPool::new(
             config.storage.buffer_count as usize,
@@ -764,7 +773,6 @@ fn run_worker(
         // Pool buffers move with READ_FIXED/WRITE_FIXED and UCX knows their memory.
         runtime.reactor().register_buffers(&pool)?;
         pool.register_ucx(&worker)?;
-        pool.set_metrics(metrics.clone());
         // Traces go to a file beside the snapshots; without a directory there is none.
         let tracing = config.telemetry.trace && config.telemetry.enabled && !config.telemetry.dir.is_empty();
         let state = Rc::new(ServerState {
@@ -892,6 +900,7 @@ fn run_worker(
             unsafe { worker.release_data(desc) };
         }
     }
+    state.absorb_parts();
     let stats = ServerStats::from_metrics(&state.metrics);
     // Parked service tasks are referenced by wakers inside the state they reference: break
     // that cycle so the store (and its open files) is released when the server stops.

@@ -12,7 +12,7 @@ use benchfs_core::buffer::{io_buffer_size, BufferPool};
 use benchfs_core::chunking::FileId;
 use benchfs_core::config::StorageConfig;
 use benchfs_core::error::{Error, Result};
-use benchfs_core::runtime::Runtime;
+use benchfs_core::runtime::{Reactor, Runtime};
 use benchfs_core::storage::ChunkStore;
 use benchfs_core::telemetry::{
     bucket_index, unix_time_ns, OpKind, SnapshotWriter, TraceRecord, TraceRing, TraceWriter, WorkerMetrics,
@@ -108,15 +108,13 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
             .max(spec.queue_depth.next_power_of_two()),
     )?;
     let reactor = runtime.reactor().clone();
-    let metrics = Rc::new(WorkerMetrics::new(true));
-    reactor.set_metrics(metrics.clone());
+    reactor.submit_stats().set_enabled(true);
     let store = Rc::new(ChunkStore::open(
         &spec.data_dir,
         &spec.storage,
         spec.chunk_size,
         0,
         reactor.clone(),
-        metrics.clone(),
     )?);
     let pool = BufferPool::new(spec.queue_depth as usize, io_buffer_size(bs))?;
     reactor.register_buffers(&pool)?;
@@ -205,7 +203,8 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
     if let Some(e) = failure.borrow_mut().take() {
         return Err(Error::io("storage benchmark", e));
     }
-    let depth = metrics.inflight_at_submit();
+    let submits = reactor.submit_stats();
+    let depth = submits.inflight_at_submit();
     let submitted = depth.count().max(1) as f64;
     let mut lat = latencies.borrow_mut();
     lat.sort_unstable();
@@ -217,7 +216,7 @@ pub fn bench_storage(spec: &StorageBenchSpec) -> Result<StorageBenchReport> {
         p99_us: percentile(&lat, 0.99),
         mean_inflight: depth.mean(),
         share_depth1: depth.bucket_count(bucket_index(1)) as f64 / submitted,
-        mean_batch: metrics.submit_batch().mean(),
+        mean_batch: submits.submit_batch().mean(),
     })
 }
 
@@ -320,11 +319,21 @@ struct ModeState {
 }
 
 impl ModeState {
-    fn snapshot(&mut self, now: Instant) -> Result<()> {
+    /// Writes a snapshot, taking the stats of the event loop, the pool and the store first
+    /// (as a server worker does).
+    fn snapshot(
+        &mut self,
+        now: Instant,
+        reactor: &Reactor,
+        pool: &BufferPool,
+        store: &ChunkStore,
+    ) -> Result<()> {
         let Some(w) = self.snapshots.as_mut() else {
             return Ok(());
         };
         self.last_snapshot = now;
+        self.metrics
+            .absorb(reactor.submit_stats(), pool.waits(), store.handle_lookups());
         w.write(&*self.metrics, unix_time_ns())?;
         if let Some((ring, tw)) = self.trace.as_mut() {
             tw.flush(ring)?;
@@ -386,14 +395,7 @@ pub fn bench_telemetry(spec: &TelemetryBenchSpec) -> Result<TelemetryBenchReport
     let mut stores = Vec::with_capacity(3);
     for mode in TelemetryMode::ALL {
         let metrics = Rc::new(WorkerMetrics::new(mode != TelemetryMode::Off));
-        let store = ChunkStore::open(
-            &spec.data_dir,
-            &spec.storage,
-            spec.chunk_size,
-            0,
-            reactor.clone(),
-            metrics.clone(),
-        )?;
+        let store = ChunkStore::open(&spec.data_dir, &spec.storage, spec.chunk_size, 0, reactor.clone())?;
         let (mut snapshots, mut trace) = (None, None);
         if mode != TelemetryMode::Off {
             let dir = spec.telemetry_dir.join(mode.name());
@@ -425,7 +427,9 @@ pub fn bench_telemetry(spec: &TelemetryBenchSpec) -> Result<TelemetryBenchReport
         for i in order {
             let store = &stores[i];
             let state = RefCell::new(&mut states[i]);
-            reactor.set_metrics(state.borrow().metrics.clone());
+            reactor
+                .submit_stats()
+                .set_enabled(state.borrow().mode != TelemetryMode::Off);
             let next = Cell::new(0u64);
             let failure: RefCell<Option<Error>> = RefCell::new(None);
             let cpu0 = process_cpu_s()?;
@@ -485,7 +489,7 @@ pub fn bench_telemetry(spec: &TelemetryBenchSpec) -> Result<TelemetryBenchReport
                         };
                         *failure.borrow_mut() = Some(why);
                     } else if done.saturating_duration_since(st.last_snapshot) >= interval {
-                        if let Err(e) = st.snapshot(done) {
+                        if let Err(e) = st.snapshot(done, &reactor, &pool, store) {
                             *failure.borrow_mut() = Some(e);
                         }
                     }
@@ -504,7 +508,7 @@ pub fn bench_telemetry(spec: &TelemetryBenchSpec) -> Result<TelemetryBenchReport
     let mut modes = Vec::with_capacity(3);
     for (mut st, store) in states.into_iter().zip(stores) {
         // The final snapshot, as a stopping server writes it.
-        st.snapshot(Instant::now())?;
+        st.snapshot(Instant::now(), &reactor, &pool, &store)?;
         store
             .close()
             .map_err(|e| Error::io("save the storage index", e))?;

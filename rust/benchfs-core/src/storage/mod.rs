@@ -16,7 +16,7 @@
 mod handles;
 mod packed;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -31,7 +31,6 @@ use crate::chunking::FileId;
 use crate::config::{DiskLayout, StorageConfig};
 use crate::error::{Error, Result};
 use crate::runtime::Reactor;
-use crate::telemetry::WorkerMetrics;
 
 pub use handles::Handle;
 use handles::HandleCache;
@@ -69,7 +68,9 @@ pub struct ChunkStore {
     dirty: RefCell<HashMap<FileId, HashSet<u64>>>,
     /// Every chunk this store wrote, so a chunk file that vanished is an error, not a hole.
     stored: RefCell<HashMap<FileId, HashSet<u64>>>,
-    metrics: Rc<WorkerMetrics>,
+    /// Handle-cache lookups (chunk-file layout): hits, misses.
+    handle_hits: Cell<u64>,
+    handle_misses: Cell<u64>,
 }
 
 /// Fails early, with a clear message, when the file system refuses O_DIRECT (tmpfs does).
@@ -104,7 +105,6 @@ impl ChunkStore {
         chunk_size: u64,
         worker: u32,
         reactor: Rc<Reactor>,
-        metrics: Rc<WorkerMetrics>,
     ) -> Result<ChunkStore> {
         fs::create_dir_all(data_dir).map_err(|e| Error::io(format!("create {}", data_dir.display()), e))?;
         let policy = IoPolicy {
@@ -142,8 +142,14 @@ impl ChunkStore {
             reactor,
             dirty: RefCell::new(HashMap::new()),
             stored: RefCell::new(HashMap::new()),
-            metrics,
+            handle_hits: Cell::new(0),
+            handle_misses: Cell::new(0),
         })
+    }
+
+    /// Handle-cache lookups so far: (hits, misses); zeros for the packed layout.
+    pub fn handle_lookups(&self) -> (u64, u64) {
+        (self.handle_hits.get(), self.handle_misses.get())
     }
 
     pub fn policy(&self) -> IoPolicy {
@@ -159,7 +165,12 @@ impl ChunkStore {
                     Some(h) => h,
                     None => return Ok(None),
                 };
-                self.metrics.count_handle(hit);
+                let counter = if hit {
+                    &self.handle_hits
+                } else {
+                    &self.handle_misses
+                };
+                counter.set(counter.get() + 1);
                 Ok(Some(Location {
                     handle,
                     base: 0,

@@ -221,6 +221,17 @@ impl Histogram {
         self.max.set(self.max.get().max(other.max()));
     }
 
+    /// Makes this histogram a copy of `other`.
+    pub fn copy_from(&self, other: &Histogram) {
+        for (mine, theirs) in self.counts.iter().zip(other.counts.iter()) {
+            mine.set(theirs.get());
+        }
+        self.count.set(other.count.get());
+        self.sum.set(other.sum.get());
+        self.min.set(other.min.get());
+        self.max.set(other.max.get());
+    }
+
     /// Forgets everything recorded.
     pub fn reset(&self) {
         for c in &self.counts {

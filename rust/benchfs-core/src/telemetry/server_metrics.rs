@@ -62,6 +62,42 @@ pub const SERVER_METRICS: &[MetricDef] = {
     ]
 };
 
+/// What an event loop records of its own io_uring submissions, kept by its reactor and read
+/// by [`WorkerMetrics::absorb`] at snapshot time. Off (nothing recorded) until enabled.
+#[derive(Default)]
+pub struct SubmitStats {
+    enabled: Cell<bool>,
+    inflight_at_submit: Histogram,
+    submit_batch: Histogram,
+}
+
+impl SubmitStats {
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled.set(enabled);
+    }
+
+    /// One `io_uring_enter` put `sqes` data SQEs in the kernel, leaving `depth` device
+    /// operations in flight (its own included): each SQE counts as submitted at `depth`, and
+    /// the call as one batch of `sqes` (calls that submitted none are not counted).
+    #[inline]
+    pub fn record(&self, depth: u32, sqes: u32) {
+        if !self.enabled.get() || sqes == 0 {
+            return;
+        }
+        self.inflight_at_submit
+            .record_n(u64::from(depth), u64::from(sqes));
+        self.submit_batch.record(u64::from(sqes));
+    }
+
+    pub fn inflight_at_submit(&self) -> &Histogram {
+        &self.inflight_at_submit
+    }
+
+    pub fn submit_batch(&self) -> &Histogram {
+        &self.submit_batch
+    }
+}
+
 /// The counters, gauges and histograms of one server worker thread.
 ///
 /// Owned by that thread (it is `!Sync`); the hot path calls the `record_*`/`count_*`
@@ -139,37 +175,6 @@ impl WorkerMetrics {
 
     // Hot path.
 
-    /// One `io_uring_enter` submitted `batch` SQEs (calls that submitted none are not counted).
-    #[inline]
-    pub fn record_submit(&self, batch: u32) {
-        if !self.enabled || batch == 0 {
-            return;
-        }
-        self.submit_batch.record(u64::from(batch));
-    }
-
-    /// One data SQE entered the kernel, leaving `depth` device operations in flight (itself and
-    /// the rest of its batch included, so a lone operation on an idle device records 1). Call
-    /// once per SQE, or use [`record_inflight_n`](Self::record_inflight_n) once per batch.
-    #[inline]
-    pub fn record_inflight(&self, depth: u32) {
-        if !self.enabled {
-            return;
-        }
-        self.inflight_at_submit.record(u64::from(depth));
-    }
-
-    /// `sqes` data SQEs entered the kernel together, leaving `depth` operations in flight:
-    /// each counts as submitted at `depth` (same as `sqes` calls of `record_inflight(depth)`).
-    #[inline]
-    pub fn record_inflight_n(&self, depth: u32, sqes: u32) {
-        if !self.enabled {
-            return;
-        }
-        self.inflight_at_submit
-            .record_n(u64::from(depth), u64::from(sqes));
-    }
-
     /// One storage operation completed: its time queued before its SQE was submitted, at the
     /// device (submit to completion) and in total (request received to reply ready), in ns;
     /// `bytes` moved (counted only if `ok`). Failed operations count in `ops`, `errors` and the
@@ -199,28 +204,18 @@ impl WorkerMetrics {
         self.total_ns[k].record(total_ns);
     }
 
-    /// A request found no free buffer and had to wait for one.
-    #[inline]
-    pub fn count_pool_wait(&self) {
-        if self.enabled {
-            bump(&self.pool_waits, 1);
-        }
-    }
-
-    /// A handle-cache lookup: `hit` if the chunk's file was open already.
-    #[inline]
-    pub fn count_handle(&self, hit: bool) {
+    /// Takes the stats the worker's parts keep themselves (read at snapshot time and when
+    /// the worker stops): its event loop's submissions, its buffer pool's waits, its chunk
+    /// store's handle lookups (hits, misses).
+    pub fn absorb(&self, submit: &SubmitStats, pool_waits: u64, handle_lookups: (u64, u64)) {
         if !self.enabled {
             return;
         }
-        bump(
-            if hit {
-                &self.handle_hits
-            } else {
-                &self.handle_misses
-            },
-            1,
-        );
+        self.inflight_at_submit.copy_from(&submit.inflight_at_submit);
+        self.submit_batch.copy_from(&submit.submit_batch);
+        self.pool_waits.set(pool_waits);
+        self.handle_hits.set(handle_lookups.0);
+        self.handle_misses.set(handle_lookups.1);
     }
 
     /// A request was refused with EAGAIN because the queue was full.

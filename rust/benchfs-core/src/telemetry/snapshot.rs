@@ -503,19 +503,22 @@ impl SnapshotWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::{bucket_lo, WorkerMetrics};
+    use crate::telemetry::{bucket_lo, SubmitStats, WorkerMetrics};
 
     #[test]
     fn snapshot_cost_is_bounded_by_buckets() -> Result<()> {
         // Every histogram full in every bucket: the largest snapshot there can be.
         let m = WorkerMetrics::new(true);
+        let submits = SubmitStats::default();
+        submits.set_enabled(true);
         for i in 0..BUCKETS {
             let v = bucket_lo(i);
-            m.record_inflight(v.min(u64::from(u32::MAX)) as u32);
+            submits.record(v.min(u64::from(u32::MAX)) as u32, 1);
             for k in OpKind::ALL {
                 m.record_op(k, v, v, v, 1, true);
             }
         }
+        m.absorb(&submits, 0, (0, 0));
         let mut buf = SnapshotWriter {
             file: tempfile::tempfile().map_err(|e| Error::io("tempfile", e))?,
             path: PathBuf::new(),

@@ -124,23 +124,22 @@ fn merge_adds_everything() {
     assert_eq!((a.count(), a.min(), a.max()), (0, 0, 0));
 }
 
+/// Records a bit of everything, the parts' stats (submissions, pool waits, handle lookups)
+/// through `absorb` as a worker's snapshot takes them.
 fn exercise(m: &WorkerMetrics) {
-    m.record_submit(3);
-    m.record_submit(0);
-    for d in [1, 2] {
-        m.record_inflight(d);
+    let submits = SubmitStats::default();
+    submits.set_enabled(m.enabled());
+    for depth in 1..=3 {
+        submits.record(depth, 1);
     }
-    m.record_inflight_n(3, 1);
-    m.record_inflight_n(9, 0);
+    submits.record(9, 0);
     m.record_op(OpKind::Write, 100, 2_000, 3_000, 65536, true);
     m.record_op(OpKind::Read, 50, 1_000, 1_500, 4096, true);
     m.record_op(OpKind::Read, 50, 1_000, 1_500, 4096, false);
-    m.count_pool_wait();
-    m.count_handle(true);
-    m.count_handle(false);
     m.count_rejected();
     m.count_malformed();
     m.set_gauges(7, 3, 29);
+    m.absorb(&submits, 1, (1, 1));
 }
 
 #[test]
@@ -174,7 +173,7 @@ fn disabled_metrics_record_nothing() {
 fn enabled_metrics_record() {
     let m = WorkerMetrics::new(true);
     exercise(&m);
-    assert_eq!(m.submit_batch().count(), 1);
+    assert_eq!(m.submit_batch().count(), 3);
     assert_eq!(m.inflight_at_submit().count(), 3);
     assert_eq!(
         (m.ops(OpKind::Read), m.bytes(OpKind::Read), m.errors(OpKind::Read)),
