@@ -104,6 +104,18 @@ struct Incoming {
     arrived: Instant,
 }
 
+/// What running a request gave: its status (0 or -errno), its byte count, the data a read
+/// returns (its buffer and where the data starts in it) or a metadata reply (the reply's
+/// `offset` and body), and when the storage operation started (queue wait ends there).
+#[derive(Default)]
+struct Served {
+    status: i32,
+    count: u64,
+    data: Option<(IoBuffer, usize)>,
+    meta: Option<(u64, Vec<u8>)>,
+    device_start: Option<Instant>,
+}
+
 /// The bounded wait queue between the UCX handler and the service tasks.
 struct RequestQueue {
     items: RefCell<VecDeque<Incoming>>,
@@ -420,19 +432,60 @@ impl ServerState {
         }
     }
 
+    /// Serves one request: runs it, accounts for it (telemetry, trace), and replies.
     async fn serve_one(&self, req: Incoming) {
-        let h = req.header;
-        // Set when the storage operation starts (queue wait ends, device time begins).
-        let mut device_start = None;
+        let Incoming {
+            header: h,
+            payload,
+            conn,
+            arrived,
+        } = req;
+        let served = self.run(&h, payload, &conn).await;
+        self.account(&h, arrived, &served);
+        self.reply(&h, &conn, served).await;
+    }
+
+    /// Receives a rendezvous payload into `target` (memory owned by `owner`, registered as
+    /// `memh` if at all). Gives `owner` back, or None if the client failed to send (the memory
+    /// is parked when UCX may still write it).
+    ///
+    /// # Safety
+    /// `target` points into `owner`'s memory and stays valid while `owner` lives.
+    async unsafe fn receive<B: 'static>(
+        &self,
+        conn: &Endpoint,
+        client: u32,
+        desc: RndvDesc,
+        owner: B,
+        target: *mut [u8],
+        memh: Option<*const benchfs_ucx::MemHandle>,
+    ) -> Option<B> {
+        // SAFETY: the descriptor was kept by the handler and is used once; `target` is valid
+        // while `owner` lives (the caller's contract), and `owner` lives until the receive
+        // completes: returned, or parked with the stuck operation.
+        let recv = unsafe { self.worker.recv_data(desc, &mut *target, memh.map(|m| &*m)) };
+        match self.with_client(conn, client, recv).await {
+            Ok(_) => Some(owner),
+            Err(stuck) => {
+                if let Some(op) = stuck {
+                    self.park(op, Box::new(owner));
+                }
+                None
+            }
+        }
+    }
+
+    /// Runs a request against the store or the metadata: its status, count and reply data.
+    async fn run(&self, h: &Header, payload: Payload, conn: &Endpoint) -> Served {
         let file = FileId(h.file_id);
         let len = h.length as usize;
-        // A metadata reply: the reply's `offset` and its payload.
-        let mut meta_reply: Option<(u64, Vec<u8>)> = None;
-        let (status, count, data) = match h.op {
+        let errno = |e: std::io::Error| -e.raw_os_error().unwrap_or(libc::EIO);
+        let mut served = Served::default();
+        match h.op {
             Op::WriteChunk => {
-                let buf = match req.payload {
-                    Payload::Eager(v) => Ok((IoBuffer::Heap(v), 0)),
-                    Payload::None => Ok((IoBuffer::empty(), 0)),
+                let buf = match payload {
+                    Payload::Eager(v) => Some((IoBuffer::Heap(v), 0)),
+                    Payload::None => Some((IoBuffer::empty(), 0)),
                     Payload::Rendezvous(desc) => {
                         let mut buf = self.pool.acquire().await;
                         // Mirror the file's alignment so direct I/O can take the aligned middle.
@@ -440,111 +493,97 @@ impl ServerState {
                         // The registration lives in the pool, which `buf` keeps alive.
                         let memh = buf.memh().map(|m| m as *const benchfs_ucx::MemHandle);
                         let target: *mut [u8] = &mut buf.as_mut_slice(start + len)[start..];
-                        // SAFETY: the descriptor was kept by the handler and is used once; the
-                        // buffer (and its pool's registration) lives until the receive completes.
-                        let recv = unsafe { self.worker.recv_data(desc, &mut *target, memh.map(|m| &*m)) };
-                        match self.with_client(&req.conn, h.client, recv).await {
-                            Ok(_) => Ok((buf, start)),
-                            Err(stuck) => {
-                                if let Some(op) = stuck {
-                                    self.park(op, Box::new(buf));
-                                }
-                                Err(())
-                            }
-                        }
+                        // SAFETY: `target` is inside `buf`, which `receive` keeps alive.
+                        unsafe { self.receive(conn, h.client, desc, buf, target, memh) }
+                            .await
+                            .map(|buf| (buf, start))
                     }
                 };
                 match buf {
-                    Err(_) => (-libc::ECOMM, 0, None),
-                    Ok(_) if len == 0 => (0, 0, None),
-                    Ok((buf, start)) => {
-                        device_start = Some(Instant::now());
+                    None => served.status = -libc::ECOMM,
+                    Some(_) if len == 0 => {}
+                    Some((buf, start)) => {
+                        served.device_start = Some(Instant::now());
                         match self.store.write(file, h.chunk, h.offset, buf, start, len).await {
-                            (Ok(n), _) => (0, n as u64, None),
-                            (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                            (Ok(n), _) => served.count = n as u64,
+                            (Err(e), _) => served.status = errno(e),
                         }
                     }
                 }
             }
             Op::ReadChunk => {
                 let buf = self.pool.acquire().await;
-                device_start = Some(Instant::now());
+                served.device_start = Some(Instant::now());
                 match self.store.read(file, h.chunk, h.offset, buf, len).await {
-                    (Ok((skip, n)), buf) => (0, n as u64, Some((buf, skip))),
-                    (Err(e), _) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                    (Ok((skip, n)), buf) => {
+                        served.count = n as u64;
+                        served.data = Some((buf, skip));
+                    }
+                    (Err(e), _) => served.status = errno(e),
                 }
             }
             Op::TruncateData => {
-                device_start = Some(Instant::now());
-                match self.store.truncate(file, h.length, self.chunk_size) {
-                    Ok(()) => (0, 0, None),
-                    Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                served.device_start = Some(Instant::now());
+                if let Err(e) = self.store.truncate(file, h.length, self.chunk_size) {
+                    served.status = errno(e);
                 }
             }
             Op::Fsync => {
-                device_start = Some(Instant::now());
-                match self.store.fsync(file).await {
-                    Ok(()) => (0, 0, None),
-                    Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0, None),
+                served.device_start = Some(Instant::now());
+                if let Err(e) = self.store.fsync(file).await {
+                    served.status = errno(e);
                 }
             }
             op => {
-                let request = match req.payload {
-                    Payload::Eager(v) => Ok(v),
-                    Payload::None => Ok(Vec::new()),
+                let request = match payload {
+                    Payload::Eager(v) => Some(v),
+                    Payload::None => Some(Vec::new()),
                     Payload::Rendezvous(desc) => {
                         let mut v = vec![0u8; len];
-                        // SAFETY: the descriptor was kept by the handler and is used once; `v`
-                        // lives until the receive completes.
-                        let recv = unsafe { self.worker.recv_data(desc, &mut v, None) };
-                        match self.with_client(&req.conn, h.client, recv).await {
-                            Ok(_) => Ok(v),
-                            Err(stuck) => {
-                                if let Some(op) = stuck {
-                                    self.park(op, Box::new(v));
-                                }
-                                Err(())
-                            }
-                        }
+                        let target: *mut [u8] = &mut v[..];
+                        // SAFETY: `target` is `v`'s heap memory, which `receive` keeps alive
+                        // (moving a Vec does not move its buffer).
+                        unsafe { self.receive(conn, h.client, desc, v, target, None) }.await
                     }
                 };
-                device_start = Some(Instant::now());
+                served.device_start = Some(Instant::now());
                 let (status, offset, body) = match request {
-                    Ok(bytes) => self.serve_meta(op, &bytes),
-                    Err(_) => (-libc::ECOMM, 0, Vec::new()),
+                    Some(bytes) => self.serve_meta(op, &bytes),
+                    None => (-libc::ECOMM, 0, Vec::new()),
                 };
-                meta_reply = Some((offset, body));
-                (status, 0, None)
+                served.status = status;
+                served.meta = Some((offset, body));
             }
-        };
+        }
+        served
+    }
+
+    /// Records a served request in the worker's telemetry and (with `telemetry.trace`) its
+    /// trace ring.
+    fn account(&self, h: &Header, arrived: Instant, served: &Served) {
         let done = Instant::now();
-        let started = device_start.unwrap_or(done);
+        let started = served.device_start.unwrap_or(done);
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
         let kind = OpKind::of(h.op);
         let moved = if matches!(h.op, Op::WriteChunk | Op::ReadChunk) {
-            count
+            served.count
         } else {
             0
         };
         // Device time starts when the operation is handed to the store, so SQEs held back by
-        // `storage.submit_policy = "timer"` count as device time (as the seeds measured it).
+        // `storage.submit_policy = "timer"` count as device time (as such designs measured it).
         let (queue_ns, device_ns, total_ns) = (
-            ns(started.saturating_duration_since(req.arrived)),
+            ns(started.saturating_duration_since(arrived)),
             ns(done.saturating_duration_since(started)),
-            ns(done.saturating_duration_since(req.arrived)),
+            ns(done.saturating_duration_since(arrived)),
         );
-        self.metrics.record_op(
-            kind,
-            queue_ns,
-            device_ns,
-            total_ns,
-            moved,
-            !is_server_fault(status),
-        );
+        let ok = !is_server_fault(served.status);
+        self.metrics
+            .record_op(kind, queue_ns, device_ns, total_ns, moved, ok);
         if let Some(ring) = &self.trace {
             let (base, base_unix) = self.clock_base;
             let record = TraceRecord {
-                t_ns: base_unix.wrapping_add(ns(req.arrived.saturating_duration_since(base))),
+                t_ns: base_unix.wrapping_add(ns(arrived.saturating_duration_since(base))),
                 queue_ns,
                 device_ns,
                 total_ns,
@@ -554,22 +593,29 @@ impl ServerState {
                 server: self.server_id,
                 worker: self.worker_index,
                 op: kind as u8,
-                flags: if is_server_fault(status) {
-                    TRACE_FLAG_ERROR
-                } else {
-                    0
-                },
+                flags: if ok { 0 } else { TRACE_FLAG_ERROR },
             };
             if !ring.push(&record) {
                 self.metrics.count_trace_dropped();
             }
         }
+    }
+
+    /// Sends the reply: the header, then read data or a metadata body as its payload.
+    async fn reply(&self, h: &Header, conn: &Endpoint, served: Served) {
+        let Served {
+            status,
+            count,
+            data,
+            meta,
+            ..
+        } = served;
         let mut reply = h.reply(status, count);
-        if let Some((offset, body)) = &meta_reply {
+        if let Some((offset, body)) = &meta {
             reply.offset = *offset;
             reply.length = body.len() as u64;
         }
-        let payload: &[u8] = match (&data, &meta_reply) {
+        let payload: &[u8] = match (&data, &meta) {
             (Some((buf, skip)), _) => &buf.as_slice(skip + count as usize)[*skip..],
             (None, Some((_, body))) => body,
             _ => &[],
@@ -577,12 +623,12 @@ impl ServerState {
         let memh = data.as_ref().and_then(|(buf, _)| buf.memh());
         // SAFETY: `data` (the payload's owner) lives until the send completes, or is parked
         // with it below.
-        let sent = unsafe { req.conn.send_am(AM_REPLY, &reply.encode(), payload, memh) };
+        let sent = unsafe { conn.send_am(AM_REPLY, &reply.encode(), payload, memh) };
         // A reply that cannot be sent means the client is gone; it will not read the result.
-        match self.with_client(&req.conn, h.client, sent).await {
+        match self.with_client(conn, h.client, sent).await {
             Ok(_) => {}
             Err(None) => self.metrics.count_undelivered(),
-            Err(Some(op)) => self.park(op, Box::new((data, meta_reply))),
+            Err(Some(op)) => self.park(op, Box::new((data, meta))),
         }
     }
 
