@@ -792,114 +792,7 @@ fn run_worker(
     index: u32,
     ready: impl FnOnce(Result<WorkerReady>),
 ) -> Result<ServerStats> {
-    let config = &opts.config;
-    type Parts = (Runtime, Worker, Rc<ServerState>, Rc<RefCell<Outputs>>);
-    let setup = || -> Result<Parts> {
-        let token = registry::job_token(&registry::load_or_create_secret(&opts.registry_dir)?);
-        let hold = (config.storage.submit_policy == SubmitPolicy::Timer)
-            .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
-        let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
-        let reactor = runtime.reactor().clone();
-        reactor.set_spin(std::time::Duration::from_micros(config.network.spin_us));
-        let worker = Worker::with_options(&config.network.worker_options())?;
-        reactor.attach_ucx(worker.clone());
-        let metrics = Rc::new(WorkerMetrics::new(config.telemetry.enabled));
-        reactor.submit_stats().set_enabled(config.telemetry.enabled);
-        let store = ChunkStore::open(
-            &opts.data_dir,
-            &config.storage,
-            config.layout.chunk_size,
-            index,
-            reactor,
-        )?;
-        let pool = BufferPool::new(
-            config.storage.buffer_count as usize,
-            io_buffer_size(config.layout.chunk_size),
-        )?;
-        // Pool buffers move with READ_FIXED/WRITE_FIXED and UCX knows their memory.
-        runtime.reactor().register_buffers(&pool)?;
-        pool.register_ucx(&worker)?;
-        // Traces go to a file beside the snapshots; without a directory there is none.
-        let tracing = config.telemetry.trace && config.telemetry.enabled && !config.telemetry.dir.is_empty();
-        let state = Rc::new(ServerState {
-            worker: worker.clone(),
-            reactor: runtime.reactor().clone(),
-            conns: Rc::new(Connections::default()),
-            parked: RefCell::new(Vec::new()),
-            peer_errors: config.network.peer_error_handling,
-            client_timeout: std::time::Duration::from_secs_f64(config.client.request_timeout_s),
-            store,
-            pool,
-            queue: Rc::new(RequestQueue {
-                items: RefCell::new(VecDeque::new()),
-                waiters: RefCell::new(VecDeque::new()),
-                capacity: config.server.max_queued as usize,
-            }),
-            meta: RefCell::new(MetaStore::new(
-                opts.id * config.server.workers + index,
-                config.cluster.expected_servers * config.server.workers,
-                config.cluster.expected_servers,
-                config.layout.chunk_size,
-                id_nonce(),
-            )),
-            chunk_size: config.layout.chunk_size,
-            metrics,
-            trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
-            server_id: opts.id,
-            worker_index: index as u16,
-            clock_base: (Instant::now(), unix_time_ns()),
-            draining: Cell::new(false),
-            in_service: Cell::new(0),
-            token,
-            refusal_logged: Cell::new(false),
-        });
-        let handler_state = Rc::downgrade(&state);
-        worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {
-            Some(s) => s.on_message(msg),
-            None => AmVerdict::Done,
-        })?;
-        runtime.spawn(state.clone().reap())?;
-        for _ in 0..config.server.max_in_service {
-            let s = state.clone();
-            runtime.spawn(async move {
-                loop {
-                    let req = s.queue.pop().await;
-                    s.in_service.set(s.in_service.get() + 1);
-                    s.serve_one(req).await;
-                    s.in_service.set(s.in_service.get() - 1);
-                }
-            })?;
-        }
-        let mut outputs = Outputs::default();
-        if !config.telemetry.dir.is_empty() {
-            let (dir, node) = (Path::new(&config.telemetry.dir), node_name(opts));
-            let snapshots = SnapshotWriter::create(dir, opts.id, index, &node)?;
-            if tracing {
-                outputs.trace = Some(TraceWriter::create(
-                    dir,
-                    opts.id,
-                    index,
-                    &node,
-                    snapshots.instance(),
-                    config.telemetry.trace_records as usize,
-                )?);
-            }
-            outputs.snapshots = Some(snapshots);
-        }
-        let writer = Rc::new(RefCell::new(outputs));
-        if writer.borrow().snapshots.is_some() {
-            let (s, w, r) = (state.clone(), writer.clone(), runtime.reactor().clone());
-            let every = std::time::Duration::from_millis(config.telemetry.interval_ms);
-            runtime.spawn(async move {
-                loop {
-                    r.sleep(every).await;
-                    snapshot(&s, &w);
-                }
-            })?;
-        }
-        Ok((runtime, worker, state, writer))
-    };
-    let (runtime, worker, state, writer) = match setup() {
+    let parts = match start_worker(opts, index) {
         Ok(parts) => parts,
         Err(e) => {
             let message = e.to_string();
@@ -907,8 +800,8 @@ fn run_worker(
             return Err(Error::Config(message));
         }
     };
-    let reactor = runtime.reactor().clone();
-    match (worker.address(), reactor.notifier()) {
+    let reactor = parts.runtime.reactor().clone();
+    match (parts.worker.address(), reactor.notifier()) {
         (Ok(address), Ok(notifier)) => ready(Ok(WorkerReady { address, notifier })),
         (Err(e), _) => {
             let message = e.to_string();
@@ -921,9 +814,157 @@ fn run_worker(
             return Err(Error::Config(message));
         }
     }
-    runtime.block_on(reactor.notified())?;
-    // Graceful stop: finish what was accepted (bounded), then let the kernel finish every
-    // I/O it holds before the ring goes away (a dropped ring's requests pin their files).
+    parts.runtime.block_on(reactor.notified())?;
+    stop_worker(parts)
+}
+
+/// A running worker: its event loop, UCX worker, state and telemetry outputs.
+struct WorkerParts {
+    runtime: Runtime,
+    worker: Worker,
+    state: Rc<ServerState>,
+    outputs: Rc<RefCell<Outputs>>,
+}
+
+/// Builds worker `index` of the server: its state, its request handler, its telemetry files,
+/// and its tasks (the reaper, `server.max_in_service` service tasks, the snapshot ticker).
+fn start_worker(opts: &ServerOptions, index: u32) -> Result<WorkerParts> {
+    let config = &opts.config;
+    let (runtime, worker, state) = worker_state(opts, index)?;
+    let handler_state = Rc::downgrade(&state);
+    worker.set_am_handler(AM_REQUEST, move |msg| match handler_state.upgrade() {
+        Some(s) => s.on_message(msg),
+        None => AmVerdict::Done,
+    })?;
+    runtime.spawn(state.clone().reap())?;
+    for _ in 0..config.server.max_in_service {
+        let s = state.clone();
+        runtime.spawn(async move {
+            loop {
+                let req = s.queue.pop().await;
+                s.in_service.set(s.in_service.get() + 1);
+                s.serve_one(req).await;
+                s.in_service.set(s.in_service.get() - 1);
+            }
+        })?;
+    }
+    let outputs = Rc::new(RefCell::new(open_outputs(opts, index, state.trace.is_some())?));
+    if outputs.borrow().snapshots.is_some() {
+        let (s, w, r) = (state.clone(), outputs.clone(), runtime.reactor().clone());
+        let every = std::time::Duration::from_millis(config.telemetry.interval_ms);
+        runtime.spawn(async move {
+            loop {
+                r.sleep(every).await;
+                snapshot(&s, &w);
+            }
+        })?;
+    }
+    Ok(WorkerParts {
+        runtime,
+        worker,
+        state,
+        outputs,
+    })
+}
+
+/// The event loop, the UCX worker and the state of worker `index`: its store, buffer pool,
+/// request queue and metadata.
+fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc<ServerState>)> {
+    let config = &opts.config;
+    let token = registry::job_token(&registry::load_or_create_secret(&opts.registry_dir)?);
+    let hold = (config.storage.submit_policy == SubmitPolicy::Timer)
+        .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
+    let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
+    let reactor = runtime.reactor().clone();
+    reactor.set_spin(std::time::Duration::from_micros(config.network.spin_us));
+    let worker = Worker::with_options(&config.network.worker_options())?;
+    reactor.attach_ucx(worker.clone());
+    reactor.submit_stats().set_enabled(config.telemetry.enabled);
+    let store = ChunkStore::open(
+        &opts.data_dir,
+        &config.storage,
+        config.layout.chunk_size,
+        index,
+        reactor.clone(),
+    )?;
+    let pool = BufferPool::new(
+        config.storage.buffer_count as usize,
+        io_buffer_size(config.layout.chunk_size),
+    )?;
+    // Pool buffers move with READ_FIXED/WRITE_FIXED and UCX knows their memory.
+    reactor.register_buffers(&pool)?;
+    pool.register_ucx(&worker)?;
+    // Traces go to a file beside the snapshots; without a directory there is none.
+    let tracing = config.telemetry.trace && config.telemetry.enabled && !config.telemetry.dir.is_empty();
+    let state = Rc::new(ServerState {
+        worker: worker.clone(),
+        reactor,
+        conns: Rc::new(Connections::default()),
+        parked: RefCell::new(Vec::new()),
+        peer_errors: config.network.peer_error_handling,
+        client_timeout: std::time::Duration::from_secs_f64(config.client.request_timeout_s),
+        store,
+        pool,
+        queue: Rc::new(RequestQueue {
+            items: RefCell::new(VecDeque::new()),
+            waiters: RefCell::new(VecDeque::new()),
+            capacity: config.server.max_queued as usize,
+        }),
+        meta: RefCell::new(MetaStore::new(
+            opts.id * config.server.workers + index,
+            config.cluster.expected_servers * config.server.workers,
+            config.cluster.expected_servers,
+            config.layout.chunk_size,
+            id_nonce(),
+        )),
+        chunk_size: config.layout.chunk_size,
+        metrics: Rc::new(WorkerMetrics::new(config.telemetry.enabled)),
+        trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
+        server_id: opts.id,
+        worker_index: index as u16,
+        clock_base: (Instant::now(), unix_time_ns()),
+        draining: Cell::new(false),
+        in_service: Cell::new(0),
+        token,
+        refusal_logged: Cell::new(false),
+    });
+    Ok((runtime, worker, state))
+}
+
+/// The worker's telemetry files: snapshots when `telemetry.dir` is set, and the trace beside
+/// them when `tracing`.
+fn open_outputs(opts: &ServerOptions, index: u32, tracing: bool) -> Result<Outputs> {
+    let config = &opts.config;
+    let mut outputs = Outputs::default();
+    if !config.telemetry.dir.is_empty() {
+        let (dir, node) = (Path::new(&config.telemetry.dir), node_name(opts));
+        let snapshots = SnapshotWriter::create(dir, opts.id, index, &node)?;
+        if tracing {
+            outputs.trace = Some(TraceWriter::create(
+                dir,
+                opts.id,
+                index,
+                &node,
+                snapshots.instance(),
+                config.telemetry.trace_records as usize,
+            )?);
+        }
+        outputs.snapshots = Some(snapshots);
+    }
+    Ok(outputs)
+}
+
+/// Graceful stop: finishes what was accepted (bounded), lets the kernel finish every I/O it
+/// holds before the ring goes away (a dropped ring's requests pin their files), writes the
+/// last snapshot, saves the store, and releases everything; returns the worker's counters.
+fn stop_worker(parts: WorkerParts) -> Result<ServerStats> {
+    let WorkerParts {
+        runtime,
+        worker,
+        state,
+        outputs,
+    } = parts;
+    let reactor = runtime.reactor().clone();
     state.draining.set(true);
     runtime.block_on(async {
         let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
@@ -934,7 +975,7 @@ fn run_worker(
         }
     })?;
     runtime.quiesce(DRAIN_TIMEOUT)?;
-    snapshot(&state, &writer);
+    snapshot(&state, &outputs);
     state
         .store
         .close()
@@ -955,6 +996,7 @@ fn run_worker(
     state.conns.reaper.take();
     // Close the connections back to clients before the worker goes away.
     state.conns.open.borrow_mut().clear();
+    drop(reactor);
     drop(runtime);
     if Rc::strong_count(&state) != 1 {
         return Err(Error::Protocol(
