@@ -6,7 +6,7 @@
 //! Who holds what: a path's inode (kind, id, size, mode, times, layout) lives on
 //! `metadata_owner(path)`; a directory's entries live with the directory's inode, so readdir
 //! asks one owner. Creating a file touches two owners: the parent's (entry) and the file's
-//! (inode); the client drives both steps (see client.rs).
+//! (inode); the client drives both steps (see client/names.rs).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};

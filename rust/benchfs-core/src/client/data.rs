@@ -1,0 +1,149 @@
+//! The data path: reads and writes split into chunk requests (at most `client.max_inflight`
+//! in flight), fsync, and the removal of a file's chunks.
+
+use std::time::Instant;
+
+use futures::stream::{self, StreamExt};
+
+use crate::chunking::split;
+use crate::error::{Error, Result};
+use crate::namespace::Attr;
+use crate::protocol::{Header, Op};
+use crate::telemetry::OpKind;
+
+use super::{Client, FileHandle};
+
+impl Client {
+    /// Writes `data` at `offset` of an open file; returns the bytes written.
+    pub fn write(&self, file: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
+        let _call = self.telemetry_call(OpKind::Write);
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
+        let attr = &file.attr;
+        let window = self.config.client.max_inflight as usize;
+        let written = self.run(async {
+            let ready = Instant::now();
+            let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| {
+                let header = Header::request(Op::WriteChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
+                let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                self.call(self.route(attr, p.chunk), header, part, None, ready)
+            });
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut written = 0u64;
+            while let Some(r) = results.next().await {
+                written += r?.length;
+            }
+            Ok(written as usize)
+        })?;
+        if !data.is_empty() {
+            file.written_end.set(file.written_end.get().max(end));
+        }
+        Ok(written)
+    }
+
+    /// Reads into `buf` from `offset`; returns the bytes read, short only at the end of the
+    /// file. Holes inside the file read as zeros. The size is the one seen at open plus this
+    /// handle's writes (close-to-open); a read reaching past it asks the owner once more.
+    pub fn read(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let _call = self.telemetry_call(OpKind::Read);
+        let mut size = file.size();
+        let want_end = offset.saturating_add(buf.len() as u64);
+        if want_end > size {
+            let attr = self.stat(&file.path)?;
+            if attr.id == file.attr.id {
+                file.known_size.set(file.known_size.get().max(attr.size));
+                size = file.size();
+            }
+        }
+        let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let attr = &file.attr;
+        let window = self.config.client.max_inflight as usize;
+        let pieces: Vec<_> = split(offset, n as u64, attr.layout.chunk_size).collect();
+        self.run(async {
+            let ready = Instant::now();
+            let mut rest = &mut buf[..n];
+            let mut calls = Vec::with_capacity(pieces.len());
+            for p in &pieces {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
+                rest = tail;
+                let header = Header::request(Op::ReadChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
+                calls.push(async move {
+                    let reply = self
+                        .call(self.route(attr, p.chunk), header, &[], Some(&mut *head), ready)
+                        .await?;
+                    let got = (reply.length as usize).min(head.len());
+                    // Never-written ranges inside the size are holes.
+                    head[got..].fill(0);
+                    Ok::<(), Error>(())
+                });
+            }
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            while let Some(r) = results.next().await {
+                r?;
+            }
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// Makes this file's bytes durable on the servers holding them, then reports its size.
+    pub fn fsync(&self, file: &FileHandle) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Fsync);
+        let targets = self.data_targets(&file.attr, 0, file.size());
+        self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
+        self.report_size(file)
+    }
+
+    /// The (server, worker) pairs holding the chunks of `attr`'s bytes in `[from, to)`.
+    pub(super) fn data_targets(&self, attr: &Attr, from: u64, to: u64) -> Vec<(usize, usize)> {
+        let cs = attr.layout.chunk_size.max(1);
+        let (first, last) = (from / cs, to.div_ceil(cs));
+        let stripe = attr.layout.stripe_count as usize;
+        let mut targets: Vec<(usize, usize)> = if last - first > (stripe * self.workers(0) * 4) as u64 {
+            (0..stripe)
+                .flat_map(|s| (0..self.workers(s)).map(move |w| (s, w)))
+                .collect()
+        } else {
+            (first..last).map(|c| self.route(attr, c)).collect()
+        };
+        targets.sort_unstable();
+        targets.dedup();
+        targets
+    }
+
+    /// Sends a header-only request about `attr`'s file to each target.
+    pub(super) async fn to_targets(
+        &self,
+        op: Op,
+        attr: &Attr,
+        targets: Vec<(usize, usize)>,
+        length: u64,
+    ) -> Result<()> {
+        let window = self.config.client.max_inflight as usize;
+        let ready = Instant::now();
+        let calls = targets.into_iter().map(|t| {
+            self.call(
+                t,
+                Header::request(op, 0, attr.id.0, 0, 0, length),
+                &[],
+                None,
+                ready,
+            )
+        });
+        let mut results = stream::iter(calls).buffer_unordered(window);
+        while let Some(r) = results.next().await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Frees `attr`'s bytes at and beyond `size`, up to `old_size`, on the servers holding them.
+    pub(super) async fn free_data(&self, attr: &Attr, size: u64, old_size: u64) -> Result<()> {
+        if old_size <= size {
+            return Ok(());
+        }
+        let targets = self.data_targets(attr, size, old_size);
+        self.to_targets(Op::TruncateData, attr, targets, size).await
+    }
+}

@@ -1,0 +1,292 @@
+//! The client: splits byte ranges into chunks, places them on servers, and keeps at most
+//! `client.max_inflight` chunk requests in flight. Every request carries a client-unique id and
+//! its reply is matched by that id, so concurrent requests never take each other's replies.
+//!
+//! Memory safety across timeouts: request payloads and read destinations are the caller's
+//! buffers, handed to UCX without copies. A request that is abandoned (timeout, or a sibling's
+//! error) leaves its UCX operations in `orphans`; before any public call returns, the client
+//! force-closes the endpoints of failed servers (which completes their operations with an
+//! error) and waits until no UCX operation refers to the caller's memory.
+
+mod data;
+mod names;
+mod rpc;
+mod telemetry;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use benchfs_ucx::Worker;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::namespace::{Attr, Kind};
+use crate::registry::{self, RegistryEntry};
+use crate::runtime::Runtime;
+use crate::telemetry::{ClientMetrics, OpKind};
+
+use self::rpc::{make_worker, Probing, ServerLink, Shared, Window};
+use self::telemetry::ClientTelemetry;
+
+/// An open file: its identity and layout as its owner gave them at open, and what this handle
+/// wrote (reported to the owner at fsync and close: close-to-open consistency).
+#[derive(Debug)]
+pub struct FileHandle {
+    pub path: String,
+    pub attr: Attr,
+    written_end: Cell<u64>,
+    reported_end: Cell<u64>,
+    /// The size as last seen from the owner.
+    known_size: Cell<u64>,
+}
+
+impl FileHandle {
+    /// The size as this handle knows it: the owner's at open (or last refresh) and its writes.
+    pub fn size(&self) -> u64 {
+        self.known_size.get().max(self.written_end.get())
+    }
+
+    /// Tells the handle the file is at least `size` long: what other handles of the same
+    /// caller wrote and have not published (a mount shares one size among its handles). Reads
+    /// are then clamped at no less; nothing is published by it.
+    pub fn learn_size(&self, size: u64) {
+        self.known_size.set(self.known_size.get().max(size));
+    }
+}
+
+/// What one client saw of one server (reported by [`Client::server_stats`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServerCounters {
+    pub id: u32,
+    pub requests: u64,
+    pub retries: u64,
+    pub timeouts: u64,
+    pub failures: u64,
+}
+
+/// A client connected to every server of the membership. Use from one thread.
+pub struct Client {
+    runtime: Runtime,
+    /// Replaced only by [`Client::reset_transport`].
+    worker: RefCell<Worker>,
+    /// This client's worker address, sent in every hello (servers connect back to it).
+    address: RefCell<Rc<[u8]>>,
+    links: RefCell<Vec<ServerLink>>,
+    /// One window per (server, worker), indexed like `links[server].endpoints[worker]`.
+    windows: Vec<Vec<Window>>,
+    membership: Vec<RegistryEntry>,
+    shared: Rc<Shared>,
+    next_request: Cell<u64>,
+    /// Jitter for retry backoff (xorshift state).
+    rng: Cell<u64>,
+    config: Config,
+    /// Said once: this client's `layout.chunk_size` is not the servers' (only theirs applies).
+    told_chunk_size: Cell<bool>,
+    /// The job token every request carries.
+    token: u64,
+    telemetry: ClientTelemetry,
+}
+
+impl Client {
+    /// Waits for the expected membership in `registry_dir`, then connects to every server.
+    pub fn connect(registry_dir: &Path, config: Config) -> Result<Client> {
+        config.validate()?;
+        let timeout = Duration::from_secs_f64(config.cluster.connect_timeout_s);
+        let membership = registry::wait_for(registry_dir, config.cluster.expected_servers, timeout)?;
+        let token = registry::job_token(&registry::load_secret(registry_dir)?);
+        let runtime = Runtime::new(config.storage.ring_entries.min(64))?;
+        runtime
+            .reactor()
+            .set_spin(Duration::from_micros(config.network.spin_us));
+        let shared = Rc::new(Shared {
+            pending: RefCell::new(HashMap::new()),
+            orphans: RefCell::new(Vec::new()),
+            late_replies: Cell::new(0),
+            malformed_replies: Cell::new(0),
+        });
+        let (worker, address) = make_worker(&config, &runtime, &shared)?;
+        for (i, entry) in membership.iter().enumerate() {
+            if entry.id as usize != i || entry.ucx_addresses.len() != membership[0].ucx_addresses.len() {
+                return Err(Error::Config(format!(
+                    "membership must be servers 0..{} with equal worker counts (server {} at position {i} has {} \
+                     workers): metadata owners and layouts are numbered that way",
+                    membership.len(),
+                    entry.id,
+                    entry.ucx_addresses.len()
+                )));
+            }
+        }
+        let windows = membership
+            .iter()
+            .map(|e| e.ucx_addresses.iter().map(|_| Window::default()).collect())
+            .collect();
+        let links = membership
+            .iter()
+            .map(|e| ServerLink {
+                id: e.id,
+                endpoints: Vec::new(),
+                conns: Vec::new(),
+                lost: None,
+                probe: Probing::idle(),
+            })
+            .collect();
+        let telemetry = ClientTelemetry::new(&config, &membership)?;
+        let client = Client {
+            runtime,
+            worker: RefCell::new(worker),
+            address: RefCell::new(address),
+            links: RefCell::new(links),
+            windows,
+            membership,
+            shared,
+            next_request: Cell::new(1),
+            rng: Cell::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0x9E37_79B9, |d| d.as_nanos() as u64)
+                    | 1,
+            ),
+            config,
+            told_chunk_size: Cell::new(false),
+            token,
+            telemetry,
+        };
+        let deadline = Instant::now() + timeout;
+        for index in 0..client.server_count() {
+            client.reconnect(index, deadline)?;
+        }
+        Ok(client)
+    }
+
+    /// This client's telemetry counters and histograms (per target in membership order).
+    pub fn telemetry(&self) -> &ClientMetrics {
+        &self.telemetry.metrics
+    }
+
+    /// The servers this client uses, ordered by numeric id.
+    pub fn membership(&self) -> &[RegistryEntry] {
+        &self.membership
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The id of the server that holds byte `offset` of the file at `path`.
+    pub fn locate(&self, path: &str, offset: u64) -> Result<u32> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let attr = self.stat(path)?;
+        if attr.kind != Kind::File {
+            return Err(Error::Path {
+                op: "locate",
+                path: path.into(),
+                errno: libc::EISDIR,
+            });
+        }
+        Ok(self.membership[self.route(&attr, offset / attr.layout.chunk_size).0].id)
+    }
+
+    /// What this client saw of each server, ordered like the membership.
+    pub fn server_stats(&self) -> Vec<ServerCounters> {
+        let m = &self.telemetry.metrics;
+        let sum = |f: &dyn Fn(OpKind) -> u64| OpKind::ALL.into_iter().map(f).sum::<u64>();
+        self.membership
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ServerCounters {
+                id: e.id,
+                requests: sum(&|k| m.requests(i, k)),
+                retries: sum(&|k| m.retries(i, k)),
+                timeouts: sum(&|k| m.timeouts(i, k)),
+                failures: sum(&|k| m.errors(i, k)),
+            })
+            .collect()
+    }
+
+    /// Runs a public operation to completion, then makes sure no UCX operation still refers
+    /// to the caller's memory.
+    fn run<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.poll_probes();
+        let result = self.runtime.block_on(fut)?;
+        self.quiesce()?;
+        result
+    }
+
+    /// Replies that arrived after their request was abandoned, and undecodable replies.
+    pub fn reply_anomalies(&self) -> (u64, u64) {
+        (
+            self.shared.late_replies.get(),
+            self.shared.malformed_replies.get(),
+        )
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // The last snapshot: everything this client did.
+        self.telemetry.snapshot(Instant::now(), true);
+        // Close endpoints (forcibly, bounded) before the worker goes away.
+        self.links.borrow_mut().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::meta;
+    use crate::server::{ServerHandle, ServerOptions};
+
+    /// The last resort of `quiesce` (a UCX worker rebuilt because UCX kept caller memory after
+    /// the endpoints of a lost server were closed) leaves a client that works: new worker, new
+    /// connections to every server, data intact.
+    #[test]
+    fn a_rebuilt_transport_reconnects_and_serves() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut config = Config::default();
+        config.cluster.expected_servers = 2;
+        config.layout.chunk_size = 64 * 1024;
+        config.storage.buffer_count = 8;
+        let servers = (0..2)
+            .map(|id| {
+                ServerHandle::spawn(ServerOptions {
+                    id,
+                    node: format!("node-{id}"),
+                    data_dir: dir.path().join(format!("data-{id}")),
+                    registry_dir: dir.path().join("registry"),
+                    config: config.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let client = Client::connect(&dir.path().join("registry"), config)?;
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let f = client.open("/kept", meta::CREATE, 0o644)?;
+        assert_eq!(client.write(&f, 0, &data)?, data.len());
+        let old_address = client.address.borrow().clone();
+        let old_conns: Vec<Vec<u32>> = client.links.borrow().iter().map(|l| l.conns.clone()).collect();
+
+        client.reset_transport()?;
+
+        assert_ne!(
+            *client.address.borrow(),
+            old_address,
+            "the worker was not replaced"
+        );
+        let links = client.links.borrow();
+        assert!(links
+            .iter()
+            .all(|l| l.lost.is_none() && l.endpoints.iter().all(Option::is_some)));
+        let new_conns: Vec<Vec<u32>> = links.iter().map(|l| l.conns.clone()).collect();
+        assert_ne!(new_conns, old_conns, "the servers did not open new connections");
+        drop(links);
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(client.read(&f, 0, &mut back)?, data.len());
+        assert_eq!(back, data);
+        client.close(&f)?;
+        drop(client);
+        drop(servers);
+        Ok(())
+    }
+}

@@ -1,0 +1,381 @@
+//! The namespace operations: open, stat, mkdir, readdir, rename, unlink, truncate and close,
+//! each a few requests to the owners of the paths involved (docs/namespace.md).
+
+use std::cell::Cell;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::namespace::{self, Attr, Kind};
+use crate::posix::NAMESPACE_ERRNOS;
+use crate::protocol::meta::{self, DirEntry, MetaRequest};
+use crate::protocol::{Header, Op};
+use crate::telemetry::OpKind;
+
+use super::{Client, FileHandle};
+
+impl Client {
+    /// One metadata request to `path`'s owner; returns the reply header and payload. A POSIX
+    /// error from the owner becomes [`Error::Path`] naming `what` and the path.
+    pub(super) async fn meta(
+        &self,
+        op: Op,
+        what: &'static str,
+        req: &MetaRequest,
+    ) -> Result<(Header, Vec<u8>)> {
+        let payload = req.encode();
+        let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
+        let mut reply = vec![0u8; meta::REPLY_MAX];
+        match self
+            .call(
+                self.owner(&req.path),
+                header,
+                &payload,
+                Some(&mut reply[..]),
+                Instant::now(),
+            )
+            .await
+        {
+            Ok(h) => {
+                reply.truncate((h.length as usize).min(meta::REPLY_MAX));
+                Ok((h, reply))
+            }
+            // Namespace errors are about the path; others (a refused token, a draining or busy
+            // server) keep naming the server.
+            Err(Error::Remote { errno, .. }) if NAMESPACE_ERRNOS.contains(&errno) => Err(Error::Path {
+                op: what,
+                path: req.path.clone(),
+                errno,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn meta_attr(
+        &self,
+        op: Op,
+        what: &'static str,
+        req: &MetaRequest,
+    ) -> Result<(Attr, u64)> {
+        let (h, body) = self.meta(op, what, req).await?;
+        let attr = Attr::decode(&body)
+            .ok_or_else(|| Error::Protocol(format!("malformed attribute in {what} reply")))?;
+        Ok((attr, h.offset))
+    }
+
+    /// Adds `name` to its parent directory's entries; Ok(true) if new. An entry of the other
+    /// kind is the path's own conflict, reported as `conflict` (EISDIR for open, EEXIST for
+    /// mkdir, EISDIR or ENOTDIR for rename, as POSIX has them).
+    /// Returns None if the entry existed, else the stripe start for a new file.
+    pub(super) async fn dir_add(
+        &self,
+        what: &'static str,
+        path: &str,
+        kind: Kind,
+        conflict: i32,
+    ) -> Result<Option<u32>> {
+        let (parent, name) = namespace::split_parent(path).ok_or_else(|| Error::Path {
+            op: what,
+            path: path.into(),
+            errno: libc::EEXIST,
+        })?;
+        let mut req = MetaRequest::new(parent);
+        req.name = name.into();
+        req.mode = kind as u32;
+        let (h, _) = self.meta(Op::DirAdd, what, &req).await.map_err(|e| match e {
+            // The parent's errors are about the parent; an entry of the other kind is the
+            // path's own conflict.
+            Error::Path { errno, .. } => Error::Path {
+                op: what,
+                path: path.into(),
+                errno: if errno == libc::EEXIST { conflict } else { errno },
+            },
+            other => other,
+        })?;
+        Ok(h.offset.checked_sub(1).map(|s| s as u32))
+    }
+
+    pub(super) async fn dir_remove(&self, what: &'static str, path: &str) -> Result<()> {
+        if let Some((parent, name)) = namespace::split_parent(path) {
+            let mut req = MetaRequest::new(parent);
+            req.name = name.into();
+            self.meta(Op::DirRemove, what, &req).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn checked(&self, what: &'static str, path: &str) -> Result<String> {
+        namespace::normalize(path).map_err(|errno| Error::Path {
+            op: what,
+            path: path.into(),
+            errno,
+        })
+    }
+
+    pub(super) fn check_layout(&self, path: &str, attr: &Attr) -> Result<()> {
+        if attr.kind == Kind::File && attr.layout.stripe_count as usize > self.server_count() {
+            return Err(Error::Protocol(format!(
+                "{path} stripes over {} servers but this client knows {}",
+                attr.layout.stripe_count,
+                self.server_count()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The servers decide a new file's chunk size: if it is not this client's
+    /// `layout.chunk_size`, the user set it where it cannot apply. Said once per client.
+    pub(super) fn tell_chunk_size(&self, servers: u64) {
+        let mine = self.config.layout.chunk_size;
+        if servers != mine && !self.told_chunk_size.replace(true) {
+            eprintln!(
+                "benchfs: layout.chunk_size = {mine} in this client's configuration does not \
+                 apply: the servers make files with {servers}-byte chunks (set it where the \
+                 servers start)"
+            );
+        }
+    }
+
+    /// Opens the file at `path` (flags: `meta::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
+    /// adds the name to its parent directory first, then makes the inode at its owner.
+    pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("open", path)?;
+        let attr = self.run(async {
+            let start = if flags & meta::CREATE != 0 {
+                self.dir_add("open", &path, Kind::File, libc::EISDIR).await?
+            } else {
+                None
+            };
+            let added = start.is_some();
+            let mut req = MetaRequest::new(&path);
+            req.flags = flags;
+            req.mode = mode;
+            req.arg = start.map_or(0, |s| s as u64 + 1);
+            let (attr, old) = match self.meta_attr(Op::Create, "open", &req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    if added {
+                        // Undo our half of the create; the original error is what matters.
+                        let _ = self.dir_remove("open", &path).await;
+                    }
+                    return Err(e);
+                }
+            };
+            self.check_layout(&path, &attr)?;
+            if added {
+                self.tell_chunk_size(attr.layout.chunk_size);
+            }
+            // Only O_TRUNC makes the size smaller than it was.
+            self.free_data(&attr, attr.size, old).await?;
+            Ok(attr)
+        })?;
+        Ok(FileHandle {
+            path,
+            attr,
+            written_end: Cell::new(0),
+            reported_end: Cell::new(0),
+            known_size: Cell::new(attr.size),
+        })
+    }
+
+    /// Publishes what this handle wrote (its size) so that later opens see it.
+    pub fn close(&self, file: &FileHandle) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        self.report_size(file)
+    }
+
+    /// Reports this handle's largest written end to the owner (the size is the largest end
+    /// any writer reported).
+    pub(super) fn report_size(&self, file: &FileHandle) -> Result<()> {
+        let end = file.written_end.get();
+        if end <= file.reported_end.get() {
+            return Ok(());
+        }
+        let mut req = MetaRequest::new(&file.path);
+        req.arg = end;
+        let (attr, _) = self.run(self.meta_attr(Op::SetSize, "close", &req))?;
+        file.reported_end.set(end);
+        file.known_size.set(file.known_size.get().max(attr.size));
+        Ok(())
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Attr> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("stat", path)?;
+        self.run(async {
+            Ok(self
+                .meta_attr(Op::Stat, "stat", &MetaRequest::new(&path))
+                .await?
+                .0)
+        })
+    }
+
+    /// Removes a file: its inode, its chunks on every server holding them, its entry.
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("unlink", path)?;
+        self.run(async {
+            let (attr, _) = self
+                .meta_attr(Op::Unlink, "unlink", &MetaRequest::new(&path))
+                .await?;
+            self.check_layout(&path, &attr)?;
+            self.free_data(&attr, 0, attr.size).await?;
+            self.dir_remove("unlink", &path).await
+        })
+    }
+
+    pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("mkdir", path)?;
+        self.run(async {
+            let added = self
+                .dir_add("mkdir", &path, Kind::Dir, libc::EEXIST)
+                .await?
+                .is_some();
+            let mut req = MetaRequest::new(&path);
+            req.mode = mode;
+            match self.meta(Op::Mkdir, "mkdir", &req).await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    if added {
+                        let _ = self.dir_remove("mkdir", &path).await;
+                    }
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("rmdir", path)?;
+        self.run(async {
+            self.meta(Op::Rmdir, "rmdir", &MetaRequest::new(&path)).await?;
+            self.dir_remove("rmdir", &path).await
+        })
+    }
+
+    /// Every entry of a directory, in name order (one owner answers, a page at a time).
+    pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("readdir", path)?;
+        self.run(async {
+            let mut all = Vec::new();
+            loop {
+                let mut req = MetaRequest::new(&path);
+                req.arg = meta::READDIR_PAGE as u64;
+                req.name = all.last().map(|e: &DirEntry| e.name.clone()).unwrap_or_default();
+                let (h, body) = self.meta(Op::Readdir, "readdir", &req).await?;
+                let page = meta::decode_entries(&body)
+                    .ok_or_else(|| Error::Protocol("malformed readdir reply".into()))?;
+                let done = h.offset == 0 || page.is_empty();
+                all.extend(page);
+                if done {
+                    return Ok(all);
+                }
+            }
+        })
+    }
+
+    /// Renames within the file system; data never moves (the file keeps its id and layout).
+    /// A file replaces a file, a directory an empty directory. Non-empty directories are
+    /// refused with EXDEV (their children's inodes are keyed by path), which `mv` handles.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_with(from, to, 0)
+    }
+
+    /// [`Self::rename`] with `flags`: [`meta::NO_REPLACE`] fails with EEXIST if `to`
+    /// exists, decided by `to`'s owner in the same step that installs it (atomic, like
+    /// `renameat2(RENAME_NOREPLACE)`).
+    pub fn rename_with(&self, from: &str, to: &str, flags: u32) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let from = self.checked("rename", from)?;
+        let to = self.checked("rename", to)?;
+        let fail = |errno| Error::Path {
+            op: "rename",
+            path: from.clone(),
+            errno,
+        };
+        if from == "/" || to == "/" {
+            return Err(fail(libc::EBUSY));
+        }
+        if to.starts_with(&format!("{from}/")) {
+            return Err(fail(libc::EINVAL));
+        }
+        self.run(async {
+            let (attr, _) = self
+                .meta_attr(Op::Stat, "rename", &MetaRequest::new(&from))
+                .await?;
+            if from == to {
+                return Ok(());
+            }
+            if attr.kind == Kind::Dir {
+                let mut req = MetaRequest::new(&from);
+                req.arg = 1;
+                let (_, body) = self.meta(Op::Readdir, "rename", &req).await?;
+                if !body.is_empty() {
+                    return Err(fail(libc::EXDEV));
+                }
+            }
+            let conflict = if attr.kind == Kind::File {
+                libc::EISDIR
+            } else {
+                libc::ENOTDIR
+            };
+            let added = self.dir_add("rename", &to, attr.kind, conflict).await?.is_some();
+            let mut req = MetaRequest::new(&to);
+            req.attr = Some(attr);
+            req.flags = flags & meta::NO_REPLACE;
+            let replaced = match self.meta(Op::Install, "rename", &req).await {
+                Ok((_, replaced)) => replaced,
+                Err(e) => {
+                    // An entry this rename added names nothing if the install never happened;
+                    // a path error means an object is at `to` (created meanwhile): its entry.
+                    if added && !matches!(e, Error::Path { .. }) {
+                        let _ = self.dir_remove("rename", &to).await;
+                    }
+                    return Err(e);
+                }
+            };
+            let old = MetaRequest::new(&from);
+            if attr.kind == Kind::Dir {
+                self.meta(Op::Rmdir, "rename", &old).await?;
+            } else {
+                self.meta(Op::Unlink, "rename", &old).await?;
+            }
+            self.dir_remove("rename", &from).await?;
+            if let Some(gone) = Attr::decode(&replaced) {
+                if gone.kind == Kind::File && gone.id != attr.id {
+                    self.free_data(&gone, 0, gone.size).await?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets a file's size; shrinking frees the chunks beyond it on their servers.
+    pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("truncate", path)?;
+        self.run(async {
+            let mut req = MetaRequest::new(&path);
+            req.arg = size;
+            req.flags = 1;
+            let (attr, old) = self.meta_attr(Op::SetSize, "truncate", &req).await?;
+            self.check_layout(&path, &attr)?;
+            self.free_data(&attr, size, old).await
+        })
+    }
+
+    /// Truncates an open file (`ftruncate`): sets the size at the owner and makes the handle
+    /// agree, forgetting its own writes beyond the new size (a later close must not regrow it).
+    /// The handle's writes are published first, so the owner frees every chunk they made.
+    pub fn ftruncate(&self, file: &FileHandle, size: u64) -> Result<()> {
+        self.report_size(file)?;
+        self.truncate(&file.path, size)?;
+        file.written_end.set(file.written_end.get().min(size));
+        file.reported_end.set(file.reported_end.get().min(size));
+        file.known_size.set(size);
+        Ok(())
+    }
+}

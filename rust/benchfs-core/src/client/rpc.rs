@@ -1,0 +1,806 @@
+//! The RPC engine: connections to every server worker (hellos, reconnection, probes of lost
+//! servers), a bounded window per worker, requests matched to replies by id, timeouts and
+//! retries with backoff, and the quiescing that keeps UCX off the caller's memory.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, Request, WeakWorker, Worker};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::namespace::Attr;
+use crate::placement::{chunk_target, metadata_target, Target};
+use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
+use crate::runtime::{with_timeout, Runtime};
+use crate::telemetry::OpKind;
+
+use super::telemetry::{ns, Attempt};
+use super::Client;
+
+/// Where a reply's payload goes: a raw view of the caller's buffer for this request.
+#[derive(Clone, Copy)]
+pub(super) struct Dest {
+    pub(super) ptr: *mut u8,
+    pub(super) len: usize,
+}
+
+/// Why a request ended without a usable reply.
+pub(super) enum ReplyFailure {
+    /// The reply could not be decoded.
+    Malformed(String),
+    /// The connection to the server failed (UCX reported the peer gone).
+    Lost(String),
+}
+
+/// Set (with UCX's reason) when an endpoint's peer fails; shared by the endpoint's failure hook
+/// and the requests sent on it.
+pub(super) type Down = Rc<RefCell<Option<String>>>;
+
+/// An endpoint to one server worker and its failure flag.
+pub(super) struct Link {
+    pub(super) endpoint: Endpoint,
+    pub(super) down: Down,
+}
+
+#[derive(Default)]
+pub(super) struct PendingRpc {
+    /// The failure flag of the endpoint the request went out on.
+    pub(super) down: Option<Down>,
+    pub(super) reply: Option<std::result::Result<Header, ReplyFailure>>,
+    pub(super) dest: Option<Dest>,
+    /// A rendezvous receive into `dest`, started by the reply handler.
+    pub(super) data: Option<Request>,
+    pub(super) waker: Option<Waker>,
+}
+
+pub(super) struct Shared {
+    pub(super) pending: RefCell<HashMap<u64, PendingRpc>>,
+    /// UCX operations of abandoned requests that may still touch caller memory.
+    pub(super) orphans: RefCell<Vec<Request>>,
+    pub(super) late_replies: Cell<u64>,
+    pub(super) malformed_replies: Cell<u64>,
+}
+
+pub(super) struct ServerLink {
+    pub(super) id: u32,
+    /// One endpoint per server worker; `None` once force-closed.
+    pub(super) endpoints: Vec<Option<Link>>,
+    /// The connection id each server worker gave this client at hello.
+    pub(super) conns: Vec<u32>,
+    /// Set once the server failed: requests fail at once (EHOSTDOWN) until a probe succeeds.
+    pub(super) lost: Option<String>,
+    pub(super) probe: Probing,
+}
+
+/// Probing a lost server: hellos at intervals doubling from [`PROBE_FIRST`] to [`PROBE_MAX`].
+pub(super) struct Probing {
+    pub(super) next_at: Instant,
+    pub(super) interval: Duration,
+    /// A probe in flight: its endpoints and hello request ids, one per server worker.
+    pub(super) inflight: Option<(Vec<Link>, Vec<u64>, Instant)>,
+}
+
+pub(super) const PROBE_FIRST: Duration = Duration::from_millis(100);
+
+pub(super) const PROBE_MAX: Duration = Duration::from_secs(5);
+
+/// How long `quiesce` waits for UCX to release caller memory after closing endpoints, before
+/// it tears the UCX worker down (which releases it for certain) and reconnects.
+pub(super) const RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// How long reconnecting after such a teardown may take per server.
+pub(super) const RECONNECT_WAIT: Duration = Duration::from_secs(1);
+
+impl Probing {
+    pub(super) fn idle() -> Probing {
+        Probing {
+            next_at: Instant::now(),
+            interval: PROBE_FIRST,
+            inflight: None,
+        }
+    }
+}
+
+/// Bounds the requests in flight to one server worker: a FIFO of waiters for permits.
+#[derive(Default)]
+pub(super) struct Window {
+    pub(super) used: Cell<u32>,
+    pub(super) waiters: RefCell<std::collections::VecDeque<Waker>>,
+}
+
+pub(super) struct Permit<'a>(&'a Window);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.0.used.set(self.0.used.get() - 1);
+        if let Some(w) = self.0.waiters.borrow_mut().pop_front() {
+            w.wake();
+        }
+    }
+}
+
+impl Window {
+    pub(super) async fn acquire(&self, limit: u32) -> Permit<'_> {
+        futures::future::poll_fn(|cx| {
+            if self.used.get() < limit {
+                self.used.set(self.used.get() + 1);
+                std::task::Poll::Ready(())
+            } else {
+                self.waiters.borrow_mut().push_back(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        Permit(self)
+    }
+}
+
+impl Shared {
+    /// UCX reported the peer of the endpoint with flag `down` failed: requests waiting on it
+    /// wake up and see the flag (if `pending` is busy now, they see it when next polled).
+    pub(super) fn endpoint_failed(&self, down: &Down, reason: String) {
+        *down.borrow_mut() = Some(reason);
+        if let Ok(mut pending) = self.pending.try_borrow_mut() {
+            for p in pending.values_mut() {
+                if p.down.as_ref().is_some_and(|d| Rc::ptr_eq(d, down)) {
+                    if let Some(w) = p.waker.take() {
+                        w.wake();
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_reply(&self, worker: &Worker, msg: AmMessage<'_>) -> AmVerdict {
+        let header = match Header::decode(msg.header) {
+            Ok(h) => h,
+            Err(e) => {
+                self.malformed_replies.set(self.malformed_replies.get() + 1);
+                if let Some(id) = e.request_id {
+                    if let Some(p) = self.pending.borrow_mut().get_mut(&id) {
+                        p.reply = Some(Err(ReplyFailure::Malformed(e.reason)));
+                        if let Some(w) = p.waker.take() {
+                            w.wake();
+                        }
+                    }
+                }
+                return AmVerdict::Done;
+            }
+        };
+        let mut pending = self.pending.borrow_mut();
+        let Some(p) = pending.get_mut(&header.request_id) else {
+            // The request was abandoned; an unreceived rendezvous payload is dropped by UCX.
+            self.late_replies.set(self.late_replies.get() + 1);
+            return AmVerdict::Done;
+        };
+        match (msg.data, p.dest) {
+            (AmData::Eager(d), Some(dest)) if !d.is_empty() => {
+                let n = d.len().min(dest.len);
+                // SAFETY: dest points into the caller's buffer, alive while the request is
+                // pending (see the module comment); the source is valid during the callback.
+                unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), dest.ptr, n) };
+            }
+            (AmData::Rendezvous(desc), Some(dest)) => {
+                // SAFETY: as above; the descriptor is used once, inside the handler.
+                let slice = unsafe { std::slice::from_raw_parts_mut(dest.ptr, dest.len) };
+                p.data = Some(unsafe { worker.recv_data(desc, slice, None) });
+            }
+            _ => {}
+        }
+        p.reply = Some(Ok(header));
+        if let Some(w) = p.waker.take() {
+            w.wake();
+        }
+        AmVerdict::Done
+    }
+}
+
+/// Drops the pending entry of a request; if its UCX operations are still running, they become
+/// orphans that `quiesce` waits for.
+pub(super) struct RpcGuard<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) id: u64,
+    pub(super) send: Option<Request>,
+    /// Whether `send` reads the caller's memory (a header-only send owns all it uses).
+    pub(super) send_reads_caller: bool,
+}
+
+impl Drop for RpcGuard<'_> {
+    fn drop(&mut self) {
+        let entry = self.shared.pending.borrow_mut().remove(&self.id);
+        let mut orphans = self.shared.orphans.borrow_mut();
+        if let Some(send) = self.send.take() {
+            if self.send_reads_caller && !send.is_done() {
+                orphans.push(send);
+            }
+        }
+        if let Some(data) = entry.and_then(|e| e.data) {
+            if !data.is_done() {
+                orphans.push(data);
+            }
+        }
+    }
+}
+
+pub(super) struct WaitReply<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) id: u64,
+}
+
+impl std::future::Future for WaitReply<'_> {
+    type Output = std::result::Result<Header, ReplyFailure>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let mut pending = self.shared.pending.borrow_mut();
+        match pending.get_mut(&self.id) {
+            Some(p) => match p.reply.take() {
+                Some(r) => std::task::Poll::Ready(r),
+                None => {
+                    if let Some(reason) = p.down.as_ref().and_then(|d| d.borrow().clone()) {
+                        return std::task::Poll::Ready(Err(ReplyFailure::Lost(reason)));
+                    }
+                    p.waker = Some(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            },
+            None => std::task::Poll::Ready(Err(ReplyFailure::Malformed("request vanished".into()))),
+        }
+    }
+}
+
+/// A UCX worker for a client: replies handled by `shared`, progressed by `runtime`'s loop.
+/// Returns it with its address (what hellos carry).
+pub(super) fn make_worker(
+    config: &Config,
+    runtime: &Runtime,
+    shared: &Rc<Shared>,
+) -> Result<(Worker, Rc<[u8]>)> {
+    // Serialized, not single-threaded: a client may move between threads (never used by two
+    // at once; the front-ends serialize access).
+    let options = benchfs_ucx::WorkerOptions {
+        serialized: true,
+        ..config.network.worker_options()
+    };
+    let worker = Worker::with_options(&options)?;
+    let handler_shared = Rc::downgrade(shared);
+    // Weak: the handler lives in the worker, which a strong reference would keep alive.
+    let handler_worker: WeakWorker = worker.downgrade();
+    worker.set_am_handler(AM_REPLY, move |msg| {
+        match (handler_shared.upgrade(), handler_worker.upgrade()) {
+            (Some(s), Some(w)) => s.on_reply(&w, msg),
+            _ => AmVerdict::Done,
+        }
+    })?;
+    runtime.reactor().attach_ucx(worker.clone());
+    let address: Rc<[u8]> = worker.address()?.into();
+    Ok((worker, address))
+}
+
+impl Client {
+    /// Starts connecting to every worker of the server at `index`: endpoints, then a hello on
+    /// each (retiring `retire`, this client's earlier connections there). The hellos' replies
+    /// (each carrying a connection id) arrive like any other; see [`Self::hello_outcome`].
+    pub(super) fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<(Vec<Link>, Vec<u64>)> {
+        let entry = &self.membership[index];
+        let worker = self.worker.borrow().clone();
+        let address = self.address.borrow().clone();
+        let (mut endpoints, mut ids) = (Vec::new(), Vec::new());
+        for (w, server_address) in entry.addresses()?.iter().enumerate() {
+            let endpoint = worker
+                .connect(server_address, self.config.network.peer_error_handling)
+                .map_err(|e| Error::ServerLost {
+                    server: entry.id,
+                    reason: format!("cannot connect: {e}"),
+                })?;
+            let down: Down = Rc::default();
+            let (shared, flag) = (Rc::downgrade(&self.shared), down.clone());
+            endpoint.on_failure(move |e| {
+                if let Some(s) = shared.upgrade() {
+                    s.endpoint_failed(&flag, e.to_string());
+                }
+            });
+            let id = self.request_id();
+            let old = retire.get(w).copied().unwrap_or(0);
+            let header = Header::request(Op::Hello, id, 0, u64::from(old), 0, address.len() as u64)
+                .with_token(self.token);
+            self.shared.pending.borrow_mut().insert(
+                id,
+                PendingRpc {
+                    down: Some(down.clone()),
+                    ..Default::default()
+                },
+            );
+            // SAFETY: the address is owned by `self.address`, replaced only after every
+            // endpoint (and so every send on one) is closed.
+            drop(unsafe { endpoint.send_am(AM_REQUEST, &header.encode(), &address, None) });
+            endpoints.push(Link { endpoint, down });
+            ids.push(id);
+        }
+        Ok((endpoints, ids))
+    }
+
+    /// The outcome of hellos `ids` once every one is answered or any failed: the connection
+    /// ids, or why not. Their pending entries are removed then; `None` while waiting.
+    pub(super) fn hello_outcome(&self, ids: &[u64]) -> Option<std::result::Result<Vec<u32>, String>> {
+        let mut pending = self.shared.pending.borrow_mut();
+        let mut conns = Vec::with_capacity(ids.len());
+        let mut failure = None;
+        for id in ids {
+            match pending.get(id).map(|p| &p.reply) {
+                Some(Some(Ok(h))) if h.status == 0 => conns.push(h.offset as u32),
+                Some(Some(Ok(h))) => {
+                    failure = Some(format!(
+                        "hello answered with {}",
+                        std::io::Error::from_raw_os_error(-h.status)
+                    ))
+                }
+                Some(Some(Err(ReplyFailure::Lost(r) | ReplyFailure::Malformed(r)))) => {
+                    failure = Some(r.clone())
+                }
+                Some(None) => {
+                    let down = pending.get(id).and_then(|p| p.down.as_ref());
+                    match down.and_then(|d| d.borrow().clone()) {
+                        Some(r) => failure = Some(r),
+                        None => return None,
+                    }
+                }
+                None => failure = Some("hello vanished".into()),
+            }
+        }
+        for id in ids {
+            pending.remove(id);
+        }
+        Some(failure.map_or(Ok(conns), Err))
+    }
+
+    /// (Re)connects to the server at `index`, waiting for its hellos until `deadline`.
+    pub(super) fn reconnect(&self, index: usize, deadline: Instant) -> Result<()> {
+        let server = self.membership[index].id;
+        let (endpoints, ids) = self.start_hellos(index, &[])?;
+        let reactor = self.runtime.reactor().clone();
+        let outcome = self.runtime.block_on(async {
+            loop {
+                if let Some(outcome) = self.hello_outcome(&ids) {
+                    return outcome;
+                }
+                if Instant::now() >= deadline {
+                    for id in &ids {
+                        self.shared.pending.borrow_mut().remove(id);
+                    }
+                    return Err("no answer to hello".into());
+                }
+                reactor.sleep(Duration::from_millis(1)).await;
+            }
+        })?;
+        match outcome {
+            Ok(conns) => {
+                self.admit(index, endpoints, conns);
+                Ok(())
+            }
+            Err(reason) => Err(Error::ServerLost { server, reason }),
+        }
+    }
+
+    /// Installs connections to the server at `index` and clears its lost state.
+    pub(super) fn admit(&self, index: usize, endpoints: Vec<Link>, conns: Vec<u32>) {
+        let old = {
+            let mut links = self.links.borrow_mut();
+            let link = &mut links[index];
+            link.conns = conns;
+            link.probe = Probing::idle();
+            if link.lost.take().is_some() {
+                eprintln!("benchfs: server {} answers again: re-admitted", link.id);
+            }
+            std::mem::replace(&mut link.endpoints, endpoints.into_iter().map(Some).collect())
+        };
+        // Closing progresses UCX: done with no borrow held.
+        drop(old);
+    }
+
+    /// Advances the probes of lost servers (called as each public call starts; a client has
+    /// no thread of its own): starts a hello when one is due, re-admits a server on its answer.
+    pub(super) fn poll_probes(&self) {
+        let lost: Vec<usize> = self
+            .links
+            .borrow()
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.lost.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        self.worker.borrow().progress();
+        let now = Instant::now();
+        for index in lost {
+            let inflight = self.links.borrow_mut()[index].probe.inflight.take();
+            let retry = match inflight {
+                Some((endpoints, ids, started)) => match self.hello_outcome(&ids) {
+                    Some(Ok(conns)) => {
+                        self.admit(index, endpoints, conns);
+                        continue;
+                    }
+                    None if now.saturating_duration_since(started) < PROBE_MAX => {
+                        self.links.borrow_mut()[index].probe.inflight = Some((endpoints, ids, started));
+                        continue;
+                    }
+                    _ => {
+                        for id in &ids {
+                            self.shared.pending.borrow_mut().remove(id);
+                        }
+                        drop(endpoints);
+                        true
+                    }
+                },
+                None if now >= self.links.borrow()[index].probe.next_at => {
+                    let retire = self.links.borrow()[index].conns.clone();
+                    match self.start_hellos(index, &retire) {
+                        Ok((endpoints, ids)) => {
+                            self.links.borrow_mut()[index].probe.inflight = Some((endpoints, ids, now));
+                            false
+                        }
+                        Err(_) => true,
+                    }
+                }
+                None => false,
+            };
+            if retry {
+                let mut links = self.links.borrow_mut();
+                let probe = &mut links[index].probe;
+                probe.next_at = now + probe.interval;
+                probe.interval = (probe.interval * 2).min(PROBE_MAX);
+            }
+        }
+    }
+
+    pub(super) fn server_count(&self) -> usize {
+        self.membership.len()
+    }
+
+    /// Marks the server at `index` lost: requests to it fail at once (EHOSTDOWN) until a
+    /// probe gets an answer. Logged once per change of state.
+    pub(super) fn mark_lost(&self, index: usize, reason: String) {
+        if let Some(link) = self.links.borrow_mut().get_mut(index) {
+            if link.lost.is_none() {
+                eprintln!(
+                    "benchfs: server {} lost ({reason}); requests to it fail until it answers a probe",
+                    link.id
+                );
+                link.lost = Some(reason);
+                link.probe = Probing {
+                    next_at: Instant::now() + PROBE_FIRST,
+                    ..Probing::idle()
+                };
+            }
+        }
+    }
+
+    /// Workers of the server at `index`.
+    pub(super) fn workers(&self, index: usize) -> usize {
+        self.membership[index].ucx_addresses.len()
+    }
+
+    /// Where a chunk of a file lives: (server index, worker index), by the file's layout.
+    pub(super) fn route(&self, attr: &Attr, chunk: u64) -> Target {
+        chunk_target(attr.id, &attr.layout, chunk, self.server_count(), |s| {
+            self.workers(s)
+        })
+    }
+
+    /// The (server, worker) that owns `path`'s metadata.
+    pub(super) fn owner(&self, path: &str) -> Target {
+        metadata_target(path, self.server_count(), self.workers(0))
+    }
+
+    /// One request to worker `target.1` of server `target.0`, within that worker's window,
+    /// with a fresh request id per attempt. Idempotent requests (read, fsync, truncate, stat,
+    /// readdir, directory entry removal) are retried after a timeout, with exponential backoff
+    /// and full jitter; a server that times out for good, or whose transport fails, is marked
+    /// lost.
+    ///
+    /// `ready` is when the request could have been sent (its API call's start for a batch of
+    /// chunks): the wait from then to a window slot is its `window_wait_ns`.
+    pub(super) async fn call(
+        &self,
+        target: (usize, usize),
+        header: Header,
+        payload: &[u8],
+        mut dest: Option<&mut [u8]>,
+        ready: Instant,
+    ) -> Result<Header> {
+        let (index, worker) = target;
+        let client = &self.config.client;
+        let metrics = &self.telemetry.metrics;
+        let kind = OpKind::of(header.op);
+        let mut ready = ready;
+        let idempotent = matches!(
+            header.op,
+            Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::DirRemove
+        );
+        let mut attempt = 0u32;
+        let mut busy_retries = 0u32;
+        let first_sent = Instant::now();
+        let timeout = Duration::from_secs_f64(client.request_timeout_s);
+        loop {
+            let attempt_header = Header {
+                request_id: self.request_id(),
+                ..header
+            };
+            let result = {
+                let _permit = self.windows[index][worker]
+                    .acquire(client.max_inflight_per_server)
+                    .await;
+                let sent = Instant::now();
+                metrics.record_window_wait(kind, ns(sent.saturating_duration_since(ready)));
+                metrics.attempt_sent(index, kind, attempt > 0 || busy_retries > 0);
+                let _attempt = Attempt {
+                    metrics,
+                    index,
+                    op: kind,
+                    sent,
+                };
+                self.exchange(target, attempt_header, payload, dest.as_deref_mut())
+                    .await
+            };
+            let timed_out = matches!(result, Err(Error::Timeout { .. }));
+            if timed_out {
+                metrics.count_timeout(index, kind);
+            }
+            let busy = matches!(&result, Err(Error::Remote { errno, .. }) if *errno == libc::EAGAIN);
+            if busy {
+                metrics.count_busy(index, kind);
+            }
+            match result {
+                // EAGAIN is a refusal before execution: any request, writes too, may be sent
+                // again, until the request's own timeout has passed since its first attempt.
+                Err(_) if busy && first_sent.elapsed() < timeout => {
+                    let ceiling = client.retry_backoff_ms.saturating_mul(1 << busy_retries.min(16));
+                    let left = timeout.saturating_sub(first_sent.elapsed());
+                    let pause = Duration::from_millis(self.jitter(ceiling)).min(left);
+                    self.runtime.reactor().sleep(pause).await;
+                    busy_retries += 1;
+                    ready = Instant::now();
+                }
+                Err(Error::Timeout { .. }) if idempotent && attempt < client.max_retries => {
+                    let ceiling = client.retry_backoff_ms.saturating_mul(1 << attempt.min(16));
+                    let pause = Duration::from_millis(self.jitter(ceiling));
+                    self.runtime.reactor().sleep(pause).await;
+                    attempt += 1;
+                    ready = Instant::now();
+                }
+                Err(e) => {
+                    metrics.count_error(index, kind);
+                    match &e {
+                        Error::ServerLost { reason, .. } => self.mark_lost(index, reason.clone()),
+                        Error::Timeout { .. } => self.mark_lost(index, e.to_string()),
+                        _ => {}
+                    }
+                    return Err(e);
+                }
+                Ok(reply) => {
+                    let moved = match kind {
+                        OpKind::Write => payload.len() as u64,
+                        OpKind::Read => reply.length,
+                        _ => 0,
+                    };
+                    metrics.count_bytes(index, kind, moved);
+                    return Ok(reply);
+                }
+            }
+        }
+    }
+
+    /// A uniformly random delay in `[0, ceiling]` ms (full jitter spreads retry storms).
+    pub(super) fn jitter(&self, ceiling: u64) -> u64 {
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x % (ceiling + 1)
+    }
+
+    /// One request/reply exchange with worker `worker` of the server at `index`.
+    pub(super) async fn exchange(
+        &self,
+        (index, worker): (usize, usize),
+        header: Header,
+        payload: &[u8],
+        dest: Option<&mut [u8]>,
+    ) -> Result<Header> {
+        let server = self.membership[index].id;
+        let op = header.op.name();
+        let timeout = Duration::from_secs_f64(self.config.client.request_timeout_s);
+        let id = header.request_id;
+        let dest = dest.map(|d| Dest {
+            ptr: d.as_mut_ptr(),
+            len: d.len(),
+        });
+        self.shared.pending.borrow_mut().insert(
+            id,
+            PendingRpc {
+                dest,
+                ..Default::default()
+            },
+        );
+        let mut guard = RpcGuard {
+            shared: &self.shared,
+            id,
+            send: None,
+            send_reads_caller: !payload.is_empty(),
+        };
+        {
+            let links = self.links.borrow();
+            let link = &links[index];
+            if let Some(reason) = &link.lost {
+                return Err(Error::ServerLost {
+                    server: link.id,
+                    reason: format!("lost earlier ({reason}); probing it"),
+                });
+            }
+            let (Some(Link { endpoint: ep, down }), Some(&conn)) = (
+                link.endpoints.get(worker).and_then(|e| e.as_ref()),
+                link.conns.get(worker),
+            ) else {
+                return Err(Error::ServerLost {
+                    server: link.id,
+                    reason: "not connected".into(),
+                });
+            };
+            if let Some(p) = self.shared.pending.borrow_mut().get_mut(&id) {
+                p.down = Some(down.clone());
+            }
+            // SAFETY: `payload` is borrowed for this call, and the guard turns a still-running
+            // send into an orphan that the public call waits for before returning.
+            let header = header.with_token(self.token).on_connection(conn);
+            guard.send = Some(unsafe { ep.send_am(AM_REQUEST, &header.encode(), payload, None) });
+        }
+        let reactor = self.runtime.reactor().clone();
+        let exchange = async {
+            let reply = WaitReply {
+                shared: &self.shared,
+                id,
+            }
+            .await;
+            if let Some(send) = guard.send.as_mut() {
+                send.await.map_err(|e| Error::ServerLost {
+                    server,
+                    reason: e.to_string(),
+                })?;
+            }
+            let reply = reply.map_err(|f| match f {
+                ReplyFailure::Malformed(m) => Error::Protocol(m),
+                ReplyFailure::Lost(reason) => Error::ServerLost { server, reason },
+            })?;
+            let data = self
+                .shared
+                .pending
+                .borrow_mut()
+                .get_mut(&id)
+                .and_then(|p| p.data.take());
+            if let Some(data) = data {
+                data.await.map_err(|e| Error::ServerLost {
+                    server,
+                    reason: e.to_string(),
+                })?;
+            }
+            Ok(reply)
+        };
+        let outcome = with_timeout(&reactor, timeout, exchange).await;
+        match outcome {
+            Some(Ok(reply)) => {
+                drop(guard);
+                if reply.op != header.op {
+                    return Err(Error::Protocol(format!(
+                        "reply op {:?} to a {op} request",
+                        reply.op
+                    )));
+                }
+                if reply.status < 0 {
+                    return Err(Error::Remote {
+                        server,
+                        op,
+                        errno: -reply.status,
+                    });
+                }
+                Ok(reply)
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(Error::Timeout {
+                op,
+                server,
+                timeout_s: timeout.as_secs_f64(),
+            }),
+        }
+    }
+
+    pub(super) fn request_id(&self) -> u64 {
+        let id = self.next_request.get();
+        self.next_request.set(id + 1);
+        id
+    }
+
+    /// Returns once no UCX operation refers to caller memory: closes the endpoints of lost
+    /// servers (UCX completes their operations with an error), waits a little, and if UCX
+    /// still holds caller memory (a receive from a paused server is not cancelled by closing
+    /// an endpoint), tears the UCX worker down, which ends every operation for certain, and
+    /// reconnects. Bounded; never copies data and never aborts.
+    pub(super) fn quiesce(&self) -> Result<()> {
+        let closing: Vec<Link> = self
+            .links
+            .borrow_mut()
+            .iter_mut()
+            .filter(|l| l.lost.is_some())
+            .flat_map(|l| {
+                l.endpoints
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        drop(closing);
+        let deadline = Instant::now() + RELEASE_WAIT;
+        loop {
+            if self.shared.orphans.borrow().iter().all(|r| r.is_done()) {
+                self.shared.orphans.borrow_mut().clear();
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            self.worker.borrow().progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        eprintln!(
+            "benchfs: UCX still held caller memory after closing the endpoints of lost servers; \
+             rebuilding this client's UCX worker"
+        );
+        self.reset_transport()
+    }
+
+    /// Replaces the UCX worker: closes every endpoint and probe, destroys the worker (UCX then
+    /// can no longer touch any memory of an operation started on it), makes a new one and
+    /// reconnects to every server not lost (those that do not answer in time become lost).
+    pub(super) fn reset_transport(&self) -> Result<()> {
+        let old: Vec<Link> = self
+            .links
+            .borrow_mut()
+            .iter_mut()
+            .flat_map(|l| {
+                let mut eps: Vec<Link> = l.endpoints.iter_mut().filter_map(Option::take).collect();
+                if let Some((probe, _, _)) = l.probe.inflight.take() {
+                    eps.extend(probe);
+                }
+                eps
+            })
+            .collect();
+        drop(old);
+        self.shared.pending.borrow_mut().clear();
+        self.shared.orphans.borrow_mut().clear();
+        let (worker, address) = make_worker(&self.config, &self.runtime, &self.shared)?;
+        // The old worker's last reference: ucp_worker_destroy runs here.
+        drop(std::mem::replace(&mut *self.worker.borrow_mut(), worker));
+        *self.address.borrow_mut() = address;
+        for index in 0..self.server_count() {
+            if self.links.borrow()[index].lost.is_some() {
+                continue;
+            }
+            if let Err(e) = self.reconnect(index, Instant::now() + RECONNECT_WAIT) {
+                let reason = match e {
+                    Error::ServerLost { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                self.mark_lost(index, reason);
+            }
+        }
+        Ok(())
+    }
+}
