@@ -1,0 +1,211 @@
+//! The worker: one UCP context and worker per event loop, progressed by its owner and woken
+//! through its event fd.
+
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+use std::ptr;
+use std::rc::Rc;
+
+use benchfs_ucx_sys as sys;
+
+use crate::*;
+
+pub(crate) struct WorkerInner {
+    pub(crate) context: sys::ucp_context_h,
+    pub(crate) worker: sys::ucp_worker_h,
+    pub(crate) event_fd: RawFd,
+    /// Boxed handlers whose addresses were given to UCX as callback arguments.
+    pub(crate) handlers: RefCell<Vec<*mut AmHandlerBox>>,
+}
+
+impl Drop for WorkerInner {
+    fn drop(&mut self) {
+        // SAFETY: handles were created by ucp_init/ucp_worker_create and are destroyed once;
+        // the handler boxes are freed only after the worker that could call them is gone.
+        unsafe {
+            sys::ucp_worker_destroy(self.worker);
+            sys::ucp_cleanup(self.context);
+            for handler in self.handlers.borrow_mut().drain(..) {
+                drop(Box::from_raw(handler));
+            }
+        }
+    }
+}
+
+/// A UCP context with one worker, created for active messages with wakeup support.
+#[derive(Clone)]
+pub struct Worker {
+    pub(crate) inner: Rc<WorkerInner>,
+}
+
+/// A worker reference that does not keep the worker alive (for handlers stored in the
+/// worker itself, which would otherwise form a cycle and never destroy it).
+#[derive(Clone)]
+pub struct WeakWorker {
+    pub(crate) inner: std::rc::Weak<WorkerInner>,
+}
+
+impl WeakWorker {
+    pub fn upgrade(&self) -> Option<Worker> {
+        self.inner.upgrade().map(|inner| Worker { inner })
+    }
+}
+
+/// UCX settings a worker is created with (anything unset keeps UCX's own default and the
+/// process's `UCX_*` environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerOptions {
+    /// `UCX_TLS` syntax, e.g. "tcp" or "shm,self".
+    pub transports: Option<String>,
+    /// `UCX_RNDV_THRESH`: payload bytes from which rendezvous is used.
+    pub rndv_threshold: Option<u64>,
+    /// `UCX_PROTO_ENABLE`: UCX's newer protocol selection (false: the original protocols).
+    pub proto_v2: bool,
+    /// Allow use from any thread, one at a time (`UCS_THREAD_MODE_SERIALIZED`) instead of
+    /// only the creating thread.
+    pub serialized: bool,
+}
+
+impl Worker {
+    /// Creates a context (active messages + wakeup) and a single-threaded worker with UCX's
+    /// defaults.
+    pub fn new() -> Result<Self> {
+        Self::with_options(&WorkerOptions::default())
+    }
+
+    /// Creates a context and a single-threaded worker with `options` applied.
+    pub fn with_options(options: &WorkerOptions) -> Result<Self> {
+        let options = options.clone();
+        let settings: Vec<(&str, String)> = [
+            options.transports.clone().map(|t| ("TLS", t)),
+            options.rndv_threshold.map(|t| ("RNDV_THRESH", t.to_string())),
+            Some((
+                "PROTO_ENABLE",
+                if options.proto_v2 { "y" } else { "n" }.to_string(),
+            )),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut c_settings = Vec::with_capacity(settings.len());
+        for (name, value) in &settings {
+            let bad = || UcxError {
+                op: "config_modify",
+                status: sys::UCS_ERR_INVALID_PARAM,
+                message: format!("{name}={value:?} contains a NUL byte"),
+            };
+            c_settings.push((
+                std::ffi::CString::new(*name).map_err(|_| bad())?,
+                std::ffi::CString::new(value.as_str()).map_err(|_| bad())?,
+            ));
+        }
+        // SAFETY: plain FFI initialisation with zeroed, masked parameter structs.
+        unsafe {
+            let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+            check(
+                "config_read",
+                sys::ucp_config_read(ptr::null(), ptr::null(), &mut config),
+            )?;
+            for (name, value) in &c_settings {
+                let status = sys::ucp_config_modify(config, name.as_ptr(), value.as_ptr());
+                if status != sys::UCS_OK {
+                    sys::ucp_config_release(config);
+                    let mut e = UcxError::new("config_modify", status);
+                    e.message = format!(
+                        "{} = {:?}: {}",
+                        name.to_string_lossy(),
+                        value.to_string_lossy(),
+                        e.message
+                    );
+                    return Err(e);
+                }
+            }
+            let params = sys::ucp_params_t {
+                field_mask: (sys::UCP_PARAM_FIELD_FEATURES) as u64,
+                features: (sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP) as u64,
+                ..Default::default()
+            };
+            let mut context: sys::ucp_context_h = ptr::null_mut();
+            let status = sys::ucp_init(&params, config, &mut context);
+            sys::ucp_config_release(config);
+            check("init", status)?;
+            let wparams = sys::ucp_worker_params_t {
+                field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+                thread_mode: if options.serialized {
+                    sys::UCS_THREAD_MODE_SERIALIZED
+                } else {
+                    sys::UCS_THREAD_MODE_SINGLE
+                },
+                ..Default::default()
+            };
+            let mut worker: sys::ucp_worker_h = ptr::null_mut();
+            if let Err(e) = check(
+                "worker_create",
+                sys::ucp_worker_create(context, &wparams, &mut worker),
+            ) {
+                sys::ucp_cleanup(context);
+                return Err(e);
+            }
+            let mut event_fd: i32 = -1;
+            if let Err(e) = check("worker_get_efd", sys::ucp_worker_get_efd(worker, &mut event_fd)) {
+                sys::ucp_worker_destroy(worker);
+                sys::ucp_cleanup(context);
+                return Err(e);
+            }
+            Ok(Worker {
+                inner: Rc::new(WorkerInner {
+                    context,
+                    worker,
+                    event_fd,
+                    handlers: RefCell::new(Vec::new()),
+                }),
+            })
+        }
+    }
+
+    /// A reference that does not keep the worker alive.
+    pub fn downgrade(&self) -> WeakWorker {
+        WeakWorker {
+            inner: Rc::downgrade(&self.inner),
+        }
+    }
+
+    /// The worker's address, for peers to connect to (published in the registry).
+    pub fn address(&self) -> Result<Vec<u8>> {
+        // SAFETY: the address buffer is copied out and released with the matching call.
+        unsafe {
+            let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
+            let mut len: usize = 0;
+            check(
+                "worker_get_address",
+                sys::ucp_worker_get_address(self.inner.worker, &mut addr, &mut len),
+            )?;
+            let bytes = std::slice::from_raw_parts(addr as *const u8, len).to_vec();
+            sys::ucp_worker_release_address(self.inner.worker, addr);
+            Ok(bytes)
+        }
+    }
+
+    /// Runs UCX's progress engine once; returns how many events it processed.
+    pub fn progress(&self) -> u32 {
+        // SAFETY: single-threaded worker used from its owning thread.
+        unsafe { sys::ucp_worker_progress(self.inner.worker) }
+    }
+
+    /// Arms the event fd. `Ok(true)`: nothing pending, safe to sleep on [`Self::event_fd`].
+    /// `Ok(false)`: events are pending, progress again first.
+    pub fn arm(&self) -> Result<bool> {
+        // SAFETY: see progress.
+        let status = unsafe { sys::ucp_worker_arm(self.inner.worker) };
+        match status {
+            sys::UCS_OK => Ok(true),
+            sys::UCS_ERR_BUSY => Ok(false),
+            other => Err(UcxError::new("worker_arm", other)),
+        }
+    }
+
+    /// File descriptor that becomes readable when the armed worker has events.
+    pub fn event_fd(&self) -> RawFd {
+        self.inner.event_fd
+    }
+}
