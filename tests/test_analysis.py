@@ -436,9 +436,19 @@ def _depth_starved() -> dict:
     return {"servers": {0: spec}}
 
 
+def _one_sqe_per_enter() -> dict:
+    """Eight operations at the device, yet each io_uring_enter carried one SQE."""
+    spec = dataclasses.replace(
+        healthy("node-0", n=1000),
+        depth=np.full(2000, 8, dtype=int),
+        batch=np.ones(2000, dtype=int),
+    )
+    return {"servers": {0: spec}}
+
+
 PLANTED = {
     "BFS-001": _depth_starved,
-    "BFS-002": lambda: {"servers": cluster(), "overrides": ("storage.submit_policy=timer",)},
+    "BFS-002": _one_sqe_per_enter,
     "BFS-003": lambda: {"servers": cluster(s1=healthy("node-1", read=400, write=300))},
     "BFS-004": lambda: {"servers": cluster(), "iostat": _slow_iostat()},
     "BFS-005": lambda: {
@@ -484,7 +494,6 @@ def test_each_insight_fires_on_its_planted_case(tmp_path: Path, ident: str) -> N
         case["servers"],
         clients=case.get("clients") or healthy_clients(case["servers"]),
         iostat=case.get("iostat") or healthy_iostat(),
-        overrides=case.get("overrides", ()),
     )
     a = A.analyze(run, TH)
     fired = {i.id: i for i in a.fired}

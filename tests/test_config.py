@@ -250,10 +250,7 @@ def test_the_old_chunk_size_name_still_works_with_one_notice(tmp_path: Path) -> 
             "storage.layout=striped",
             "storage.layout (from override): `striped` is not one of `chunkfile`, `packed`",
         ),
-        (
-            "storage.submit_policy=later",
-            "storage.submit_policy (from override): `later` is not one of `immediate`, `timer`",
-        ),
+        ("storage.submit_policy=timer", "unknown key storage.submit_policy (from override)"),
     ],
 )
 def test_errors_name_the_key_the_value_and_the_source(override: str, message: str) -> None:

@@ -70,10 +70,12 @@ def bench_storage(
     direct_read: bool,
     layout: str = "chunkfile",
     dataset_bytes: int | None = None,
+    submit_timer_us: int = 0,
 ) -> dict[str, float]:
     """Run the storage engine alone (no network) at `queue_depth`; `pattern` is "seqwrite",
-    "seqread" or "randread". Returns bytes, seconds, mib_s, ops, p50_us, p99_us,
-    mean_inflight, share_depth1 and mean_batch."""
+    "seqread" or "randread". `submit_timer_us` > 0 holds each submission until that long
+    after the previous one (timer-gated designs; servers never wait). Returns bytes, seconds,
+    mib_s, ops, p50_us, p99_us, mean_inflight, share_depth1 and mean_batch."""
 
 def bench_telemetry(
     data_dir: str,

@@ -167,29 +167,14 @@ def batching(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
         "BFS-002",
         "Submit batching inefficiency",
         "medium",
-        f'storage.submit_policy = "timer" (submissions held back on a timer), or mean SQEs per '
-        f"io_uring_enter <= {th.batch_mean_max:g} while the mean device depth was >= "
-        f"{th.batch_depth_min:g}",
-        "With the timer policy every request waits for the timer: use storage.submit_policy = "
-        '"immediate" (a 10 ms timer once raised depth 4.6x and made the median I/O 31x '
-        "slower). One io_uring_enter per SQE under load costs a system call per I/O: let the "
-        "event loop gather a turn's SQEs (more requests in service per turn).",
+        f"mean SQEs per io_uring_enter <= {th.batch_mean_max:g} while the mean device depth "
+        f"was >= {th.batch_depth_min:g}",
+        "One io_uring_enter per SQE under load costs a system call per I/O: let the event loop "
+        "gather a turn's SQEs (more requests in service per turn). Never gather them on a "
+        "timer: a 10 ms timer once raised depth 4.6x and made the median I/O 31x slower "
+        "(studies/iodepth).",
     )
-    policy = run.config_value("storage", "submit_policy", "immediate")
     d = t.io_depth
-    if policy == "timer":
-        i.fired = True
-        timer = run.config_value("storage", "submit_timer_us", None)
-        i.evidence = [f'storage.submit_policy = "timer" (submit_timer_us = {timer})']
-        # The timer's hold is counted in device_ns (from queuing the SQE to its completion).
-        device = _mean(run, "device_ns")
-        if math.isfinite(device):
-            i.evidence.append(
-                f"operations took {_ms(device / 1e6)} on average from being queued for the "
-                "device to completion, the timer's hold included"
-            )
-        i.data = {"submit_policy": policy, "submit_timer_us": timer}
-        return i
     if d.empty:
         return _skip(i, "no submit_batch telemetry")
     row = d[d["node"] == "all"].iloc[0]

@@ -131,10 +131,6 @@ pub struct StorageConfig {
     pub direct_read: bool,
     /// Open chunk files kept per worker (bounded handle cache).
     pub handle_cache: u32,
-    /// When queued device operations are submitted.
-    pub submit_policy: SubmitPolicy,
-    /// With submit_policy = "timer": hold SQEs until this much time passed since the last submit.
-    pub submit_timer_us: u64,
 }
 
 impl Default for StorageConfig {
@@ -148,8 +144,6 @@ impl Default for StorageConfig {
             direct_write: true,
             direct_read: false,
             handle_cache: 512,
-            submit_policy: SubmitPolicy::Immediate,
-            submit_timer_us: 50_000,
         }
     }
 }
@@ -162,17 +156,6 @@ pub enum DiskLayout {
     Chunkfile,
     /// Chunks in large preallocated files.
     Packed,
-}
-
-/// `storage.submit_policy`: when queued device operations are submitted to io_uring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SubmitPolicy {
-    /// Every turn of the event loop (the default).
-    Immediate,
-    /// Held until `submit_timer_us` passed since the last submit: a timer-gated design kept
-    /// only to reproduce its measurements.
-    Timer,
 }
 
 /// The UCX transport.
@@ -789,7 +772,7 @@ mod tests {
             "invalid configuration: storage.layout (from override): `striped` is not one of \
              `chunkfile`, `packed`"
         );
-        assert!(over("storage.submit_policy=later").contains("`later` is not one of `immediate`, `timer`"));
+        assert!(over("storage.submit_policy=timer").contains("storage.submit_policy"));
         assert!(over("client.max_inflight=5000000000")
             .contains("client.max_inflight (from override): `5000000000` is too large (at most 4294967295)"));
         assert!(over("client=1").contains("is not section.key=value"));

@@ -71,7 +71,8 @@ pub struct Reactor {
     inflight: Cell<u32>,
     /// Where depth-at-submit and batch sizes are recorded (the telemetry of this loop).
     submit_stats: SubmitStats,
-    /// Experimental timer-gated submission (the seeds' policy): hold data SQEs this long.
+    /// Timer-gated submission: hold data SQEs this long. Servers never do; the storage bench
+    /// (benchfs-tools) does, to measure what such designs cost.
     hold: Option<Duration>,
     last_flush: Cell<Instant>,
     /// The pool whose buffers are registered as fixed buffers.
@@ -693,8 +694,8 @@ impl Runtime {
         Self::with_submit_hold(ring_entries, None)
     }
 
-    /// A runtime whose data SQEs are held up to `hold` before submission. Only for reproducing
-    /// the seeds' timer-gated experiment; never the default.
+    /// A runtime whose data SQEs are held up to `hold` before submission: the hook by which the
+    /// storage bench measures timer-gated designs. Servers submit every turn.
     pub fn with_submit_hold(ring_entries: u32, hold: Option<Duration>) -> Result<Runtime> {
         let pool = LocalPool::new();
         let spawner = pool.spawner();

@@ -18,7 +18,7 @@ use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, RndvDesc, Worker};
 
 use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
-use crate::config::{Config, SubmitPolicy};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
 use crate::protocol::meta::{self, MetaRequest};
@@ -570,8 +570,7 @@ impl ServerState {
         } else {
             0
         };
-        // Device time starts when the operation is handed to the store, so SQEs held back by
-        // `storage.submit_policy = "timer"` count as device time (as such designs measured it).
+        // Device time starts when the operation is handed to the store.
         let (queue_ns, device_ns, total_ns) = (
             ns(started.saturating_duration_since(arrived)),
             ns(done.saturating_duration_since(started)),
@@ -872,9 +871,7 @@ fn start_worker(opts: &ServerOptions, index: u32) -> Result<WorkerParts> {
 fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc<ServerState>)> {
     let config = &opts.config;
     let token = registry::job_token(&registry::load_or_create_secret(&opts.registry_dir)?);
-    let hold = (config.storage.submit_policy == SubmitPolicy::Timer)
-        .then(|| std::time::Duration::from_micros(config.storage.submit_timer_us));
-    let runtime = Runtime::with_submit_hold(config.storage.ring_entries, hold)?;
+    let runtime = Runtime::new(config.storage.ring_entries)?;
     let reactor = runtime.reactor().clone();
     reactor.set_spin(std::time::Duration::from_micros(config.network.spin_us));
     let worker = Worker::with_options(&config.network.worker_options())?;

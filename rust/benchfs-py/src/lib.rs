@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -107,13 +108,7 @@ fn wait_for_servers<'py>(
         return Err(PyValueError::new_err("timeout_s must not be negative"));
     }
     let entries = py
-        .detach(|| {
-            registry::wait_for(
-                &registry_dir,
-                expected,
-                std::time::Duration::from_secs_f64(timeout_s),
-            )
-        })
+        .detach(|| registry::wait_for(&registry_dir, expected, Duration::from_secs_f64(timeout_s)))
         .map_err(to_py)?;
     entries
         .iter()
@@ -601,7 +596,7 @@ fn bench_transfers<'py>(
 
 /// Runs the storage engine alone (no network) at a fixed queue depth; see docs/bench.md.
 #[pyfunction]
-#[pyo3(signature = (data_dir, pattern, block_size, queue_depth, total_bytes, chunk_size, direct_write, direct_read, layout="chunkfile", dataset_bytes=None))]
+#[pyo3(signature = (data_dir, pattern, block_size, queue_depth, total_bytes, chunk_size, direct_write, direct_read, layout="chunkfile", dataset_bytes=None, submit_timer_us=0))]
 #[allow(clippy::too_many_arguments)]
 fn bench_storage<'py>(
     py: Python<'py>,
@@ -615,6 +610,7 @@ fn bench_storage<'py>(
     direct_read: bool,
     layout: &str,
     dataset_bytes: Option<u64>,
+    submit_timer_us: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let layout = format!("storage.layout={layout}");
     let mut config = config::resolve(None, &BTreeMap::new(), &[layout]).map_err(to_py)?;
@@ -629,6 +625,7 @@ fn bench_storage<'py>(
         dataset_bytes: dataset_bytes.unwrap_or(total_bytes),
         chunk_size,
         storage: config.storage,
+        submit_hold: (submit_timer_us > 0).then(|| Duration::from_micros(submit_timer_us)),
     };
     let r = py.detach(|| bench::bench_storage(&spec)).map_err(to_py)?;
     let d = PyDict::new(py);
@@ -725,7 +722,7 @@ fn ior_phase<'py>(
         },
         direction: Direction::parse(direction).map_err(to_py)?,
         verify,
-        stonewall: (stonewall_s > 0.0).then(|| std::time::Duration::from_secs_f64(stonewall_s)),
+        stonewall: (stonewall_s > 0.0).then(|| Duration::from_secs_f64(stonewall_s)),
         max_ops,
         fsync,
     };
