@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
 use crate::protocol::meta::{self, MetaRequest};
-use crate::protocol::{check_request, is_server_fault, Header, Op, AM_REPLY, AM_REQUEST};
+use crate::protocol::{check_request, is_server_fault, Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
 use crate::runtime::{with_timeout, Notifier, Reactor, Runtime};
 use crate::storage::ChunkStore;
@@ -105,14 +105,14 @@ struct Incoming {
 }
 
 /// What running a request gave: its status (0 or -errno), its byte count, the data a read
-/// returns (its buffer and where the data starts in it) or a metadata reply (the reply's
-/// `offset` and body), and when the storage operation started (queue wait ends there).
+/// returns (its buffer and where the data starts in it) or a metadata reply (its value and
+/// body), and when the storage operation started (queue wait ends there).
 #[derive(Default)]
 struct Served {
     status: i32,
     count: u64,
     data: Option<(IoBuffer, usize)>,
-    meta: Option<(u64, Vec<u8>)>,
+    meta: Option<(ReplyValue, Vec<u8>)>,
     device_start: Option<Instant>,
 }
 
@@ -371,8 +371,10 @@ impl ServerState {
         if header.token == self.token && header.chunk != 0 && header.chunk <= u64::from(u32::MAX) {
             self.conns.retire(header.chunk as u32);
         }
-        let mut reply = header.reply(0, 0).on_connection(id);
-        reply.offset = u64::from(id);
+        let reply = header
+            .reply(0, 0)
+            .on_connection(id)
+            .with_value(ReplyValue::Connection(id));
         reply_now(&conn, reply);
         self.conns.open.borrow_mut().insert(id, conn);
     }
@@ -547,12 +549,12 @@ impl ServerState {
                     }
                 };
                 served.device_start = Some(Instant::now());
-                let (status, offset, body) = match request {
+                let (status, value, body) = match request {
                     Some(bytes) => self.serve_meta(op, &bytes),
-                    None => (-libc::ECOMM, 0, Vec::new()),
+                    None => (-libc::ECOMM, ReplyValue::Nothing, Vec::new()),
                 };
                 served.status = status;
-                served.meta = Some((offset, body));
+                served.meta = Some((value, body));
             }
         }
         served
@@ -609,11 +611,10 @@ impl ServerState {
             meta,
             ..
         } = served;
-        let mut reply = h.reply(status, count);
-        if let Some((offset, body)) = &meta {
-            reply.offset = *offset;
-            reply.length = body.len() as u64;
-        }
+        let reply = match &meta {
+            Some((value, body)) => h.reply(status, body.len() as u64).with_value(*value),
+            None => h.reply(status, count),
+        };
         let payload: &[u8] = match (&data, &meta) {
             (Some((buf, skip)), _) => &buf.as_slice(skip + count as usize)[*skip..],
             (None, Some((_, body))) => body,
@@ -631,14 +632,15 @@ impl ServerState {
         }
     }
 
-    /// Serves a metadata op from this worker's store: (status, reply offset, reply payload).
+    /// Serves a metadata op from this worker's store: (status, reply value, reply payload).
     /// A malformed payload is EINVAL and changes nothing.
-    fn serve_meta(&self, op: Op, bytes: &[u8]) -> (i32, u64, Vec<u8>) {
+    fn serve_meta(&self, op: Op, bytes: &[u8]) -> (i32, ReplyValue, Vec<u8>) {
+        use ReplyValue::{MoreFollows, NewEntry, Nothing, OldSize};
         let r = match MetaRequest::decode(bytes) {
             Ok(r) => r,
             Err(_) => {
                 self.metrics.count_malformed();
-                return (-libc::EINVAL, 0, Vec::new());
+                return (-libc::EINVAL, Nothing, Vec::new());
             }
         };
         let mut meta = self.meta.borrow_mut();
@@ -654,31 +656,31 @@ impl ServerState {
                 Kind::File
             }
         };
-        let result: std::result::Result<(u64, Vec<u8>), i32> = match op {
+        let result: std::result::Result<(ReplyValue, Vec<u8>), i32> = match op {
             Op::Create => {
                 // arg: 1 + the stripe start the parent's owner chose, or 0 for none.
                 let start = r.arg.checked_sub(1).map(|s| u32::try_from(s).unwrap_or(u32::MAX));
                 meta.create(&r.path, r.flags, r.mode, start)
-                    .map(|(a, old)| (old, attr(a)))
+                    .map(|(a, old)| (OldSize(old), attr(a)))
             }
-            Op::Stat => meta.stat(&r.path).map(|a| (0, attr(a))),
-            Op::Unlink => meta.unlink(&r.path).map(|a| (0, attr(a))),
-            Op::Mkdir => meta.mkdir(&r.path, r.mode).map(|a| (0, attr(a))),
-            Op::Rmdir => meta.rmdir(&r.path).map(|()| (0, Vec::new())),
+            Op::Stat => meta.stat(&r.path).map(|a| (Nothing, attr(a))),
+            Op::Unlink => meta.unlink(&r.path).map(|a| (Nothing, attr(a))),
+            Op::Mkdir => meta.mkdir(&r.path, r.mode).map(|a| (Nothing, attr(a))),
+            Op::Rmdir => meta.rmdir(&r.path).map(|()| (Nothing, Vec::new())),
             Op::DirAdd if r.name.is_empty() => Err(libc::EINVAL),
             Op::DirAdd => meta
                 .dir_add(&r.path, &r.name, kind(r.mode))
-                .map(|start| (start.map_or(0, |s| s as u64 + 1), Vec::new())),
-            Op::DirRemove => meta.dir_remove(&r.path, &r.name).map(|()| (0, Vec::new())),
+                .map(|start| (NewEntry(start), Vec::new())),
+            Op::DirRemove => meta.dir_remove(&r.path, &r.name).map(|()| (Nothing, Vec::new())),
             Op::Readdir => {
                 let max = (r.arg as usize).clamp(1, meta::READDIR_PAGE);
                 meta.readdir(&r.path, &r.name, max)
-                    .map(|(page, more)| (more as u64, meta::encode_entries(&page)))
+                    .map(|(page, more)| (MoreFollows(more), meta::encode_entries(&page)))
             }
             Op::Install => match r.attr {
                 Some(a) => meta
                     .install(&r.path, a, r.flags)
-                    .map(|old| (0, old.map(attr).unwrap_or_default())),
+                    .map(|old| (Nothing, old.map(attr).unwrap_or_default())),
                 None => Err(libc::EINVAL),
             },
             Op::SetSize => {
@@ -687,13 +689,14 @@ impl ServerState {
                 } else {
                     SizeUpdate::AtLeast
                 };
-                meta.set_size(&r.path, r.arg, how).map(|(a, old)| (old, attr(a)))
+                meta.set_size(&r.path, r.arg, how)
+                    .map(|(a, old)| (OldSize(old), attr(a)))
             }
             _ => Err(libc::EINVAL),
         };
         match result {
-            Ok((offset, body)) => (0, offset, body),
-            Err(errno) => (-errno, 0, Vec::new()),
+            Ok((value, body)) => (0, value, body),
+            Err(errno) => (-errno, Nothing, Vec::new()),
         }
     }
 

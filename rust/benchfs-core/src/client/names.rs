@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::namespace::{self, Attr, Kind};
 use crate::posix::NAMESPACE_ERRNOS;
 use crate::protocol::meta::{self, DirEntry, MetaRequest};
-use crate::protocol::{Header, Op};
+use crate::protocol::{Header, Op, ReplyValue};
 use crate::telemetry::OpKind;
 
 use super::{Client, FileHandle};
@@ -59,7 +59,7 @@ impl Client {
         let (h, body) = self.meta(op, what, req).await?;
         let attr = Attr::decode(&body)
             .ok_or_else(|| Error::Protocol(format!("malformed attribute in {what} reply")))?;
-        Ok((attr, h.offset))
+        Ok((attr, h.value().old_size()))
     }
 
     /// Adds `name` to its parent directory's entries; Ok(true) if new. An entry of the other
@@ -91,7 +91,10 @@ impl Client {
             },
             other => other,
         })?;
-        Ok(h.offset.checked_sub(1).map(|s| s as u32))
+        match h.value() {
+            ReplyValue::NewEntry(start) => Ok(start),
+            other => Err(Error::Protocol(format!("dir_add answered with {other:?}"))),
+        }
     }
 
     pub(super) async fn dir_remove(&self, what: &'static str, path: &str) -> Result<()> {
@@ -268,7 +271,7 @@ impl Client {
                 let (h, body) = self.meta(Op::Readdir, "readdir", &req).await?;
                 let page = meta::decode_entries(&body)
                     .ok_or_else(|| Error::Protocol("malformed readdir reply".into()))?;
-                let done = h.offset == 0 || page.is_empty();
+                let done = h.value() != ReplyValue::MoreFollows(true) || page.is_empty();
                 all.extend(page);
                 if done {
                     return Ok(all);

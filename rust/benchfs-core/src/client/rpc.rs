@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::Attr;
 use crate::placement::{chunk_target, metadata_target, Target};
-use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
+use crate::protocol::{Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
 use crate::runtime::{with_timeout, Runtime};
 use crate::telemetry::OpKind;
 
@@ -334,7 +334,10 @@ impl Client {
         let mut failure = None;
         for id in ids {
             match pending.get(id).map(|p| &p.reply) {
-                Some(Some(Ok(h))) if h.status == 0 => conns.push(h.offset as u32),
+                Some(Some(Ok(h))) if h.status == 0 => match h.value() {
+                    ReplyValue::Connection(id) => conns.push(id),
+                    other => failure = Some(format!("hello answered with {other:?}")),
+                },
                 Some(Some(Ok(h))) => {
                     failure = Some(format!(
                         "hello answered with {}",

@@ -30,14 +30,13 @@ pub enum Op {
     /// Frees the bytes of `file_id` at and beyond `length` (truncate, unlink). Op 3 is retired.
     TruncateData = 5,
     /// Opens a connection: the payload is the client's UCX worker address, to which the
-    /// server connects back for its replies. Reply `offset`: the connection id that later
-    /// requests carry in `client`. Request `chunk`: an earlier connection id of this client
-    /// to retire (0: none).
+    /// server connects back for its replies. Reply: [`ReplyValue::Connection`]. Request
+    /// `chunk`: an earlier connection id of this client to retire (0: none).
     Hello = 6,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
-    /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute; `offset` = the
-    /// size before truncation.
+    /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
+    /// [`ReplyValue::OldSize`] (the size before truncation).
     Create = 16,
     /// Reply: attribute.
     Stat = 17,
@@ -46,15 +45,15 @@ pub enum Op {
     /// Reply: attribute.
     Mkdir = 19,
     Rmdir = 20,
-    /// Adds entry `name` (kind in `mode`) to directory `path`. Reply `offset`: 1 if new.
+    /// Adds entry `name` (kind in `mode`) to directory `path`. Reply: [`ReplyValue::NewEntry`].
     DirAdd = 21,
     DirRemove = 22,
-    /// Entries of `path` after `name`. Reply: entries; `offset`: 1 if more follow.
+    /// Entries of `path` after `name`. Reply: entries and [`ReplyValue::MoreFollows`].
     Readdir = 23,
     /// Puts the request's attribute at `path` (rename). Reply: the replaced attribute, if any.
     Install = 24,
-    /// Sets the size to `arg` (flags 0: at least; 1: exactly). Reply: attribute; `offset` =
-    /// the old size.
+    /// Sets the size to `arg` (flags 0: at least; 1: exactly). Reply: attribute and
+    /// [`ReplyValue::OldSize`].
     SetSize = 25,
 }
 
@@ -136,12 +135,60 @@ pub struct Header {
     pub request_id: u64,
     pub file_id: u128,
     pub chunk: u64,
-    /// Byte offset within the chunk.
+    /// Requests: the byte offset within the chunk. Replies: the [`ReplyValue`] word; read it
+    /// with [`Header::value`].
     pub offset: u64,
     /// Request: bytes to write or read. Reply: bytes written or read.
     pub length: u64,
     /// The job token (from the job secret); servers refuse requests without the right one.
     pub token: u64,
+}
+
+/// What a reply says besides its status, byte count and payload, one meaning per op. It travels
+/// in the header's `offset` word and is encoded and decoded only here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyValue {
+    /// Data replies and metadata ops with nothing more to say.
+    Nothing,
+    /// Hello: the connection id that later requests carry in `client`.
+    Connection(u32),
+    /// Create and SetSize: the file's size before the call.
+    OldSize(u64),
+    /// DirAdd: the stripe start chosen for a new entry; `None` when the entry existed.
+    NewEntry(Option<u32>),
+    /// Readdir: whether more entries follow this page.
+    MoreFollows(bool),
+}
+
+impl ReplyValue {
+    fn word(self) -> u64 {
+        match self {
+            ReplyValue::Nothing => 0,
+            ReplyValue::Connection(id) => u64::from(id),
+            ReplyValue::OldSize(size) => size,
+            // 0 for an existing entry, so a new entry's start is stored plus one.
+            ReplyValue::NewEntry(start) => start.map_or(0, |s| u64::from(s) + 1),
+            ReplyValue::MoreFollows(more) => u64::from(more),
+        }
+    }
+
+    fn of(op: Op, word: u64) -> ReplyValue {
+        match op {
+            Op::Hello => ReplyValue::Connection(word as u32),
+            Op::Create | Op::SetSize => ReplyValue::OldSize(word),
+            Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
+            Op::Readdir => ReplyValue::MoreFollows(word != 0),
+            _ => ReplyValue::Nothing,
+        }
+    }
+
+    /// The size before the call (0 for replies that carry none).
+    pub fn old_size(self) -> u64 {
+        match self {
+            ReplyValue::OldSize(size) => size,
+            _ => 0,
+        }
+    }
 }
 
 /// Why a header could not be decoded, with the request id when it was readable.
@@ -207,6 +254,20 @@ impl Header {
             length,
             ..*self
         }
+    }
+
+    /// This reply carrying `value`, which must be its op's kind of value.
+    pub fn with_value(self, value: ReplyValue) -> Self {
+        debug_assert!(value == ReplyValue::Nothing || ReplyValue::of(self.op, value.word()) == value);
+        Header {
+            offset: value.word(),
+            ..self
+        }
+    }
+
+    /// What this reply says for its op.
+    pub fn value(&self) -> ReplyValue {
+        ReplyValue::of(self.op, self.offset)
     }
 
     pub fn encode(&self) -> [u8; HEADER_LEN] {
@@ -341,6 +402,33 @@ mod tests {
             let h = Header { op, ..sample() }.reply(-libc::ENOENT, 99);
             assert_eq!(Header::decode(&h.encode()), Ok(h));
         }
+    }
+
+    #[test]
+    fn reply_values_survive_the_wire_with_their_op() {
+        let cases = [
+            (Op::Hello, ReplyValue::Connection(7)),
+            (Op::Create, ReplyValue::OldSize(1 << 40)),
+            (Op::SetSize, ReplyValue::OldSize(0)),
+            (Op::DirAdd, ReplyValue::NewEntry(None)),
+            (Op::DirAdd, ReplyValue::NewEntry(Some(0))),
+            (Op::DirAdd, ReplyValue::NewEntry(Some(u32::MAX))),
+            (Op::Readdir, ReplyValue::MoreFollows(true)),
+            (Op::Readdir, ReplyValue::MoreFollows(false)),
+            (Op::Stat, ReplyValue::Nothing),
+        ];
+        for (op, value) in cases {
+            let h = Header { op, ..sample() }.reply(0, 0).with_value(value);
+            assert_eq!(
+                Header::decode(&h.encode()).map(|d| d.value()),
+                Ok(value),
+                "{op:?}"
+            );
+        }
+        // A data reply's word is the request's offset, which means nothing to the client.
+        assert_eq!(sample().reply(0, 1).value(), ReplyValue::Nothing);
+        assert_eq!(ReplyValue::OldSize(5).old_size(), 5);
+        assert_eq!(ReplyValue::Nothing.old_size(), 0);
     }
 
     #[test]
