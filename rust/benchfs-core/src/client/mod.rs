@@ -12,6 +12,7 @@ mod data;
 mod names;
 mod rpc;
 mod telemetry;
+mod window;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,8 +29,9 @@ use crate::registry::{self, RegistryEntry};
 use crate::runtime::Runtime;
 use crate::telemetry::{ClientMetrics, OpKind};
 
-use self::rpc::{make_worker, Probing, ServerLink, Shared, Window};
+use self::rpc::{make_worker, Probing, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
+use self::window::Window;
 
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).

@@ -105,40 +105,6 @@ impl Probing {
     }
 }
 
-/// Bounds the requests in flight to one server worker: a FIFO of waiters for permits.
-#[derive(Default)]
-pub(super) struct Window {
-    pub(super) used: Cell<u32>,
-    pub(super) waiters: RefCell<std::collections::VecDeque<Waker>>,
-}
-
-pub(super) struct Permit<'a>(&'a Window);
-
-impl Drop for Permit<'_> {
-    fn drop(&mut self) {
-        self.0.used.set(self.0.used.get() - 1);
-        if let Some(w) = self.0.waiters.borrow_mut().pop_front() {
-            w.wake();
-        }
-    }
-}
-
-impl Window {
-    pub(super) async fn acquire(&self, limit: u32) -> Permit<'_> {
-        futures::future::poll_fn(|cx| {
-            if self.used.get() < limit {
-                self.used.set(self.used.get() + 1);
-                std::task::Poll::Ready(())
-            } else {
-                self.waiters.borrow_mut().push_back(cx.waker().clone());
-                std::task::Poll::Pending
-            }
-        })
-        .await;
-        Permit(self)
-    }
-}
-
 impl Shared {
     /// UCX reported the peer of the endpoint with flag `down` failed: requests waiting on it
     /// wake up and see the flag (if `pending` is busy now, they see it when next polled).
