@@ -89,8 +89,19 @@ def _truncated_entry(registry: Path) -> bytes:
     return text[: len(text) // 2]
 
 
+def _damaged_address(registry: Path) -> bytes:
+    """Server 0's entry as server 1's, one hex digit of its UCX address changed: still hex, but
+    an address UCX would abort the whole process on."""
+    entry = json.loads((registry / "server-0.json").read_text())
+    address = entry["ucx_addresses"][0]
+    middle = len(address) // 2
+    digit = "1" if address[middle] != "1" else "2"
+    entry.update(id=1, ucx_addresses=[address[:middle] + digit + address[middle + 1 :]])
+    return json.dumps(entry).encode()
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", ["empty", "truncated", "garbage", "wrong-shape"])
+@pytest.mark.parametrize("kind", ["empty", "truncated", "garbage", "wrong-shape", "damaged"])
 def test_bad_registry_entry_is_a_clear_error(inproc_cluster, kind: str) -> None:
     cluster = inproc_cluster(1)
     contents = {
@@ -98,13 +109,16 @@ def test_bad_registry_entry_is_a_clear_error(inproc_cluster, kind: str) -> None:
         "truncated": _truncated_entry(cluster.registry),
         "garbage": b"\x00\xff\xfe not json at all \x9c",
         "wrong-shape": json.dumps({"id": "one", "node": 3}).encode(),
+        "damaged": _damaged_address(cluster.registry),
     }[kind]
     bad = cluster.registry / "server-1.json"
     bad.write_bytes(contents)
     with pytest.raises(ValueError, match=r"server-1\.json"):
         _core.wait_for_servers(str(cluster.registry), 2, 2.0)
-    with pytest.raises(ValueError, match=r"server-1\.json"):
+    with pytest.raises(ValueError, match=r"server-1\.json") as refused:
         Client(str(cluster.registry), config=cluster.config, expected_servers=2)
+    if kind == "damaged":
+        assert "do not match their checksum" in str(refused.value)
     # Removing the bad entry lets the healthy server be found again.
     bad.unlink()
     assert [m["id"] for m in _core.wait_for_servers(str(cluster.registry), 1, 2.0)] == [0]

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-pub const ENTRY_VERSION: u32 = 1;
+/// Version 2 added `address_check`.
+pub const ENTRY_VERSION: u32 = 2;
 
 /// What a server publishes about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,18 +26,42 @@ pub struct RegistryEntry {
     pub pid: u32,
     /// One UCX worker address per server worker (event loop), hex encoded.
     pub ucx_addresses: Vec<String>,
+    /// A checksum of the addresses (hex): UCX aborts the process on a malformed address, so a
+    /// damaged entry must be refused before one reaches it.
+    pub address_check: String,
 }
 
 impl RegistryEntry {
-    /// The decoded worker addresses, in worker order.
+    /// The entry of server `id` whose workers listen at `addresses`.
+    pub fn new(id: u32, node: String, host: String, addresses: &[Vec<u8>]) -> RegistryEntry {
+        RegistryEntry {
+            version: ENTRY_VERSION,
+            id,
+            node,
+            host,
+            pid: std::process::id(),
+            ucx_addresses: addresses.iter().map(|a| hex(a)).collect(),
+            address_check: address_check(addresses),
+        }
+    }
+
+    /// The decoded worker addresses, in worker order, checked against `address_check`.
     pub fn addresses(&self) -> Result<Vec<Vec<u8>>> {
         if self.ucx_addresses.is_empty() {
             return Err(Error::Protocol(format!("server {}: no UCX address", self.id)));
         }
-        self.ucx_addresses
+        let addresses = self
+            .ucx_addresses
             .iter()
             .map(|a| self.decode_address(a))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if address_check(&addresses) != self.address_check {
+            return Err(Error::Protocol(format!(
+                "server {}: UCX addresses do not match their checksum (a damaged entry)",
+                self.id
+            )));
+        }
+        Ok(addresses)
     }
 
     fn decode_address(&self, address: &str) -> Result<Vec<u8>> {
@@ -56,6 +81,15 @@ impl RegistryEntry {
             })
             .collect()
     }
+}
+
+fn address_check(addresses: &[Vec<u8>]) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for a in addresses {
+        h.update(&(a.len() as u64).to_le_bytes());
+        h.update(a);
+    }
+    format!("{:016x}", h.digest())
 }
 
 /// The per-job secret in the registry directory (mode 0600).
@@ -271,14 +305,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u32) -> RegistryEntry {
-        RegistryEntry {
-            version: ENTRY_VERSION,
-            id,
-            node: format!("n{id}"),
-            host: "h".into(),
-            pid: 1,
-            ucx_addresses: vec![hex(&[1, 2, 255])],
-        }
+        RegistryEntry::new(id, format!("n{id}"), "h".into(), &[vec![1, 2, 255]])
     }
 
     #[test]
@@ -304,18 +331,20 @@ mod tests {
     #[test]
     fn bad_entries_are_named() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
-        let cases: [(&str, &str); 5] = [
+        let good = serde_json::to_string(&entry(0)).map_err(|e| Error::Protocol(e.to_string()))?;
+        let renamed = serde_json::to_string(&entry(7)).map_err(|e| Error::Protocol(e.to_string()))?;
+        let not_hex = good.replace("0102ff", "zz");
+        // One byte of the address changed: hex still, but not the address the server had.
+        let damaged = good.replace("0102ff", "0103ff");
+        let old = good.replace("\"version\":2", "\"version\":1");
+        let cases: [(&str, &str); 7] = [
             ("", "empty"),
-            ("{\"version\":1,\"id\":0,\"no", "truncated"),
+            ("{\"version\":2,\"id\":0,\"no", "truncated"),
             ("\u{0}garbage", "malformed"),
-            (
-                "{\"version\":1,\"id\":7,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_addresses\":[\"01\"]}",
-                "disagrees",
-            ),
-            (
-                "{\"version\":1,\"id\":0,\"node\":\"n\",\"host\":\"h\",\"pid\":1,\"ucx_addresses\":[\"zz\"]}",
-                "not hex",
-            ),
+            (&renamed, "disagrees"),
+            (&not_hex, "not hex"),
+            (&damaged, "checksum"),
+            (&old, "entry version 1"),
         ];
         for (text, want) in cases {
             fs::write(entry_path(dir.path(), 0), text).map_err(|e| Error::io("write", e))?;

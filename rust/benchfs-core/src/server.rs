@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
 use crate::protocol::meta::{self, MetaRequest};
 use crate::protocol::{check_request, is_server_fault, Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
-use crate::registry::{self, RegistryEntry, ENTRY_VERSION};
+use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Notifier, Reactor, Runtime};
 use crate::storage::ChunkStore;
 use crate::telemetry::{
@@ -1077,22 +1077,13 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHand
         return Err(failure.unwrap_or(Error::Stopped));
     }
     let host = hostname();
-    let entry = RegistryEntry {
-        version: ENTRY_VERSION,
-        id: opts.id,
-        node: if opts.node.is_empty() {
-            host.clone()
-        } else {
-            opts.node.clone()
-        },
-        host,
-        pid: std::process::id(),
-        ucx_addresses: ready
-            .iter()
-            .flatten()
-            .map(|r| registry::hex(&r.address))
-            .collect(),
+    let node = if opts.node.is_empty() {
+        host.clone()
+    } else {
+        opts.node.clone()
     };
+    let addresses: Vec<Vec<u8>> = ready.iter().flatten().map(|r| r.address.clone()).collect();
+    let entry = RegistryEntry::new(opts.id, node, host, &addresses);
     let stop = StopHandle {
         notifiers,
         registry_dir: opts.registry_dir.clone(),
