@@ -57,6 +57,18 @@ struct benchfs_stat {
     uint8_t id[16];        /* the file's 128-bit id, most significant byte first (0: dir) */
 };
 
+/* What benchfs_statfs fills (48 bytes): the cluster's capacity, summed over the servers that
+ * answered, each file system holding servers' data counted once. */
+struct benchfs_statfs {
+    uint64_t total_bytes;  /* size of the servers' file systems */
+    uint64_t free_bytes;   /* free there (used = total - free) */
+    uint64_t avail_bytes;  /* free for unprivileged writers */
+    uint64_t files;        /* files and directories in BenchFS */
+    uint32_t servers;      /* servers in the membership */
+    uint32_t unreachable;  /* servers that did not answer (left out of the sums) */
+    uint64_t reserved;     /* zero */
+};
+
 /* Entry types passed to readdir callbacks (the values of Linux's DT_REG and DT_DIR). */
 #define BENCHFS_DT_DIR 4
 #define BENCHFS_DT_REG 8
@@ -142,6 +154,9 @@ int benchfs_rename(const char *from, const char *to);
 
 /* Sets a file's size: shrinking frees the chunks beyond it, growing reads back as zeros. */
 int benchfs_truncate(const char *path, int64_t size);
+
+/* Fills *st with the cluster's capacity; fails only if no server answers. */
+int benchfs_statfs(struct benchfs_statfs *st);
 
 /* The message of the calling thread's last failed call ("" if none), valid until that
  * thread's next failed call. Successful calls leave it unchanged (like errno). */

@@ -4,6 +4,12 @@
 in this process. The native module `benchfs._core` is private.
 """
 
+import os
+
+# UCX logs to stdout by default, which would corrupt what the tools print there (JSON, the
+# export lines of `benchfs start`); its library reads this when benchfs._core loads it.
+os.environ.setdefault("UCX_LOG_FILE", "stderr")
+
 from benchfs._core import Server, __version__
 from benchfs.client import Client, File, Stat
 

@@ -180,10 +180,16 @@ class Client:
         """Data does not move. Non-empty directories: EXDEV (see docs/namespace.md)."""
     def truncate(self, path: str, size: int) -> None:
         """Shrinking frees the chunks beyond `size`."""
+    def set_attr(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> None:
+        """Set the permission bits and/or the modification time (ns since the epoch)."""
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""
     def server_stats(self) -> list[dict[str, int]]:
         """Per server: id, requests, retries, timeouts, failures (as this client saw them)."""
+    def statfs(self) -> dict[str, Any]:
+        """The cluster's capacity (total_bytes, free_bytes, avail_bytes, used_bytes, files)
+        and `servers`: per server id, node, host, latency_s, error (None when it answered)
+        and its own figures."""
     def server_ids(self) -> list[int]: ...
     def close(self) -> None: ...
     def __enter__(self) -> Client: ...

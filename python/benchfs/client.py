@@ -20,9 +20,10 @@ import os
 import stat as stat_module
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from benchfs import _core
+from benchfs.config import parse_config, resolve_config_text
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -286,18 +287,27 @@ class Client:
     """A client of a running BenchFS cluster.
 
     Waits until `expected_servers` (default: `cluster.expected_servers` of the configuration)
-    have registered in `registry_dir`, then connects to all of them. One client serves one
-    request at a time; threads that share it take turns, so give each thread its own client
-    for parallel I/O. `config` is TOML text (`benchfs.config.resolve_config_text`); None means
-    the defaults with $BENCHFS_CONFIG and BENCHFS_* applied.
+    have registered in `registry_dir` (default: `cluster.registry_dir` of the configuration),
+    then connects to all of them. One client serves one request at a time; threads that share
+    it take turns, so give each thread its own client for parallel I/O. `config` is TOML text
+    (`benchfs.config.resolve_config_text`); None means the defaults with $BENCHFS_CONFIG and
+    BENCHFS_* applied, so in a job started by `benchfs start` `Client()` finds its cluster.
     """
 
     def __init__(
         self,
-        registry_dir: str | os.PathLike[str],
+        registry_dir: str | os.PathLike[str] | None = None,
         config: str | None = None,
         expected_servers: int | None = None,
     ) -> None:
+        if registry_dir is None:
+            text = config if config is not None else resolve_config_text()
+            registry_dir = parse_config(text)["cluster"]["registry_dir"]
+            if not registry_dir:
+                raise ValueError(
+                    "no registry directory: pass one, or set BENCHFS_REGISTRY or BENCHFS_CONFIG "
+                    '(eval "$(benchfs start ...)" sets both)'
+                )
         self._core = _core.Client(os.fspath(registry_dir), config, expected_servers)
 
     def open(self, path: str, mode: str | int = "r", perm: int = 0o644) -> File:
@@ -361,9 +371,25 @@ class Client:
         """Sets the size of the file at `path`; shrinking frees the chunks beyond it."""
         self._core.truncate(path, size)
 
+    def chmod(self, path: str, mode: int) -> None:
+        """Sets the permission bits (stored and reported; BenchFS does not enforce them)."""
+        self._core.set_attr(path, mode=mode & 0o7777)
+
+    def utime(self, path: str, mtime_ns: int) -> None:
+        """Sets the modification time, in nanoseconds since the Unix epoch."""
+        self._core.set_attr(path, mtime_ns=mtime_ns)
+
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""
         return self._core.locate(path, offset)
+
+    def statfs(self) -> dict[str, Any]:
+        """The cluster's capacity: `total_bytes`, `free_bytes`, `avail_bytes`, `used_bytes`
+        of the file systems holding the servers' data (each counted once however many servers
+        share it), `files` (files and directories in BenchFS), and `servers`: per server `id`,
+        `node`, `host`, `latency_s`, `error` (None when it answered; then it is left out of
+        the totals) and its own figures. OSError only when no server answers."""
+        return self._core.statfs()
 
     def server_ids(self) -> list[int]:
         """The servers this client uses, ascending."""

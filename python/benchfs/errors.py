@@ -20,6 +20,7 @@ __all__ = [
     "BenchfsError",
     "DiagnoseError",
     "InputError",
+    "JobError",
     "LaunchError",
     "ParseError",
     "ProbeError",
@@ -58,6 +59,10 @@ class LaunchError(BenchfsError):
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(code, message, EXIT_USAGE)
+
+
+class JobError(BenchfsError):
+    """A started job could not be found, reached, staged or stopped (benchfs)."""
 
 
 class SubmitError(BenchfsError):

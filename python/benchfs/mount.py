@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -80,6 +81,18 @@ def mount_fstype(mountpoint: str | os.PathLike[str]) -> str | None:
 
 def is_mounted(mountpoint: str | os.PathLike[str]) -> bool:
     return mount_fstype(mountpoint) is not None
+
+
+def detach_command(mountpoint: str | os.PathLike[str]) -> list[str]:
+    """A command (for any node) that detaches the mount at `mountpoint` if there is one, also
+    a disconnected one (its process died: `mountpoint` itself then fails with ENOTCONN), and
+    fails only if it is still mounted afterwards."""
+    p = shlex.quote(os.fspath(mountpoint))
+    script = (
+        f"fusermount3 -uz {p} 2>/dev/null || umount -l {p} 2>/dev/null; "
+        f"awk -v p={p} '$2 == p {{ found = 1 }} END {{ exit found }}' /proc/self/mounts"
+    )
+    return ["sh", "-c", script]
 
 
 @dataclass

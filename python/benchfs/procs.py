@@ -13,12 +13,22 @@ import selectors
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchfs.errors import BenchfsError
 
-__all__ = ["descendants", "kill_pids", "pid_alive", "stop_process", "tail"]
+__all__ = [
+    "ProcessRef",
+    "descendants",
+    "kill_pids",
+    "pid_alive",
+    "start_time",
+    "stop_process",
+    "stop_refs",
+    "tail",
+]
 
 
 def pid_alive(pid: int) -> bool:
@@ -30,6 +40,57 @@ def pid_alive(pid: int) -> bool:
     # The state follows the parenthesised command name, which may itself contain spaces.
     state = stat.rsplit(")", 1)[1].split()[0]
     return state not in ("Z", "X")
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, field 22 of /proc/PID/stat); None if no
+    such process. With the pid it names one process for good, however pids are reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process recorded by one program and signalled by another (`benchfs stop`): its pid
+    and start time, so a pid reused by an unrelated process is never signalled."""
+
+    pid: int
+    start: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessRef | None:
+        start = start_time(pid)
+        return None if start is None else cls(pid, start)
+
+    def alive(self) -> bool:
+        return start_time(self.pid) == self.start and pid_alive(self.pid)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+
+
+def stop_refs(refs: list[ProcessRef], sig: int, grace_s: float) -> list[ProcessRef]:
+    """Send `sig` to the live `refs`, SIGKILL those alive after `grace_s`; return the ones
+    that outlived SIGKILL too."""
+    for ref in refs:
+        ref.signal(sig)
+    deadline = time.monotonic() + grace_s
+    alive = [r for r in refs if r.alive()]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [r for r in alive if r.alive()]
+    for ref in alive:
+        ref.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [r for r in alive if r.alive()]
+    return alive
 
 
 def descendants(pid: int) -> list[int]:

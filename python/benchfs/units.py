@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from benchfs import _core
 
-__all__ = ["GIB", "KIB", "MIB", "format_size", "parse_size"]
+__all__ = ["GIB", "KIB", "MIB", "format_size", "human_size", "parse_size"]
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -30,3 +30,11 @@ def format_size(value: int) -> str:
         if value and value % (1 << (10 * power)) == 0:
             return f"{value >> (10 * power)}{suffix}"
     return f"{value}B"
+
+
+def human_size(value: float) -> str:
+    """Bytes rounded for people, in the largest binary unit below them ("3.2 GiB", "512 B")."""
+    for suffix, power in (("PiB", 5), ("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if value >= 1 << (10 * power):
+            return f"{value / (1 << (10 * power)):.1f} {suffix}"
+    return f"{value:.0f} B"

@@ -41,6 +41,10 @@ class RunContext:
         return Path(node.scratch) / f"benchfs-{self.run_dir.run_id}-{node.name}"
 
     def mountpoint(self, node: Node) -> Path:
+        """Where the FUSE mount of `node` goes: `spec.mount_point` (the same path on every
+        host) or a directory in the node's job directory."""
+        if self.spec.mount_point:
+            return Path(self.spec.mount_point)
         return self.job_dir(node) / "mnt"
 
     def on_node(self, node: Node, argv: Sequence[str], what: str) -> None:

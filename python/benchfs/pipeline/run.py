@@ -33,7 +33,7 @@ from benchfs.pipeline.spec import VIA, WORKLOADS, MessageSink, ProgressSink, Run
 from benchfs.pipeline.stages import IostatCapture, JobDirs, Mounts, Servers, Stage
 from benchfs.pipeline.workload import Workload, check_workload_options
 from benchfs.probes.system import tool_version
-from benchfs.results import Manifest, create_run_dir, write_text_atomic
+from benchfs.results import Manifest, RunDir, create_run_dir, write_text_atomic
 from benchfs.ucx import find_tool
 
 ANALYSIS_TIMEOUT_S = 600.0
@@ -85,6 +85,33 @@ def _signals_ignored() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def run_analysis(run_dir: RunDir, manifest: Manifest) -> None:
+    """`benchfs-analyze --save` on a finished run, recorded in its manifest; a failed
+    analysis is an event, not a failure of the run."""
+    argv = [sys.executable, "-m", "benchfs.cli.analyze", str(run_dir.path), "--save"]
+    manifest.commands.append({"what": "analysis", "argv": argv})
+    log = run_dir.analysis_dir / "analyze.log"
+    run_dir.analysis_dir.mkdir(exist_ok=True)
+    try:
+        with open(log, "wb") as out:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=ANALYSIS_TIMEOUT_S,
+                check=False,
+                env=child_env(),
+            )
+        status: int | str = done.returncode
+    except subprocess.TimeoutExpired:
+        status = "timeout"
+    manifest.analysis = {"exit_status": status, "log": str(log)}
+    if status != 0:
+        manifest.event("analysis-failed", f"benchfs-analyze exited with {status}; see {log}")
+    manifest.write(run_dir)
+
+
 class Pipeline:
     """One `benchfs-run` run: `execute` never raises, it returns a RunReport."""
 
@@ -104,6 +131,10 @@ class Pipeline:
         self.report = RunReport(launcher=spec.launcher, workload=spec.workload)
         self.started: list[Stage] = []
         """The stages started (or starting), in order; teardown stops them in reverse."""
+        self.left_running: list[Stage] = []
+        """With `spec.serve`: the stages left running once the cluster is up (benchfs start
+        records them; benchfs stop stops them by process)."""
+        self.ctx: RunContext | None = None
 
     def execute(self) -> RunReport:
         start = time.monotonic()
@@ -122,9 +153,13 @@ class Pipeline:
             self.report.error = RunError("EIO", f"unexpected error: {type(e).__name__}: {e}")
         finally:
             with _signals_ignored():
-                self.progress.phase("teardown")
+                if self.started:
+                    self.progress.phase("teardown")
                 self._teardown()
         self.report.elapsed_s = time.monotonic() - start
+        if self.left_running:  # `benchfs stop` finishes the manifest
+            self.progress.close()
+            return self.report
         self._finish_manifest()
         # After the final manifest: the saved report shows the run's outcome and figures.
         with _signals_ignored():
@@ -203,6 +238,12 @@ class Pipeline:
         self._start(servers)
         with manifest.phase("wait_servers"):
             servers.wait_ready()
+        if spec.serve:
+            if spec.mount_point:
+                self._start(Mounts(ctx))
+            self.ctx = ctx
+            self.left_running, self.started = self.started, []
+            return
         if spec.workload == "command" and spec.via == "mount":
             self._start(Mounts(ctx))
         with manifest.phase("workload"):
@@ -310,28 +351,7 @@ class Pipeline:
         if self.report.error is not None or not run_dir.telemetry_files():
             return
         self.progress.phase("analysis")
-        argv = [sys.executable, "-m", "benchfs.cli.analyze", str(run_dir.path), "--save"]
-        manifest.commands.append({"what": "analysis", "argv": argv})
-        log = run_dir.analysis_dir / "analyze.log"
-        run_dir.analysis_dir.mkdir(exist_ok=True)
-        try:
-            with open(log, "wb") as out:
-                done = subprocess.run(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    timeout=ANALYSIS_TIMEOUT_S,
-                    check=False,
-                    env=child_env(),
-                )
-            status: int | str = done.returncode
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-        manifest.analysis = {"exit_status": status, "log": str(log)}
-        if status != 0:
-            manifest.event("analysis-failed", f"benchfs-analyze exited with {status}; see {log}")
-        manifest.write(run_dir)
+        run_analysis(run_dir, manifest)
 
     def _finish_manifest(self) -> None:
         manifest, run_dir, error = self.report.manifest, self.report.run_dir, self.report.error

@@ -47,6 +47,11 @@ class RunSpec:
     clients_per_node: int | None = None
     pin_cpus: bool = False
     analyze: bool = True
+    serve: bool = False
+    """`benchfs start`: bring the cluster up and leave it running (no workload, no teardown
+    unless the start fails); `benchfs stop` ends it."""
+    mount_point: str | None = None
+    """With `serve`: mount BenchFS at this path on every client host."""
 
     def flag_overrides(self) -> list[str]:
         """Flags as config overrides: they are the highest layer of the one configuration."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from benchfs.cluster import Daemon, LocalCluster, ServerExited, child_env
 from benchfs.errors import RunError, errno_name
+from benchfs.mount import detach_command
 from benchfs.nodes import Node
 from benchfs.pipeline.context import RunContext
 from benchfs.procs import descendants, kill_pids, stop_process, tail
@@ -283,7 +284,10 @@ class Mounts(Stage):
         assert ctx.roles is not None
         ctx.mounted = True
         run_dir = ctx.run_dir
-        for node in list({n.name: n for n in ctx.roles.clients}.values()):
+        clients = {n.name: n for n in ctx.roles.clients}.values()
+        if ctx.spec.mount_point:  # one path: one mount per host
+            clients = {n.host: n for n in clients}.values()
+        for node in list(clients):
             point = ctx.mountpoint(node)
             ctx.on_node(node, ["mkdir", "-p", str(point)], f"creating {point}")
             argv = [find_benchfs_mount(), "--registry", str(run_dir.registry_dir)]
@@ -319,9 +323,8 @@ class Mounts(Stage):
             )
             kill_pids(children, 2.0)
             if started.node is not None:
-                point = shlex.quote(str(ctx.mountpoint(started.node)))
+                point = ctx.mountpoint(started.node)
                 # A mount whose process died is still there, disconnected: detach it.
-                detach = f"! mountpoint -q {point} || fusermount3 -uz {point} || umount -l {point}"
                 with contextlib.suppress(RunError):
-                    ctx.on_node(started.node, ["sh", "-c", detach], f"unmounting {point}")
+                    ctx.on_node(started.node, detach_command(point), f"unmounting {point}")
         return None

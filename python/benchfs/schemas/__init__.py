@@ -15,7 +15,16 @@ from typing import Any
 
 import jsonschema
 
-__all__ = ["MANIFEST", "REPORT", "RUN_SUMMARY", "SCREEN", "SWEEP_INDEX", "check", "schema"]
+__all__ = [
+    "MANIFEST",
+    "REPORT",
+    "RUN_SUMMARY",
+    "SCREEN",
+    "STAGE_MANIFEST",
+    "SWEEP_INDEX",
+    "check",
+    "schema",
+]
 
 MANIFEST = "manifest"
 """`manifest.json` of a run (docs/results.md)."""
@@ -25,6 +34,8 @@ RUN_SUMMARY = "run-summary"
 """The object `benchfs-run launch --json` prints (docs/run.md)."""
 SCREEN = "screen"
 """`screen.json` of a `benchfs-diagnose screen`."""
+STAGE_MANIFEST = "stage-manifest"
+"""The manifest of a `benchfs stage-in` or `stage-out` (docs/lifecycle.md)."""
 SWEEP_INDEX = "sweep-index"
 """`index.json` of a `benchfs-run sweep` (docs/submit.md)."""
 

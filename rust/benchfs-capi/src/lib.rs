@@ -582,6 +582,44 @@ pub unsafe extern "C" fn benchfs_stat(path: *const c_char, st: *mut BenchfsStat)
     })
 }
 
+/// What `benchfs_statfs` fills (`struct benchfs_statfs` in benchfs.h; the layouts must match).
+#[repr(C)]
+pub struct BenchfsStatfs {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub avail_bytes: u64,
+    pub files: u64,
+    pub servers: u32,
+    pub unreachable: u32,
+    pub reserved: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<BenchfsStatfs>() == 48);
+
+/// # Safety
+/// `st` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn benchfs_statfs(st: *mut BenchfsStatfs) -> c_int {
+    ffi("benchfs_statfs", || {
+        if st.is_null() {
+            return Err(Fail::new(libc::EFAULT, "st is NULL"));
+        }
+        let c = with_client(|c| c.statfs())?;
+        let out = BenchfsStatfs {
+            total_bytes: c.total.total_bytes,
+            free_bytes: c.total.free_bytes,
+            avail_bytes: c.total.avail_bytes,
+            files: c.total.inodes,
+            servers: c.servers.len() as u32,
+            unreachable: c.unreachable() as u32,
+            reserved: 0,
+        };
+        // SAFETY: non-null and writable by contract.
+        unsafe { st.write(out) };
+        Ok(0)
+    })
+}
+
 /// # Safety
 /// `path` a string.
 #[no_mangle]

@@ -367,6 +367,20 @@ impl MetaStore {
         }
         Ok((node.attr, old))
     }
+
+    /// Sets the permission bits and/or the modification time (chmod, utimens); the change
+    /// time becomes now.
+    pub fn set_attr(&mut self, path: &str, mode: Option<u32>, mtime_ns: Option<u64>) -> Result<Attr, Errno> {
+        let node = self.nodes.get_mut(path).ok_or(libc::ENOENT)?;
+        if let Some(mode) = mode {
+            node.attr.mode = mode & 0o7777;
+        }
+        if let Some(t) = mtime_ns {
+            node.attr.mtime_ns = t;
+        }
+        node.attr.ctime_ns = now_ns();
+        Ok(node.attr)
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use crate::chunking::FileId;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
+use crate::protocol::capacity::Capacity;
 use crate::protocol::meta::{self, MetaRequest};
 use crate::protocol::{check_request, is_server_fault, Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry};
@@ -229,6 +230,8 @@ struct ServerState {
     /// dropped (`client.request_timeout_s`: the client has given up by then).
     client_timeout: std::time::Duration,
     store: ChunkStore,
+    /// Where the store keeps its data (its file system's capacity is what statfs reports).
+    data_dir: std::path::PathBuf,
     pool: BufferPool,
     queue: Rc<RequestQueue>,
     /// The metadata of the paths this worker owns.
@@ -536,6 +539,13 @@ impl ServerState {
                     served.status = errno(e);
                 }
             }
+            Op::Statfs => {
+                let inodes = self.meta.borrow().len() as u64;
+                match Capacity::of_dir(&self.data_dir, inodes) {
+                    Ok(c) => served.meta = Some((ReplyValue::Nothing, c.encode())),
+                    Err(e) => served.status = errno(e),
+                }
+            }
             op => {
                 let request = match payload {
                     Payload::Eager(v) => Some(v),
@@ -683,6 +693,11 @@ impl ServerState {
                     .map(|old| (Nothing, old.map(attr).unwrap_or_default())),
                 None => Err(libc::EINVAL),
             },
+            Op::SetAttr => {
+                let mode = (r.flags & meta::SET_MODE != 0).then_some(r.mode);
+                let mtime = (r.flags & meta::SET_MTIME != 0).then_some(r.arg);
+                meta.set_attr(&r.path, mode, mtime).map(|a| (Nothing, attr(a)))
+            }
             Op::SetSize => {
                 let how = if r.flags == 1 {
                     SizeUpdate::Exact
@@ -904,6 +919,7 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
         peer_errors: config.network.peer_error_handling,
         client_timeout: std::time::Duration::from_secs_f64(config.client.request_timeout_s),
         store,
+        data_dir: opts.data_dir.clone(),
         pool,
         queue: Rc::new(RequestQueue {
             items: RefCell::new(VecDeque::new()),

@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use benchfs_core::client::{Client, FileHandle as CoreHandle};
+use benchfs_core::client::{Client, ClusterCapacity, FileHandle as CoreHandle};
 use benchfs_core::config::Config;
 use benchfs_core::namespace::{self, Attr, Kind};
 use benchfs_core::posix;
@@ -44,9 +44,8 @@ pub const MAX_IO: u32 = 1 << 20;
 /// Requests queued per worker before the event loop blocks.
 const QUEUE_PER_WORKER: usize = 2;
 
-/// statfs: the protocol does not report capacity, so the mount reports a large free space
-/// (1 PiB in 4 KiB blocks) rather than 0, which tools would read as "disk full".
-const STATFS_BLOCKS: u64 = 1 << 38;
+/// statfs block size: capacities are reported in 4 KiB blocks.
+const STATFS_BSIZE: u64 = 4096;
 
 /// How long rmdir and rename wait for queued removals of hidden names.
 const REMOVAL_WAIT: Duration = Duration::from_secs(10);
@@ -289,8 +288,9 @@ impl Worker {
         Ok(self.attr_of(ino, &attr))
     }
 
-    /// Size changes truncate; mode and owner changes are refused unless they change nothing
-    /// (BenchFS stores no owners and has no chmod); times are accepted and not stored.
+    /// Size changes truncate; permission bits and the modification time (ns since the epoch)
+    /// are stored; owner changes are refused unless they change nothing (BenchFS stores no
+    /// owners); access times are not kept.
     fn setattr(
         &mut self,
         ino: u64,
@@ -298,13 +298,11 @@ impl Worker {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
+        mtime_ns: Option<u64>,
     ) -> Res<FileAttr> {
         let path = self.path_of(ino)?;
         let mut attr = self.stat("setattr", &path)?;
-        if mode.is_some_and(|m| m & 0o7777 != attr.mode & 0o7777)
-            || uid.is_some_and(|u| u != self.shared.uid)
-            || gid.is_some_and(|g| g != self.shared.gid)
-        {
+        if uid.is_some_and(|u| u != self.shared.uid) || gid.is_some_and(|g| g != self.shared.gid) {
             return Err(no_support());
         }
         if let Some(size) = size {
@@ -323,6 +321,13 @@ impl Worker {
                 .truncate(&path, size)
                 .map_err(|e| errno("truncate", e))?;
             attr = self.stat("setattr", &path)?;
+        }
+        let mode = mode.map(|m| m & 0o7777).filter(|m| *m != attr.mode & 0o7777);
+        if mode.is_some() || mtime_ns.is_some() {
+            attr = self
+                .client
+                .set_attr(&path, mode, mtime_ns)
+                .map_err(|e| errno("setattr", e))?;
         }
         Ok(self.attr_of(ino, &attr))
     }
@@ -701,6 +706,27 @@ impl Respond<()> for ReplyEmpty {
     }
 }
 
+impl Respond<ClusterCapacity> for ReplyStatfs {
+    fn send_ok(self, c: ClusterCapacity) {
+        let t = c.total;
+        // BenchFS allocates names without limit: report free inodes as unbounded.
+        let files_free = u64::from(u32::MAX);
+        self.statfs(
+            t.total_bytes / STATFS_BSIZE,
+            t.free_bytes / STATFS_BSIZE,
+            t.avail_bytes / STATFS_BSIZE,
+            t.inodes + files_free,
+            files_free,
+            STATFS_BSIZE as u32,
+            namespace::NAME_MAX as u32,
+            STATFS_BSIZE as u32,
+        );
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
 impl Respond<u32> for ReplyWrite {
     fn send_ok(self, n: u32) {
         self.written(n);
@@ -900,7 +926,7 @@ impl Filesystem for BenchFs {
         gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -909,7 +935,16 @@ impl Filesystem for BenchFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.dispatch(reply, move |w| w.setattr(ino.0, mode, uid, gid, size));
+        let mtime_ns = mtime.map(|t| {
+            let at = match t {
+                TimeOrNow::SpecificTime(at) => at,
+                TimeOrNow::Now => SystemTime::now(),
+            };
+            // Before the epoch: clamp to it (BenchFS keeps unsigned nanoseconds).
+            at.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        self.dispatch(reply, move |w| w.setattr(ino.0, mode, uid, gid, size, mtime_ns));
     }
 
     fn mknod(
@@ -1091,16 +1126,7 @@ impl Filesystem for BenchFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(
-            STATFS_BLOCKS,
-            STATFS_BLOCKS,
-            STATFS_BLOCKS,
-            1 << 32,
-            1 << 32,
-            4096,
-            namespace::NAME_MAX as u32,
-            4096,
-        );
+        self.dispatch(reply, |w| w.client.statfs().map_err(|e| errno("statfs", e)));
     }
 
     fn create(

@@ -16,6 +16,7 @@ use benchfs_core::client::{Client as CoreClient, FileHandle};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
+use benchfs_core::protocol::capacity::Capacity;
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::shared::{SharedClient, SharedFile};
@@ -286,6 +287,12 @@ impl PyClient {
         self.with(py, |c| c.truncate(path, size))
     }
 
+    /// Sets the permission bits and/or the modification time (ns since the epoch).
+    #[pyo3(signature = (path, mode=None, mtime_ns=None))]
+    fn set_attr(&self, py: Python<'_>, path: &str, mode: Option<u32>, mtime_ns: Option<u64>) -> PyResult<()> {
+        self.with(py, |c| c.set_attr(path, mode, mtime_ns).map(|_| ()))
+    }
+
     /// The id of the server holding byte `offset` of the file at `path`.
     fn locate(&self, py: Python<'_>, path: &str, offset: u64) -> PyResult<u32> {
         self.with(py, |c| c.locate(path, offset))
@@ -306,6 +313,41 @@ impl PyClient {
                 Ok(d)
             })
             .collect()
+    }
+
+    /// The cluster's capacity and each server's part (docs/python.md).
+    fn statfs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.with(py, |c| c.statfs())?;
+        let fill = |d: &Bound<'py, PyDict>, cap: &Capacity| -> PyResult<()> {
+            d.set_item("total_bytes", cap.total_bytes)?;
+            d.set_item("free_bytes", cap.free_bytes)?;
+            d.set_item("avail_bytes", cap.avail_bytes)?;
+            d.set_item("used_bytes", cap.used_bytes())?;
+            d.set_item("files", cap.inodes)
+        };
+        let out = PyDict::new(py);
+        fill(&out, &c.total)?;
+        let servers = c
+            .servers
+            .iter()
+            .map(|s| {
+                let d = PyDict::new(py);
+                d.set_item("id", s.id)?;
+                d.set_item("node", &s.node)?;
+                d.set_item("host", &s.host)?;
+                d.set_item("latency_s", s.latency.as_secs_f64())?;
+                match &s.capacity {
+                    Ok(cap) => {
+                        d.set_item("error", py.None())?;
+                        fill(&d, cap)?;
+                    }
+                    Err(e) => d.set_item("error", e)?,
+                }
+                Ok(d)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        out.set_item("servers", servers)?;
+        Ok(out)
     }
 
     /// The ids of the servers this client uses, ascending.

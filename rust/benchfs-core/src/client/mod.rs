@@ -8,6 +8,7 @@
 //! force-closes the endpoints of failed servers (which completes their operations with an
 //! error) and waits until no UCX operation refers to the caller's memory.
 
+mod capacity;
 mod data;
 mod names;
 mod rpc;
@@ -29,6 +30,7 @@ use crate::registry::{self, RegistryEntry};
 use crate::runtime::Runtime;
 use crate::telemetry::{ClientMetrics, OpKind};
 
+pub use self::capacity::{ClusterCapacity, ServerCapacity};
 use self::rpc::{make_worker, Probing, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;

@@ -370,6 +370,23 @@ impl Client {
         })
     }
 
+    /// Sets the permission bits (chmod) and/or the modification time in nanoseconds since the
+    /// Unix epoch (utimens) of a file or directory.
+    pub fn set_attr(&self, path: &str, mode: Option<u32>, mtime_ns: Option<u64>) -> Result<Attr> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("setattr", path)?;
+        let mut req = MetaRequest::new(&path);
+        if let Some(mode) = mode {
+            req.flags |= meta::SET_MODE;
+            req.mode = mode & 0o7777;
+        }
+        if let Some(t) = mtime_ns {
+            req.flags |= meta::SET_MTIME;
+            req.arg = t;
+        }
+        self.run(async { Ok(self.meta_attr(Op::SetAttr, "setattr", &req).await?.0) })
+    }
+
     /// Truncates an open file (`ftruncate`): sets the size at the owner and makes the handle
     /// agree, forgetting its own writes beyond the new size (a later close must not regrow it).
     /// The handle's writes are published first, so the owner frees every chunk they made.

@@ -12,6 +12,9 @@ pub const EXCLUSIVE: u32 = 2;
 pub const TRUNCATE: u32 = 4;
 /// Rename: fail with EEXIST instead of replacing the target.
 pub const NO_REPLACE: u32 = 8;
+/// Set-attribute flags: which of the request's mode and time to apply.
+pub const SET_MODE: u32 = 1;
+pub const SET_MTIME: u32 = 2;
 
 /// Readdir pages hold at most this many entries (and stay well under [`REPLY_MAX`]).
 pub const READDIR_PAGE: usize = 512;

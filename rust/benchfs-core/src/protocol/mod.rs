@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::posix::NAMESPACE_ERRNOS;
 
+pub mod capacity;
 pub mod meta;
 
 /// "BFS1" in little-endian byte order.
@@ -33,6 +34,9 @@ pub enum Op {
     /// server connects back for its replies. Reply: [`ReplyValue::Connection`]. Request
     /// `chunk`: an earlier connection id of this client to retire (0: none).
     Hello = 6,
+    /// The capacity of the file system holding this worker's data directory and the names it
+    /// owns. Reply payload: a `protocol::capacity::Capacity`.
+    Statfs = 7,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
@@ -55,6 +59,9 @@ pub enum Op {
     /// Sets the size to `arg` (flags 0: at least; 1: exactly). Reply: attribute and
     /// [`ReplyValue::OldSize`].
     SetSize = 25,
+    /// Sets the permission bits to `mode` (flags SET_MODE) and the modification time to `arg`
+    /// nanoseconds (flags SET_MTIME). Reply: attribute.
+    SetAttr = 26,
 }
 
 impl Op {
@@ -65,6 +72,7 @@ impl Op {
             4 => Some(Op::Fsync),
             5 => Some(Op::TruncateData),
             6 => Some(Op::Hello),
+            7 => Some(Op::Statfs),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -75,6 +83,7 @@ impl Op {
             23 => Some(Op::Readdir),
             24 => Some(Op::Install),
             25 => Some(Op::SetSize),
+            26 => Some(Op::SetAttr),
             _ => None,
         }
     }
@@ -86,6 +95,7 @@ impl Op {
             Op::Fsync => "fsync",
             Op::TruncateData => "truncate_data",
             Op::Hello => "hello",
+            Op::Statfs => "statfs",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -96,16 +106,18 @@ impl Op {
             Op::Readdir => "readdir",
             Op::Install => "install",
             Op::SetSize => "set_size",
+            Op::SetAttr => "set_attr",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 17] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
         Op::TruncateData,
         Op::Hello,
+        Op::Statfs,
         Op::Create,
         Op::Stat,
         Op::Unlink,
@@ -116,6 +128,7 @@ impl Op {
         Op::Readdir,
         Op::Install,
         Op::SetSize,
+        Op::SetAttr,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).

@@ -1,0 +1,273 @@
+"""`benchfs`: BenchFS as a burst buffer a job lives in.
+
+    eval "$(benchfs start --servers 4 --mount /tmp/bfs)"   # stdout: export lines only
+    benchfs stage-in /scratch/project/input /input
+    my_application /tmp/bfs/input ...
+    benchfs stage-out /output /scratch/project/output
+    benchfs stop
+
+`start` runs the same pipeline, launchers and nodes files as `benchfs-run` and leaves the
+cluster running; `status`, `stage-in`, `stage-out` and `stop` find it through
+$BENCHFS_JOB_DIR (or --job) from any shell of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from benchfs import __version__
+from benchfs.cli.consoles import console
+from benchfs.cli.progress import make_progress
+from benchfs.cli.run import launch
+from benchfs.client import Client
+from benchfs.errors import EXIT_FAILED, BenchfsError
+from benchfs.lifecycle.stage import BenchfsSide, LocalSide, manifest_path_for, stage
+from benchfs.lifecycle.start import start_job
+from benchfs.lifecycle.state import JobState, find_job
+from benchfs.lifecycle.status import job_status
+from benchfs.lifecycle.stop import stop_job
+from benchfs.pipeline import RunSpec
+from benchfs.units import human_size
+
+#: The options `start` shares with `benchfs-run launch` (the same definitions).
+_SHARED = (
+    "servers", "clients", "config_path", "sets", "keep_data", "results_root", "nodes_file",
+    "exclude_from", "screen", "screen_args", "launcher", "mpiexec", "server_nodes",
+    "servers_per_node", "clients_per_node", "pin_cpus",
+)  # fmt: skip
+
+
+def _fail(e: BenchfsError) -> NoReturn:
+    console(stderr=True).print(
+        f"[red]benchfs: error {e.code}:[/] {escape(e.message)}", highlight=False, soft_wrap=True
+    )
+    sys.exit(e.exit_code)
+
+
+def _say(text: str) -> None:
+    console(stderr=True).print(escape(text), highlight=False, soft_wrap=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="benchfs")
+def main() -> None:
+    """Start a BenchFS cluster for a job, stage data in and out, stop it."""
+
+
+def _start(mount: str | None, stage_in: str | None, **options: Any) -> None:
+    """Start the servers (and mounts) and leave them running; print `export` lines.
+
+    Use as `eval "$(benchfs start ...)"`: stdout carries only the exports (also written to
+    benchfs.env in the job directory), progress goes to stderr.
+    """
+    spec = RunSpec(
+        servers=options["servers"],
+        clients=options["clients"],
+        config=options["config_path"],
+        sets=options["sets"],
+        keep_data=options["keep_data"],
+        results_root=options["results_root"],
+        nodes_file=options["nodes_file"],
+        exclude_from=options["exclude_from"],
+        screen=options["screen"],
+        screen_args=options["screen_args"],
+        launcher=options["launcher"],
+        mpiexec=options["mpiexec"],
+        server_nodes=options["server_nodes"],
+        servers_per_node=options["servers_per_node"],
+        clients_per_node=options["clients_per_node"],
+        pin_cpus=options["pin_cpus"],
+        mount_point=mount,
+    )
+    err = console(stderr=True)
+    report, job = start_job(spec, sys.argv, make_progress(False, err))
+    if job is None:
+        assert report.error is not None
+        _fail(report.error)
+    _say(f"BenchFS is up: {job.servers} servers; job directory {job.run_dir}")
+    if stage_in is not None:
+        try:
+            _stage(job, "in", stage_in, "/", threads=4, manifest=None)
+        except BenchfsError as e:
+            _say("the staging failed; stopping the cluster")
+            stop_job(Path(job.run_dir), say=_say)
+            _fail(e)
+    click.echo(job.env_text(), nl=False)
+
+
+main.add_command(
+    click.Command(
+        "start",
+        callback=_start,
+        params=[
+            *(p for p in launch.params if p.name in _SHARED),
+            click.Option(
+                ["--mount"],
+                metavar="DIR",
+                help="Mount BenchFS at DIR on every client host (exported as BENCHFS_MOUNT).",
+            ),
+            click.Option(
+                ["--stage-in"], metavar="DIR", help="Stage DIR into BenchFS's / once it is up."
+            ),
+        ],
+        help=_start.__doc__,
+        short_help="Start a cluster and leave it running.",
+    )
+)
+
+_job_option = click.option(
+    "--job",
+    type=click.Path(file_okay=False),
+    help="The job directory [$BENCHFS_JOB_DIR, set by `benchfs start`].",
+)
+_threads_option = click.option(
+    "--threads", type=click.IntRange(min=1), default=4, show_default=True,
+    help="Files copied at once.",
+)  # fmt: skip
+_manifest_option = click.option(
+    "--manifest", type=click.Path(dir_okay=False),
+    help="The staging manifest [in the job directory, one per pair of trees].",
+)  # fmt: skip
+
+
+@main.command()
+@_job_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(job: str | None, as_json: bool) -> None:
+    """Membership, health, capacity and use of the job's cluster. Exit status 0 when every
+    server answers, 1 otherwise."""
+    try:
+        s = job_status(find_job(job))
+    except BenchfsError as e:
+        _fail(e)
+    if as_json:
+        click.echo(json.dumps(s))
+    else:
+        out = console()
+        out.print(f"job {s['job']}: [bold]{s['state']}[/] (started {s['started']} on {s['host']})")
+        if s["error"]:
+            out.print(f"[red]{escape(s['error'])}[/]", soft_wrap=True)
+        table = Table("server", "node", "process", "answers", "size", "used", "free", "names")
+        for srv in s["servers"]:
+            alive = {True: "running", False: "[red]gone[/]", None: "?"}[srv.get("process_alive")]
+            ok = "total_bytes" in srv and srv.get("error") is None
+            answer = f"{srv['latency_s'] * 1e3:.1f} ms" if ok else "[red]no[/]"
+            sizes = [
+                human_size(srv[k]) if ok else "-"
+                for k in ("total_bytes", "used_bytes", "avail_bytes")
+            ]
+            table.add_row(
+                str(srv["id"]), srv["node"], alive, answer, *sizes, str(srv.get("files", "-"))
+            )
+        out.print(table)
+        if s["capacity"]:
+            c = s["capacity"]
+            out.print(
+                f"capacity {human_size(c['total_bytes'])}, used {human_size(c['used_bytes'])}, "
+                f"free {human_size(c['avail_bytes'])}, {c['files']} files and directories"
+            )
+        if s["mount"]:
+            m = s["mount"]
+            out.print(f"mount {m['path']} on {m['node']}: {m['mounted']}")
+    sys.exit(0 if s["state"] in ("running", "stopped") else EXIT_FAILED)
+
+
+@main.command()
+@_job_option
+@click.option(
+    "--keep-data/--delete-data", default=None, help="Keep the servers' data [as started]."
+)
+@click.option("--stage-out", metavar="DIR", help="Stage BenchFS's / out to DIR before stopping.")
+def stop(job: str | None, keep_data: bool | None, stage_out: str | None) -> None:
+    """Stop the job's cluster: optional stage-out, unmount, stop the servers, delete their
+    data unless kept, finish the manifest and analyse the run. Also cleans up after a crash;
+    exit status 1 then, naming what had died."""
+    try:
+        job_dir = find_job(job)
+        if stage_out is not None:
+            _stage(JobState.load(job_dir), "out", "/", stage_out, threads=4, manifest=None)
+        report = stop_job(job_dir, keep_data, say=_say)
+    except BenchfsError as e:
+        _fail(e)
+    for problem in report.problems:
+        _say(f"benchfs: {problem}")
+    _say(f"stopped; the job's record is in {job_dir}")
+    sys.exit(EXIT_FAILED if report.problems else 0)
+
+
+def _stage(
+    state: JobState, direction: str, source: str, destination: str, threads: int,
+    manifest: str | None,
+) -> None:  # fmt: skip
+    config = Path(state.config).read_text()
+    bfs = BenchfsSide(
+        destination if direction == "in" else source, lambda: Client(state.registry, config)
+    )
+    local = LocalSide(Path(source if direction == "in" else destination).resolve())
+    src, dst = (local, bfs) if direction == "in" else (bfs, local)
+    if direction == "out":
+        local.root.mkdir(parents=True, exist_ok=True)
+    path = (
+        Path(manifest)
+        if manifest
+        else manifest_path_for(Path(state.run_dir), direction, src.label, dst.label)
+    )
+    try:
+        report = stage(src, dst, direction, path, threads, say=_say)
+    finally:
+        bfs.close()
+    m = report.manifest
+    rate = m["bytes_copied"] / max(m["seconds"], 1e-9) / (1 << 20)
+    for note in m["notes"]:
+        _say(f"note: {note}")
+    _say(
+        f"staged {m['files_copied']} files ({human_size(m['bytes_copied'])}, {rate:.1f} MiB/s), "
+        f"{m['files_skipped']} already verified; every file checksummed and read back; "
+        f"manifest {path}"
+    )
+
+
+def _run_stage(
+    direction: str, source: str, destination: str, job: str | None, threads: int,
+    manifest: str | None,
+) -> None:  # fmt: skip
+    try:
+        _stage(JobState.load(find_job(job)), direction, source, destination, threads, manifest)
+    except BenchfsError as e:
+        _fail(e)
+
+
+@main.command("stage-in")
+@click.argument("source", type=click.Path(file_okay=False, exists=True))
+@click.argument("destination", default="/")
+@_job_option
+@_threads_option
+@_manifest_option
+def stage_in(
+    source: str, destination: str, job: str | None, threads: int, manifest: str | None
+) -> None:
+    """Copy the local directory SOURCE into the BenchFS directory DESTINATION [/]: in
+    parallel, every file checksummed and read back, sizes, modes and times kept; resumable
+    (files already verified are skipped, damaged ones copied again)."""
+    _run_stage("in", source, destination, job, threads, manifest)
+
+
+@main.command("stage-out")
+@click.argument("source")
+@click.argument("destination", type=click.Path(file_okay=False))
+@_job_option
+@_threads_option
+@_manifest_option
+def stage_out(
+    source: str, destination: str, job: str | None, threads: int, manifest: str | None
+) -> None:
+    """Copy the BenchFS directory SOURCE into the local directory DESTINATION, as stage-in
+    does the other way."""
+    _run_stage("out", source, destination, job, threads, manifest)

@@ -1,0 +1,399 @@
+"""Stage-in and stage-out: parallel, verified, resumable copies of a tree between a directory
+(the parallel file system) and BenchFS.
+
+Every file is checksummed (xxh3-128) while it is copied and read back from the other side to
+verify; sizes, permission bits and modification times are kept, directories too. A manifest
+records what moved; a later staging between the same two trees skips files it verified whose
+source and destination are unchanged, and copies again any whose destination was truncated or
+changed. A file that cannot be copied whole is an error: the staging fails, it never reports
+success for a short copy.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+import xxhash
+
+from benchfs import schemas
+from benchfs.client import Client
+from benchfs.errors import JobError
+from benchfs.results import read_json, utc_now, write_json_atomic
+
+STAGE_FORMAT = "benchfs-stage"
+STAGE_VERSION = 1
+BLOCK = 8 << 20
+"""Bytes per read and write (a few chunks: every server of a stripe gets a request)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file or directory of a tree, by its path relative to the tree's root."""
+
+    path: str
+    kind: str
+    size: int
+    mode: int
+    mtime_ns: int
+
+
+class Side(Protocol):
+    """One end of a staging: a local directory or a BenchFS directory."""
+
+    label: str
+
+    def walk(self) -> tuple[list[Entry], list[str]]:
+        """Files and directories (parents first), and notes on what cannot be staged."""
+        ...
+
+    def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]: ...
+
+    def open_write(self, rel: str, mode: int) -> AbstractContextManager[BinaryIO]: ...
+
+    def mkdir(self, rel: str) -> None: ...
+
+    def attrs(self, rel: str) -> tuple[int, int] | None:
+        """(size, mtime_ns) of a file, None if it does not exist."""
+        ...
+
+    def set_attrs(self, rel: str, mode: int, mtime_ns: int) -> None: ...
+
+
+def _join(root: str, rel: str) -> str:
+    return root.rstrip("/") + "/" + rel if rel else root
+
+
+class LocalSide:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.label = str(root)
+
+    def walk(self) -> tuple[list[Entry], list[str]]:
+        if not self.root.is_dir():
+            raise JobError("ENOENT", f"{self.root} is not a directory")
+        entries: list[Entry] = []
+        notes: list[str] = []
+        for top, dirs, files in os.walk(self.root):
+            dirs.sort()
+            base = Path(top)
+            for name in [*dirs, *sorted(files)]:
+                path = base / name
+                rel = path.relative_to(self.root).as_posix()
+                st = path.lstat()
+                if stat.S_ISDIR(st.st_mode):
+                    kind = "dir"
+                elif stat.S_ISREG(st.st_mode):
+                    kind = "file"
+                else:
+                    notes.append(f"{path}: not a regular file or directory, not staged")
+                    continue
+                entries.append(Entry(rel, kind, st.st_size, st.st_mode & 0o7777, st.st_mtime_ns))
+        return entries, notes
+
+    def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]:
+        return open(self.root / rel, "rb", buffering=0)
+
+    def open_write(self, rel: str, mode: int) -> AbstractContextManager[BinaryIO]:
+        path = self.root / rel
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except PermissionError:  # a read-only copy from an earlier staging
+            os.chmod(path, 0o600)
+            fd = os.open(path, flags, 0o600)
+        return open(fd, "wb", buffering=0)
+
+    def mkdir(self, rel: str) -> None:
+        (self.root / rel).mkdir(parents=True, exist_ok=True)
+
+    def attrs(self, rel: str) -> tuple[int, int] | None:
+        try:
+            st = (self.root / rel).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    def set_attrs(self, rel: str, mode: int, mtime_ns: int) -> None:
+        path = self.root / rel
+        os.chmod(path, mode)
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+class BenchfsSide:
+    """A BenchFS directory; each thread uses a client of its own (a client serves one
+    request at a time)."""
+
+    def __init__(self, root: str, connect: Callable[[], Client]) -> None:
+        self.root = "/" + root.strip("/") if root.strip("/") else "/"
+        self.label = f"benchfs:{self.root}"
+        self._connect = connect
+        self._local = threading.local()
+        self._clients: list[Client] = []
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Client:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._connect()
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+    def walk(self) -> tuple[list[Entry], list[str]]:
+        c = self.client
+        if c.stat(self.root).kind != "dir":
+            raise JobError("ENOTDIR", f"{self.label} is not a directory")
+        entries: list[Entry] = []
+        pending = [""]
+        while pending:
+            rel_dir = pending.pop(0)
+            for name, _ in c.readdir(_join(self.root, rel_dir)):
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                st = c.stat(_join(self.root, rel))
+                entries.append(Entry(rel, st.kind, st.st_size, st.st_mode & 0o7777, st.st_mtime_ns))
+                if st.kind == "dir":
+                    pending.append(rel)
+        return entries, []
+
+    def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]:
+        return self.client.open(_join(self.root, rel), "r")  # type: ignore[return-value]
+
+    def open_write(self, rel: str, mode: int) -> AbstractContextManager[BinaryIO]:
+        return self.client.open(_join(self.root, rel), "w", perm=mode)  # type: ignore[return-value]
+
+    def mkdir(self, rel: str) -> None:
+        path = _join(self.root, rel)
+        parts = [p for p in path.split("/") if p]
+        for i in range(1, len(parts) + 1):
+            sub = "/" + "/".join(parts[:i])
+            if not self.client.exists(sub):
+                self.client.mkdir(sub)
+
+    def attrs(self, rel: str) -> tuple[int, int] | None:
+        try:
+            st = self.client.stat(_join(self.root, rel))
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    def set_attrs(self, rel: str, mode: int, mtime_ns: int) -> None:
+        path = _join(self.root, rel)
+        self.client.chmod(path, mode)
+        self.client.utime(path, mtime_ns)
+
+
+class StageFailed(JobError):
+    """Files could not be staged whole; the message lists them."""
+
+
+@dataclass
+class StageReport:
+    manifest: dict[str, Any]
+    path: Path
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.manifest["status"] == "ok")
+
+
+@dataclass
+class _Progress:
+    say: Callable[[str], None]
+    total_files: int
+    total_bytes: int
+    files: int = 0
+    bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last: float = 0.0
+
+    def add(self, nbytes: int) -> None:
+        self.files += 1
+        self.bytes += nbytes
+        now = time.monotonic()
+        if now - self.last >= 1.0 or self.files == self.total_files:
+            self.last = now
+            rate = self.bytes / max(now - self.started, 1e-9) / (1 << 20)
+            self.say(
+                f"{self.files}/{self.total_files} files, {self.bytes / (1 << 20):.1f}/"
+                f"{self.total_bytes / (1 << 20):.1f} MiB, {rate:.1f} MiB/s"
+            )
+
+
+def _blocks(f: BinaryIO, buf: bytearray) -> Iterator[memoryview]:
+    view = memoryview(buf)
+    while True:
+        n = f.readinto(view)
+        if not n:
+            return
+        yield view[:n]
+
+
+def _write_all(f: BinaryIO, data: memoryview) -> None:
+    while data:
+        n = f.write(data)
+        if not n:
+            raise OSError(f"short write ({len(data)} bytes left)")
+        data = data[n:]
+
+
+def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> str:
+    """Copy one file, read it back from `dst` and compare; its checksum."""
+    buf = getattr(buffers, "buf", None)
+    if buf is None:
+        buf = buffers.buf = bytearray(BLOCK)
+    h = xxhash.xxh3_128()
+    copied = 0
+    with src.open_read(e.path) as r, dst.open_write(e.path, e.mode) as w:
+        for block in _blocks(r, buf):
+            h.update(block)
+            _write_all(w, block)
+            copied += len(block)
+    if copied != e.size:
+        raise OSError(
+            f"{_join(src.label, e.path)}: {copied} bytes read where {e.size} were listed: it "
+            "changed or was truncated during the staging"
+        )
+    back = xxhash.xxh3_128()
+    read_back = 0
+    with dst.open_read(e.path) as r:
+        for block in _blocks(r, buf):
+            back.update(block)
+            read_back += len(block)
+    if read_back != copied or back.digest() != h.digest():
+        raise OSError(
+            f"{_join(dst.label, e.path)}: read back {read_back} bytes with another checksum "
+            f"than the {copied} written: the copy is damaged"
+        )
+    dst.set_attrs(e.path, e.mode, e.mtime_ns)
+    return h.hexdigest()
+
+
+def stage(
+    src: Side,
+    dst: Side,
+    direction: str,
+    manifest_path: Path,
+    threads: int = 4,
+    say: Callable[[str], None] = lambda _: None,
+) -> StageReport:
+    """Copy the tree of `src` into `dst` (see the module's docstring); the report of what
+    moved. Raises StageFailed when any file could not be staged whole (the manifest is
+    written first, with status "failed")."""
+    started_at, t0 = utc_now(), time.monotonic()
+    entries, notes = src.walk()
+    files = [e for e in entries if e.kind == "file"]
+    dirs = [e for e in entries if e.kind == "dir"]
+    previous = _previous(manifest_path, direction, src.label, dst.label, notes)
+    dst.mkdir("")
+    for d in dirs:
+        dst.mkdir(d.path)
+    records: dict[str, dict[str, Any]] = {}
+    todo: list[Entry] = []
+    for e in files:
+        old = previous.get(e.path)
+        if old and old["verified"] and (old["size"], old["mtime_ns"]) == (e.size, e.mtime_ns):
+            now = dst.attrs(e.path)
+            if now == (e.size, e.mtime_ns):
+                records[e.path] = old
+                continue
+            where = _join(dst.label, e.path)
+            found = "missing" if now is None else f"{now[0]} bytes (mtime {now[1]})"
+            notes.append(f"{where}: {found} where {e.size} bytes were staged: copied again")
+        todo.append(e)
+    skipped = len(files) - len(todo)
+    say(f"staging {len(todo)} files ({skipped} already verified) from {src.label} to {dst.label}")
+    progress = _Progress(say, len(todo), sum(e.size for e in todo))
+    errors: list[str] = []
+    lock = threading.Lock()
+    buffers = threading.local()
+
+    def one(e: Entry) -> None:
+        try:
+            digest = _copy(src, dst, e, buffers)
+        except OSError as err:
+            with lock:
+                errors.append(str(err) if e.path in str(err) else f"{e.path}: {err}")
+            return
+        with lock:
+            records[e.path] = {
+                "path": e.path, "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns,
+                "xxh3_128": digest, "verified": True,
+            }  # fmt: skip
+            progress.add(e.size)
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        # Largest first, so one big file does not finish alone at the end.
+        for f in as_completed([pool.submit(one, e) for e in sorted(todo, key=lambda e: -e.size)]):
+            f.result()
+    for d in sorted(dirs, key=lambda d: -d.path.count("/")):  # after their contents changed
+        try:
+            dst.set_attrs(d.path, d.mode, d.mtime_ns)
+        except OSError as err:
+            errors.append(f"{_join(dst.label, d.path)}: {err}")
+    manifest = {
+        "format": STAGE_FORMAT,
+        "version": STAGE_VERSION,
+        "direction": direction,
+        "source": src.label,
+        "destination": dst.label,
+        "status": "failed" if errors else "ok",
+        "started": started_at,
+        "finished": utc_now(),
+        "files": [records[e.path] for e in files if e.path in records],
+        "dirs": [d.path for d in dirs],
+        "bytes_copied": progress.bytes,
+        "files_copied": progress.files,
+        "files_skipped": skipped,
+        "seconds": round(time.monotonic() - t0, 3),
+        "errors": sorted(errors),
+        "notes": notes,
+    }
+    manifest_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(manifest_path, manifest)
+    report = StageReport(manifest, manifest_path)
+    if errors:
+        more = f" (and {len(errors) - 1} more; see {manifest_path})" if len(errors) > 1 else ""
+        raise StageFailed("EIO", f"{len(errors)} files not staged: {sorted(errors)[0]}{more}")
+    return report
+
+
+def _previous(
+    path: Path, direction: str, source: str, destination: str, notes: list[str]
+) -> dict[str, Any]:
+    """The verified files of an earlier staging between the same trees, by path (none, with
+    a note, if its manifest is damaged: then everything is copied again)."""
+    if not path.exists():
+        return {}
+    try:
+        old = read_json(path)
+        schemas.check(old, schemas.STAGE_MANIFEST, path)
+    except ValueError as e:
+        notes.append(f"earlier manifest not used, every file is copied: {e}")
+        return {}
+    if (old.get("format"), old.get("direction"), old.get("source"), old.get("destination")) != (
+        STAGE_FORMAT, direction, source, destination,
+    ):  # fmt: skip
+        return {}
+    return {f["path"]: f for f in old["files"] if f["verified"]}
+
+
+def manifest_path_for(job_dir: Path, direction: str, source: str, destination: str) -> Path:
+    """Where the manifest of a staging between these two trees goes in the job directory (one
+    per pair, so that staging them again resumes)."""
+    key = xxhash.xxh3_64_hexdigest(f"{direction}\0{source}\0{destination}".encode())
+    return job_dir / "staging" / f"stage-{direction}-{key}.json"

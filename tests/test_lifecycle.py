@@ -1,0 +1,304 @@
+"""`benchfs start / status / stage-in / stage-out / stop`, as a job script uses them: real
+servers and a real FUSE mount started by the command, unmodified programs on the mount, the C
+library and Python from the exported environment, verified staging of a generated tree, and a
+stop after `kill -9` of the whole cluster."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchfs import schemas
+from benchfs.lifecycle.stage import LocalSide, stage
+from benchfs.procs import ProcessRef
+from benchfs.results import read_json
+from conftest import run_bounded
+
+BIN = Path(sys.executable).parent
+
+
+def benchfs(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    return run_bounded([str(BIN / "benchfs"), *args], timeout, env={**os.environ, **(env or {})})
+
+
+def exports(stdout: str) -> dict[str, str]:
+    """The variables of `benchfs start`'s output, which must be export lines only."""
+    lines = stdout.splitlines()
+    assert lines and all(line.startswith("export BENCHFS_") for line in lines), stdout
+    out = subprocess.run(
+        ["sh", "-c", stdout + 'env -0 | grep -z "^BENCHFS_"'], capture_output=True, check=True
+    ).stdout
+    return dict(item.split("=", 1) for item in out.decode().split("\0") if item)
+
+
+def start(tmp_path: Path, *extra: str) -> dict[str, str]:
+    done = benchfs(
+        "start", "--servers", "2", "--results-root", str(tmp_path / "results"),
+        "--set", "layout.chunk_size=1M", *extra,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return exports(done.stdout)
+
+
+def recorded(env: dict[str, str]) -> list[ProcessRef]:
+    job = read_json(Path(env["BENCHFS_JOB_DIR"]) / "job.json")
+    refs = []
+    for p in job["processes"]:
+        refs.append(ProcessRef(p["pid"], p["start"]))
+        refs += [ProcessRef(pid, start) for pid, start in p["children"]]
+    return refs
+
+
+def scratch_dirs(env: dict[str, str]) -> list[str]:
+    return list(read_json(Path(env["BENCHFS_JOB_DIR"]) / "manifest.json")["scratch_dirs"].values())
+
+
+C_PROGRAM = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <benchfs.h>
+int main(void)
+{
+    int rc = benchfs_init(NULL, NULL, NULL, 0); /* everything from the exported environment */
+    if (rc < 0) { fprintf(stderr, "init: %s\n", benchfs_last_error()); return 1; }
+    char buf[64] = {0};
+    benchfs_file *f;
+    if ((rc = benchfs_open("/from-cp.txt", O_RDONLY, &f)) < 0) {
+        fprintf(stderr, "open: %s\n", benchfs_last_error());
+        return 1;
+    }
+    ssize_t n = benchfs_pread(f, buf, sizeof buf - 1, 0);
+    benchfs_close(f);
+    struct benchfs_statfs st;
+    if ((rc = benchfs_statfs(&st)) < 0) {
+        fprintf(stderr, "statfs: %s\n", benchfs_last_error());
+        return 1;
+    }
+    printf("%zd %s|%u %u %d\n", n, buf, st.servers, st.unreachable,
+           st.total_bytes > st.free_bytes);
+    return benchfs_finalize() < 0;
+}
+"""
+
+
+def test_start_run_unmodified_programs_stop_leaves_nothing(tmp_path: Path) -> None:
+    mount = tmp_path / "mnt"
+    env = start(tmp_path, "--mount", str(mount))
+    assert env["BENCHFS_MOUNT"] == str(mount) and env["BENCHFS_EXPECTED_SERVERS"] == "2"
+    try:
+        refs = recorded(env)
+        assert refs and all(r.alive() for r in refs)
+        # cp and dd on the mount, as any program would
+        text = tmp_path / "hello.txt"
+        text.write_text("hello from cp\n")
+        subprocess.run(["cp", str(text), str(mount / "from-cp.txt")], check=True)
+        subprocess.run(
+            ["dd", "if=/dev/urandom", f"of={mount}/dd.bin", "bs=1M", "count=6", "status=none"],
+            check=True,
+        )
+        # a Python script that only knows the environment
+        script = (
+            "from benchfs import Client\n"
+            "with Client() as c:\n"
+            "    print(c.stat('/dd.bin').st_size, sorted(c.listdir('/')))\n"
+        )
+        py = subprocess.run([sys.executable, "-c", script], env={**os.environ, **env},
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert py.stdout.strip() == "6291456 ['dd.bin', 'from-cp.txt']", py.stderr
+        # a C program linked against libbenchfs, no arguments, no other setting
+        src = tmp_path / "app.c"
+        src.write_text(C_PROGRAM)
+        pc = {"PKG_CONFIG_PATH": str(BIN.parent / "lib" / "pkgconfig")}
+        flags = subprocess.run(
+            ["pkg-config", "--cflags", "--libs", "benchfs"],
+            env={**os.environ, **pc}, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        libdir = str(BIN.parent / "lib")
+        subprocess.run(
+            ["cc", str(src), "-o", str(tmp_path / "app"), *flags, f"-Wl,-rpath,{libdir}"],
+            check=True,
+        )
+        app = subprocess.run(
+            [str(tmp_path / "app")], env={**os.environ, **env}, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert app.returncode == 0, app.stderr
+        assert app.stdout.strip() == "14 hello from cp\n|2 0 1", app.stdout
+        # df through the mount reports the servers' real capacity
+        df = os.statvfs(mount)
+        assert df.f_blocks > 0 and df.f_bfree <= df.f_blocks
+        status = benchfs("status", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        s = json.loads(status.stdout)
+        assert s["state"] == "running" and s["mount"]["mounted"] == "mounted"
+        assert [srv["process_alive"] for srv in s["servers"]] == [True, True]
+        assert s["capacity"]["total_bytes"] > 0 and s["capacity"]["files"] >= 3
+    finally:
+        stopped = benchfs("stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not [r.pid for r in refs if r.alive()]
+    assert not os.path.ismount(mount)
+    assert not [d for d in scratch_dirs(env) if Path(d).exists()]
+    manifest = read_json(Path(env["BENCHFS_JOB_DIR"]) / "manifest.json")
+    schemas.check(manifest, schemas.MANIFEST, "manifest.json")
+    assert manifest["outcome"]["status"] == "ok" and manifest["analysis"]["exit_status"] == 0
+    again = benchfs("stop", env=env)
+    assert again.returncode == 0 and "was stopped at" in again.stderr
+
+
+def make_tree(root: Path, seed: int = 7) -> int:
+    """3,000 files of 0 B to 64 MiB, 256 MiB in all, 4 levels deep, with varied modes and
+    times; returns the byte count."""
+    rng = random.Random(seed)
+    dirs = [root]
+    for depth in range(1, 5):
+        for i in range(3):
+            d = (
+                rng.choice([x for x in dirs if len(x.relative_to(root).parts) == depth - 1])
+                / f"d{depth}{i}"
+            )
+            d.mkdir(parents=True, exist_ok=True)
+            dirs.append(d)
+    sizes = [64 << 20, 48 << 20, 32 << 20, 16 << 20] + [
+        rng.choice([0, 1, 4095, 4096, 65537]) for _ in range(996)
+    ]
+    sizes += [rng.randrange(0, 80_000) for _ in range(2000)]
+    sizes[-1] = 0
+    left = (256 << 20) - sum(sizes)
+    sizes[4] += left  # the total, exactly
+    total = 0
+    for i, size in enumerate(sizes):
+        path = dirs[i % len(dirs)] / f"f{i:04d}"
+        path.write_bytes(rng.randbytes(size))
+        os.chmod(path, rng.choice([0o644, 0o600, 0o640, 0o755]))
+        t = 1_600_000_000_000_000_000 + i * 1_000_003
+        os.utime(path, ns=(t, t))
+        total += size
+    return total
+
+
+def test_stage_in_and_out_keep_every_byte_and_attribute(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    total = make_tree(src)
+    assert total == 256 << 20
+    env = start(tmp_path)
+    try:
+        t0 = time.monotonic()
+        staged_in = benchfs("stage-in", str(src), "/data", env=env)
+        assert staged_in.returncode == 0, staged_in.stderr
+        out = tmp_path / "out"
+        staged_out = benchfs("stage-out", "/data", str(out), env=env)
+        assert staged_out.returncode == 0, staged_out.stderr
+        elapsed = time.monotonic() - t0
+        assert elapsed < 60, f"stage-in and stage-out of 256 MiB took {elapsed:.1f} s"
+        assert subprocess.run(["diff", "-r", str(src), str(out)]).returncode == 0
+        files = [p for p in src.rglob("*") if p.is_file()]
+        assert len(files) == 3000
+        for p in files:
+            q = out / p.relative_to(src)
+            a, b = p.stat(), q.stat()
+            assert (a.st_size, a.st_mode, a.st_mtime_ns) == (b.st_size, b.st_mode, b.st_mtime_ns), p
+        manifests = sorted((Path(env["BENCHFS_JOB_DIR"]) / "staging").glob("*.json"))
+        assert len(manifests) == 2
+        for m in manifests:
+            doc = read_json(m)
+            schemas.check(doc, schemas.STAGE_MANIFEST, m)
+            assert doc["status"] == "ok" and doc["files_copied"] == 3000
+            assert doc["bytes_copied"] == total and all(f["verified"] for f in doc["files"])
+
+        # A truncated file on either side is found and copied again; the rest is skipped.
+        victim = next(p for p in files if p.stat().st_size > 100_000).relative_to(src)
+        mounted_view = benchfs("status", "--json", env=env)
+        assert mounted_view.returncode == 0
+        from benchfs import Client
+
+        with Client(env["BENCHFS_REGISTRY"], Path(env["BENCHFS_CONFIG"]).read_text()) as c:
+            c.truncate(f"/data/{victim.as_posix()}", 1000)
+        again = benchfs("stage-in", str(src), "/data", env=env)
+        assert again.returncode == 0, again.stderr
+        assert f"benchfs:/data/{victim.as_posix()}: 1000 bytes" in again.stderr
+        assert "staged 1 files" in again.stderr and "2999 already verified" in again.stderr
+        os.truncate(out / victim, 10)
+        back = benchfs("stage-out", "/data", str(out), env=env)
+        assert back.returncode == 0 and f"{out / victim}: 10 bytes" in back.stderr
+        assert filecmp.cmp(src / victim, out / victim, shallow=False)
+    finally:
+        assert benchfs("stop", env=env).returncode == 0
+
+
+class ShrinkingSource(LocalSide):
+    """A source tree in which another program truncates a file right after the listing."""
+
+    def __init__(self, root: Path, victim: Path) -> None:
+        super().__init__(root)
+        self.victim = victim
+
+    def walk(self) -> tuple[list[Any], list[str]]:
+        listed = super().walk()
+        os.truncate(self.victim, 3)
+        return listed
+
+
+def test_a_file_truncated_during_staging_fails_the_staging(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    (src / "ok").write_bytes(b"fine")
+    (src / "big").write_bytes(os.urandom(1 << 20))
+    manifest = tmp_path / "m.json"
+    with pytest.raises(
+        Exception, match=r"1048576 were listed: it changed or was truncated"
+    ) as failed:
+        stage(ShrinkingSource(src, src / "big"), LocalSide(dst), "in", manifest)
+    assert "1 files not staged" in str(failed.value)
+    doc = read_json(manifest)
+    schemas.check(doc, schemas.STAGE_MANIFEST, manifest)
+    assert doc["status"] == "failed" and [f["path"] for f in doc["files"]] == ["ok"]
+
+
+def test_stop_after_the_whole_cluster_was_killed_cleans_up(tmp_path: Path) -> None:
+    mount = tmp_path / "mnt"
+    env = start(tmp_path, "--mount", str(mount))
+    refs = recorded(env)
+    for r in refs:
+        r.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(r.alive() for r in refs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = benchfs("status", "--json", env=env)
+    assert status.returncode == 1
+    s = json.loads(status.stdout)
+    assert s["state"] == "down" and s["mount"]["mounted"] == "disconnected"
+    stopped = benchfs("stop", env=env)
+    assert stopped.returncode == 1
+    assert "server 0 on local-0 was not running at stop" in stopped.stderr
+    assert not os.path.ismount(mount) and not any(r.alive() for r in refs)
+    assert not [d for d in scratch_dirs(env) if Path(d).exists()]
+    assert not list(Path(env["BENCHFS_REGISTRY"]).glob("server-*.json"))
+    manifest = read_json(Path(env["BENCHFS_JOB_DIR"]) / "manifest.json")
+    assert manifest["outcome"]["status"] == "failed"
+
+
+def test_commands_without_a_job_say_so_in_one_line(tmp_path: Path) -> None:
+    for args in (["status"], ["stop"], ["stage-out", "/", str(tmp_path / "o")]):
+        done = benchfs(*args)
+        assert done.returncode == 2, done
+        assert done.stderr.strip().count("\n") == 0 and "BENCHFS_JOB_DIR" in done.stderr
+    done = benchfs("status", "--job", str(tmp_path))
+    assert done.returncode == 1 and "is not a started job" in done.stderr
+    assert "Traceback" not in done.stderr
+    shutil.rmtree(tmp_path / "o", ignore_errors=True)
