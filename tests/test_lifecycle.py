@@ -21,6 +21,7 @@ import pytest
 
 from benchfs import schemas
 from benchfs.lifecycle.stage import LocalSide, stage
+from benchfs.mount import is_mounted
 from benchfs.procs import ProcessRef
 from benchfs.results import read_json
 from conftest import run_bounded
@@ -151,7 +152,7 @@ def test_start_run_unmodified_programs_stop_leaves_nothing(tmp_path: Path) -> No
         stopped = benchfs("stop", env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert not [r.pid for r in refs if r.alive()]
-    assert not os.path.ismount(mount)
+    assert not is_mounted(mount)
     assert not [d for d in scratch_dirs(env) if Path(d).exists()]
     manifest = read_json(Path(env["BENCHFS_JOB_DIR"]) / "manifest.json")
     schemas.check(manifest, schemas.MANIFEST, "manifest.json")
@@ -274,19 +275,21 @@ def test_stop_after_the_whole_cluster_was_killed_cleans_up(tmp_path: Path) -> No
     mount = tmp_path / "mnt"
     env = start(tmp_path, "--mount", str(mount))
     refs = recorded(env)
-    for r in refs:
-        r.signal(signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(r.alive() for r in refs) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    status = benchfs("status", "--json", env=env)
-    assert status.returncode == 1
-    s = json.loads(status.stdout)
-    assert s["state"] == "down" and s["mount"]["mounted"] == "disconnected"
-    stopped = benchfs("stop", env=env)
+    try:
+        for r in refs:
+            r.signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(r.alive() for r in refs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = benchfs("status", "--json", env=env)
+        assert status.returncode == 1
+        s = json.loads(status.stdout)
+        assert s["state"] == "down" and s["mount"]["mounted"] == "disconnected"
+    finally:
+        stopped = benchfs("stop", env=env)
     assert stopped.returncode == 1
     assert "server 0 on local-0 was not running at stop" in stopped.stderr
-    assert not os.path.ismount(mount) and not any(r.alive() for r in refs)
+    assert not is_mounted(mount) and not any(r.alive() for r in refs)
     assert not [d for d in scratch_dirs(env) if Path(d).exists()]
     assert not list(Path(env["BENCHFS_REGISTRY"]).glob("server-*.json"))
     manifest = read_json(Path(env["BENCHFS_JOB_DIR"]) / "manifest.json")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchfs.errors import SubmitError
+from benchfs.mount import is_mounted
 from benchfs.nodes import Exclusion, load_nodes, write_exclusions
 from benchfs.results import read_json
 from benchfs.submit import JobSpec, format_time_limit, parse_job_id, parse_time_limit, render
@@ -305,7 +306,9 @@ def test_dry_run_prints_and_submits_nothing(tmp_path: Path) -> None:
     [
         (["--time-limit", "soon"], "invalid time limit 'soon'"),
         (["--queue", "a b"], "--queue/--partition 'a b'"),
-        (["--", "--servers", "zero"], "pipeline arguments after `--`"),
+        (["--", "--servers", "zero"], "launch arguments after `--`"),
+        (["--run", "true", "--", "--file-size", "1M"], "start arguments after `--`"),
+        (["--stage-in", "/x", "--", "--servers", "2"], "--stage-in and --stage-out go with --run"),
         (["--", "--results-root", "/x"], "give --results-root to `submit`"),
         (["--", "--help"], "benchfs-run launch --help"),
     ],
@@ -424,3 +427,45 @@ def test_cancelled_job_tears_down_the_pipeline(slurm: LocalSlurm, tmp_path: Path
     assert manifest["scratch_dirs"]
     left = [d for d in manifest["scratch_dirs"].values() if Path(d).exists()]
     assert left == [], "node-local data left behind"
+
+
+@pytest.mark.timeout(120)
+def test_submit_runs_a_burst_buffer_job(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """`submit --run`: inside a real Slurm allocation, `benchfs start` (servers and the mount
+    as job steps), stage-in, the user's command on the mount, stage-out, `benchfs stop`."""
+    data = tmp_path / "input"
+    data.mkdir()
+    (data / "words.txt").write_text("pear\napple\nfig\n")
+    out = tmp_path / "output"
+    mount = tmp_path / "mnt"
+    results = tmp_path / "results"
+    result = run_cli(
+        [
+            "submit", "--scheduler", "slurm", "--nodes", "1", "--time-limit", "5",
+            "--partition", "debug", "--results-root", str(results),
+            "--run", 'sort "$BENCHFS_MOUNT/words.txt" > "$BENCHFS_MOUNT/sorted.txt"',
+            "--stage-in", str(data), "--stage-out", str(out),
+            "--", "--servers", "2", "--mount", str(mount), "--set", "layout.chunk_size=65536",
+        ],
+        env=slurm.env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = re.search(r"^job\s+(\d+)$", result.stdout, re.M)
+    job_dir = re.search(r"^results\s+(\S+)$", result.stdout, re.M)
+    assert job_id and job_dir, result.stdout
+    state, code = slurm.wait_job(job_id.group(1), timeout=90)
+    job_path = Path(job_dir.group(1))
+    output = "\n".join(p.read_text() for p in job_path.glob("job-*.out"))
+    assert (state, code) == ("COMPLETED", "0:0"), output + slurm.logs()
+    assert (out / "sorted.txt").read_text() == "apple\nfig\npear\n", output
+    assert (out / "words.txt").read_text() == (data / "words.txt").read_text()
+    runs = sorted(job_path.glob("*-srun-*"))
+    assert len(runs) == 1, output
+    manifest = read_json(runs[0] / "manifest.json")
+    assert manifest["outcome"]["status"] == "ok", manifest["outcome"]
+    job = read_json(runs[0] / "job.json")
+    assert job["stopped"] and job["launcher"] == "srun"
+    roles = sorted(p["role"] for p in job["processes"])
+    assert roles == ["benchfs-mount", "benchfsd", "benchfsd", "iostat"], roles
+    assert alive([p["pid"] for p in job["processes"]]) == []
+    assert not is_mounted(mount)

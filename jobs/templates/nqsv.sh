@@ -15,4 +15,5 @@ case "${PBS_JOBID:-}" in
   *:*) if [ "${PBS_JOBID%%:*}" != "0" ]; then exit 0; fi ;;
 esac
 @{nodefile}
+@{prologue}
 @{body}

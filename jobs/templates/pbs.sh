@@ -12,4 +12,5 @@
 SCHEDULER=pbs
 LAUNCHER=mpiexec  # the pipeline places processes on the nodes with mpiexec
 @{nodefile}
+@{prologue}
 @{body}

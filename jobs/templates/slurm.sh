@@ -7,4 +7,5 @@
 # Excluded hosts (benchfs-diagnose) are left out by Slurm itself, through --exclude above.
 SCHEDULER=slurm
 LAUNCHER=srun  # the pipeline starts servers and ranks as job steps
+@{prologue}
 @{body}

@@ -73,14 +73,15 @@ def templates_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "jobs" / "templates"
 
 
-def find_benchfs_run() -> str:
-    """The absolute path of this environment's `benchfs-run` (beside this Python first)."""
-    beside = Path(sys.executable).parent / "benchfs-run"
+def find_benchfs_run(name: str = "benchfs-run") -> str:
+    """The absolute path of this environment's `benchfs-run` (or `benchfs`), beside this
+    Python first."""
+    beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside.absolute())
-    found = shutil.which("benchfs-run")
+    found = shutil.which(name)
     if found is None:
-        raise SubmitError("ENOENT", "benchfs-run not found beside this Python nor on PATH")
+        raise SubmitError("ENOENT", f"{name} not found beside this Python nor on PATH")
     return str(Path(found).absolute())
 
 
@@ -143,6 +144,13 @@ class JobSpec:
     scratch: str = "/tmp"
     job_name: str = "benchfs"
     extra_directives: Sequence[str] = field(default_factory=tuple)
+    run_command: str | None = None
+    """The burst-buffer shape: `benchfs start PIPELINE_ARGS`, stage in, this shell command,
+    stage out, `benchfs stop` (always); None runs the benchmark pipeline."""
+    stage_in: str | None = None
+    stage_out: str | None = None
+    benchfs: str = ""
+    """The `benchfs` command, by absolute path (with `run_command`)."""
 
     def validate(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -170,6 +178,10 @@ class JobSpec:
                 f"results root {self.job_dir.parent} contains whitespace; job "
                 "schedulers cannot take it in a directive",
             )
+        if self.run_command is None and (self.stage_in or self.stage_out):
+            raise SubmitError("EINVAL", "--stage-in and --stage-out go with --run COMMAND")
+        if self.run_command is not None and not self.run_command.strip():
+            raise SubmitError("EINVAL", "--run needs a command")
         for d in self.extra_directives:
             if "\n" in d or not d.strip():
                 raise SubmitError("EINVAL", f"--directive {d!r} must be one non-empty line")
@@ -211,8 +223,9 @@ class JobSpec:
 
 
 def render(spec: JobSpec, templates: Path | None = None) -> str:
-    """The job script for `spec`, from `<templates>/<scheduler>.sh`, `body.sh` and
-    `nodefile.sh`; SubmitError names a missing template or placeholder."""
+    """The job script for `spec`, from `<templates>/<scheduler>.sh`, `prologue.sh`, the body
+    (`body.sh`, or `lifecycle.sh` with a run command) and `nodefile.sh`; SubmitError names a
+    missing template or placeholder."""
     spec.validate()
     base = templates or templates_dir()
 
@@ -232,9 +245,17 @@ def render(spec: JobSpec, templates: Path | None = None) -> str:
         "scratch": shlex.quote(spec.scratch),
         "excluded_hosts": " ".join(shlex.quote(e.host) for e in spec.excluded),
         "pipeline_args": shlex.join(spec.pipeline_args),
-    }
+        "benchfs": shlex.quote(spec.benchfs),
+        "start_args": shlex.join(spec.pipeline_args),
+        "run_command": spec.run_command or "",
+        "stage_in": "" if not spec.stage_in
+        else f'"$BENCHFS" stage-in {shlex.quote(spec.stage_in)} / || exit 1',
+        "stop_args": "" if not spec.stage_out else f"--stage-out {shlex.quote(spec.stage_out)}",
+    }  # fmt: skip
+    body = "body.sh" if spec.run_command is None else "lifecycle.sh"
     try:
-        values["body"] = load("body.sh").substitute(values).rstrip("\n")
+        values["prologue"] = load("prologue.sh").substitute(values).rstrip("\n")
+        values["body"] = load(body).substitute(values).rstrip("\n")
         values["nodefile"] = (base / "nodefile.sh").read_text(encoding="utf-8").rstrip("\n")
         return load(f"{spec.scheduler}.sh").substitute(values)
     except OSError as e:

@@ -10,6 +10,7 @@ allocation; `sweep` runs it once per point of a parameter file.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -352,6 +353,15 @@ def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
     help="Where the job directory goes [run.results_root, $BENCHFS_RESULTS].",
 )
 @click.option("--dry-run", is_flag=True, help="Print the job script instead of submitting it.")
+@click.option(
+    "--run",
+    "run_command",
+    metavar="COMMAND",
+    help="A burst-buffer job instead of a benchmark: `benchfs start` (the options after `--`), "
+    "COMMAND (a shell command line), `benchfs stop`, which always runs.",
+)
+@click.option("--stage-in", metavar="DIR", help="With --run: stage DIR into BenchFS first.")
+@click.option("--stage-out", metavar="DIR", help="With --run: stage BenchFS out to DIR at the end.")
 @click.argument("pipeline_args", nargs=-1, type=click.UNPROCESSED)
 def submit(
     scheduler: str,
@@ -365,12 +375,17 @@ def submit(
     directives: tuple[str, ...],
     results_root: str | None,
     dry_run: bool,
+    run_command: str | None,
+    stage_in: str | None,
+    stage_out: str | None,
     pipeline_args: tuple[str, ...],
 ) -> None:
     """Render a batch job that runs `benchfs-run launch PIPELINE_ARGS` and submit it.
 
     Give the pipeline's options after `--`, e.g.
     `benchfs-run submit --scheduler slurm --nodes 1 -- --servers 2 --clients 2 --file-size 8M`.
+    With --run COMMAND the job is a burst buffer: `benchfs start PIPELINE_ARGS`, optional
+    stage-in, COMMAND, optional stage-out, `benchfs stop` (docs/lifecycle.md).
     """
     from benchfs.nodes import NodesFileError, read_exclusions
     from benchfs.submit import (
@@ -390,10 +405,16 @@ def submit(
     if "--help" in args or "-h" in args:
         _fail("EINVAL", "the pipeline's --help is `benchfs-run launch --help`", EXIT_USAGE)
     # Check the pipeline's arguments now, not an hour later on the compute node.
+    if run_command is None:
+        checker, what = launch, "launch"
+    else:
+        from benchfs.cli.lifecycle import main as lifecycle
+
+        checker, what = lifecycle.commands["start"], "start"
     try:
-        launch.make_context("launch", list(args))
+        checker.make_context(what, list(args))
     except click.ClickException as e:
-        _fail("EINVAL", f"pipeline arguments after `--`: {e.format_message()}", EXIT_USAGE)
+        _fail("EINVAL", f"{what} arguments after `--`: {e.format_message()}", EXIT_USAGE)
     try:
         limit = None if time_limit is None else parse_time_limit(time_limit)
         excluded = read_exclusions(exclude_from) if exclude_from else []
@@ -411,6 +432,10 @@ def submit(
             scratch=scratch,
             job_name=job_name,
             extra_directives=directives,
+            run_command=run_command,
+            stage_in=None if stage_in is None else os.path.abspath(stage_in),
+            stage_out=None if stage_out is None else os.path.abspath(stage_out),
+            benchfs=find_benchfs_run("benchfs") if run_command is not None else "",
         )
         if dry_run:
             from benchfs.submit import render
