@@ -305,3 +305,27 @@ def test_commands_without_a_job_say_so_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1 and "is not a started job" in done.stderr
     assert "Traceback" not in done.stderr
     shutil.rmtree(tmp_path / "o", ignore_errors=True)
+
+
+@pytest.mark.timeout(120)
+def test_staging_bench_quick_json(tmp_path: Path) -> None:
+    """`benchfs-bench staging --quick` keeps its shape (its figures are measured by the full
+    run, not asserted here) and leaves nothing behind."""
+    from benchfs.bench import staging
+    from benchfs.procs import descendants
+    from conftest import rendered
+
+    done = run_bounded(
+        [str(BIN / "benchfs-bench"), "staging", "--quick", "--json", "--dir", str(tmp_path)], 110
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert set(report["mib_s"]) == {"stage-in", "cp -r", "cp -r + sync"}
+    assert all(v > 0 for v in report["mib_s"].values())
+    assert report["ratio_vs_cp"] == pytest.approx(
+        report["mib_s"]["stage-in"] / report["mib_s"]["cp -r"]
+    )
+    assert report["files"] == 4 and report["data_fs"] != "tmpfs"
+    assert not Path(report["data_dir"]).exists()
+    assert "stage-in / cp -r" in rendered(staging.render, report)
+    assert descendants(os.getpid()) == []

@@ -394,6 +394,34 @@ def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> N
     _emit(report, as_json, bench.render)
 
 
+@main.command()
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Disk directory for the source tree, the copies and the servers' data "
+    "[run.scratch_dir, else /var/tmp].",
+)
+@click.option("--quick", is_flag=True, help="4 files of 8 MiB, 1 repeat (for tests).")
+@JSON_OPTION
+@click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
+def staging(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> None:
+    """`benchfs stage-in` of 1 GiB in 64 MiB files vs `cp -r` on the same disk."""
+    from benchfs.bench import staging as bench
+
+    settings = bench.StagingSettings.quick() if quick else bench.StagingSettings()
+    if repeats:
+        settings = dataclasses.replace(settings, repeats=repeats)
+    with _failures_exit(console(stderr=True)):
+        report = _in_scratch(
+            root or default_root(),
+            "benchfs-staging-",
+            lambda work, benchfsd: bench.run_staging(work, settings, benchfsd),
+        )
+    report["quick"] = quick
+    _emit(report, as_json, bench.render)
+
+
 @main.command(name="analysis")
 @click.option("--records", type=click.IntRange(min=1000), help="Trace records [10M; quick: 200k].")
 @click.option("--servers", type=click.IntRange(min=2, max=4096), default=16, show_default=True)
