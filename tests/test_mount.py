@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchfs import Client
 from benchfs.cluster import LocalCluster
 from benchfs.mount import Mounted, find_benchfs_mount, is_mounted, mounted
 from benchfs.units import MIB
@@ -92,7 +93,7 @@ def test_fio_verifies_through_the_mount(mount: Mounted, jobs: int, bs: int, dire
         assert os.stat(mount.mountpoint / f"v.{k}.0").st_size == per_job
 
 
-def test_posix_behaviour(mount: Mounted) -> None:
+def test_posix_behaviour(mount: Mounted, cluster: LocalCluster) -> None:
     root = mount.mountpoint
     path = root / "f.bin"
     # create, exclusive create
@@ -183,11 +184,21 @@ def test_posix_behaviour(mount: Mounted) -> None:
     with pytest.raises(OSError) as e:
         os.mkfifo(root / "fifo")
     assert e.value.errno == errno.EPERM
+    # chmod and the modification time are stored (cp -p, touch -d, rsync -t keep them) and
+    # seen by other clients; owners are not stored, so chown is refused unless it changes nothing
+    os.chmod(other, 0o600)
+    os.utime(other, ns=(1_000_000_000_000_000_007, 1_234_567_890_123_456_789))
+    st = os.stat(other)
+    assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o600, 1_234_567_890_123_456_789)
+    with Client(str(cluster.registry_dir), cluster.config_path.read_text()) as c:
+        seen = c.stat("/" + other.relative_to(root).as_posix())
+        assert (seen.st_mode & 0o7777, seen.st_mtime_ns) == (0o600, 1_234_567_890_123_456_789)
     with pytest.raises(OSError) as e:
-        os.chmod(other, 0o600)
+        os.chown(other, st.st_uid + 1, -1)
     assert e.value.errno == errno.EOPNOTSUPP
-    os.chmod(other, os.stat(other).st_mode & 0o7777)  # no change: accepted
-    os.utime(other)  # times: accepted, not stored
+    os.chown(other, st.st_uid, st.st_gid)  # no change: accepted
+    subprocess.run(["touch", "-d", "2020-01-02 03:04:05", str(other)], check=True)
+    assert time.gmtime(os.stat(other).st_mtime)[:3] == (2020, 1, 2)
 
 
 def test_unlink_of_an_open_file_keeps_it_readable_until_closed(mount: Mounted) -> None:

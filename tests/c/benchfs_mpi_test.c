@@ -138,6 +138,12 @@ static void file_per_process(void)
     EXPECT(benchfs_stat(path, &st), 0);
     if (st.size != (uint64_t)FPP_XFERS * XFER || !S_ISREG(st.mode) || (st.mode & 0777) != 0644)
         FAIL("stat %s: size %" PRIu64 " mode %o", path, st.size, st.mode);
+    struct benchfs_statfs sf;
+    EXPECT(benchfs_statfs(&sf), 0);
+    if (sf.servers == 0 || sf.unreachable != 0 || sf.total_bytes == 0 || sf.free_bytes > sf.total_bytes
+        || sf.avail_bytes > sf.free_bytes || sf.files < 2 || sf.reserved != 0)
+        FAIL("statfs: %u servers (%u unreachable), %" PRIu64 " of %" PRIu64 " free, %" PRIu64 " files",
+             sf.servers, sf.unreachable, sf.free_bytes, sf.total_bytes, sf.files);
     if (st.chunk_size == 0 || st.stripe_count == 0)
         FAIL("stat %s: no layout (chunk %" PRIu64 ", stripes %u)", path, st.chunk_size,
              st.stripe_count);
@@ -221,6 +227,7 @@ static void bad_input(void)
         FAIL("no message after a failed call");
     EXPECT(benchfs_create("no-slash", 0, 0644, &f), -EINVAL);
     EXPECT(benchfs_stat(NULL, NULL), -EINVAL);
+    EXPECT(benchfs_statfs(NULL), -EFAULT);
     EXPECT(benchfs_open(path, O_RDONLY, &f), -ENOENT);
     EXPECT(benchfs_open(path, O_RDONLY, NULL), -EFAULT);
     EXPECT(benchfs_create(path, O_APPEND, 0644, &f), -EINVAL);

@@ -13,6 +13,8 @@
 /* The layout the library writes (64 bytes, id last). */
 typedef char stat_is_64_bytes[sizeof(struct benchfs_stat) == 64 ? 1 : -1];
 typedef char id_at_48[offsetof(struct benchfs_stat, id) == 48 ? 1 : -1];
+typedef char statfs_is_48_bytes[sizeof(struct benchfs_statfs) == 48 ? 1 : -1];
+typedef char servers_at_32[offsetof(struct benchfs_statfs, servers) == 32 ? 1 : -1];
 
 static int failures;
 
@@ -52,6 +54,8 @@ int main(int argc, char **argv)
     expect("last_error before any failure", (long long)strlen(benchfs_last_error()), 0);
 
     expect("stat before init", benchfs_stat("/", &st), -ESHUTDOWN);
+    struct benchfs_statfs sf;
+    expect("statfs before init", benchfs_statfs(&sf), -ESHUTDOWN);
     expect_message("stat before init", "not initialized");
     expect("open before init", benchfs_open("/f", 0, &f), -ESHUTDOWN);
     expect("finalize before init", benchfs_finalize(), -ESHUTDOWN);
