@@ -25,6 +25,7 @@ from benchfs.mount import is_mounted
 from benchfs.procs import ProcessRef
 from benchfs.results import read_json
 from conftest import run_bounded
+from doc_examples import ROOT, examples
 
 BIN = Path(sys.executable).parent
 
@@ -139,6 +140,20 @@ def test_start_run_unmodified_programs_stop_leaves_nothing(tmp_path: Path) -> No
         )  # fmt: skip
         assert app.returncode == 0, app.stderr
         assert app.stdout.strip() == "14 hello from cp\n|2 0 1", app.stdout
+        # the complete program of docs/capi.md (README's C example), as written, no argument
+        capi = examples(ROOT / "docs" / "capi.md")
+        whole = next(e for e in capi if e.lang == "c" and "int main" in e.code)
+        (tmp_path / "doc.c").write_text(whole.code)
+        subprocess.run(
+            ["cc", str(tmp_path / "doc.c"), "-o", str(tmp_path / "doc"), *flags,
+             f"-Wl,-rpath,{libdir}"],
+            check=True,
+        )  # fmt: skip
+        doc = subprocess.run(
+            [str(tmp_path / "doc")], env={**os.environ, **env}, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert doc.returncode == 0 and "read 13 bytes: hello from C" in doc.stdout, doc.stderr
         # df through the mount reports the servers' real capacity
         df = os.statvfs(mount)
         assert df.f_blocks > 0 and df.f_bfree <= df.f_blocks
