@@ -84,8 +84,14 @@ def test_placement_study_rejects_bad_input() -> None:
 
 def test_meta_quick_json_shape() -> None:
     report = bench("meta", "--quick", "--json")
-    assert [c["name"] for c in report["cases"]] == ["create", "stat", "unlink"]
-    assert "unlink" in rendered(meta.render, report)
+    modes = ["memory", "none", "fsync", "close"]
+    assert [(c["mode"], c["name"]) for c in report["cases"]] == [
+        (m, p) for m in modes for p in ("create", "stat", "unlink")
+    ]
+    assert "unlink/s" in rendered(meta.render, report)
     for c in report["cases"]:
-        assert c["ops"] == report["files"] and c["ops_s"] > 0 and c["seconds"] > 0
-    assert not os.path.exists(report["data_dir"])
+        assert c["ops_s"] > 0 and len(c["samples"]) == report["repeats"] == 1
+    assert [t["target"] for t in report["targets"]] == [
+        "create with durability none >= 0.8x memory"
+    ]
+    assert report["data_fs"] != "tmpfs" and not os.path.exists(report["data_dir"])

@@ -267,12 +267,13 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
             f.pwrite(data, 5)
             kept = f.id
     server.stop()
-    # The namespace lives in memory for a job's lifetime, so a restarted server's chunks are
-    # checked where they are kept: the index names each chunk's slot, the slot holds its bytes.
+    # Where the chunks are kept: the index names each chunk's slot, the slot holds its bytes.
     assert packed_contents(data_dir / "packed", kept, len(want)) == want
     server = Server(str(registry), str(data_dir), 0, config=config)
     try:
         with Client(str(registry), config) as client:
+            with client.open("/kept") as f:  # the namespace was kept too
+                assert f.read() == want
             with client.open("/new", CREATE) as f:
                 f.pwrite(b"after restart", 0)
                 new = f.id

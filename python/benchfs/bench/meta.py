@@ -1,11 +1,14 @@
-"""`benchfs-bench meta`: create, stat and unlink throughput of the metadata service.
+"""`benchfs-bench meta`: create, stat and unlink throughput of the metadata service, per
+durability mode (`storage.durability`), side by side in one run.
 
 Several clients (one `benchfs.Client` each, on its own thread; every call releases the GIL)
-each work in their own directory on a local cluster whose servers keep data on tmpfs. Each
-phase starts on a barrier and ends when the last client finishes, so ops/s is the whole
-cluster's rate for that phase. Create is `open(O_CREAT | O_EXCL)` + `close` (two metadata
-requests: the parent's entry and the inode); unlink is one request to the inode's owner plus
-one to the parent's (no data to free: the files are empty).
+each work in their own directory on a local cluster whose servers keep their data (and their
+metadata store) under the scratch directory. Each phase starts on a barrier and ends when the
+last client finishes, so ops/s is the whole cluster's rate for that phase. Create is
+`open(O_CREAT | O_EXCL)` + `close` (two metadata requests: the parent's entry and the inode);
+unlink is one request to the inode's owner plus one to the parent's (no data to free: the
+files are empty). Modes run in turn, in reversed order every other repeat, and the report
+gives medians; `memory` (no store) is the reference the persisted modes are compared with.
 """
 
 from __future__ import annotations
@@ -22,9 +25,13 @@ from rich.console import Console
 
 from benchfs import Client
 from benchfs.bench.cluster import BenchCluster
-from benchfs.bench.render import fmt, report_table
+from benchfs.bench.render import fmt, print_lines_and_targets, report_table
+from benchfs.bench.stats import interleave, median, ratio
 
 PHASES = ("create", "stat", "unlink")
+MODES = ("memory", "none", "fsync", "close")
+TARGET = 0.8
+"""The default mode's create rate at least this fraction of `memory`'s."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,12 @@ class MetaSettings:
     clients: int = 4
     files: int = 10_000
     """Files in total, split evenly over the clients."""
+    modes: tuple[str, ...] = MODES
+    repeats: int = 3
 
     @classmethod
     def quick(cls) -> MetaSettings:
-        return cls(servers=2, clients=2, files=400)
+        return cls(servers=2, clients=2, files=400, repeats=1)
 
 
 def _phase(clients: list[Client], work: Callable[[Client, int], None]) -> float:
@@ -64,9 +73,9 @@ def _phase(clients: list[Client], work: Callable[[Client, int], None]) -> float:
     return elapsed
 
 
-def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any]:
-    """Starts the cluster, runs the three phases, stops everything; returns the report body."""
-    cluster = BenchCluster(root / "meta", "meta", settings.servers, [], benchfsd)
+def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> list[float]:
+    """One cluster in `mode`: the three phases' rates (ops/s)."""
+    cluster = BenchCluster(root, "meta", settings.servers, [f"storage.durability={mode}"], benchfsd)
     per_client = settings.files // settings.clients
     cluster.start()
     try:
@@ -88,11 +97,9 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
                 for n in range(per_client):
                     c.unlink(f"/c{i}/f{n}")
 
-            cases = []
-            for name, work in zip(PHASES, (create, stat, unlink), strict=True):
-                seconds = _phase(clients, work)
-                ops = per_client * settings.clients
-                cases.append({"name": name, "ops": ops, "seconds": seconds, "ops_s": ops / seconds})
+            rates = []
+            for work in (create, stat, unlink):
+                rates.append(per_client * settings.clients / _phase(clients, work))
             left = sum(len(clients[0].readdir(f"/c{i}")) for i in range(settings.clients))
             if left:
                 raise OSError(f"{left} entries left after unlink")
@@ -101,22 +108,50 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
                 c.close()
     finally:
         cluster.stop()
+    return rates
+
+
+def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any]:
+    """Runs every mode `repeats` times (interleaved); returns the report body."""
+    samples: dict[str, list[list[float]]] = {m: [] for m in settings.modes}
+    for step in interleave(list(settings.modes), settings.repeats, ("meta",)):
+        mode = step.case
+        work = root / f"{mode}-{len(samples[mode])}"
+        samples[mode].append(_one_run(work, settings, benchfsd, mode))
+    cases = []
+    for mode in settings.modes:
+        for i, phase in enumerate(PHASES):
+            rates = [s[i] for s in samples[mode]]
+            cases.append({"mode": mode, "name": phase, "ops_s": median(rates), "samples": rates})
+    rate = {(c["mode"], c["name"]): c["ops_s"] for c in cases}
+    targets = []
+    if "memory" in settings.modes and "none" in settings.modes:
+        r = ratio(rate[("none", "create")], rate[("memory", "create")])
+        targets.append({
+            "target": f"create with durability none >= {TARGET}x memory",
+            "ratio": r,
+            "met": None if r is None else r >= TARGET,
+        })  # fmt: skip
     return {
         "cases": cases,
+        "targets": targets,
         "servers": settings.servers,
         "clients": settings.clients,
-        "files": per_client * settings.clients,
-        "data_dir": str(cluster.root),
+        "files": settings.files // settings.clients * settings.clients,
+        "repeats": settings.repeats,
+        "data_dir": str(root),
     }
 
 
 def render(console: Console, report: dict[str, Any]) -> None:
-    """The phases' throughput, for people."""
+    """The phases' throughput per durability mode, for people."""
     table = report_table(
         f"benchfs-bench meta: {report['files']} files, {report['clients']} clients, "
-        f"{report['servers']} servers",
-        ["ops", "seconds", "ops/s"],
+        f"{report['servers']} servers, median of {report['repeats']}",
+        ["create/s", "stat/s", "unlink/s"],
     )
-    for c in report["cases"]:
-        table.add_row(c["name"], str(c["ops"]), fmt(c["seconds"], 2), fmt(c["ops_s"], 0))
+    by = {(c["mode"], c["name"]): c["ops_s"] for c in report["cases"]}
+    for mode in dict.fromkeys(c["mode"] for c in report["cases"]):
+        table.add_row(mode, *(fmt(by[(mode, p)], 0) for p in PHASES))
     console.print(table)
+    print_lines_and_targets(console, [], report["targets"])

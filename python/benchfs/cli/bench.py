@@ -311,20 +311,52 @@ def placement(quick: bool, as_json: bool, scales: tuple[int, ...], max_steps: in
 
 
 @main.command()
-@TMPFS_DIR_OPTION
-@click.option("--quick", is_flag=True, help="2 servers, 2 clients, 400 files (for tests).")
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the servers' data and metadata stores [run.scratch_dir, else /var/tmp].",
+)
+@click.option(
+    "--quick", is_flag=True, help="2 servers, 2 clients, 400 files, 1 repeat (for tests)."
+)
 @JSON_OPTION
 @click.option("--files", type=click.IntRange(min=1), help="Files in total [10000; --quick: 400].")
-def meta(root: Path, quick: bool, as_json: bool, files: int | None) -> None:
-    """Create, stat and unlink throughput from 4 clients on 4 local servers."""
+@click.option(
+    "--modes",
+    default="memory,none,fsync,close",
+    show_default=True,
+    help="storage.durability modes to run, comma-separated.",
+)
+@click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
+def meta(
+    root: Path | None,
+    quick: bool,
+    as_json: bool,
+    files: int | None,
+    modes: str,
+    repeats: int | None,
+) -> None:
+    """Create, stat and unlink throughput from 4 clients on 4 local servers, per durability
+    mode."""
     from benchfs.bench import meta as bench
 
     settings = bench.MetaSettings.quick() if quick else bench.MetaSettings()
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if not chosen or any(m not in bench.MODES for m in chosen):
+        raise click.BadParameter(
+            f"{modes!r}: choose from {', '.join(bench.MODES)}", param_hint="--modes"
+        )
+    settings = dataclasses.replace(settings, modes=chosen)
     if files:
         settings = dataclasses.replace(settings, files=files)
+    if repeats:
+        settings = dataclasses.replace(settings, repeats=repeats)
     with _failures_exit(console(stderr=True)):
         report = _in_scratch(
-            root, "benchfs-meta-", lambda work, benchfsd: bench.run_meta(work, settings, benchfsd)
+            root or default_root(),
+            "benchfs-meta-",
+            lambda work, benchfsd: bench.run_meta(work, settings, benchfsd),
         )
     report["quick"] = quick
     _emit(report, as_json, bench.render)

@@ -125,6 +125,8 @@ pub struct StorageConfig {
     pub ring_entries: u32,
     /// On-disk layout: one file per chunk, or chunks packed in large files.
     pub layout: DiskLayout,
+    /// When data and metadata are on stable storage (docs/storage.md).
+    pub durability: Durability,
     /// O_DIRECT for writes (bypass the page cache); unaligned heads and tails handled.
     pub direct_write: bool,
     /// O_DIRECT for reads.
@@ -139,6 +141,7 @@ impl Default for StorageConfig {
             buffer_count: 32,
             ring_entries: 256,
             layout: DiskLayout::Chunkfile,
+            durability: Durability::None,
             // Measured here (docs/storage.md): direct writes 1093 vs buffered 279 MiB/s once
             // writeback throttles; buffered sequential reads 1590 vs direct 1207 MiB/s.
             direct_write: true,
@@ -156,6 +159,25 @@ pub enum DiskLayout {
     Chunkfile,
     /// Chunks in large preallocated files.
     Packed,
+}
+
+/// `storage.durability`: when what a client wrote is on stable storage. Every mode but
+/// `memory` survives a server process crash (metadata commits reach the kernel before the
+/// reply); they differ in what survives a machine crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Metadata is kept in memory only: a restarted server has forgotten its names (the
+    /// fastest metadata; for jobs that never restart a server).
+    Memory,
+    /// Data and metadata reach stable storage when the kernel writes them back (or at an
+    /// explicit fsync, for data).
+    None,
+    /// Every metadata change is on stable storage before its reply; data when `fsync` returns.
+    Fsync,
+    /// As `fsync`, and `close` of a file that was written also makes its data durable first
+    /// (IO500's rule: durable when close returns).
+    Close,
 }
 
 /// The UCX transport.

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::chunking::FileId;
+use crate::metadb::{Change, MetaDb};
 use crate::placement::{Layout, LayoutAllocator};
 use crate::protocol::meta::{DirEntry, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
 
@@ -115,14 +116,17 @@ pub enum SizeUpdate {
     Exact,
 }
 
-/// The metadata one owner keeps, in memory, for the job's lifetime.
+/// The metadata one owner keeps: served from memory, written through to its store on the
+/// server's device when it has one ([`MetaStore::open`]).
 pub struct MetaStore {
     nodes: HashMap<String, Node>,
-    /// Ids are `id_base | counter`: the owner's index and a per-start nonce in the high 64 bits,
-    /// so no two files of a job, on any owner, ever share an id (and thus chunks).
+    /// Ids are `id_base | counter`: the owner's index and a nonce in the high 64 bits, so no
+    /// two files of a job, on any owner, ever share an id (and thus chunks). Both are kept in
+    /// the store, so a restarted owner continues the sequence.
     id_base: u128,
     next_id: u64,
     layouts: LayoutAllocator,
+    db: Option<MetaDb>,
 }
 
 impl MetaStore {
@@ -134,11 +138,87 @@ impl MetaStore {
             id_base: ((owner as u128) << 96) | ((nonce as u128) << 64),
             next_id: 1,
             layouts: LayoutAllocator::new(owner, owners, stripe_count, chunk_size),
+            db: None,
         };
         if crate::placement::metadata_owner("/", owners) == owner {
             store.nodes.insert("/".into(), Self::dir_node(0o755));
         }
         store
+    }
+
+    /// As [`MetaStore::new`], kept in the store in directory `dir`: what it holds is loaded
+    /// (a restarted owner serves every name it had), and every change is written through
+    /// (`durable`: and synced before it is answered). `nonce` is used only for a new store.
+    pub fn open(
+        dir: &std::path::Path,
+        durable: bool,
+        (owner, owners): (u32, u32),
+        stripe_count: u32,
+        chunk_size: u64,
+        nonce: u32,
+    ) -> crate::error::Result<MetaStore> {
+        let db = MetaDb::open(dir, durable)?;
+        let mut store = match db.load(owner, owners)? {
+            Some(loaded) => {
+                let mut store = MetaStore::new(owner, owners, stripe_count, chunk_size, loaded.nonce);
+                store.nodes.clear();
+                store.next_id = loaded.next_id;
+                for (path, attr, added) in loaded.inodes {
+                    let entries = (attr.kind == Kind::Dir).then(BTreeMap::new);
+                    store.nodes.insert(path, Node { attr, entries, added });
+                }
+                for (dir, name, kind) in loaded.entries {
+                    // An entry whose directory is gone is left out (see docs/namespace.md).
+                    if let Some(Node { entries: Some(e), .. }) = store.nodes.get_mut(&dir) {
+                        e.insert(name, kind);
+                    }
+                }
+                store
+            }
+            None => {
+                let store = MetaStore::new(owner, owners, stripe_count, chunk_size, nonce);
+                db.init(owner, owners, nonce)?;
+                if let Some(root) = store.nodes.get("/") {
+                    db.apply(&[Change::Inode {
+                        path: "/",
+                        attr: root.attr,
+                        added: 0,
+                    }])?;
+                }
+                store
+            }
+        };
+        store.db = Some(db);
+        Ok(store)
+    }
+
+    /// Writes `changes` through to the store (EIO if that fails; the change is then in memory
+    /// only, and lost at a restart).
+    fn persist(&self, changes: &[Change<'_>]) -> Result<(), Errno> {
+        match &self.db {
+            None => Ok(()),
+            Some(db) => db.apply(changes).map_err(|e| {
+                eprintln!("benchfs: {e}");
+                libc::EIO
+            }),
+        }
+    }
+
+    /// The persisted form of the inode at `path` (it must exist).
+    fn inode_change<'a>(&self, path: &'a str) -> Option<Change<'a>> {
+        self.nodes.get(path).map(|n| Change::Inode {
+            path,
+            attr: n.attr,
+            added: n.added,
+        })
+    }
+
+    /// Persists the inode at `path` as it is now.
+    fn persist_inode(&self, path: &str) -> Result<(), Errno> {
+        match self.inode_change(path) {
+            Some(c) => self.persist(&[c]),
+            None => Ok(()),
+        }
     }
 
     fn dir_node(mode: u32) -> Node {
@@ -189,12 +269,17 @@ impl MetaStore {
                 return Err(libc::EISDIR);
             }
             let old = node.attr.size;
-            if flags & TRUNCATE != 0 && old > 0 {
+            let attr = if flags & TRUNCATE != 0 && old > 0 {
                 node.attr.size = 0;
                 node.attr.mtime_ns = now_ns();
                 node.attr.ctime_ns = node.attr.mtime_ns;
-            }
-            return Ok((node.attr, old));
+                let attr = node.attr;
+                self.persist_inode(path)?;
+                attr
+            } else {
+                node.attr
+            };
+            return Ok((attr, old));
         }
         if flags & CREATE == 0 {
             return Err(libc::ENOENT);
@@ -221,6 +306,10 @@ impl MetaStore {
                 added: 0,
             },
         );
+        self.persist(&[
+            Change::Inode { path, attr, added: 0 },
+            Change::NextId(self.next_id),
+        ])?;
         Ok((attr, 0))
     }
 
@@ -233,7 +322,11 @@ impl MetaStore {
         match self.nodes.get(path) {
             None => Err(libc::ENOENT),
             Some(n) if n.attr.kind == Kind::Dir => Err(libc::EISDIR),
-            Some(_) => self.nodes.remove(path).map(|n| n.attr).ok_or(libc::ENOENT),
+            Some(_) => {
+                let attr = self.nodes.remove(path).map(|n| n.attr).ok_or(libc::ENOENT)?;
+                self.persist(&[Change::Removed(path)])?;
+                Ok(attr)
+            }
         }
     }
 
@@ -244,6 +337,7 @@ impl MetaStore {
         let node = Self::dir_node(mode);
         let attr = node.attr;
         self.nodes.insert(path.to_string(), node);
+        self.persist_inode(path)?;
         Ok(attr)
     }
 
@@ -257,7 +351,7 @@ impl MetaStore {
             Some(Node { entries: Some(e), .. }) if !e.is_empty() => Err(libc::ENOTEMPTY),
             Some(_) => {
                 self.nodes.remove(path);
-                Ok(())
+                self.persist(&[Change::Removed(path)])
             }
         }
     }
@@ -292,13 +386,24 @@ impl MetaStore {
                 let start =
                     (crate::placement::directory_rotation(dir, stripe as u32) as u64 + node.added) % stripe;
                 node.added += 1;
+                let (attr, added) = (node.attr, node.added);
+                self.persist(&[
+                    Change::Entry { dir, name, kind },
+                    Change::Inode {
+                        path: dir,
+                        attr,
+                        added,
+                    },
+                ])?;
                 Ok(Some(start as u32))
             }
         }
     }
 
     pub fn dir_remove(&mut self, dir: &str, name: &str) -> Result<(), Errno> {
-        self.dir_entries(dir)?.remove(name);
+        if self.dir_entries(dir)?.remove(name).is_some() {
+            self.persist(&[Change::EntryRemoved { dir, name }])?;
+        }
         Ok(())
     }
 
@@ -346,7 +451,9 @@ impl MetaStore {
             entries: (attr.kind == Kind::Dir).then(BTreeMap::new),
             added: 0,
         };
-        Ok(self.nodes.insert(path.to_string(), node).map(|n| n.attr))
+        let replaced = self.nodes.insert(path.to_string(), node).map(|n| n.attr);
+        self.persist_inode(path)?;
+        Ok(replaced)
     }
 
     /// Updates a file's size; returns the new attribute and the old size.
@@ -360,12 +467,17 @@ impl MetaStore {
             SizeUpdate::AtLeast => old.max(size),
             SizeUpdate::Exact => size,
         };
-        if new != old || how == SizeUpdate::Exact {
+        let attr = if new != old || how == SizeUpdate::Exact {
             node.attr.size = new;
             node.attr.mtime_ns = now_ns();
             node.attr.ctime_ns = node.attr.mtime_ns;
-        }
-        Ok((node.attr, old))
+            let attr = node.attr;
+            self.persist_inode(path)?;
+            attr
+        } else {
+            node.attr
+        };
+        Ok((attr, old))
     }
 
     /// Sets the permission bits and/or the modification time (chmod, utimens); the change
@@ -379,7 +491,9 @@ impl MetaStore {
             node.attr.mtime_ns = t;
         }
         node.attr.ctime_ns = now_ns();
-        Ok(node.attr)
+        let attr = node.attr;
+        self.persist_inode(path)?;
+        Ok(attr)
     }
 }
 
@@ -510,5 +624,49 @@ mod tests {
             }
         }
         assert_eq!(ids.len(), 400_000);
+    }
+
+    /// A store reopened on its directory holds every inode, entry, size, layout, mode and
+    /// time, continues the id sequence, and forgets what was removed.
+    #[test]
+    fn a_reopened_store_serves_what_it_had() -> crate::error::Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| crate::error::Error::io("tempdir", e))?;
+        let path = dir.path().join("meta-w0");
+        let open = || MetaStore::open(&path, false, (0, 1), 4, 1 << 20, 77);
+        let (file, kept, gone) = {
+            let mut m = open()?;
+            m.mkdir("/d", 0o750).expect("mkdir");
+            m.dir_add("/", "d", Kind::Dir).expect("entry d");
+            let start = m.dir_add("/d", "f", Kind::File).expect("entry f");
+            let (file, _) = m.create("/d/f", CREATE, 0o640, start).expect("create");
+            m.set_size("/d/f", 12345, SizeUpdate::AtLeast).expect("size");
+            m.set_attr("/d/f", Some(0o600), Some(42)).expect("attr");
+            m.create("/d/g", CREATE, 0o644, None).expect("create g");
+            m.dir_add("/d", "g", Kind::File).expect("entry g");
+            m.unlink("/d/g").expect("unlink");
+            m.dir_remove("/d", "g").expect("entry removed");
+            (file, m.stat("/d/f").expect("stat"), m.next_id)
+        };
+        let mut m = open()?;
+        assert_eq!(m.stat("/d/f"), Ok(kept));
+        assert_eq!(
+            (kept.size, kept.mode, kept.mtime_ns, kept.id),
+            (12345, 0o600, 42, file.id)
+        );
+        assert_eq!(m.stat("/d/g"), Err(libc::ENOENT));
+        let (names, _) = m.readdir("/d", "", 10).expect("readdir");
+        assert_eq!(names.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["f"]);
+        assert_eq!(m.readdir("/", "", 10).expect("root").0.len(), 1);
+        let (next, _) = m.create("/d/h", CREATE, 0o644, None).expect("create h");
+        assert_eq!(
+            next.id.0 & u64::MAX as u128,
+            gone as u128,
+            "the id sequence continues"
+        );
+        drop(m);
+        // Another cluster shape: its paths belong to other owners now.
+        let other = MetaStore::open(&path, false, (0, 2), 4, 1 << 20, 77);
+        assert!(matches!(other, Err(crate::error::Error::Config(ref m)) if m.contains("owner 0 of 2")));
+        Ok(())
     }
 }

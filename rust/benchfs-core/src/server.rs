@@ -18,7 +18,7 @@ use benchfs_ucx::{AmData, AmMessage, AmVerdict, Endpoint, RndvDesc, Worker};
 
 use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
-use crate::config::Config;
+use crate::config::{Config, Durability};
 use crate::error::{Error, Result};
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
 use crate::protocol::capacity::Capacity;
@@ -926,13 +926,7 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
             waiters: RefCell::new(VecDeque::new()),
             capacity: config.server.max_queued as usize,
         }),
-        meta: RefCell::new(MetaStore::new(
-            opts.id * config.server.workers + index,
-            config.cluster.expected_servers * config.server.workers,
-            config.cluster.expected_servers,
-            config.layout.chunk_size,
-            id_nonce(),
-        )),
+        meta: RefCell::new(meta_store(opts, index)?),
         chunk_size: config.layout.chunk_size,
         metrics: Rc::new(WorkerMetrics::new(config.telemetry.enabled)),
         trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
@@ -1023,6 +1017,22 @@ fn stop_worker(parts: WorkerParts) -> Result<ServerStats> {
 }
 
 /// Distinguishes file ids made by a restarted server from those of its previous life.
+/// Worker `index`'s metadata: kept in its store under the data directory, unless
+/// `storage.durability` is `memory`.
+fn meta_store(opts: &ServerOptions, index: u32) -> Result<MetaStore> {
+    let config = &opts.config;
+    let owner = opts.id * config.server.workers + index;
+    let owners = config.cluster.expected_servers * config.server.workers;
+    let (stripe, chunk) = (config.cluster.expected_servers, config.layout.chunk_size);
+    let durable = match config.storage.durability {
+        Durability::Memory => return Ok(MetaStore::new(owner, owners, stripe, chunk, id_nonce())),
+        Durability::None => false,
+        Durability::Fsync | Durability::Close => true,
+    };
+    let dir = opts.data_dir.join(format!("meta-w{index}"));
+    MetaStore::open(&dir, durable, (owner, owners), stripe, chunk, id_nonce())
+}
+
 fn id_nonce() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::time::Instant;
 
+use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Attr, Kind};
 use crate::posix::NAMESPACE_ERRNOS;
@@ -181,8 +182,12 @@ impl Client {
         })
     }
 
-    /// Publishes what this handle wrote (its size) so that later opens see it.
+    /// Publishes what this handle wrote (its size) so that later opens see it; with
+    /// `storage.durability = "close"` a handle that wrote makes its data durable first.
     pub fn close(&self, file: &FileHandle) -> Result<()> {
+        if self.config.storage.durability == Durability::Close && file.written_end.get() > 0 {
+            return self.fsync(file);
+        }
         let _call = self.telemetry_call(OpKind::Meta);
         self.report_size(file)
     }

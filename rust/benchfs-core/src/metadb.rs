@@ -1,0 +1,211 @@
+//! The metadata an owner keeps, on its server's device: one LMDB environment per server worker
+//! with the owner's inodes (attribute and stripe counter), directory entries, id counter and
+//! nonce, written through on every change, so a server restarted on its data directory serves
+//! every name it owned. LMDB was chosen by measurement (docs/storage.md): 180,000-200,000
+//! single-change commits per second without a sync, against 9,000-15,000 for redb.
+//!
+//! Every commit reaches the kernel before the change is answered, so a killed server loses
+//! nothing; with `durable` every commit is also synced (`storage.durability` fsync or close).
+
+use std::path::Path;
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions};
+
+use crate::error::{Error, Result};
+use crate::namespace::{Attr, Kind};
+use crate::protocol::meta::ATTR_LEN;
+
+/// The largest the environment may grow (a sparse reservation, not an allocation).
+const MAP_SIZE: usize = 64 << 30;
+
+const INODE: u8 = b'i';
+const ENTRY: u8 = b'e';
+const COUNTER: &[u8] = b"m:next_id";
+const NONCE: &[u8] = b"m:nonce";
+const SHAPE: &[u8] = b"m:shape";
+
+/// One change to persist; a call persists several in one commit.
+pub enum Change<'a> {
+    /// An inode is new or changed: its attribute and its directory's entry counter.
+    Inode { path: &'a str, attr: Attr, added: u64 },
+    /// An inode is gone.
+    Removed(&'a str),
+    /// Directory `dir` has entry `name`.
+    Entry { dir: &'a str, name: &'a str, kind: Kind },
+    /// Directory `dir` no longer has entry `name`.
+    EntryRemoved { dir: &'a str, name: &'a str },
+    /// The next file id counter.
+    NextId(u64),
+}
+
+/// What a store held when it was opened.
+pub struct Loaded {
+    pub inodes: Vec<(String, Attr, u64)>,
+    pub entries: Vec<(String, String, Kind)>,
+    pub next_id: u64,
+    pub nonce: u32,
+}
+
+pub struct MetaDb {
+    env: Env,
+    db: Database<Bytes, Bytes>,
+    path: String,
+}
+
+fn db_error(what: &str, path: &str, e: heed::Error) -> Error {
+    let source = match e {
+        heed::Error::Io(io) => io,
+        other => std::io::Error::other(other.to_string()),
+    };
+    Error::io(format!("metadata store {path}: {what}"), source)
+}
+
+fn entry_key(dir: &str, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(dir.len() + name.len() + 2);
+    k.push(ENTRY);
+    k.extend_from_slice(dir.as_bytes());
+    k.push(0);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn inode_key(path: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(path.len() + 1);
+    k.push(INODE);
+    k.extend_from_slice(path.as_bytes());
+    k
+}
+
+fn u64_of(b: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(b.try_into().ok()?))
+}
+
+impl MetaDb {
+    /// Opens (creating if needed) the store in directory `dir`.
+    pub fn open(dir: &Path, durable: bool) -> Result<MetaDb> {
+        let path = dir.display().to_string();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {path}"), e))?;
+        let flags = if durable {
+            EnvFlags::empty()
+        } else {
+            // Commits still reach the kernel (a killed server loses nothing), unsynced.
+            EnvFlags::NO_SYNC
+        };
+        // SAFETY: the environment is opened once per worker directory and never by another
+        // process (each server owns its data directory); LMDB's own rule.
+        let env = unsafe { EnvOpenOptions::new().map_size(MAP_SIZE).flags(flags).open(dir) }
+            .map_err(|e| db_error("open", &path, e))?;
+        let mut w = env.write_txn().map_err(|e| db_error("begin", &path, e))?;
+        let db = env
+            .create_database::<Bytes, Bytes>(&mut w, None)
+            .map_err(|e| db_error("create", &path, e))?;
+        w.commit().map_err(|e| db_error("commit", &path, e))?;
+        Ok(MetaDb { env, db, path })
+    }
+
+    /// Everything the store holds, or None when it is new. A store written by another owner
+    /// or cluster shape is refused: its paths would belong to other owners now.
+    pub fn load(&self, owner: u32, owners: u32) -> Result<Option<Loaded>> {
+        let r = self.env.read_txn().map_err(|e| self.err("read", e))?;
+        let get = |k: &[u8]| self.db.get(&r, k).map_err(|e| self.err("read", e));
+        let Some(shape) = get(SHAPE)? else {
+            return Ok(None);
+        };
+        let want = [owner.to_le_bytes(), owners.to_le_bytes()].concat();
+        if shape != want.as_slice() {
+            let num = |at: usize| {
+                shape
+                    .get(at..at + 4)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or("?".to_string(), |b| u32::from_le_bytes(b).to_string())
+            };
+            return Err(Error::Config(format!(
+                "metadata store {}: written by metadata owner {} of {}, this worker is owner \
+                 {owner} of {owners}: restart with the cluster's original server and worker counts",
+                self.path,
+                num(0),
+                num(4)
+            )));
+        }
+        let bad = |what: &str| Error::Protocol(format!("metadata store {}: {what}", self.path));
+        let next_id = get(COUNTER)?
+            .and_then(u64_of)
+            .ok_or_else(|| bad("no id counter"))?;
+        let nonce = get(NONCE)?
+            .and_then(|b| b.try_into().ok().map(u32::from_le_bytes))
+            .ok_or_else(|| bad("no nonce"))?;
+        let mut loaded = Loaded {
+            inodes: Vec::new(),
+            entries: Vec::new(),
+            next_id,
+            nonce,
+        };
+        for item in self.db.iter(&r).map_err(|e| self.err("read", e))? {
+            let (k, v) = item.map_err(|e| self.err("read", e))?;
+            match k.first() {
+                Some(&INODE) => {
+                    let path = std::str::from_utf8(&k[1..]).map_err(|_| bad("a path is not UTF-8"))?;
+                    let attr = v.get(..ATTR_LEN).and_then(Attr::decode);
+                    let added = v.get(ATTR_LEN..).and_then(u64_of);
+                    let (Some(attr), Some(added)) = (attr, added) else {
+                        return Err(bad(&format!("inode {path} is damaged")));
+                    };
+                    loaded.inodes.push((path.to_string(), attr, added));
+                }
+                Some(&ENTRY) => {
+                    let text = std::str::from_utf8(&k[1..]).map_err(|_| bad("an entry is not UTF-8"))?;
+                    let (dir, name) = text.split_once('\0').ok_or_else(|| bad("an entry has no name"))?;
+                    let kind = v
+                        .first()
+                        .and_then(|&b| Kind::from_u8(b))
+                        .ok_or_else(|| bad("an entry's kind"))?;
+                    loaded.entries.push((dir.to_string(), name.to_string(), kind));
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(loaded))
+    }
+
+    /// Marks a new store as owner `owner` of `owners`, ids from `nonce`.
+    pub fn init(&self, owner: u32, owners: u32, nonce: u32) -> Result<()> {
+        let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
+        let shape = [owner.to_le_bytes(), owners.to_le_bytes()].concat();
+        for (k, v) in [(SHAPE, &shape[..]), (NONCE, &nonce.to_le_bytes()[..])] {
+            self.db.put(&mut w, k, v).map_err(|e| self.err("write", e))?;
+        }
+        self.db
+            .put(&mut w, COUNTER, &1u64.to_le_bytes())
+            .map_err(|e| self.err("write", e))?;
+        w.commit().map_err(|e| self.err("commit", e))
+    }
+
+    /// Persists `changes` in one commit.
+    pub fn apply(&self, changes: &[Change<'_>]) -> Result<()> {
+        let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
+        let mut value = Vec::with_capacity(ATTR_LEN + 8);
+        for c in changes {
+            let done = match c {
+                Change::Inode { path, attr, added } => {
+                    value.clear();
+                    attr.encode(&mut value);
+                    value.extend_from_slice(&added.to_le_bytes());
+                    self.db.put(&mut w, &inode_key(path), &value)
+                }
+                Change::Removed(path) => self.db.delete(&mut w, &inode_key(path)).map(drop),
+                Change::Entry { dir, name, kind } => {
+                    self.db.put(&mut w, &entry_key(dir, name), &[*kind as u8])
+                }
+                Change::EntryRemoved { dir, name } => self.db.delete(&mut w, &entry_key(dir, name)).map(drop),
+                Change::NextId(n) => self.db.put(&mut w, COUNTER, &n.to_le_bytes()),
+            };
+            done.map_err(|e| self.err("write", e))?;
+        }
+        w.commit().map_err(|e| self.err("commit", e))
+    }
+
+    fn err(&self, what: &str, e: heed::Error) -> Error {
+        db_error(what, &self.path, e)
+    }
+}
