@@ -79,11 +79,14 @@ def kill_and_restart(cluster: LocalCluster, ids: list[int]) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("which", ["one", "all"])
+@pytest.mark.parametrize(
+    ("which", "layout"), [("one", "chunkfile"), ("all", "chunkfile"), ("all", "packed")]
+)
 def test_servers_killed_and_restarted_serve_every_name(
-    daemon_cluster: Callable[..., LocalCluster], which: str
+    daemon_cluster: Callable[..., LocalCluster], which: str, layout: str
 ) -> None:
-    cluster = daemon_cluster(3)
+    """The packed layout's index survives the kill too (its journal)."""
+    cluster = daemon_cluster(3, f"storage.layout={layout}")
     config = cluster.config_path.read_text()
     with Client(cluster.registry_dir, config) as client:
         files = populate(client)

@@ -250,7 +250,9 @@ impl ChunkStore {
             }
         }
         if let Layout::Packed(p) = &self.layout {
-            p.extend(file, chunk, offset + len as u64);
+            if let Err(e) = p.extend(file, chunk, offset + len as u64) {
+                return (Err(e), buf);
+            }
         }
         self.dirty.borrow_mut().entry(file).or_default().insert(chunk);
         self.stored.borrow_mut().entry(file).or_default().insert(chunk);
@@ -380,6 +382,10 @@ impl ChunkStore {
                     targets.push(loc.handle);
                 }
             }
+        }
+        if let Layout::Packed(p) = &self.layout {
+            // The index's changes are durable with the data they locate.
+            p.sync_journal()?;
         }
         let reactor = &self.reactor;
         let results: Vec<io::Result<usize>> = stream::iter(targets)

@@ -1,8 +1,10 @@
 //! The packed layout: chunks in fixed-size slots of a few large preallocated files per worker,
 //! found through an in-memory index. No inode per chunk, no directory entries, descriptors
-//! always open. The index is written to `w<worker>.index` when the store closes and read back
-//! when it opens (40-byte little-endian records: file id, chunk, slot, length), so a restarted
-//! server still finds its chunks; a crash loses the index (fsync'd data stays in the pack files).
+//! always open. The index is written to `w<worker>.index` when the store closes (40-byte
+//! little-endian records: file id, chunk, slot, length), and every change to it is appended
+//! to `w<worker>.journal` as it happens (the same records; length `u64::MAX` removes), so a
+//! server restarted after a crash still finds every chunk: the index, then the journal, are
+//! read back when the store opens.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -49,11 +51,33 @@ pub struct Packed {
     next_slot: Cell<u64>,
     /// Slots of removed chunks, reused before new ones (their bytes were punched out).
     free: RefCell<Vec<u64>>,
+    /// Index changes since the index was last written, appended as they happen.
+    journal: fs::File,
+}
+
+/// A journal record's length that removes the chunk.
+const REMOVED: u64 = u64::MAX;
+
+fn record(file: FileId, chunk: u64, slot: u64, len: u64) -> [u8; INDEX_RECORD] {
+    let mut r = [0u8; INDEX_RECORD];
+    r[0..8].copy_from_slice(&(file.0 as u64).to_le_bytes());
+    r[8..16].copy_from_slice(&((file.0 >> 64) as u64).to_le_bytes());
+    for (i, v) in [chunk, slot, len].into_iter().enumerate() {
+        r[16 + 8 * i..24 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    r
 }
 
 impl Packed {
     pub fn open(dir: &Path, worker: u32, slot_size: u64, direct: bool) -> Result<Packed> {
         fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let journal_path = dir.join(format!("w{worker}.journal"));
+        let journal = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(&journal_path)
+            .map_err(|e| Error::io(format!("open {}", journal_path.display()), e))?;
         let packed = Packed {
             dir: dir.to_path_buf(),
             worker,
@@ -65,9 +89,26 @@ impl Packed {
             index: RefCell::new(HashMap::new()),
             next_slot: Cell::new(0),
             free: RefCell::new(Vec::new()),
+            journal,
         };
         packed.load_index()?;
+        // The journal is now in the index: write both down, start the journal afresh.
+        packed
+            .persist()
+            .map_err(|e| Error::io(format!("save the index in {}", dir.display()), e))?;
         Ok(packed)
+    }
+
+    /// Appends an index change to the journal (one write: it reaches the kernel before the
+    /// operation is answered, so a killed server loses nothing).
+    fn log(&self, file: FileId, chunk: u64, slot: u64, len: u64) -> io::Result<()> {
+        use std::io::Write;
+        (&self.journal).write_all(&record(file, chunk, slot, len))
+    }
+
+    /// Makes the journal durable (with the data, at fsync).
+    pub fn sync_journal(&self) -> io::Result<()> {
+        self.journal.sync_data()
     }
 
     fn index_path(&self) -> PathBuf {
@@ -78,7 +119,7 @@ impl Packed {
         let path = self.index_path();
         let bytes = match fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
         };
         if !bytes.len().is_multiple_of(INDEX_RECORD) {
@@ -107,6 +148,26 @@ impl Packed {
             index.insert((file, chunk), Slot { slot, len });
             top = top.max(slot + 1);
         }
+        let journal = self.dir.join(format!("w{}.journal", self.worker));
+        let mut changes =
+            fs::read(&journal).map_err(|e| Error::io(format!("read {}", journal.display()), e))?;
+        // A crash may cut the last record short: it was never acknowledged, leave it out.
+        changes.truncate(changes.len() / INDEX_RECORD * INDEX_RECORD);
+        for r in changes.chunks_exact(INDEX_RECORD) {
+            let file = FileId(word(r, 0) as u128 | (word(r, 8) as u128) << 64);
+            let (chunk, slot, len) = (word(r, 16), word(r, 24), word(r, 32));
+            if len == REMOVED {
+                index.remove(&(file, chunk));
+            } else if len <= self.slot_size {
+                index.insert((file, chunk), Slot { slot, len });
+            } else {
+                return Err(Error::Config(format!(
+                    "{}: slot {slot} claims {len} bytes",
+                    journal.display()
+                )));
+            }
+            top = top.max(slot + 1);
+        }
         drop(index);
         for f in 0..top.div_ceil(self.slots_per_file) {
             self.pack_file(f)
@@ -119,21 +180,19 @@ impl Packed {
         Ok(())
     }
 
-    /// Writes the index atomically (temporary file + rename).
+    /// Writes the index atomically (temporary file + rename), then empties the journal.
     pub fn persist(&self) -> io::Result<()> {
         let mut out = Vec::with_capacity(self.index.borrow().len() * INDEX_RECORD);
         for ((file, chunk), s) in self.index.borrow().iter() {
-            out.extend_from_slice(&(file.0 as u64).to_le_bytes());
-            out.extend_from_slice(&((file.0 >> 64) as u64).to_le_bytes());
-            for v in [*chunk, s.slot, s.len] {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
+            out.extend_from_slice(&record(*file, *chunk, s.slot, s.len));
         }
         let path = self.index_path();
         let tmp = path.with_extension("index.tmp");
         fs::write(&tmp, &out)?;
         fs::File::open(&tmp)?.sync_all()?;
-        fs::rename(&tmp, &path)
+        fs::rename(&tmp, &path)?;
+        fs::File::open(&self.dir)?.sync_all()?;
+        self.journal.set_len(0)
     }
 
     fn pack_file(&self, index: u64) -> io::Result<Rc<Handle>> {
@@ -172,6 +231,7 @@ impl Packed {
             None if !create => return Ok(None),
             None => match self.free.borrow_mut().pop() {
                 Some(slot) => {
+                    self.log(file, chunk, slot, 0)?;
                     self.index
                         .borrow_mut()
                         .insert((file, chunk), Slot { slot, len: 0 });
@@ -196,6 +256,7 @@ impl Packed {
                 // Pack files are created in order, so slot / slots_per_file exists or is next.
                 let handle = self.pack_file(slot / self.slots_per_file)?;
                 self.reserve(&handle, slot % self.slots_per_file)?;
+                self.log(file, chunk, slot, 0)?;
                 self.next_slot.set(slot + 1);
                 self.index
                     .borrow_mut()
@@ -229,18 +290,30 @@ impl Packed {
             }
         }
         if len == 0 {
+            self.log(file, chunk, slot, REMOVED)?;
             self.index.borrow_mut().remove(&(file, chunk));
             self.free.borrow_mut().push(slot);
-        } else if let Some(s) = self.index.borrow_mut().get_mut(&(file, chunk)) {
-            s.len = s.len.min(len);
+        } else if len < old {
+            self.log(file, chunk, slot, len)?;
+            if let Some(s) = self.index.borrow_mut().get_mut(&(file, chunk)) {
+                s.len = len;
+            }
         }
         Ok(())
     }
 
     /// Records that the chunk now holds bytes up to `end`.
-    pub fn extend(&self, file: FileId, chunk: u64, end: u64) {
-        if let Some(s) = self.index.borrow_mut().get_mut(&(file, chunk)) {
-            s.len = s.len.max(end);
+    pub fn extend(&self, file: FileId, chunk: u64, end: u64) -> io::Result<()> {
+        let grown = match self.index.borrow_mut().get_mut(&(file, chunk)) {
+            Some(s) if end > s.len => {
+                s.len = end;
+                Some(s.slot)
+            }
+            _ => None,
+        };
+        match grown {
+            Some(slot) => self.log(file, chunk, slot, end),
+            None => Ok(()),
         }
     }
 }
