@@ -51,20 +51,25 @@ def check(client: Client, files: dict[str, bytes]) -> None:
     assert client.stat("/x/f03").st_mtime_ns == 1_234_567_890_000_000_123
 
 
-def kill_and_restart(cluster: LocalCluster, ids: list[int]) -> None:
-    """SIGKILL servers `ids`, then start each again on its own data directory and wait until
-    its new process has registered."""
+def kill(cluster: LocalCluster, ids: list[int]) -> None:
+    """SIGKILL servers `ids` (their registry entries stay, as after a crash)."""
     for sid in ids:
         daemon = next(d for d in cluster.daemons if d.server_id == sid)
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.proc.wait()
     cluster.daemons = [d for d in cluster.daemons if d.server_id not in ids]
+
+
+def restart(cluster: LocalCluster, ids: list[int]) -> None:
+    """Start servers `ids` again on their own data directories and wait until each new
+    process has registered."""
     root = cluster.registry_dir.parent
     new = {
         sid: cluster.start(sid, root / f"data-{sid}", root / f"server-{sid}.log", f"test-{sid}").pid
         for sid in ids
     }
     deadline = time.monotonic() + 20
+    entries: dict[int, int] = {}
     while time.monotonic() < deadline:
         entries = {
             sid: json.loads((cluster.registry_dir / f"server-{sid}.json").read_text())["pid"]
@@ -76,6 +81,11 @@ def kill_and_restart(cluster: LocalCluster, ids: list[int]) -> None:
         cluster.check_alive()
         time.sleep(0.05)
     pytest.fail(f"restarted servers did not register: {entries} != {new}")
+
+
+def kill_and_restart(cluster: LocalCluster, ids: list[int]) -> None:
+    kill(cluster, ids)
+    restart(cluster, ids)
 
 
 @pytest.mark.timeout(90)
@@ -141,3 +151,57 @@ def test_durability_modes(daemon_cluster: Callable[..., LocalCluster], mode: str
         else:
             with client.open("/f") as f:
                 assert f.read() == data_for(5, 0, 300_000)
+
+
+def owner(path: str, servers: int) -> int:
+    """The metadata owner of `path` (docs/protocol.md; one worker per server)."""
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(path.encode(), seed=0x6D657461) % servers
+
+
+def pick(servers: int, taken: set[int], pattern: str) -> str:
+    """The first name `pattern.format(i)` whose metadata owner is not in `taken`."""
+    return next(p for i in range(1000) if owner(p := pattern.format(i), servers) not in taken)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("op", ["unlink", "rename"])
+def test_an_operation_cut_between_its_steps_is_completed_by_removing_the_name(
+    daemon_cluster: Callable[..., LocalCluster], op: str
+) -> None:
+    """A real cut: the owner of the last step's directory is killed (SIGKILL) before the
+    operation, whose earlier steps then land on the other servers while the last one fails.
+    With that owner restarted, the name is listed but gone (docs/namespace.md); removing it
+    completes the operation, after which stat, listdir and open agree."""
+    cluster = daemon_cluster(3)
+    config = cluster.config_path.read_text()
+    parent = owner("/a", 3)
+    source = pick(3, {parent}, "/a/x{}")
+    target_dir = pick(3, {parent}, "/b{}")
+    target = pick(3, {parent}, target_dir + "/y{}")
+    with Client(cluster.registry_dir, config) as client:
+        for d in ("/a", target_dir):
+            client.mkdir(d)
+        with client.open(source, "w") as f:
+            f.write(b"soon cut")
+        kill(cluster, [parent])
+        with pytest.raises(OSError):  # the last step's owner is down
+            if op == "unlink":
+                client.unlink(source)
+            else:
+                client.rename(source, target)
+    restart(cluster, [parent])
+    name = source.rsplit("/", 1)[1]
+    with Client(cluster.registry_dir, config) as client:
+        if op == "rename":  # the rest of the rename landed
+            with client.open(target) as f:
+                assert f.read() == b"soon cut"
+        assert name in client.listdir("/a") and not client.exists(source)
+        with pytest.raises(FileNotFoundError):
+            client.open(source)
+        client.unlink(source)  # completes the cut operation
+        assert name not in client.listdir("/a") and not client.exists(source)
+        with pytest.raises(FileNotFoundError):
+            client.unlink(source)
+        client.rmdir("/a")

@@ -400,11 +400,13 @@ impl MetaStore {
         }
     }
 
-    pub fn dir_remove(&mut self, dir: &str, name: &str) -> Result<(), Errno> {
-        if self.dir_entries(dir)?.remove(name).is_some() {
-            self.persist(&[Change::EntryRemoved { dir, name }])?;
+    /// Removes entry `name` of `dir`; whether it was there.
+    pub fn dir_remove(&mut self, dir: &str, name: &str) -> Result<bool, Errno> {
+        if self.dir_entries(dir)?.remove(name).is_none() {
+            return Ok(false);
         }
-        Ok(())
+        self.persist(&[Change::EntryRemoved { dir, name }])?;
+        Ok(true)
     }
 
     /// Up to `max` entries after `after` (exclusive; "" from the start), and whether more follow.

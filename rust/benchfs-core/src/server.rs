@@ -681,7 +681,9 @@ impl ServerState {
             Op::DirAdd => meta
                 .dir_add(&r.path, &r.name, kind(r.mode))
                 .map(|start| (NewEntry(start), Vec::new())),
-            Op::DirRemove => meta.dir_remove(&r.path, &r.name).map(|()| (Nothing, Vec::new())),
+            Op::DirRemove => meta
+                .dir_remove(&r.path, &r.name)
+                .map(|existed| (ReplyValue::Existed(existed), Vec::new())),
             Op::Readdir => {
                 let max = (r.arg as usize).clamp(1, meta::READDIR_PAGE);
                 meta.readdir(&r.path, &r.name, max)

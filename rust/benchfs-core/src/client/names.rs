@@ -98,13 +98,24 @@ impl Client {
         }
     }
 
-    pub(super) async fn dir_remove(&self, what: &'static str, path: &str) -> Result<()> {
-        if let Some((parent, name)) = namespace::split_parent(path) {
-            let mut req = MetaRequest::new(parent);
-            req.name = name.into();
-            self.meta(Op::DirRemove, what, &req).await?;
+    /// Removes `path`'s entry from its parent; whether it was there.
+    pub(super) async fn dir_remove(&self, what: &'static str, path: &str) -> Result<bool> {
+        let Some((parent, name)) = namespace::split_parent(path) else {
+            return Ok(false);
+        };
+        let mut req = MetaRequest::new(parent);
+        req.name = name.into();
+        let (h, _) = self.meta(Op::DirRemove, what, &req).await?;
+        Ok(h.value() == ReplyValue::Existed(true))
+    }
+
+    /// Removing a name whose inode is gone: an operation interrupted between its steps left the
+    /// entry (docs/namespace.md); removing the entry completes it. ENOENT if there was none.
+    async fn remove_dangling(&self, what: &'static str, path: &str, missing: Error) -> Result<()> {
+        match self.dir_remove(what, path).await? {
+            true => Ok(()),
+            false => Err(missing),
         }
-        Ok(())
     }
 
     pub(super) fn checked(&self, what: &'static str, path: &str) -> Result<String> {
@@ -223,12 +234,23 @@ impl Client {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("unlink", path)?;
         self.run(async {
-            let (attr, _) = self
+            let attr = match self
                 .meta_attr(Op::Unlink, "unlink", &MetaRequest::new(&path))
-                .await?;
+                .await
+            {
+                Ok((attr, _)) => attr,
+                Err(
+                    e @ Error::Path {
+                        errno: libc::ENOENT, ..
+                    },
+                ) => {
+                    return self.remove_dangling("unlink", &path, e).await;
+                }
+                Err(e) => return Err(e),
+            };
             self.check_layout(&path, &attr)?;
             self.free_data(&attr, 0, attr.size).await?;
-            self.dir_remove("unlink", &path).await
+            self.dir_remove("unlink", &path).await.map(drop)
         })
     }
 
@@ -258,8 +280,15 @@ impl Client {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("rmdir", path)?;
         self.run(async {
-            self.meta(Op::Rmdir, "rmdir", &MetaRequest::new(&path)).await?;
-            self.dir_remove("rmdir", &path).await
+            match self.meta(Op::Rmdir, "rmdir", &MetaRequest::new(&path)).await {
+                Ok(_) => self.dir_remove("rmdir", &path).await.map(drop),
+                Err(
+                    e @ Error::Path {
+                        errno: libc::ENOENT, ..
+                    },
+                ) => self.remove_dangling("rmdir", &path, e).await,
+                Err(e) => Err(e),
+            }
         })
     }
 

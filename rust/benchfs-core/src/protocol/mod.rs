@@ -51,6 +51,7 @@ pub enum Op {
     Rmdir = 20,
     /// Adds entry `name` (kind in `mode`) to directory `path`. Reply: [`ReplyValue::NewEntry`].
     DirAdd = 21,
+    /// Removes entry `name` of directory `path`. Reply: [`ReplyValue::Existed`].
     DirRemove = 22,
     /// Entries of `path` after `name`. Reply: entries and [`ReplyValue::MoreFollows`].
     Readdir = 23,
@@ -171,6 +172,8 @@ pub enum ReplyValue {
     NewEntry(Option<u32>),
     /// Readdir: whether more entries follow this page.
     MoreFollows(bool),
+    /// DirRemove: whether the entry was there.
+    Existed(bool),
 }
 
 impl ReplyValue {
@@ -181,7 +184,7 @@ impl ReplyValue {
             ReplyValue::OldSize(size) => size,
             // 0 for an existing entry, so a new entry's start is stored plus one.
             ReplyValue::NewEntry(start) => start.map_or(0, |s| u64::from(s) + 1),
-            ReplyValue::MoreFollows(more) => u64::from(more),
+            ReplyValue::MoreFollows(more) | ReplyValue::Existed(more) => u64::from(more),
         }
     }
 
@@ -191,6 +194,7 @@ impl ReplyValue {
             Op::Create | Op::SetSize => ReplyValue::OldSize(word),
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir => ReplyValue::MoreFollows(word != 0),
+            Op::DirRemove => ReplyValue::Existed(word != 0),
             _ => ReplyValue::Nothing,
         }
     }
@@ -428,6 +432,8 @@ mod tests {
             (Op::DirAdd, ReplyValue::NewEntry(Some(u32::MAX))),
             (Op::Readdir, ReplyValue::MoreFollows(true)),
             (Op::Readdir, ReplyValue::MoreFollows(false)),
+            (Op::DirRemove, ReplyValue::Existed(true)),
+            (Op::DirRemove, ReplyValue::Existed(false)),
             (Op::Stat, ReplyValue::Nothing),
         ];
         for (op, value) in cases {
