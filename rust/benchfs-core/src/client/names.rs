@@ -112,9 +112,11 @@ impl Client {
     /// Removing a name whose inode is gone: an operation interrupted between its steps left the
     /// entry (docs/namespace.md); removing the entry completes it. ENOENT if there was none.
     async fn remove_dangling(&self, what: &'static str, path: &str, missing: Error) -> Result<()> {
-        match self.dir_remove(what, path).await? {
-            true => Ok(()),
-            false => Err(missing),
+        match self.dir_remove(what, path).await {
+            Ok(true) => Ok(()),
+            // No such entry, or no such parent directory: the name does not exist.
+            Ok(false) | Err(Error::Path { .. }) => Err(missing),
+            Err(e) => Err(e),
         }
     }
 
