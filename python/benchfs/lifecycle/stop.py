@@ -5,6 +5,8 @@ manifest and analyse the run like any other."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +71,7 @@ def stop_job(
         report.problems.append(f"launcher {state.launcher}: {e.message}")
         launcher = None
     nodes = {n.name: n for n in load_nodes(run_dir.nodes_path)}
-    stop_signal = launcher.stop_signal if launcher else 15
+    stop_signal = launcher.stop_signal if launcher else signal.SIGTERM
     keep = state.keep_data if keep_data is None else keep_data
 
     for record, refs in state.refs("benchfs-mount"):
@@ -101,7 +103,7 @@ def stop_job(
             0 if last.startswith(f"benchfsd: server {record['server_id']} stopped") else None
         )
     for _, refs in state.refs("iostat"):
-        stop_refs(refs, launcher.interrupt_signal if launcher else 2, 5.0)
+        stop_refs(refs, launcher.interrupt_signal if launcher else signal.SIGINT, 5.0)
 
     registry = Path(state.registry)
     (registry / _core.JOB_SECRET_FILE).unlink(missing_ok=True)
@@ -119,8 +121,6 @@ def stop_job(
             state.launcher == "local" or node.host.split(".")[0] == this_host()
         )
         if here:
-            import shutil
-
             shutil.rmtree(job, ignore_errors=True)
             err = f"could not remove {job}" if Path(job).exists() else None
         else:
