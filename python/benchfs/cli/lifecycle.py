@@ -87,7 +87,7 @@ def _start(mount: str | None, stage_in: str | None, **options: Any) -> None:
         mount_point=mount,
     )
     err = console(stderr=True)
-    report, job = start_job(spec, sys.argv, make_progress(False, err))
+    report, job = start_job(spec, sys.argv, make_progress(False, err, "benchfs"))
     if job is None:
         assert report.error is not None
         _fail(report.error)

@@ -48,8 +48,9 @@ class _Rates:
 class PlainProgress(ProgressSink):
     """One line per message and phase, and a bytes/bandwidth line every PLAIN_EVERY_S."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, tool: str = "benchfs-run") -> None:
         self.console = console
+        self.tool = tool
         self.start = time.monotonic()
         self.current = "setup"
         self.rates = _Rates()
@@ -58,7 +59,7 @@ class PlainProgress(ProgressSink):
     def _line(self, text: str) -> None:
         elapsed = time.monotonic() - self.start
         self.console.print(
-            f"[dim]benchfs-run {elapsed:6.1f}s:[/] {escape(text)}", highlight=False, soft_wrap=True
+            f"[dim]{self.tool} {elapsed:6.1f}s:[/] {escape(text)}", highlight=False, soft_wrap=True
         )
 
     def phase(self, name: str) -> None:
@@ -91,8 +92,9 @@ class PlainProgress(ProgressSink):
 class LiveProgress(ProgressSink):
     """A live panel (phase, elapsed time, bytes moved, current bandwidth) under the messages."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, tool: str = "benchfs-run") -> None:
         self.console = console
+        self.tool = tool
         self.start = time.monotonic()
         self.current = "setup"
         self.rates = _Rates()
@@ -127,7 +129,7 @@ class LiveProgress(ProgressSink):
         self.current = name
 
     def message(self, text: str) -> None:
-        self.live.console.print(f"[dim]benchfs-run:[/] {escape(text)}", highlight=False)
+        self.live.console.print(f"[dim]{self.tool}:[/] {escape(text)}", highlight=False)
 
     def moved(self, written: int, read: int) -> None:
         self.rates.update(written, read)
@@ -139,10 +141,10 @@ class LiveProgress(ProgressSink):
         self.live.stop()
 
 
-def make_progress(as_json: bool, console: Console) -> ProgressSink:
-    """Live on a terminal, plain lines elsewhere, silent for --json."""
+def make_progress(as_json: bool, console: Console, tool: str = "benchfs-run") -> ProgressSink:
+    """Live on a terminal, plain lines elsewhere, silent for --json; lines start with `tool`."""
     if as_json:
         return ProgressSink()
     if console.is_terminal:
-        return LiveProgress(console)
-    return PlainProgress(console)
+        return LiveProgress(console, tool)
+    return PlainProgress(console, tool)
