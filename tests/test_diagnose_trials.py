@@ -177,6 +177,11 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
                 "cluster.expected_servers=3",
                 "layout.chunk_size=1048576",
                 "storage.direct_read=true",
+                # The judge is measured on data reads, as before metadata was persisted: a
+                # full-suite run flagged a second node once since (not seen in 4 runs alone);
+                # the metadata store's writeback shares these small loop devices with the
+                # setup's fsyncs. The judge's noise is issue 26's.
+                "storage.durability=memory",
                 f"telemetry.dir={run.telemetry_dir}",
                 "telemetry.interval_ms=250",
             ],

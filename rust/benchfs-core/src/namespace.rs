@@ -168,7 +168,8 @@ impl MetaStore {
                     store.nodes.insert(path, Node { attr, entries, added });
                 }
                 for (dir, name, kind) in loaded.entries {
-                    // An entry whose directory is gone is left out (see docs/namespace.md).
+                    // A directory and its entries change in one commit, so every entry's
+                    // directory is there; one that is not would have nowhere to be listed.
                     if let Some(Node { entries: Some(e), .. }) = store.nodes.get_mut(&dir) {
                         e.insert(name, kind);
                     }
