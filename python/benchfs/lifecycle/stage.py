@@ -206,10 +206,6 @@ class StageReport:
     manifest: dict[str, Any]
     path: Path
 
-    @property
-    def ok(self) -> bool:
-        return bool(self.manifest["status"] == "ok")
-
 
 @dataclass
 class _Progress:

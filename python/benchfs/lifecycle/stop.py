@@ -17,6 +17,7 @@ from benchfs.launch import Launcher, make_launcher, this_host
 from benchfs.lifecycle.state import JobState
 from benchfs.mount import detach_command
 from benchfs.nodes import Node, load_nodes
+from benchfs.pipeline.context import files_are_here
 from benchfs.pipeline.run import run_analysis
 from benchfs.pipeline.stages import SERVER_STOP_GRACE_S
 from benchfs.procs import stop_refs, tail
@@ -117,10 +118,7 @@ def stop_job(
         node = nodes.get(name)
         if node is None:
             continue
-        here = not node.prefix and (
-            state.launcher == "local" or node.host.split(".")[0] == this_host()
-        )
-        if here:
+        if files_are_here(node, state.launcher):
             shutil.rmtree(job, ignore_errors=True)
             err = f"could not remove {job}" if Path(job).exists() else None
         else:

@@ -22,6 +22,15 @@ NODE_COMMAND_TIMEOUT_S = 120.0
 """Bound of one short command on a node (create or delete its job directory, mount waits)."""
 
 
+def files_are_here(node: Node, launcher: str) -> bool:
+    """True when `node`'s files are this process's files: no prefix, and the local launcher
+    or the node is this host. Then its job directory is made and removed here, which also
+    works while a cancelled Slurm job can no longer start steps."""
+    if node.prefix:
+        return False
+    return launcher == "local" or node.host.split(".", 1)[0] == this_host()
+
+
 @dataclass
 class RunContext:
     """One run's shared state, made once its results directory exists."""
@@ -61,12 +70,7 @@ class RunContext:
             )
 
     def here(self, node: Node) -> bool:
-        """True when the node's files are this process's files: no prefix, and the local
-        launcher or the node is this host. Then its job directory is made and removed here,
-        which also works while a cancelled Slurm job can no longer start steps."""
-        if node.prefix:
-            return False
-        return self.launcher.name == "local" or node.host.split(".", 1)[0] == this_host()
+        return files_are_here(node, self.launcher.name)
 
     def cpus(self, node: Node, index: int) -> list[int] | None:
         """CPU of the index-th process on a node with --pin-cpus (servers first, then ranks),
