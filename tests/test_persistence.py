@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -165,43 +168,161 @@ def pick(servers: int, taken: set[int], pattern: str) -> str:
     return next(p for i in range(1000) if owner(p := pattern.format(i), servers) not in taken)
 
 
+def agree(client: Client, path: str) -> bool:
+    """Whether `path` exists, asserting that stat, its parent's listing and open agree."""
+    parent, name = path.rsplit("/", 1)
+    listed = name in client.listdir(parent or "/")
+    exists = client.exists(path)
+    try:
+        if stat.S_ISDIR(client.stat(path).st_mode):
+            client.listdir(path)
+        else:
+            client.open(path).close()
+        opened = True
+    except FileNotFoundError:
+        opened = False
+    assert listed == exists == opened, f"{path}: listed {listed}, stat {exists}, open {opened}"
+    return exists
+
+
+CRASH_SCRIPT = """
+import sys
+from benchfs import Client
+registry, config, op, a, b = sys.argv[1:]
+with Client(registry, open(config).read()) as c:
+    if op == "create":
+        c.open(a, "w").close()
+    elif op == "rename":
+        c.rename(a, b)
+    else:
+        getattr(c, op)(a)
+raise SystemExit("the crash point was not reached")
+"""
+
+# (op, step, source, target, what exists after the crash: source, target)
+CRASHES = [
+    ("create", 1, "/new", "", (False, False)),
+    ("mkdir", 1, "/newdir", "", (False, False)),
+    ("unlink", 1, "/u1", "", (True, False)),
+    ("unlink", 2, "/u2", "", (False, False)),
+    ("rmdir", 1, "/d1", "", (True, False)),
+    ("rmdir", 2, "/d2", "", (False, False)),
+    ("rename", 1, "/r1", "/t/r1", (True, False)),
+    ("rename", 2, "/r2", "/t/r2", (True, False)),
+    ("rename", 3, "/r3", "/t/r3", (True, True)),
+    ("rename", 4, "/r4", "/t/r4", (False, True)),
+]
+
+
+@pytest.mark.timeout(90)
+def test_a_client_killed_between_the_steps_leaves_a_namespace_that_agrees(
+    daemon_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """A real crash at every step boundary of every multi-owner operation: the client process
+    kills itself (SIGKILL, `BENCHFS_CRASH_AT`) right after the step. Stat, the parent's
+    listing and open then agree on every name (docs/namespace.md), files keep their bytes,
+    and redoing or removing the name finishes the operation."""
+    cluster = daemon_cluster(3)
+    config = cluster.config_path.read_text()
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_SCRIPT)
+    with Client(cluster.registry_dir, config) as client:
+        client.mkdir("/t")
+        for op, _, source, _, _ in CRASHES:
+            if op == "rmdir":
+                client.mkdir(source)
+            elif op not in ("create", "mkdir"):
+                with client.open(source, "w") as f:
+                    f.write(data_for(len(source), 0, 70_000))
+        for op, step, source, target, expected in CRASHES:
+            env = {**os.environ, "BENCHFS_CRASH_AT": f"{op}:{step}"}
+            args = [str(cluster.registry_dir), str(cluster.config_path), op, source, target]
+            done = subprocess.run(
+                [sys.executable, str(script), *args], env=env, capture_output=True, text=True
+            )
+            assert done.returncode == -signal.SIGKILL, (op, step, done.stderr)
+            found = (agree(client, source), agree(client, target) if target else False)
+            assert found == expected, (op, step, found)
+            for path, there in zip((source, target), found, strict=True):
+                if there and op != "rmdir":
+                    with client.open(path) as f:
+                        assert f.read() == data_for(len(source), 0, 70_000), (op, step, path)
+        # Finishing: redo the cut rename (the second name goes, the data stays), create the
+        # name again, remove what is left.
+        client.rename("/r3", "/t/r3")
+        assert not agree(client, "/r3") and agree(client, "/t/r3")
+        with client.open("/t/r3") as f:
+            assert f.read() == data_for(len("/r3"), 0, 70_000)
+        with client.open("/new", "w") as f:
+            f.write(b"again")
+        assert agree(client, "/new")
+        for op, _, source, target, _ in CRASHES:
+            for path in filter(None, (source, target)):
+                if client.exists(path):
+                    (client.rmdir if op in ("mkdir", "rmdir") else client.unlink)(path)
+                assert not agree(client, path)
+        client.rmdir("/t")
+        assert client.listdir("/") == []
+
+
+def test_a_directory_listing_empty_is_removed_despite_dangling_names(
+    daemon_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """A create cut after its first step leaves a name without an inode: the directory lists
+    as empty, and rmdir removes it (and the dangling name) instead of saying ENOTEMPTY."""
+    cluster = daemon_cluster(2)
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_SCRIPT)
+    with Client(cluster.registry_dir, cluster.config_path.read_text()) as client:
+        client.mkdir("/c")
+        env = {**os.environ, "BENCHFS_CRASH_AT": "create:1"}
+        args = [str(cluster.registry_dir), str(cluster.config_path), "create", "/c/f", ""]
+        done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True)
+        assert done.returncode == -signal.SIGKILL
+        assert client.listdir("/c") == [] and not client.exists("/c/f")
+        client.rmdir("/c")
+        assert not agree(client, "/c")
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("op", ["unlink", "rename"])
-def test_an_operation_cut_between_its_steps_is_completed_by_removing_the_name(
+def test_a_server_down_between_the_steps_leaves_a_namespace_that_agrees(
     daemon_cluster: Callable[..., LocalCluster], op: str
 ) -> None:
-    """A real cut: the owner of the last step's directory is killed (SIGKILL) before the
-    operation, whose earlier steps then land on the other servers while the last one fails.
-    With that owner restarted, the name is listed but gone (docs/namespace.md); removing it
-    completes the operation, after which stat, listdir and open agree."""
+    """A real cut on the server side: the owner of the inode the operation changes last is
+    killed (SIGKILL) before the operation (unlink: the file's; rename: the target's), whose
+    first steps then land on the other servers while that step fails. With that owner
+    restarted, stat, listing and open agree, the file keeps its bytes, and redoing the
+    operation completes it."""
     cluster = daemon_cluster(3)
     config = cluster.config_path.read_text()
     parent = owner("/a", 3)
     source = pick(3, {parent}, "/a/x{}")
-    target_dir = pick(3, {parent}, "/b{}")
-    target = pick(3, {parent}, target_dir + "/y{}")
+    target_dir = pick(3, {owner(source, 3)}, "/b{}")
+    target = pick(3, {parent, owner(source, 3), owner(target_dir, 3)}, target_dir + "/y{}")
+    down = owner(source if op == "unlink" else target, 3)
+    data = data_for(9, 0, 200_000)
     with Client(cluster.registry_dir, config) as client:
         for d in ("/a", target_dir):
             client.mkdir(d)
         with client.open(source, "w") as f:
-            f.write(b"soon cut")
-        kill(cluster, [parent])
-        with pytest.raises(OSError):  # the last step's owner is down
+            f.write(data)
+        kill(cluster, [down])
+        with pytest.raises(OSError):  # that owner is down
             if op == "unlink":
                 client.unlink(source)
             else:
                 client.rename(source, target)
-    restart(cluster, [parent])
-    name = source.rsplit("/", 1)[1]
+    restart(cluster, [down])
     with Client(cluster.registry_dir, config) as client:
-        if op == "rename":  # the rest of the rename landed
+        assert agree(client, source) and not agree(client, target)
+        with client.open(source) as f:
+            assert f.read() == data
+        if op == "rename":
+            client.rename(source, target)
+            assert agree(client, target)
             with client.open(target) as f:
-                assert f.read() == b"soon cut"
-        assert name in client.listdir("/a") and not client.exists(source)
-        with pytest.raises(FileNotFoundError):
-            client.open(source)
-        client.unlink(source)  # completes the cut operation
-        assert name not in client.listdir("/a") and not client.exists(source)
-        with pytest.raises(FileNotFoundError):
+                assert f.read() == data
+        else:
             client.unlink(source)
-        client.rmdir("/a")
+        assert not agree(client, source)

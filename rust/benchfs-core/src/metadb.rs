@@ -13,7 +13,7 @@ use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions};
 
 use crate::error::{Error, Result};
-use crate::namespace::{Attr, Kind};
+use crate::namespace::{Attr, Entry, Kind};
 use crate::protocol::meta::ATTR_LEN;
 
 /// The largest the environment may grow (a sparse reservation, not an allocation).
@@ -31,8 +31,12 @@ pub enum Change<'a> {
     Inode { path: &'a str, attr: Attr, added: u64 },
     /// An inode is gone.
     Removed(&'a str),
-    /// Directory `dir` has entry `name`.
-    Entry { dir: &'a str, name: &'a str, kind: Kind },
+    /// Directory `dir` has entry `name` (new or with a new mark).
+    Entry {
+        dir: &'a str,
+        name: &'a str,
+        entry: Entry,
+    },
     /// Directory `dir` no longer has entry `name`.
     EntryRemoved { dir: &'a str, name: &'a str },
     /// The next file id counter.
@@ -42,7 +46,7 @@ pub enum Change<'a> {
 /// What a store held when it was opened.
 pub struct Loaded {
     pub inodes: Vec<(String, Attr, u64)>,
-    pub entries: Vec<(String, String, Kind)>,
+    pub entries: Vec<(String, String, Entry)>,
     pub next_id: u64,
     pub nonce: u32,
 }
@@ -156,11 +160,19 @@ impl MetaDb {
                 Some(&ENTRY) => {
                     let text = std::str::from_utf8(&k[1..]).map_err(|_| bad("an entry is not UTF-8"))?;
                     let (dir, name) = text.split_once('\0').ok_or_else(|| bad("an entry has no name"))?;
-                    let kind = v
-                        .first()
-                        .and_then(|&b| Kind::from_u8(b))
-                        .ok_or_else(|| bad("an entry's kind"))?;
-                    loaded.entries.push((dir.to_string(), name.to_string(), kind));
+                    // The kind, then the mark when the entry has one.
+                    let kind = v.first().and_then(|&b| Kind::from_u8(b));
+                    let mark = match v.get(1..) {
+                        Some([]) => Some(0),
+                        Some(m) => u64_of(m),
+                        None => None,
+                    };
+                    let (Some(kind), Some(mark)) = (kind, mark) else {
+                        return Err(bad(&format!("entry {name} of {dir} is damaged")));
+                    };
+                    loaded
+                        .entries
+                        .push((dir.to_string(), name.to_string(), Entry { kind, mark }));
                 }
                 _ => {}
             }
@@ -194,8 +206,13 @@ impl MetaDb {
                     self.db.put(&mut w, &inode_key(path), &value)
                 }
                 Change::Removed(path) => self.db.delete(&mut w, &inode_key(path)).map(drop),
-                Change::Entry { dir, name, kind } => {
-                    self.db.put(&mut w, &entry_key(dir, name), &[*kind as u8])
+                Change::Entry { dir, name, entry } => {
+                    value.clear();
+                    value.push(entry.kind as u8);
+                    if entry.mark != 0 {
+                        value.extend_from_slice(&entry.mark.to_le_bytes());
+                    }
+                    self.db.put(&mut w, &entry_key(dir, name), &value)
                 }
                 Change::EntryRemoved { dir, name } => self.db.delete(&mut w, &entry_key(dir, name)).map(drop),
                 Change::NextId(n) => self.db.put(&mut w, COUNTER, &n.to_le_bytes()),

@@ -7,6 +7,11 @@
 //! `metadata_owner(path)`; a directory's entries live with the directory's inode, so readdir
 //! asks one owner. Creating a file touches two owners: the parent's (entry) and the file's
 //! (inode); the client drives both steps (see client/names.rs).
+//!
+//! An entry is either confirmed or marked: a name being added, or about to lose its inode
+//! (unlink, rename), carries a mark until a reader has seen its inode. Listings verify marked
+//! entries with the inode's owner and hide those without one, so a client that dies between
+//! the steps of an operation leaves a namespace on which stat, readdir and open agree.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -99,10 +104,19 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// A directory entry as its directory's owner keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: Kind,
+    /// 0 when confirmed (the name has its inode); else the mark an operation that may not have
+    /// finished gave it (unique within this owner, never reused: see [`MetaStore::new_mark`]).
+    pub mark: u64,
+}
+
 struct Node {
     attr: Attr,
-    /// A directory's entries (name to kind); None for files.
-    entries: Option<BTreeMap<String, Kind>>,
+    /// A directory's entries; None for files.
+    entries: Option<BTreeMap<String, Entry>>,
     /// Entries ever added to this directory: the next file's stripe start (see `dir_add`).
     added: u64,
 }
@@ -127,6 +141,9 @@ pub struct MetaStore {
     next_id: u64,
     layouts: LayoutAllocator,
     db: Option<MetaDb>,
+    /// The next entry mark: starts at the clock in nanoseconds, so a restarted owner never
+    /// reuses one a client may still hold (it hands out far fewer than one per nanosecond).
+    next_mark: u64,
 }
 
 impl MetaStore {
@@ -139,6 +156,7 @@ impl MetaStore {
             next_id: 1,
             layouts: LayoutAllocator::new(owner, owners, stripe_count, chunk_size),
             db: None,
+            next_mark: now_ns().max(1),
         };
         if crate::placement::metadata_owner("/", owners) == owner {
             store.nodes.insert("/".into(), Self::dir_node(0o755));
@@ -167,11 +185,12 @@ impl MetaStore {
                     let entries = (attr.kind == Kind::Dir).then(BTreeMap::new);
                     store.nodes.insert(path, Node { attr, entries, added });
                 }
-                for (dir, name, kind) in loaded.entries {
+                for (dir, name, entry) in loaded.entries {
+                    store.next_mark = store.next_mark.max(entry.mark + 1);
                     // A directory and its entries change in one commit, so every entry's
                     // directory is there; one that is not would have nowhere to be listed.
                     if let Some(Node { entries: Some(e), .. }) = store.nodes.get_mut(&dir) {
-                        e.insert(name, kind);
+                        e.insert(name, entry);
                     }
                 }
                 store
@@ -357,7 +376,12 @@ impl MetaStore {
         }
     }
 
-    fn dir_entries(&mut self, dir: &str) -> Result<&mut BTreeMap<String, Kind>, Errno> {
+    fn new_mark(&mut self) -> u64 {
+        self.next_mark += 1;
+        self.next_mark - 1
+    }
+
+    fn dir_entries(&mut self, dir: &str) -> Result<&mut BTreeMap<String, Entry>, Errno> {
         match self.nodes.get_mut(dir) {
             None => Err(libc::ENOENT),
             Some(Node { entries: None, .. }) => Err(libc::ENOTDIR),
@@ -369,9 +393,11 @@ impl MetaStore {
     /// start for a new file: the directory's own rotation (a start derived from its path) plus
     /// the number of entries it was ever given, so the files of one directory take consecutive
     /// starts and balance by construction, whatever their names. An existing entry of another
-    /// kind is EEXIST (a file cannot shadow a directory, nor the reverse).
+    /// kind is EEXIST (a file cannot shadow a directory, nor the reverse). A new entry is
+    /// marked until a listing sees its inode (the inode is made in the operation's next step).
     pub fn dir_add(&mut self, dir: &str, name: &str, kind: Kind) -> Result<Option<u32>, Errno> {
         let stripe = self.layouts.stripe_count().max(1) as u64;
+        let mark = self.new_mark();
         let node = match self.nodes.get_mut(dir) {
             None => return Err(libc::ENOENT),
             Some(n) => n,
@@ -380,16 +406,17 @@ impl MetaStore {
             return Err(libc::ENOTDIR);
         };
         match entries.get(name) {
-            Some(&k) if k == kind => Ok(None),
+            Some(e) if e.kind == kind => Ok(None),
             Some(_) => Err(libc::EEXIST),
             None => {
-                entries.insert(name.to_string(), kind);
+                let entry = Entry { kind, mark };
+                entries.insert(name.to_string(), entry);
                 let start =
                     (crate::placement::directory_rotation(dir, stripe as u32) as u64 + node.added) % stripe;
                 node.added += 1;
                 let (attr, added) = (node.attr, node.added);
                 self.persist(&[
-                    Change::Entry { dir, name, kind },
+                    Change::Entry { dir, name, entry },
                     Change::Inode {
                         path: dir,
                         attr,
@@ -401,12 +428,45 @@ impl MetaStore {
         }
     }
 
-    /// Removes entry `name` of `dir`; whether it was there.
-    pub fn dir_remove(&mut self, dir: &str, name: &str) -> Result<bool, Errno> {
-        if self.dir_entries(dir)?.remove(name).is_none() {
-            return Ok(false);
+    /// Removes entry `name` of `dir` (only if it carries mark `only_mark`, when that is
+    /// given); whether it was removed.
+    pub fn dir_remove(&mut self, dir: &str, name: &str, only_mark: Option<u64>) -> Result<bool, Errno> {
+        let entries = self.dir_entries(dir)?;
+        match entries.get(name) {
+            Some(e) if only_mark.is_none_or(|m| m == e.mark) => {
+                entries.remove(name);
+            }
+            _ => return Ok(false),
         }
         self.persist(&[Change::EntryRemoved { dir, name }])?;
+        Ok(true)
+    }
+
+    /// Marks entry `name` of `dir` before its inode goes (unlink, rmdir, rename's source), so
+    /// that listings check it until the operation is over; whether it was there.
+    pub fn dir_mark(&mut self, dir: &str, name: &str) -> Result<bool, Errno> {
+        let mark = self.new_mark();
+        let Some(e) = self.dir_entries(dir)?.get_mut(name) else {
+            return Ok(false);
+        };
+        e.mark = mark;
+        let entry = *e;
+        self.persist(&[Change::Entry { dir, name, entry }])?;
+        Ok(true)
+    }
+
+    /// Confirms entry `name` of `dir` if it still carries `mark` (a reader found its inode after
+    /// the mark was given); whether it did.
+    pub fn dir_confirm(&mut self, dir: &str, name: &str, mark: u64) -> Result<bool, Errno> {
+        let Some(e) = self.dir_entries(dir)?.get_mut(name) else {
+            return Ok(false);
+        };
+        if mark == 0 || e.mark != mark {
+            return Ok(false);
+        }
+        e.mark = 0;
+        let entry = *e;
+        self.persist(&[Change::Entry { dir, name, entry }])?;
         Ok(true)
     }
 
@@ -424,9 +484,10 @@ impl MetaStore {
         let page: Vec<DirEntry> = range
             .by_ref()
             .take(max)
-            .map(|(n, &k)| DirEntry {
+            .map(|(n, e)| DirEntry {
                 name: n.clone(),
-                kind: k,
+                kind: e.kind,
+                mark: e.mark,
             })
             .collect();
         Ok((page, range.next().is_some()))
@@ -550,12 +611,12 @@ mod tests {
         assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(None));
         let second = m.dir_add("/d", "y", Kind::File).expect("add");
         assert_eq!(second.map(|s| (s + 4 - 1) % 4), first, "consecutive starts");
-        m.dir_remove("/d", "y").expect("remove");
+        m.dir_remove("/d", "y", None).expect("remove");
         assert_eq!(m.dir_add("/d", "x", Kind::Dir), Err(libc::EEXIST));
         assert_eq!(m.dir_add("/f", "x", Kind::File), Err(libc::ENOTDIR));
         assert_eq!(m.dir_add("/nope", "x", Kind::File), Err(libc::ENOENT));
         assert_eq!(m.rmdir("/d"), Err(libc::ENOTEMPTY));
-        m.dir_remove("/d", "x").expect("remove");
+        m.dir_remove("/d", "x", None).expect("remove");
         assert_eq!(m.rmdir("/d"), Ok(()));
         assert_eq!(m.unlink("/f").map(|a| a.id), Ok(a.id));
         assert_eq!(m.stat("/f"), Err(libc::ENOENT));
@@ -629,6 +690,49 @@ mod tests {
         assert_eq!(ids.len(), 400_000);
     }
 
+    /// Marks: a new entry is marked, a reader's confirm clears only the mark it saw (a later
+    /// mark, from an unlink that began meanwhile, stays), and a conditional remove takes only
+    /// the entry still carrying its mark. A reopened store keeps marks and hands out new ones.
+    #[test]
+    fn entry_marks_follow_their_operations() -> crate::error::Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| crate::error::Error::io("tempdir", e))?;
+        let path = dir.path().join("meta-w0");
+        let open = || MetaStore::open(&path, false, (0, 1), 4, 1 << 20, 77);
+        let mark_of = |m: &mut MetaStore, name: &str| {
+            let (page, _) = m.readdir("/", "", 10).expect("readdir");
+            page.into_iter().find(|e| e.name == name).map(|e| e.mark)
+        };
+        let (seen, later) = {
+            let mut m = open()?;
+            m.dir_add("/", "a", Kind::File).expect("add");
+            let seen = mark_of(&mut m, "a").expect("listed");
+            assert_ne!(seen, 0, "a new entry is marked");
+            assert_eq!(m.dir_mark("/", "a"), Ok(true));
+            let later = mark_of(&mut m, "a").expect("listed");
+            assert!(later > seen);
+            assert_eq!(m.dir_confirm("/", "a", seen), Ok(false), "a stale confirm");
+            assert_eq!(m.dir_remove("/", "a", Some(seen)), Ok(false));
+            assert_eq!(m.dir_mark("/", "nope"), Ok(false));
+            m.dir_add("/", "b", Kind::File).expect("add");
+            let b = mark_of(&mut m, "b").expect("listed");
+            assert_eq!(m.dir_confirm("/", "b", b), Ok(true));
+            assert_eq!(mark_of(&mut m, "b"), Some(0));
+            assert_eq!(m.dir_confirm("/", "b", 0), Ok(false));
+            (seen, later)
+        };
+        let mut m = open()?;
+        assert_eq!(mark_of(&mut m, "a"), Some(later));
+        assert_eq!(mark_of(&mut m, "b"), Some(0));
+        m.dir_add("/", "c", Kind::File).expect("add");
+        assert!(
+            mark_of(&mut m, "c").expect("listed") > later,
+            "marks are never reused"
+        );
+        assert_eq!(m.dir_remove("/", "a", Some(seen)), Ok(false));
+        assert_eq!(m.dir_remove("/", "a", Some(later)), Ok(true));
+        Ok(())
+    }
+
     /// A store reopened on its directory holds every inode, entry, size, layout, mode and
     /// time, continues the id sequence, and forgets what was removed.
     #[test]
@@ -647,7 +751,7 @@ mod tests {
             m.create("/d/g", CREATE, 0o644, None).expect("create g");
             m.dir_add("/d", "g", Kind::File).expect("entry g");
             m.unlink("/d/g").expect("unlink");
-            m.dir_remove("/d", "g").expect("entry removed");
+            m.dir_remove("/d", "g", None).expect("entry removed");
             (file, m.stat("/d/f").expect("stat"), m.next_id)
         };
         let mut m = open()?;

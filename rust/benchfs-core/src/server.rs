@@ -681,8 +681,15 @@ impl ServerState {
             Op::DirAdd => meta
                 .dir_add(&r.path, &r.name, kind(r.mode))
                 .map(|start| (NewEntry(start), Vec::new())),
+            Op::DirRemove | Op::DirMark | Op::DirConfirm if r.name.is_empty() => Err(libc::EINVAL),
             Op::DirRemove => meta
-                .dir_remove(&r.path, &r.name)
+                .dir_remove(&r.path, &r.name, (r.arg != 0).then_some(r.arg))
+                .map(|existed| (ReplyValue::Existed(existed), Vec::new())),
+            Op::DirMark => meta
+                .dir_mark(&r.path, &r.name)
+                .map(|existed| (ReplyValue::Existed(existed), Vec::new())),
+            Op::DirConfirm => meta
+                .dir_confirm(&r.path, &r.name, r.arg)
                 .map(|existed| (ReplyValue::Existed(existed), Vec::new())),
             Op::Readdir => {
                 let max = (r.arg as usize).clamp(1, meta::READDIR_PAGE);

@@ -92,6 +92,8 @@ pub struct Client {
     /// The job token every request carries.
     token: u64,
     telemetry: ClientTelemetry,
+    /// `BENCHFS_CRASH_AT=op:step`: a test's crash point (see `Client::step_done`).
+    crash_at: Option<(String, u32)>,
 }
 
 impl Client {
@@ -157,6 +159,7 @@ impl Client {
             told_chunk_size: Cell::new(false),
             token,
             telemetry,
+            crash_at: crash_point()?,
         };
         let deadline = Instant::now() + timeout;
         for index in 0..client.server_count() {
@@ -235,6 +238,21 @@ impl Drop for Client {
         // Close endpoints (forcibly, bounded) before the worker goes away.
         self.links.borrow_mut().clear();
     }
+}
+
+/// The crash point a test set in `BENCHFS_CRASH_AT` (`op:step`), if any.
+fn crash_point() -> Result<Option<(String, u32)>> {
+    let Ok(text) = std::env::var("BENCHFS_CRASH_AT") else {
+        return Ok(None);
+    };
+    text.split_once(':')
+        .and_then(|(op, step)| Some((op.to_string(), step.parse().ok()?)))
+        .map(Some)
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "BENCHFS_CRASH_AT={text:?}: expected op:step, e.g. unlink:1"
+            ))
+        })
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 use std::cell::Cell;
 use std::time::Instant;
 
+use futures::stream::{self, StreamExt};
+
 use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::namespace::{self, Attr, Kind};
@@ -98,15 +100,47 @@ impl Client {
         }
     }
 
-    /// Removes `path`'s entry from its parent; whether it was there.
-    pub(super) async fn dir_remove(&self, what: &'static str, path: &str) -> Result<bool> {
+    /// One request about `path`'s entry at its parent (`op`: DirRemove, DirMark, DirConfirm,
+    /// with `arg`); whether the entry was there (and changed). The parent's errors name `path`.
+    async fn entry_op(&self, op: Op, what: &'static str, path: &str, arg: u64) -> Result<bool> {
         let Some((parent, name)) = namespace::split_parent(path) else {
             return Ok(false);
         };
         let mut req = MetaRequest::new(parent);
         req.name = name.into();
-        let (h, _) = self.meta(Op::DirRemove, what, &req).await?;
-        Ok(h.value() == ReplyValue::Existed(true))
+        req.arg = arg;
+        match self.meta(op, what, &req).await {
+            Ok((h, _)) => Ok(h.value() == ReplyValue::Existed(true)),
+            Err(Error::Path { errno, .. }) => Err(Error::Path {
+                op: what,
+                path: path.into(),
+                errno,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes `path`'s entry from its parent; whether it was there.
+    pub(super) async fn dir_remove(&self, what: &'static str, path: &str) -> Result<bool> {
+        self.entry_op(Op::DirRemove, what, path, 0).await
+    }
+
+    /// Marks `path`'s entry before its inode goes, so that a listing checks the inode until
+    /// the entry is removed (the operation may be cut between its steps: docs/namespace.md).
+    async fn dir_mark(&self, what: &'static str, path: &str) -> Result<()> {
+        self.entry_op(Op::DirMark, what, path, 0).await.map(drop)
+    }
+
+    /// Test hook for the steps of multi-owner operations: with `BENCHFS_CRASH_AT=op:step` in
+    /// its environment, the client process is killed (SIGKILL) right after step `step` of
+    /// `op`, as a crash there would leave it (tests/test_persistence.py).
+    fn step_done(&self, op: &str, step: u32) {
+        if self.crash_at.as_ref().is_some_and(|(o, s)| o == op && *s == step) {
+            // SAFETY: kill(2) on this process; no memory is involved.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
     }
 
     /// Removing a name whose inode is gone: an operation interrupted between its steps left the
@@ -159,7 +193,9 @@ impl Client {
         let path = self.checked("open", path)?;
         let attr = self.run(async {
             let start = if flags & meta::CREATE != 0 {
-                self.dir_add("open", &path, Kind::File, libc::EISDIR).await?
+                let start = self.dir_add("open", &path, Kind::File, libc::EISDIR).await?;
+                self.step_done("create", 1);
+                start
             } else {
                 None
             };
@@ -231,11 +267,14 @@ impl Client {
         })
     }
 
-    /// Removes a file: its inode, its chunks on every server holding them, its entry.
+    /// Removes a file: marks its entry, then removes its inode, its chunks on every server
+    /// holding them, and its entry.
     pub fn unlink(&self, path: &str) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("unlink", path)?;
         self.run(async {
+            self.dir_mark("unlink", &path).await?;
+            self.step_done("unlink", 1);
             let attr = match self
                 .meta_attr(Op::Unlink, "unlink", &MetaRequest::new(&path))
                 .await
@@ -250,9 +289,13 @@ impl Client {
                 }
                 Err(e) => return Err(e),
             };
+            self.step_done("unlink", 2);
             self.check_layout(&path, &attr)?;
-            self.free_data(&attr, 0, attr.size).await?;
-            self.dir_remove("unlink", &path).await.map(drop)
+            let (freed, removed) = futures::join!(
+                self.free_data(&attr, 0, attr.size),
+                self.dir_remove("unlink", &path)
+            );
+            freed.and(removed).map(drop)
         })
     }
 
@@ -264,6 +307,7 @@ impl Client {
                 .dir_add("mkdir", &path, Kind::Dir, libc::EEXIST)
                 .await?
                 .is_some();
+            self.step_done("mkdir", 1);
             let mut req = MetaRequest::new(&path);
             req.mode = mode;
             match self.meta(Op::Mkdir, "mkdir", &req).await {
@@ -282,8 +326,25 @@ impl Client {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("rmdir", path)?;
         self.run(async {
-            match self.meta(Op::Rmdir, "rmdir", &MetaRequest::new(&path)).await {
-                Ok(_) => self.dir_remove("rmdir", &path).await.map(drop),
+            self.dir_mark("rmdir", &path).await?;
+            self.step_done("rmdir", 1);
+            let req = MetaRequest::new(&path);
+            let mut result = self.meta(Op::Rmdir, "rmdir", &req).await;
+            if matches!(
+                result,
+                Err(Error::Path {
+                    errno: libc::ENOTEMPTY,
+                    ..
+                })
+            ) && self.clear_dangling(&path).await?
+            {
+                result = self.meta(Op::Rmdir, "rmdir", &req).await;
+            }
+            match result {
+                Ok(_) => {
+                    self.step_done("rmdir", 2);
+                    self.dir_remove("rmdir", &path).await.map(drop)
+                }
                 Err(
                     e @ Error::Path {
                         errno: libc::ENOENT, ..
@@ -298,22 +359,82 @@ impl Client {
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("readdir", path)?;
-        self.run(async {
-            let mut all = Vec::new();
-            loop {
-                let mut req = MetaRequest::new(&path);
-                req.arg = meta::READDIR_PAGE as u64;
-                req.name = all.last().map(|e: &DirEntry| e.name.clone()).unwrap_or_default();
-                let (h, body) = self.meta(Op::Readdir, "readdir", &req).await?;
-                let page = meta::decode_entries(&body)
-                    .ok_or_else(|| Error::Protocol("malformed readdir reply".into()))?;
-                let done = h.value() != ReplyValue::MoreFollows(true) || page.is_empty();
-                all.extend(page);
-                if done {
-                    return Ok(all);
+        self.run(async { Ok(self.listing(&path).await?.0) })
+    }
+
+    /// A directory's entries: those that name something, and the dangling ones (marked, and
+    /// their inode is gone). A marked entry is checked with its inode's owner (a stat; up to
+    /// `client.max_inflight` at once) and confirmed at the directory's owner when found, so
+    /// each is checked once; the kind listed is the inode's.
+    async fn listing(&self, path: &str) -> Result<(Vec<DirEntry>, Vec<DirEntry>)> {
+        let window = self.config.client.max_inflight as usize;
+        let (mut named, mut dangling) = (Vec::new(), Vec::new());
+        let mut after = String::new();
+        loop {
+            let mut req = MetaRequest::new(path);
+            req.arg = meta::READDIR_PAGE as u64;
+            req.name = after.clone();
+            let (h, body) = self.meta(Op::Readdir, "readdir", &req).await?;
+            let page = meta::decode_entries(&body)
+                .ok_or_else(|| Error::Protocol("malformed readdir reply".into()))?;
+            let done = h.value() != ReplyValue::MoreFollows(true) || page.is_empty();
+            if let Some(last) = page.last() {
+                after = last.name.clone();
+            }
+            let mut checked =
+                stream::iter(page.into_iter().map(|entry| self.check_entry(path, entry))).buffered(window);
+            while let Some(r) = checked.next().await {
+                match r? {
+                    (entry, true) => named.push(entry),
+                    (entry, false) => dangling.push(entry),
                 }
             }
-        })
+            if done {
+                return Ok((named, dangling));
+            }
+        }
+    }
+
+    /// Whether a listed entry of `dir` names something (see [`Self::listing`]).
+    async fn check_entry(&self, dir: &str, mut entry: DirEntry) -> Result<(DirEntry, bool)> {
+        if entry.mark == 0 {
+            return Ok((entry, true));
+        }
+        let child = if dir == "/" {
+            format!("/{}", entry.name)
+        } else {
+            format!("{dir}/{}", entry.name)
+        };
+        match self
+            .meta_attr(Op::Stat, "readdir", &MetaRequest::new(&child))
+            .await
+        {
+            Ok((attr, _)) => {
+                // Best effort: an entry left marked is only checked again by the next listing.
+                let _ = self.entry_op(Op::DirConfirm, "readdir", &child, entry.mark).await;
+                entry.kind = attr.kind;
+                entry.mark = 0;
+                Ok((entry, true))
+            }
+            Err(Error::Path {
+                errno: libc::ENOENT, ..
+            }) => Ok((entry, false)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the dangling entries of a directory that lists as empty (an rmdir found it not
+    /// empty); whether there were any. Each goes only if it still carries the mark seen.
+    async fn clear_dangling(&self, dir: &str) -> Result<bool> {
+        let (named, dangling) = self.listing(dir).await?;
+        if !named.is_empty() || dangling.is_empty() {
+            return Ok(false);
+        }
+        for e in &dangling {
+            let child = format!("{dir}/{}", e.name);
+            self.entry_op(Op::DirRemove, "rmdir", &child, e.mark).await?;
+        }
+        Ok(true)
     }
 
     /// Renames within the file system; data never moves (the file keeps its id and layout).
@@ -361,7 +482,21 @@ impl Client {
             } else {
                 libc::ENOTDIR
             };
-            let added = self.dir_add("rename", &to, attr.kind, conflict).await?.is_some();
+            // Two owners, no order needed between them: the new entry hides until installed,
+            // the old one stays valid until its inode goes.
+            let (added, marked) = futures::join!(
+                self.dir_add("rename", &to, attr.kind, conflict),
+                self.dir_mark("rename", &from)
+            );
+            let added = added?.is_some();
+            if let Err(e) = marked {
+                if added {
+                    let _ = self.dir_remove("rename", &to).await;
+                }
+                return Err(e);
+            }
+            self.step_done("rename", 1);
+            self.step_done("rename", 2);
             let mut req = MetaRequest::new(&to);
             req.attr = Some(attr);
             req.flags = flags & meta::NO_REPLACE;
@@ -376,12 +511,14 @@ impl Client {
                     return Err(e);
                 }
             };
+            self.step_done("rename", 3);
             let old = MetaRequest::new(&from);
             if attr.kind == Kind::Dir {
                 self.meta(Op::Rmdir, "rename", &old).await?;
             } else {
                 self.meta(Op::Unlink, "rename", &old).await?;
             }
+            self.step_done("rename", 4);
             self.dir_remove("rename", &from).await?;
             if let Some(gone) = Attr::decode(&replaced) {
                 if gone.kind == Kind::File && gone.id != attr.id {

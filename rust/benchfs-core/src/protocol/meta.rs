@@ -165,15 +165,25 @@ impl MetaRequest {
 pub struct DirEntry {
     pub name: String,
     pub kind: Kind,
+    /// 0 for a confirmed entry; else its mark (namespace.rs): the reader checks the inode.
+    pub mark: u64,
 }
 
-/// Encodes readdir entries: per entry a kind byte, a u16 length and the name.
+/// The kind byte's flag for an entry followed by its mark.
+const MARKED: u8 = 0x80;
+
+/// Encodes readdir entries: per entry a kind byte (with [`MARKED`] set when a mark follows),
+/// a u16 length, the name, then the mark (u64) for a marked entry.
 pub fn encode_entries(entries: &[DirEntry]) -> Vec<u8> {
     let mut out = Vec::new();
     for e in entries {
-        out.push(e.kind as u8);
+        let marked = if e.mark != 0 { MARKED } else { 0 };
+        out.push(e.kind as u8 | marked);
         out.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
         out.extend_from_slice(e.name.as_bytes());
+        if e.mark != 0 {
+            out.extend_from_slice(&e.mark.to_le_bytes());
+        }
     }
     out
 }
@@ -184,11 +194,22 @@ pub fn decode_entries(mut b: &[u8]) -> Option<Vec<DirEntry>> {
         if b.len() < 3 {
             return None;
         }
-        let kind = Kind::from_u8(b[0])?;
+        let marked = b[0] & MARKED != 0;
+        let kind = Kind::from_u8(b[0] & !MARKED)?;
         let len = u16::from_le_bytes([b[1], b[2]]) as usize;
         let name = std::str::from_utf8(b.get(3..3 + len)?).ok()?.to_string();
-        out.push(DirEntry { name, kind });
         b = &b[3 + len..];
+        let mark = if marked {
+            let m = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+            b = &b[8..];
+            if m == 0 {
+                return None;
+            }
+            m
+        } else {
+            0
+        };
+        out.push(DirEntry { name, kind, mark });
     }
     Some(out)
 }
@@ -204,11 +225,15 @@ mod tests {
             .map(|i| DirEntry {
                 name: format!("n{i:04}"),
                 kind: if i % 3 == 0 { Kind::Dir } else { Kind::File },
+                mark: if i % 5 == 0 { 1 << 40 | i } else { 0 },
             })
             .collect();
         assert_eq!(decode_entries(&encode_entries(&all)), Some(all));
         assert_eq!(decode_entries(&[9, 1, 0, b'x']), None);
         assert_eq!(decode_entries(&[1, 5, 0, b'x']), None);
+        // A marked entry without its mark, or with mark 0.
+        assert_eq!(decode_entries(&[0x81, 1, 0, b'x', 1, 2]), None);
+        assert_eq!(decode_entries(&[0x81, 1, 0, b'x', 0, 0, 0, 0, 0, 0, 0, 0]), None);
     }
 
     #[test]

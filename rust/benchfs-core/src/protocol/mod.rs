@@ -51,7 +51,8 @@ pub enum Op {
     Rmdir = 20,
     /// Adds entry `name` (kind in `mode`) to directory `path`. Reply: [`ReplyValue::NewEntry`].
     DirAdd = 21,
-    /// Removes entry `name` of directory `path`. Reply: [`ReplyValue::Existed`].
+    /// Removes entry `name` of directory `path` (if `arg` is not 0: only while the entry
+    /// carries mark `arg`). Reply: [`ReplyValue::Existed`] (whether it was removed).
     DirRemove = 22,
     /// Entries of `path` after `name`. Reply: entries and [`ReplyValue::MoreFollows`].
     Readdir = 23,
@@ -63,6 +64,12 @@ pub enum Op {
     /// Sets the permission bits to `mode` (flags SET_MODE) and the modification time to `arg`
     /// nanoseconds (flags SET_MTIME). Reply: attribute.
     SetAttr = 26,
+    /// Marks entry `name` of directory `path` before its inode goes, so listings check it.
+    /// Reply: [`ReplyValue::Existed`].
+    DirMark = 27,
+    /// Confirms entry `name` of directory `path` if it still carries mark `arg` (a reader found
+    /// its inode). Reply: [`ReplyValue::Existed`] (whether it was confirmed).
+    DirConfirm = 28,
 }
 
 impl Op {
@@ -85,6 +92,8 @@ impl Op {
             24 => Some(Op::Install),
             25 => Some(Op::SetSize),
             26 => Some(Op::SetAttr),
+            27 => Some(Op::DirMark),
+            28 => Some(Op::DirConfirm),
             _ => None,
         }
     }
@@ -108,11 +117,13 @@ impl Op {
             Op::Install => "install",
             Op::SetSize => "set_size",
             Op::SetAttr => "set_attr",
+            Op::DirMark => "dir_mark",
+            Op::DirConfirm => "dir_confirm",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 19] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -130,6 +141,8 @@ impl Op {
         Op::Install,
         Op::SetSize,
         Op::SetAttr,
+        Op::DirMark,
+        Op::DirConfirm,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).
@@ -172,7 +185,7 @@ pub enum ReplyValue {
     NewEntry(Option<u32>),
     /// Readdir: whether more entries follow this page.
     MoreFollows(bool),
-    /// DirRemove: whether the entry was there.
+    /// DirRemove, DirMark, DirConfirm: whether the entry was there (and changed).
     Existed(bool),
 }
 
@@ -194,7 +207,7 @@ impl ReplyValue {
             Op::Create | Op::SetSize => ReplyValue::OldSize(word),
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir => ReplyValue::MoreFollows(word != 0),
-            Op::DirRemove => ReplyValue::Existed(word != 0),
+            Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
             _ => ReplyValue::Nothing,
         }
     }
