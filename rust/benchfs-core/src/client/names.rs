@@ -127,8 +127,19 @@ impl Client {
 
     /// Marks `path`'s entry before its inode goes, so that a listing checks the inode until
     /// the entry is removed (the operation may be cut between its steps: docs/namespace.md).
+    /// Without its parent directory (or below a file) the name does not exist: ENOENT, as a
+    /// lookup says (docs/namespace.md).
     async fn dir_mark(&self, what: &'static str, path: &str) -> Result<()> {
-        self.entry_op(Op::DirMark, what, path, 0).await.map(drop)
+        match self.entry_op(Op::DirMark, what, path, 0).await {
+            Err(Error::Path {
+                errno: libc::ENOTDIR, ..
+            }) => Err(Error::Path {
+                op: what,
+                path: path.into(),
+                errno: libc::ENOENT,
+            }),
+            other => other.map(drop),
+        }
     }
 
     /// Test hook for the steps of multi-owner operations: with `BENCHFS_CRASH_AT=op:step` in
