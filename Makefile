@@ -8,42 +8,62 @@ export CARGO_TARGET_DIR := $(CURDIR)/target
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: bootstrap build install lint test test-rust test-python test-long demo clean
+.PHONY: bootstrap bootstrap-build native build wheel install lint test test-rust test-python test-long demo clean
 
+# What testing needs (everything); bootstrap-build: only what building and running need.
 bootstrap:
-	@./scripts/bootstrap
+	@./scripts/bootstrap --test
+
+bootstrap-build:
+	@./scripts/bootstrap --build
 
 # One release build: the workspace (daemon and libraries), then the extension module into .venv
-# (maturin reuses the same target directory and profile, so dependencies are not rebuilt).
-build: bootstrap
-	cd $(CARGO_DIR) && cargo build --release --workspace --locked
+# (maturin reuses the same target directory and profile, so dependencies are not rebuilt). The
+# native parts also go into the Python package (python/benchfs/{libexec,lib,include}), where
+# the tools find them and from where a wheel carries them.
+build: native
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --locked -q
 	install -m 0755 target/release/benchfsd $(VENV)/bin/benchfsd
 	install -m 0755 target/release/benchfs-mount $(VENV)/bin/benchfs-mount
 	$(call install_capi,$(CURDIR)/$(VENV))
 
+native: bootstrap-build
+	cd $(CARGO_DIR) && cargo build --release --workspace --locked
+	$(call install_native,python/benchfs)
+
 # The C library (libbenchfs.so, benchfs.h, benchfs.pc; docs/capi.md) into a prefix: the .venv
-# by `make build`, elsewhere by `make install PREFIX=/opt/benchfs`.
-CAPI_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(CARGO_DIR)/Cargo.toml | head -n 1)
+# and the Python package by `make build`, elsewhere by `make install PREFIX=/opt/benchfs`.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(CARGO_DIR)/Cargo.toml | head -n 1)
 define install_capi
 	install -d $(1)/lib/pkgconfig $(1)/include
 	install -m 0755 target/release/libbenchfs.so $(1)/lib/libbenchfs.so
 	install -m 0644 include/benchfs.h $(1)/include/benchfs.h
-	sed -e 's|@PREFIX@|$(1)|' -e 's|@VERSION@|$(CAPI_VERSION)|' $(CARGO_DIR)/benchfs-capi/benchfs.pc.in \
-		> $(1)/lib/pkgconfig/benchfs.pc
+	sed -e 's|@VERSION@|$(VERSION)|' $(CARGO_DIR)/benchfs-capi/benchfs.pc.in > $(1)/lib/pkgconfig/benchfs.pc
+endef
+define install_native
+	install -d $(1)/libexec
+	install -m 0755 target/release/benchfsd target/release/benchfs-mount $(1)/libexec/
+	$(call install_capi,$(1))
 endef
 
-install:
+# The wheel (docs/install.md): the Python package with the daemon, the mount, the C library,
+# header and pkg-config file inside; built from the same target directory as `make build`.
+wheel: native
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin build --release --locked -q \
+		--compatibility linux --auditwheel skip -o target/wheels
+	@ls target/wheels/benchfs-$(VERSION)-*.whl
+
+# Everything into PREFIX, without root: a Python environment there with the wheel (and its
+# analysis extra), the commands in PREFIX/bin, the C library, header and pkg-config file in
+# PREFIX/{lib,include}, the UCX they run on at PREFIX/ucx, and a module file.
+PYTHON ?= python3
+EXTRAS ?= analysis
+install: wheel
 	@test -n "$(PREFIX)" || { echo "usage: make install PREFIX=/path" >&2; exit 2; }
-	$(MAKE) build
-	$(call install_capi,$(abspath $(PREFIX)))
-	# The UCX libbenchfs.so runs on, where its rpath looks ($$ORIGIN/../ucx/lib).
-	install -d $(abspath $(PREFIX))/ucx/lib $(abspath $(PREFIX))/ucx/etc
-	cp -a $(VENV)/ucx/lib/*.so* $(VENV)/ucx/lib/ucx $(abspath $(PREFIX))/ucx/lib/
-	cp -a $(VENV)/ucx/etc/ucx $(abspath $(PREFIX))/ucx/etc/
+	./scripts/install-prefix "$(abspath $(PREFIX))" "$(PYTHON)" $(VERSION) "$(EXTRAS)"
 
 # The stub of the native module is checked against the built module itself (mypy's stubtest).
-lint: build
+lint: bootstrap build
 	cd $(CARGO_DIR) && cargo fmt --all --check
 	cd $(CARGO_DIR) && cargo clippy --release --workspace --all-targets --locked -- -D warnings
 	$(VENV)/bin/ruff check python tests studies
@@ -51,19 +71,19 @@ lint: build
 	cd python && ../$(PY) -m mypy.stubtest benchfs._core
 	cd python && ../$(VENV)/bin/lint-imports ../pyproject.toml
 
-test-rust: build
+test-rust: bootstrap build
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked
 
-test-python: build
+test-python: bootstrap build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q
 
-test: build lint test-rust test-python
+test: bootstrap build lint test-rust test-python
 
-test-long: build
+test-long: bootstrap build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m long
 
-demo: build
+demo: bootstrap build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/benchfs-run launch
 
 clean:
-	rm -rf target $(VENV) python/benchfs/*.so
+	rm -rf target $(VENV) python/benchfs/*.so python/benchfs/libexec python/benchfs/lib python/benchfs/include

@@ -4,13 +4,12 @@
 in this process. The native module `benchfs._core` is private.
 """
 
-import os
+from benchfs.native import use_ucx_settings
 
-# UCX logs to stdout by default, which would corrupt what the tools print there (JSON, the
-# export lines of `benchfs start`); its library reads this when benchfs._core loads it.
-os.environ.setdefault("UCX_LOG_FILE", "stderr")
+# Before benchfs._core loads UCX, which reads them then (benchfs/native.py says why).
+use_ucx_settings()
 
-from benchfs._core import Server, __version__
-from benchfs.client import Client, File, Stat
+from benchfs._core import Server, __version__  # noqa: E402 (after the settings)
+from benchfs.client import Client, File, Stat  # noqa: E402
 
 __all__ = ["Client", "File", "Server", "Stat", "__version__"]

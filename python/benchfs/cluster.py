@@ -8,10 +8,8 @@ stops the daemons in order instead of leaving them half-dead.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from typing import Any
 from benchfs import _core
 from benchfs.config import with_overrides
 from benchfs.errors import BenchfsError
+from benchfs.native import find_binary
 from benchfs.procs import pid_alive, stop_process, tail
 
 __all__ = ["Daemon", "LocalCluster", "ServerExited", "child_env", "find_benchfsd"]
@@ -48,16 +47,8 @@ class ServerExited(BenchfsError, RuntimeError):
 
 
 def find_benchfsd() -> str:
-    """Path of the daemon: next to this Python (the build that matches the extension), else PATH."""
-    beside = Path(sys.executable).parent / "benchfsd"
-    if os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("benchfsd")
-    if found is None:
-        raise FileNotFoundError(
-            f"benchfsd not found next to {sys.executable} or on PATH: run `make build`"
-        )
-    return found
+    """Path of the daemon (`benchfs.native.find_binary`)."""
+    return find_binary("benchfsd")
 
 
 def child_env(node: str | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -16,10 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from benchfs.errors import BenchfsError
+from benchfs.native import find_binary
 
 __all__ = ["MountError", "Mounted", "find_benchfs_mount", "is_mounted", "mount_fstype", "mounted"]
 
@@ -42,16 +41,8 @@ class MountError(BenchfsError, RuntimeError):
 
 
 def find_benchfs_mount() -> str:
-    """Path of `benchfs-mount`: next to this Python (the matching build), else on PATH."""
-    beside = Path(sys.executable).parent / "benchfs-mount"
-    if os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("benchfs-mount")
-    if found is None:
-        raise FileNotFoundError(
-            f"benchfs-mount not found next to {sys.executable} or on PATH: run `make build`"
-        )
-    return found
+    """Path of `benchfs-mount` (`benchfs.native.find_binary`)."""
+    return find_binary("benchfs-mount")
 
 
 def _unescape(field: str) -> str:

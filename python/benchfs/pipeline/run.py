@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from benchfs import __version__
-from benchfs.cluster import child_env
+from benchfs.cluster import child_env, find_benchfsd
 from benchfs.config import config_hash, parse_config, resolve_config_text, with_overrides
 from benchfs.errors import EXIT_INTERRUPTED, EXIT_USAGE, BenchfsError, RunError, errno_name
 from benchfs.launch import make_launcher, this_host
@@ -314,6 +314,10 @@ class Pipeline:
             problems.append(f"unknown workload {self.spec.workload!r}")
         if self.spec.via not in VIA:
             problems.append(f"--via {self.spec.via!r}: choose mount or capi")
+        try:  # before the results directory is made: a run that cannot start leaves none
+            find_benchfsd()
+        except FileNotFoundError as e:
+            problems.append(str(e))
         if problems:
             raise RunError("EINVAL", "; ".join(problems), EXIT_USAGE)
         check_workload_options(self.spec.workload, self.spec.workload_args, run)

@@ -20,7 +20,6 @@ from benchfs.pipeline.spec import RunReport
 from benchfs.pipeline.stages import Servers
 from benchfs.procs import descendants, kill_pids, stop_process, tail
 from benchfs.results import read_json, write_json_atomic
-from benchfs.telemetry import TelemetryFollower
 from benchfs.units import format_size
 
 WORKLOAD_STOP_GRACE_S = 5.0
@@ -222,6 +221,10 @@ class Workload:
         kill_after = spec.kill_server_after_s
         server_failure: str | None = None
         give_up_at: float | None = None
+        # Here, not at the top: the telemetry reader needs pandas (the analysis extra), which
+        # `benchfs start` (this pipeline without a workload) must not.
+        from benchfs.telemetry import TelemetryFollower
+
         follower = TelemetryFollower(ctx.run_dir.telemetry_dir)
         next_progress = start
         while True:
