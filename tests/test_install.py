@@ -39,19 +39,15 @@ def clean_env(home: Path, path: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """`make install PREFIX=...` with apt-get and sudo made to fail (they must not be needed),
-    as the Spack recipe runs it (system packages from elsewhere)."""
+    """`make install PREFIX=...` as a user runs it after a build, with apt-get and sudo made to
+    fail (they must not be needed); the Spack recipe runs the same command."""
     root = tmp_path_factory.mktemp("install")
     fake = root / "fakebin"
     fake.mkdir()
     for tool in ("apt-get", "sudo"):
         (fake / tool).write_text(f"#!/bin/sh\necho {tool} was called >> {root}/called\nexit 1\n")
         (fake / tool).chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{fake}:{os.environ['PATH']}",
-        "BENCHFS_SYSTEM_PACKAGES": "skip",
-    }
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     target = root / "prefix"
     recipe = (ROOT / "contrib" / "spack" / "packages" / "benchfs" / "package.py").read_text()
     assert '"install"' in recipe and "PREFIX={prefix}" in recipe  # the command run below
