@@ -2,7 +2,8 @@
 the virtual environment, compiled here with gcc/mpicc and run against real daemons (the MPI
 program drives the library the way IOR does), plus the IOR backend compiled against the AIORI
 declarations it uses (tests/c/ior_stub) and its function table called the way IOR and mdtest
-call it. Neither is a real IOR build: IOR is not installed here (docs/ior.md).
+call it, for machines that cannot build real IOR; tests/test_ior_real.py runs real IOR
+and mdtest when BENCHFS_IOR_PREFIX names a build (docs/ior.md).
 """
 
 from __future__ import annotations
@@ -217,3 +218,16 @@ def test_pipeline_runs_a_c_program_through_the_library(
     assert report["outcome"] == "ok" and report["workload"] == "command"
     log = (Path(report["results_dir"]) / "workload" / "output.log").read_text()
     assert "benchfs_mpi_test: OK ranks=2" in log
+
+
+def test_the_ior_build_script_refuses_what_is_not_an_ior_tree(tmp_path: Path) -> None:
+    """contrib/ior/build-ior.sh (run for real by tests/test_ior_real.py's users): bad input is
+    one line naming the problem, and nothing is built."""
+    script = ROOT / "contrib" / "ior" / "build-ior.sh"
+    out = run_bounded([str(script), str(tmp_path), str(tmp_path / "prefix")], timeout=30)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"build-ior: {tmp_path} is not an IOR source tree (no src/aiori.c)"
+    ]
+    usage = run_bounded([str(script)], timeout=30)
+    assert usage.returncode == 2 and "usage:" in usage.stderr

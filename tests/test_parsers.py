@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchfs.errors import ParseError
-from benchfs.parsers import ResultRow, parse_fio, parse_ior, parse_ior_json
+from benchfs.parsers import RateRow, ResultRow, parse_fio, parse_ior, parse_ior_json, parse_mdtest
 from benchfs.units import MIB
 
 DATA = Path(__file__).parent / "data" / "ior"
@@ -179,3 +179,52 @@ def test_fio_bad_input_gets_a_clear_error(fio_output: str) -> None:
         parse_fio(json.dumps(doc), "run.json")
     with pytest.raises(ParseError, match="no JSON object"):
         parse_fio("fio: engine psync not loadable\n", "run.json")
+
+
+def test_ior_text_of_a_real_benchfs_run() -> None:
+    """Real IOR (5fcf0ba, the BENCHFS backend): per iteration and summary, file per process."""
+    rows = parse_ior(read("ior-5fcf0ba-benchfs-fpp.txt"), "ior")
+    assert [(r.operation, r.kind, r.iteration) for r in rows] == [
+        ("write", "iteration", 0), ("read", "iteration", 0),
+        ("write", "iteration", 1), ("read", "iteration", 1),
+        ("write", "summary", None), ("read", "summary", None),
+    ]  # fmt: skip
+    assert all(r.api == "BENCHFS" and r.file_per_proc for r in rows)
+    for op in ("write", "read"):
+        its = [r.bw_mib_s for r in rows if r.operation == op and r.kind == "iteration"]
+        (summary,) = [r for r in rows if r.operation == op and r.kind == "summary"]
+        assert summary.bw_mib_s == pytest.approx(sum(its) / 2, abs=0.01)
+
+
+def test_mdtest_rates_of_a_real_run() -> None:
+    """Real mdtest 4.x (5fcf0ba): every operation of the "SUMMARY rate" table, sample std dev
+    over the 2 iterations as mdtest prints it."""
+    rows = parse_mdtest(read("mdtest-5fcf0ba-benchfs-easy.txt"), "mdtest")
+    by = {r.operation: r for r in rows}
+    assert list(by) == ["create", "stat", "read", "remove", "tree_create", "tree_remove"]
+    create = by["create"]
+    assert create == RateRow(
+        "mdtest", "create", "summary", 6848.324, 8119.488, 5577.161, 1797.696, 2
+    )
+    assert create.ops_std_s == pytest.approx(abs(8119.488 - 5577.161) / 2**0.5, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("mdtest without a summary\n", "no mdtest"),
+        (
+            "SUMMARY rate (in ops/sec): (of 1 iterations)\n   Operation  Max\n   ---\n"
+            "   File creation   12.0   11.0\n",
+            "not an mdtest rate row",
+        ),
+        (
+            "SUMMARY rate (in ops/sec): (of 1 iterations)\n   ---\n"
+            "   File teleport   1.0   1.0   1.0   0.0\n",
+            "unknown mdtest operation",
+        ),
+    ],
+)
+def test_mdtest_bad_input_gets_a_clear_error(text: str, message: str) -> None:
+    with pytest.raises(ParseError, match=message):
+        parse_mdtest(text, "mdtest")

@@ -1,10 +1,12 @@
 /*
  * aiori-BENCHFS.c - IOR/mdtest backend for BenchFS, thin over libbenchfs (benchfs.h).
  *
- * Written against IOR 4.x's AIORI interface (src/aiori.h: ior_aiori_t with create, mknod,
- * open, xfer_hints, xfer, close, remove, get_version, fsync, get_file_size, statfs, mkdir,
- * rmdir, access, stat, initialize, finalize, rename, get_options, check_params, sync,
- * enable_mdtest). Build instructions: docs/ior.md of BenchFS.
+ * Written against IOR's AIORI interface as of hpc/ior commit 5fcf0ba995fd (2026-04-03, IOR
+ * 4.x; src/aiori.h: ior_aiori_t with create, mknod, open, xfer_hints, xfer, close, remove,
+ * get_version, fsync, get_file_size, statfs, mkdir, rmdir, access, stat, initialize, finalize,
+ * rename, get_options, check_params, sync, enable_mdtest; src/aiori-debug.h: ERR, ERRF, WARNF).
+ * contrib/ior/build-ior.sh of BenchFS patches it into IOR (benchfs-ior.patch) and builds ior
+ * and mdtest; docs/ior.md of BenchFS explains.
  *
  * Options (after -a BENCHFS):
  *   --benchfs.registry=DIR   registry directory of the running cluster
@@ -12,7 +14,8 @@
  *   --benchfs.config=FILE    BenchFS configuration file (default: $BENCHFS_CONFIG, defaults)
  *   --benchfs.chunk-size=N   layout.chunk_size (e.g. 4m; the servers' value decides)
  *   --benchfs.servers=N      cluster.expected_servers (default: from the configuration)
- * Test file names (-o, mdtest -d) are absolute paths inside BenchFS, e.g. -o /ior/testfile.
+ * Test file names (-o, mdtest -d) are paths inside BenchFS, e.g. -o /ior/testfile; relative
+ * ones (IOR's default -o testFile, mdtest's -d ./out) resolve from its root.
  *
  * Errors: a failed create/open/xfer/close/fsync/get_file_size aborts the run with the errno
  * and libbenchfs' message (as IOR's POSIX backend does); the int-returning calls (mkdir,
@@ -24,6 +27,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +65,20 @@ static benchfs_file *file_of(aiori_fd_t *fd)
 
 #define BENCHFS_ERR(RC, FORMAT, ...)                                                     \
         ERRF(FORMAT ": %s (%s)", __VA_ARGS__, strerror((int)-(RC)), benchfs_last_error())
+
+/* A path inside BenchFS: BenchFS has no working directory, so a relative name (IOR's default
+ * -o testFile, mdtest's default -d ./out) resolves from its root, as for a process whose
+ * working directory is "/". `buf` holds PATH_MAX + 2 bytes; a longer name is passed on as it
+ * is, and the library refuses it (relative, or ENAMETOOLONG). */
+#define ABSOLUTE_BUF (PATH_MAX + 2)
+static const char *absolute(const char *path, char *buf)
+{
+        int n;
+        if (path[0] == '/')
+                return path;
+        n = snprintf(buf, ABSOLUTE_BUF, "/%s", path);
+        return n > 0 && n < ABSOLUTE_BUF ? buf : path;
+}
 
 /* For the int-returning calls: -1 with errno set, the POSIX convention mdtest expects. */
 static int posix_result(int rc)
@@ -184,7 +202,8 @@ static aiori_fd_t *BENCHFS_create(char *path, int iorflags, aiori_mod_opt_t *opt
         (void)options;
         if (dry_run())
                 return NULL;
-        rc = benchfs_create(path, open_flags(iorflags), 0664, &f);
+        char name[ABSOLUTE_BUF];
+        rc = benchfs_create(absolute(path, name), open_flags(iorflags), 0664, &f);
         if (rc < 0)
                 BENCHFS_ERR(rc, "cannot create \"%s\"", path);
         return (aiori_fd_t *)f;
@@ -196,7 +215,8 @@ static int BENCHFS_mknod(char *path)
         int rc;
         if (dry_run())
                 return 0;
-        rc = benchfs_create(path, O_WRONLY | O_EXCL, 0664, &f);
+        char name[ABSOLUTE_BUF];
+        rc = benchfs_create(absolute(path, name), O_WRONLY | O_EXCL, 0664, &f);
         if (rc < 0)
                 return posix_result(rc);
         return posix_result(benchfs_close(f));
@@ -209,7 +229,8 @@ static aiori_fd_t *BENCHFS_open(char *path, int iorflags, aiori_mod_opt_t *optio
         (void)options;
         if (dry_run())
                 return NULL;
-        rc = benchfs_open(path, open_flags(iorflags), &f);
+        char name[ABSOLUTE_BUF];
+        rc = benchfs_open(absolute(path, name), open_flags(iorflags), &f);
         if (rc < 0)
                 BENCHFS_ERR(rc, "cannot open \"%s\"", path);
         return (aiori_fd_t *)f;
@@ -263,10 +284,11 @@ static void BENCHFS_remove(char *path, aiori_mod_opt_t *options)
         (void)options;
         if (dry_run())
                 return;
-        rc = benchfs_unlink(path);
+        char name[ABSOLUTE_BUF];
+        rc = benchfs_unlink(absolute(path, name));
         if (rc < 0)
-                EWARNF("cannot remove \"%s\": %s (%s)", path, strerror(-rc),
-                       benchfs_last_error());
+                WARNF("cannot remove \"%s\": %s (%s)", path, strerror(-rc),
+                      benchfs_last_error());
 }
 
 static char *BENCHFS_get_version(void)
@@ -281,7 +303,8 @@ static IOR_offset_t BENCHFS_get_file_size(aiori_mod_opt_t *options, char *path)
         (void)options;
         if (dry_run())
                 return 0;
-        rc = benchfs_stat(path, &st);
+        char name[ABSOLUTE_BUF];
+        rc = benchfs_stat(absolute(path, name), &st);
         if (rc < 0)
                 BENCHFS_ERR(rc, "cannot stat \"%s\"", path);
         return (IOR_offset_t)st.size;
@@ -314,7 +337,8 @@ static int BENCHFS_mkdir(const char *path, mode_t mode, aiori_mod_opt_t *options
         (void)options;
         if (dry_run())
                 return 0;
-        return posix_result(benchfs_mkdir(path, mode));
+        char name[ABSOLUTE_BUF];
+        return posix_result(benchfs_mkdir(absolute(path, name), mode));
 }
 
 static int BENCHFS_rmdir(const char *path, aiori_mod_opt_t *options)
@@ -322,7 +346,8 @@ static int BENCHFS_rmdir(const char *path, aiori_mod_opt_t *options)
         (void)options;
         if (dry_run())
                 return 0;
-        return posix_result(benchfs_rmdir(path));
+        char name[ABSOLUTE_BUF];
+        return posix_result(benchfs_rmdir(absolute(path, name)));
 }
 
 /* Existence only: BenchFS has no permission checks, so every mode is granted. */
@@ -333,7 +358,8 @@ static int BENCHFS_access(const char *path, int mode, aiori_mod_opt_t *options)
         (void)options;
         if (dry_run())
                 return 0;
-        return posix_result(benchfs_stat(path, &st));
+        char name[ABSOLUTE_BUF];
+        return posix_result(benchfs_stat(absolute(path, name), &st));
 }
 
 static int BENCHFS_stat(const char *path, struct stat *buf, aiori_mod_opt_t *options)
@@ -344,7 +370,8 @@ static int BENCHFS_stat(const char *path, struct stat *buf, aiori_mod_opt_t *opt
         (void)options;
         if (dry_run())
                 return 0;
-        rc = benchfs_stat(path, &st);
+        char name[ABSOLUTE_BUF];
+        rc = benchfs_stat(absolute(path, name), &st);
         if (rc < 0)
                 return posix_result(rc);
         memset(buf, 0, sizeof(*buf));
@@ -371,7 +398,8 @@ static int BENCHFS_rename(const char *from, const char *to, aiori_mod_opt_t *opt
         (void)options;
         if (dry_run())
                 return 0;
-        return posix_result(benchfs_rename(from, to));
+        char from_buf[ABSOLUTE_BUF], to_buf[ABSOLUTE_BUF];
+        return posix_result(benchfs_rename(absolute(from, from_buf), absolute(to, to_buf)));
 }
 
 /* Nothing to flush: clients cache no data or metadata (fsync is per file). */

@@ -1,4 +1,4 @@
-"""IOR and fio output as one kind of result row.
+"""IOR, fio and mdtest output as result rows.
 
 Parsed formats (docs/submit.md, "Result parsers"):
 
@@ -12,6 +12,10 @@ Parsed formats (docs/submit.md, "Result parsers"):
   iteration, or a flat array) and `summary[]`.
 - fio's JSON output (`--output-format=json`): every job and direction that moved bytes, through
   `benchfs.probes.fio.parse_fio_json`.
+- mdtest's text output (4.x, and the built-in mdtest, which prints the same): the "SUMMARY rate"
+  table as `RateRow`s (operations per second). Layout from hpc/ior 5fcf0ba995fd src/mdtest.c
+  (mdtest_test_name, summarize_results: "   %-18s " then max, min, mean and std dev as
+  "%14.3f").
 
 Malformed or truncated input raises `ParseError` naming the source and what is missing.
 """
@@ -30,12 +34,15 @@ from benchfs.probes.fio import FioError, parse_fio_json
 from benchfs.units import KIB, MIB
 
 __all__ = [
+    "MDTEST_OPERATIONS",
     "ParseError",
+    "RateRow",
     "ResultRow",
     "parse_fio",
     "parse_ior",
     "parse_ior_json",
     "parse_ior_text",
+    "parse_mdtest",
 ]
 
 OPERATIONS = ("write", "read")
@@ -472,4 +479,84 @@ def parse_fio(text: str, source: str) -> list[ResultRow]:
             )
     if not rows:
         raise ParseError(f"{source}: no fio job moved any bytes")
+    return rows
+
+
+# mdtest text.
+
+# mdtest's operation names (src/mdtest.c, mdtest_test_name) by the key rows use.
+MDTEST_OPERATIONS = {
+    "dir_create": "Directory creation",
+    "dir_stat": "Directory stat",
+    "dir_read": "Directory read",
+    "dir_remove": "Directory removal",
+    "dir_rename": "Directory rename",
+    "create": "File creation",
+    "stat": "File stat",
+    "read": "File read",
+    "remove": "File removal",
+    "tree_create": "Tree creation",
+    "tree_remove": "Tree removal",
+}
+_MDTEST_KEYS = {label: key for key, label in MDTEST_OPERATIONS.items()}
+_MDTEST_TITLE = re.compile(r"^SUMMARY rate(?: \(in ops/sec\))?: \(of (\d+) iterations?\)")
+_NUMBER = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)"
+_MDTEST_ROW = re.compile(rf"^\s+(\S.*?)\s*:?\s+{_NUMBER}\s+{_NUMBER}\s+{_NUMBER}\s+{_NUMBER}\s*$")
+
+
+@dataclass(frozen=True)
+class RateRow:
+    """One metadata rate: mdtest's summary of one operation over its iterations, in
+    operations per second (`ops_s` the mean, as mdtest's "Mean" column)."""
+
+    tool: str
+    operation: str
+    kind: str
+    ops_s: float
+    ops_max_s: float
+    ops_min_s: float
+    ops_std_s: float
+    iterations: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_mdtest(text: str, source: str) -> list[RateRow]:
+    """The "SUMMARY rate" table of mdtest's text output (every one, if several)."""
+    rows: list[RateRow] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        title = _MDTEST_TITLE.match(lines[i].strip())
+        i += 1
+        if title is None:
+            continue
+        iterations = int(title[1])
+        # The header and its dashes, then one line per operation until a blank or "--" line.
+        while i < len(lines) and not lines[i].strip().startswith("---"):
+            i += 1
+        i += 1
+        while i < len(lines) and lines[i].strip() and not lines[i].startswith("--"):
+            m = _MDTEST_ROW.match(lines[i])
+            if m is None:
+                raise ParseError(f"{source} line {i + 1}: not an mdtest rate row: {lines[i]!r}")
+            label, values = m[1], [float(v) for v in m.groups()[1:]]
+            if label not in _MDTEST_KEYS:
+                raise ParseError(f"{source} line {i + 1}: unknown mdtest operation {label!r}")
+            rows.append(
+                RateRow(
+                    tool="mdtest",
+                    operation=_MDTEST_KEYS[label],
+                    kind="summary",
+                    ops_s=values[2],
+                    ops_max_s=values[0],
+                    ops_min_s=values[1],
+                    ops_std_s=values[3],
+                    iterations=iterations,
+                )
+            )
+            i += 1
+    if not rows:
+        raise ParseError(f'{source}: no mdtest "SUMMARY rate" table')
     return rows

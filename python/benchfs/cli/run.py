@@ -25,6 +25,7 @@ from benchfs.cli.progress import make_progress
 from benchfs.config import load_config
 from benchfs.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, errno_name
 from benchfs.launch import LAUNCHERS
+from benchfs.parsers import MDTEST_OPERATIONS
 from benchfs.pipeline import VIA, WORKLOADS, Pipeline, RunReport, RunSpec, apply_exclusions
 from benchfs.results import write_text_atomic
 from benchfs.units import format_size, parse_size
@@ -70,6 +71,11 @@ def _print_report(console: Console, report: RunReport) -> None:
     for key, label in (("write_mib_s", "write"), ("read_mib_s", "read")):
         if data[key] is not None:
             rows.append((label, f"{data[key]:.1f} MiB/s"))
+    for r in data["rows"] or []:
+        if "ops_s" in r:  # mdtest's rates (benchfs.parsers.RateRow)
+            label = MDTEST_OPERATIONS.get(r["operation"], r["operation"]).lower()
+            spread = f" (± {r['ops_std_s']:,.0f})" if r["iterations"] > 1 else ""
+            rows.append((label, f"{r['ops_s']:,.0f} ops/s{spread}"))
     if data["workload"] not in (None, "command"):
         total = f" ({format_size(data['bytes'])})" if data["bytes"] else ""
         if not data["verify_requested"]:

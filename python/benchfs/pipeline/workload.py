@@ -285,7 +285,7 @@ def json_documents(text: str) -> list[str]:
 def command_summary(command: str, log: Path) -> dict[str, Any]:
     """Rows parsed from a user command's output: fio JSON (`--output-format=json`), IOR or
     mdtest text or JSON (`-O summaryFormat=JSON`); other programs give no rows."""
-    from benchfs.parsers import ParseError, parse_fio, parse_ior
+    from benchfs.parsers import ParseError, parse_fio, parse_ior, parse_mdtest
 
     argv = shlex.split(command)
     program = Path(argv[0]).name if argv else ""
@@ -302,6 +302,8 @@ def command_summary(command: str, log: Path) -> dict[str, Any]:
         elif program == "ior":
             docs = json_documents(text)
             rows += [r.to_dict() for r in parse_ior(docs[0] if docs else text, "ior")]
+        elif program == "mdtest":
+            rows += [r.to_dict() for r in parse_mdtest(text, "mdtest")]
     except ParseError as e:
         summary["parse_error"] = str(e)
     for op in ("write", "read"):
@@ -311,7 +313,11 @@ def command_summary(command: str, log: Path) -> dict[str, Any]:
             if bws:
                 summary[f"{op}_mib_s"] = sum(bws)
         else:
-            best = [r["bw_mib_s"] for r in rows if r["operation"] == op and r["kind"] == "summary"]
+            best = [
+                r["bw_mib_s"]
+                for r in rows
+                if r["operation"] == op and r["kind"] == "summary" and "bw_mib_s" in r
+            ]
             if best:
                 summary[f"{op}_mib_s"] = max(best)
     return summary

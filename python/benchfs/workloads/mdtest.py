@@ -25,18 +25,13 @@ from typing import Any
 from benchfs import Client
 from benchfs.config import resolve_config_text
 from benchfs.errors import EXIT_USAGE
+from benchfs.parsers import MDTEST_OPERATIONS, RateRow
 from benchfs.results import write_json_atomic
 from benchfs.workloads.steps import UsageError, VerificationError, agreed_step
 
 PHASES = ("create", "stat", "read", "remove")
-LABELS = {
-    "create": "File creation",
-    "stat": "File stat",
-    "read": "File read",
-    "remove": "File removal",
-    "tree_create": "Tree creation",
-    "tree_remove": "Tree removal",
-}
+# What this workload measures, in mdtest's order and words (benchfs.parsers.MDTEST_OPERATIONS).
+REPORTED = ("create", "stat", "read", "remove", "tree_create", "tree_remove")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -255,6 +250,7 @@ class MdtestRank:
                 "iterations": a.iterations,
                 "rates": {k: statistics.fmean(v) for k, v in self.rates.items()} if ok else {},
                 "rate_samples": self.rates,
+                "rows": [r.to_dict() for r in rate_rows(self.rates)] if ok else [],
                 "write_mib_s": None,
                 "read_mib_s": None,
                 "bytes": a.items * a.write_bytes * self.size * a.iterations,
@@ -264,24 +260,41 @@ class MdtestRank:
             write_json_atomic(a.out / "summary.json", summary)
 
 
+def rate_rows(rates: dict[str, list[float]]) -> list[RateRow]:
+    """The summary of each operation over its iterations (mdtest's max, min, mean, std dev)."""
+    return [
+        RateRow(
+            tool="mdtest",
+            operation=key,
+            kind="summary",
+            ops_s=statistics.fmean(v),
+            ops_max_s=max(v),
+            ops_min_s=min(v),
+            ops_std_s=statistics.stdev(v) if len(v) > 1 else 0.0,  # mdtest: sample std dev
+            iterations=len(v),
+        )
+        for key in REPORTED
+        if (v := rates.get(key))
+    ]
+
+
 def format_summary(rates: dict[str, list[float]], ranks: int, a: argparse.Namespace) -> str:
-    """mdtest's "SUMMARY rate" table (operations per second)."""
+    """mdtest 4.x's "SUMMARY rate" table, line for line (hpc/ior 5fcf0ba995fd src/mdtest.c,
+    summarize_results), so that what reads mdtest's output reads this too."""
     lines = [
         f"-- started with {ranks} tasks, {a.items} files per task, "
         f"{'unique directory per task' if a.unique else 'one shared directory'}, "
         f"{a.write_bytes} bytes per file --",
         "",
-        f"SUMMARY rate: (of {a.iterations} iterations)",
+        f"SUMMARY rate (in ops/sec): (of {a.iterations} iterations)",
         "   Operation                     Max            Min           Mean        Std Dev",
         "   ---------                     ---            ---           ----        -------",
     ]
-    for key, label in LABELS.items():
-        v = rates.get(key)
-        if v:
-            lines.append(
-                f"   {label:<26}:{max(v):14.3f}{min(v):14.3f}{statistics.fmean(v):14.3f}"
-                f"{statistics.pstdev(v):14.3f}"
-            )
+    for r in rate_rows(rates):
+        lines.append(
+            f"   {MDTEST_OPERATIONS[r.operation]:<18}     {r.ops_max_s:14.3f} {r.ops_min_s:14.3f} "
+            f"{r.ops_s:14.3f} {r.ops_std_s:14.3f}"
+        )
     lines.append("-- finished --")
     return "\n".join(lines)
 

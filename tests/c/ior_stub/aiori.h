@@ -1,4 +1,4 @@
-/* Stand-in for IOR 4.x src/aiori.h: the backend interface as aiori-BENCHFS.c uses it, with
+/* Stand-in for src/aiori.h as of hpc/ior 5fcf0ba995fd (checked line by line): the backend interface as aiori-BENCHFS.c uses it, with
  * IOR's names, types and ior_aiori_t member order (see README.md). */
 #ifndef _AIORI_H
 #define _AIORI_H

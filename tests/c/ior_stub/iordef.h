@@ -1,4 +1,4 @@
-/* Stand-in for IOR 4.x src/iordef.h: only what aiori-BENCHFS.c uses (see README.md). */
+/* Stand-in for src/iordef.h as of hpc/ior 5fcf0ba995fd (checked line by line): only what aiori-BENCHFS.c uses (see README.md). */
 #ifndef _IORDEF_H
 #define _IORDEF_H
 

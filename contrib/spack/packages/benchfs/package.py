@@ -19,6 +19,11 @@ class Benchfs(MakefilePackage):  # noqa: F405
 
     variant("mount", default=True, description="Run the FUSE mount as a user (fusermount3)")
     variant(
+        "ior",
+        default=False,
+        description="IOR and mdtest with the BENCHFS backend (contrib/ior/build-ior.sh)",
+    )
+    variant(
         "analysis",
         default=True,
         description="pandas and matplotlib for benchfs-run, -analyze, -bench and -diagnose",
@@ -31,6 +36,18 @@ class Benchfs(MakefilePackage):  # noqa: F405
     depends_on("python@3.11:", type=("build", "run"))
     depends_on("py-pip", type="build")
     depends_on("fuse@3:", type="run", when="+mount")
+    depends_on("mpi", when="+ior")
+    depends_on("autoconf", type="build", when="+ior")
+    depends_on("automake", type="build", when="+ior")
+
+    # The IOR the backend was checked against (docs/ior.md).
+    resource(  # noqa: F405
+        name="ior",
+        git="https://github.com/hpc/ior.git",
+        commit="5fcf0ba995fd92164d50e344597e2d8203298c08",
+        placement="ior-source",
+        when="+ior",
+    )
 
     # The build fetches its Rust crates (crates.io) and Python wheels, UCX 1.22 among them
     # (PyPI): Spack's build environment must allow it.
@@ -44,3 +61,8 @@ class Benchfs(MakefilePackage):  # noqa: F405
             f"PYTHON={spec['python'].command.path}",
             f"EXTRAS={'analysis' if '+analysis' in spec else ''}",
         )
+        if "+ior" in spec:
+            # ior and mdtest into the same prefix, against the benchfs.pc just installed.
+            env["PKG_CONFIG_PATH"] = join_path(prefix.lib, "pkgconfig")  # noqa: F405
+            build_ior = Executable(join_path("contrib", "ior", "build-ior.sh"))  # noqa: F405
+            build_ior("ior-source", prefix)
