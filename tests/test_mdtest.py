@@ -91,3 +91,32 @@ def test_benchfs_run_local_runs_mdtest(tmp_path: Path) -> None:
     rows = {r["operation"]: r for r in report["rows"]}
     assert rows["create"]["ops_s"] == pytest.approx(manifest["workload"]["rates"]["create"])
     assert {"create", "stat", "read", "remove"} <= set(rows)
+
+
+@pytest.mark.timeout(180)
+def test_phases_one_at_a_time_and_a_stonewalled_creation(daemon_cluster, tmp_path: Path) -> None:
+    """mdtest's phase flags as IO500 uses them: creation (-C) under a stonewall (-W) that
+    stops it early, every rank then wearing out to the most files any rank made, the count
+    recorded in the -x file; stat (-T), read (-E) and removal (-r) in later runs use it."""
+    cluster = daemon_cluster(2)
+    wall = tmp_path / "mdtest.stonewall"
+    common = ["-u", "-w", "100", "-d", "/io", "-x", str(wall)]
+    created = run_mdtest(cluster, ["-C", "-W", "1", "-n", "1000000", *common])
+    assert created.returncode == 0, created.stdout + created.stderr
+    count = int(wall.read_text())
+    assert 0 < count < 1_000_000
+    rows = {r.operation for r in parse_mdtest(created.stdout, "create")}
+    assert rows == {"create", "tree_create"}
+    with Client(cluster.registry_dir, config=cluster.config_path.read_text()) as c:
+        per_rank = [len(c.listdir(f"/io/test-dir.0-0/mdtest_tree.{r}")) for r in range(RANKS)]
+    assert per_rank == [count] * RANKS  # the wear-out evened the ranks out
+    for flag, op in (("-T", "stat"), ("-E", "read"), ("-r", "remove")):
+        proc = run_mdtest(cluster, [flag, "-n", "1", *common])  # -n is overruled by -x
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ops = {r.operation for r in parse_mdtest(proc.stdout, op)}
+        assert op in ops and "create" not in ops
+    with Client(cluster.registry_dir, config=cluster.config_path.read_text()) as c:
+        assert c.listdir("/io") == []
+    bad = run_mdtest(cluster, ["-T", "-n", "1", "-x", str(tmp_path / "none")])
+    assert bad.returncode == 1
+    assert f"file count failed: UsageError: -x {tmp_path / 'none'}: no file count" in bad.stderr

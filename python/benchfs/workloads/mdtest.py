@@ -57,6 +57,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("-d", default="/mdtest", dest="base", help="test directory (BenchFS path)")
     p.add_argument("-w", type=_nonneg, default=64, dest="write_bytes", help="bytes per file")
     p.add_argument("-i", type=_nonneg, default=1, dest="iterations", help="iterations")
+    # Phase selection, as mdtest has it (IO500 runs each phase on its own): none given, all.
+    p.add_argument("-C", action="store_true", dest="only_create", help="only create files")
+    p.add_argument("-T", action="store_true", dest="only_stat", help="only stat files")
+    p.add_argument("-E", action="store_true", dest="only_read", help="only read files")
+    p.add_argument("-r", action="store_true", dest="only_remove", help="only remove files")
+    p.add_argument(
+        "-W", type=_nonneg, default=0, dest="stonewall", help="stonewall seconds for creation"
+    )
+    p.add_argument(
+        "-x",
+        type=Path,
+        dest="stonewall_file",
+        help="file for the number of files per rank a stonewalled creation made (written by "
+        "creation, read by the other phases)",
+    )
     p.add_argument("--registry", required=True, help="registry directory of the servers")
     p.add_argument("--config", help="configuration file (default: $BENCHFS_CONFIG)")
     p.add_argument("--out", type=Path, help="directory for summary.json and per-rank records")
@@ -67,6 +82,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("-i: at least one iteration")
     if not a.base.startswith("/") or a.base == "/":
         raise UsageError(f"-d {a.base}: an absolute BenchFS directory other than /")
+    a.phases = [p for p in PHASES if getattr(a, f"only_{p}")] or list(PHASES)
+    if a.stonewall and "create" not in a.phases:
+        raise UsageError("-W: the stonewall applies to creation (-C)")
     return a
 
 
@@ -88,6 +106,7 @@ class MdtestRank:
         self.client: Client | None = None
         self.errors: list[dict[str, Any]] = []
         self.rates: dict[str, list[float]] = {}
+        self.count = a.items  # files per rank the phases work on (see files_per_rank)
 
     def step(self, name: str, action: Callable[[], None]) -> bool:
         _, failures = agreed_step(self.comm, "mdtest", name, action)
@@ -116,18 +135,57 @@ class MdtestRank:
 
         self.comm.Barrier()
         ok = self.step(name, run)
-        spans = self.comm.gather(tuple(span), root=0)
+        self.record_rate(name, ok, (span[0], span[1], int(span[2])))
+        return ok
+
+    def record_rate(self, name: str, ok: bool, span: tuple[float, float, int]) -> None:
+        """Rank 0 keeps the phase's rate: all ranks' ops over first start..last end."""
+        spans = self.comm.gather(span, root=0)
         if ok and self.rank == 0:
             assert spans is not None
             elapsed = max(s[1] for s in spans) - min(s[0] for s in spans)
-            ops = sum(int(s[2]) for s in spans)
+            ops = sum(s[2] for s in spans)
             self.rates.setdefault(name, []).append(ops / elapsed if elapsed > 0 else 0.0)
+
+    def stonewalled_create(self, make: Callable[[int, int, float | None], int]) -> bool:
+        """Creation under `-W`: each rank creates until the deadline, then every rank goes on to
+        the most files any rank made (mdtest's stonewall wear-out), so all ranks end with the
+        same count, which rank 0 records in the `-x` file for the later phases."""
+        wtime, made, span = self.MPI.Wtime, [0], [0.0, 0.0, 0]
+
+        def until_deadline() -> None:
+            span[0] = wtime()
+            made[0] = make(0, self.a.items, span[0] + self.a.stonewall)
+
+        self.comm.Barrier()
+        ok = self.step("create", until_deadline)
+        target = self.comm.allreduce(made[0], op=self.MPI.MAX) if ok else 0
+
+        def wear_out() -> None:
+            make(made[0], target, None)
+            span[1], span[2] = wtime(), target
+
+        ok = ok and self.step("create", wear_out)
+        self.record_rate("create", ok, (span[0], span[1], int(span[2])))
+        self.count = target
+        if ok and self.rank == 0 and self.a.stonewall_file is not None:
+            self.a.stonewall_file.write_text(f"{target}\n")
         return ok
+
+    def files_per_rank(self) -> int:
+        """-n, or what a stonewalled creation made (its `-x` file) for the later phases."""
+        a = self.a
+        if "create" not in a.phases and a.stonewall_file is not None:
+            try:
+                return int(a.stonewall_file.read_text().split()[0])
+            except (OSError, ValueError, IndexError) as e:
+                raise UsageError(f"-x {a.stonewall_file}: no file count in it ({e})") from None
+        return a.items
 
     def iteration(self, it: int) -> bool:
         a, c = self.a, self.client
         assert c is not None
-        n, size = a.items, a.write_bytes
+        size = a.write_bytes
 
         def tree_create() -> int:
             made = 0
@@ -147,14 +205,21 @@ class MdtestRank:
                 return 1
             return 0
 
-        def create() -> int:
-            for i in range(n):
+        def make(first: int, end: int, deadline: float | None) -> int:
+            """Creates files first..end (stopping at `deadline`); the index reached."""
+            for i in range(first, end):
+                if deadline is not None and self.MPI.Wtime() > deadline:
+                    return i
                 with c.open(self.path(it, i), os.O_WRONLY | os.O_CREAT | os.O_EXCL) as f:
                     if size:
                         f.write(contents(self.rank, i, size))
-            return n
+            return end
+
+        def create() -> int:
+            return make(0, self.count, None)
 
         def stat() -> int:
+            n = self.count
             for i in range(n):
                 got = c.stat(self.path(it, i)).st_size
                 if got != size:
@@ -162,6 +227,7 @@ class MdtestRank:
             return n
 
         def read() -> int:
+            n = self.count
             for i in range(n):
                 with c.open(self.path(it, i)) as f:
                     data = f.read(size + 1)  # one more, to see a file that grew
@@ -179,6 +245,7 @@ class MdtestRank:
             return n
 
         def remove() -> int:
+            n = self.count
             for i in range(n):
                 c.unlink(self.path(it, i))
             return n
@@ -193,11 +260,18 @@ class MdtestRank:
                     c.rmdir(self.directory(it))
                 c.rmdir(self.tree(it))
 
-        ok = self.timed("tree_create", tree_create) and self.step("unique dirs", unique_dirs)
+        ok = True
+        if "create" in a.phases:
+            ok = self.timed("tree_create", tree_create) and self.step("unique dirs", unique_dirs)
         for name, work in zip(PHASES, (create, stat, read, remove), strict=True):
-            ok = ok and self.timed(name, work)
-        if not ok:
-            return False
+            if name not in a.phases:
+                continue
+            if name == "create" and a.stonewall:
+                ok = ok and self.stonewalled_create(make)
+            else:
+                ok = ok and self.timed(name, work)
+        if not ok or "remove" not in a.phases:
+            return ok
         # Tree removal: the leaves (per rank), then the shared levels (rank 0), as one phase.
         self.comm.Barrier()
         t0 = self.MPI.Wtime()
@@ -212,7 +286,10 @@ class MdtestRank:
         def connect() -> None:
             self.client = Client(self.a.registry, config=resolve_config_text(self.a.config))
 
-        ok = self.step("connect", connect)
+        def count() -> None:
+            self.count = self.files_per_rank()
+
+        ok = self.step("connect", connect) and self.step("file count", count)
         for it in range(self.a.iterations):
             if not ok:
                 break
