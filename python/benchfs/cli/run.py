@@ -72,7 +72,18 @@ def _print_report(console: Console, report: RunReport) -> None:
         if data[key] is not None:
             rows.append((label, f"{data[key]:.1f} MiB/s"))
     for r in data["rows"] or []:
-        if "ops_s" in r:  # mdtest's rates (benchfs.parsers.RateRow)
+        if r.get("tool") == "io500":  # IO500's phases and score (benchfs.workloads.io500)
+            if r["kind"] == "score":
+                rows.append(
+                    (
+                        "score",
+                        f"{r['total']:f} (bandwidth {r['bandwidth_gib_s']:f} GiB/s, "
+                        f"IOPS {r['md_kiops']:f} kIOPS; one machine: not a list submission)",
+                    )
+                )
+            else:
+                rows.append((r["operation"], f"{r['score']:f} {r['unit']} ({r['seconds']:.1f} s)"))
+        elif "ops_s" in r:  # mdtest's rates (benchfs.parsers.RateRow)
             label = MDTEST_OPERATIONS.get(r["operation"], r["operation"]).lower()
             spread = f" (± {r['ops_std_s']:,.0f})" if r["iterations"] > 1 else ""
             rows.append((label, f"{r['ops_s']:,.0f} ops/s{spread}"))
@@ -176,7 +187,12 @@ def main() -> None:
     default="rw",
     show_default=True,
     help="rw: write, cross-read, verify; ior / mdtest: the built-in IOR and mdtest "
-    "workloads; command: --command.",
+    "workloads; io500: IO500's phases and score (--preset); command: --command.",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(["ci", "small"]),
+    help="With --workload io500: the phases' sizes (ci: under a minute) [ci].",
 )
 @click.option("--ior-args", metavar="OPTIONS", help='IOR options, e.g. "-w -r -t 1m -b 16m -F".')
 @click.option("--mdtest-args", metavar="OPTIONS", help='mdtest options, e.g. "-n 1000 -u".')
@@ -242,6 +258,7 @@ def launch(
     workload: str,
     ior_args: str | None,
     mdtest_args: str | None,
+    preset: str | None,
     user_command: str | None,
     via: str,
     nodes_file: str | None,
@@ -265,6 +282,8 @@ def launch(
     err = console(stderr=True)
     if (ior_args and workload != "ior") or (mdtest_args and workload != "mdtest"):
         _fail("EINVAL", "--ior-args needs --workload ior, --mdtest-args --workload mdtest", 2)
+    if preset and workload != "io500":
+        _fail("EINVAL", "--preset goes with --workload io500", EXIT_USAGE)
     if bool(user_command) != (workload == "command"):
         _fail("EINVAL", "--command goes with --workload command (and it needs one)", EXIT_USAGE)
     spec = RunSpec(
@@ -279,7 +298,8 @@ def launch(
         timeout_s=timeout,
         kill_server_after_s=kill_server_after,
         workload=workload,
-        workload_args=ior_args if workload == "ior" else mdtest_args,
+        workload_args={"ior": ior_args, "mdtest": mdtest_args}.get(workload)
+        or (f"--preset {preset}" if preset else None),
         command=user_command,
         via=via,
         nodes_file=nodes_file,

@@ -173,7 +173,10 @@ class Pipeline:
         if spec.workload == "command" and not spec.command:
             raise RunError("EINVAL", "--workload command needs --command", EXIT_USAGE)
         nodes, excluded_in = self._nodes()
-        overrides = [*spec.sets, *spec.flag_overrides()]
+        # IO500's rule: data on persistent storage when close returns (docs/storage.md); a
+        # --set of storage.durability still wins.
+        io500 = ["storage.durability=close"] if spec.workload == "io500" else []
+        overrides = [*io500, *spec.sets, *spec.flag_overrides()]
         try:
             # The one resolution of the run (file, BENCHFS_*, --set and flags); what the run
             # learns later is added to it with nothing else (with_overrides).

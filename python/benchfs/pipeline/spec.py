@@ -10,7 +10,7 @@ from typing import Any
 from benchfs.errors import BenchfsError
 from benchfs.results import Manifest, RunDir
 
-WORKLOADS = ("rw", "ior", "mdtest", "command")
+WORKLOADS = ("rw", "ior", "mdtest", "io500", "command")
 VIA = ("mount", "capi")
 
 

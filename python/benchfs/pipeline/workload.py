@@ -51,21 +51,25 @@ def workload_options(workload: str, args: str | None, run: dict[str, Any]) -> li
     if workload == "ior":
         sizes = ["-t", str(run["transfer_size"]), "-b", str(run["file_size"])]
         return ["-w", "-r", "-R", "-F", *sizes]
+    if workload == "io500":
+        return ["--preset", "ci"]
     return ["-n", "1000"]
 
 
 def check_workload_options(workload: str, args: str | None, run: dict[str, Any]) -> None:
     """--ior-args and --mdtest-args through the workload's own parser, before anything
     starts (the ranks would refuse them only after the servers and MPI were up)."""
-    if workload not in ("ior", "mdtest"):
+    if workload not in ("ior", "mdtest", "io500"):
         return
-    from benchfs.workloads import ior, mdtest
+    from benchfs.workloads import io500, ior, mdtest
     from benchfs.workloads.steps import UsageError
 
     options = [*workload_options(workload, args, run), "--registry", "-"]
     try:
         if workload == "ior":
             ior.parse_options(options)
+        elif workload == "io500":
+            io500.parse_args(options)
         else:
             mdtest.parse_args(options)
     except UsageError as e:
