@@ -148,6 +148,21 @@ int benchfs_rmdir(const char *path);
 typedef int (*benchfs_readdir_cb)(void *arg, const char *name, int type);
 int benchfs_readdir(const char *path, benchfs_readdir_cb callback, void *arg);
 
+/*
+ * A find run on the servers: every metadata owner checks the names it holds. Matches the names
+ * under root (and root itself) whose last component matches the glob name (NULL: any), of type
+ * (0: any, BENCHFS_DT_REG, BENCHFS_DT_DIR), with size_min <= size <= size_max and a
+ * modification time after newer_ns (0: any). The matches are fetched first; then callback(arg,
+ * path, type, size, mtime_ns) runs for each in path order with no lock held (NULL: counts
+ * only); a non-zero return stops and is returned. *examined (names under root) and *matched
+ * are set when not NULL. Returns 0, that non-zero value, or a negative errno.
+ */
+typedef int (*benchfs_find_cb)(void *arg, const char *path, int type, uint64_t size,
+                               uint64_t mtime_ns);
+int benchfs_find(const char *root, const char *name, int type, uint64_t size_min,
+                 uint64_t size_max, uint64_t newer_ns, benchfs_find_cb callback, void *arg,
+                 uint64_t *examined, uint64_t *matched);
+
 /* Renames within BenchFS (data does not move). A file replaces a file, a directory an empty
  * directory; a non-empty directory gives -EXDEV. */
 int benchfs_rename(const char *from, const char *to);

@@ -75,7 +75,7 @@ def test_installed_files_match_the_tree() -> None:
     nm = run_bounded(["nm", "-D", "--defined-only", str(libdir / "libbenchfs.so")], timeout=30)
     exported = {line.split()[-1] for line in nm.stdout.splitlines()}
     assert declared == exported
-    assert len(declared) == 18
+    assert len(declared) == 19
 
 
 @pytest.mark.timeout(60)
@@ -187,6 +187,7 @@ def test_docs_example_runs(tmp_path: Path, daemon_cluster: Callable[..., LocalCl
     assert out.returncode == 0, out.stdout + out.stderr
     assert "read 13 bytes: hello from C" in out.stdout
     assert "over 2 servers" in out.stdout and "  data.bin\n" in out.stdout
+    assert "found /run1/data.bin (13 bytes)\n1 of 2 names match" in out.stdout
     # Everything it made is gone again.
     assert run_bounded([str(exe), str(cluster.registry_dir)], timeout=60, env=env).returncode == 0
 

@@ -176,6 +176,17 @@ class Client:
         """ENOTEMPTY when the directory has entries."""
     def readdir(self, path: str) -> list[tuple[str, str]]:
         """(name, kind) pairs in name order; one metadata owner answers."""
+    def find(
+        self,
+        root: str,
+        name: str = "",
+        kind: str | None = None,
+        size_min: int = 0,
+        size_max: int = ...,
+        newer_ns: int = 0,
+        count_only: bool = False,
+    ) -> tuple[int, int, list[tuple[str, str, int, int]]]:
+        """A find run on the servers: (examined, matched, [(path, kind, size, mtime_ns)])."""
     def rename(self, src: str, dst: str) -> None:
         """Data does not move. Non-empty directories: EXDEV (see docs/namespace.md)."""
     def truncate(self, path: str, size: int) -> None:

@@ -96,6 +96,26 @@ def _flags_of(mode: str | int) -> tuple[int, bool, bool, bool]:
     return flags, readable, writable, "a" in letters
 
 
+@dataclass(frozen=True)
+class Found:
+    """One match of `Client.find`."""
+
+    path: str
+    kind: Kind
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class FindResult:
+    """What `Client.find` found: names `examined` under the root, `matched`, and the matches
+    in path order (empty with `count_only`)."""
+
+    examined: int
+    matched: int
+    found: list[Found]
+
+
 class File(io.RawIOBase):
     """An open BenchFS file (see the module docstring). Not shared between threads: open the
     file once per thread, as with `os.open`; positional calls on one `File` are safe."""
@@ -351,6 +371,30 @@ class Client:
         return [
             (name, "dir" if kind == "dir" else "file") for name, kind in self._core.readdir(path)
         ]
+
+    def find(
+        self,
+        root: str = "/",
+        *,
+        name: str = "",
+        kind: Kind | None = None,
+        size: tuple[int, int] | None = None,
+        newer_ns: int = 0,
+        count_only: bool = False,
+    ) -> FindResult:
+        """Every name under `root` (and `root` itself) whose last component matches the glob
+        `name` (empty: any), of `kind`, with a size in `size` (low, high; inclusive) and a
+        modification time after `newer_ns`, evaluated on the servers: each metadata owner
+        checks the names it holds and answers with counts and pages of matches."""
+        low, high = size if size is not None else (0, 2**64 - 1)
+        examined, matched, found = self._core.find(
+            root, name, kind, low, high, newer_ns, count_only
+        )
+        return FindResult(
+            examined,
+            matched,
+            [Found(p, "dir" if k == "dir" else "file", n, t) for p, k, n, t in found],
+        )
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         self._core.mkdir(path, mode)

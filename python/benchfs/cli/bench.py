@@ -310,6 +310,41 @@ def placement(quick: bool, as_json: bool, scales: tuple[int, ...], max_steps: in
     _emit(report, as_json, bench.render)
 
 
+@main.command(name="find")
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the servers' data [run.scratch_dir, else /var/tmp].",
+)
+@click.option(
+    "--quick", is_flag=True, help="2 servers, 2 clients, 2000 files, 1 repeat (for tests)."
+)
+@JSON_OPTION
+@click.option("--files", type=click.IntRange(min=1), help="Files [100000; --quick: 2000].")
+@click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
+def find_case(
+    root: Path | None, quick: bool, as_json: bool, files: int | None, repeats: int | None
+) -> None:
+    """A find run on the servers against pfind's method (readdir plus a stat per entry from
+    4 clients) over 100,000 files on 4 local servers."""
+    from benchfs.bench import find as bench
+
+    settings = bench.FindSettings.quick() if quick else bench.FindSettings()
+    if files:
+        settings = dataclasses.replace(settings, files=max(files, settings.dirs))
+    if repeats:
+        settings = dataclasses.replace(settings, repeats=repeats)
+    with _failures_exit(console(stderr=True)):
+        report = _in_scratch(
+            root or default_root(),
+            "benchfs-find-",
+            lambda work, benchfsd: bench.run_find(work, settings, benchfsd),
+        )
+    report["quick"] = quick
+    _emit(report, as_json, bench.render)
+
+
 @main.command()
 @click.option(
     "--dir",

@@ -271,3 +271,52 @@ def stage_out(
     """Copy the BenchFS directory SOURCE into the local directory DESTINATION, as stage-in
     does the other way."""
     _run_stage("out", source, destination, job, threads, manifest)
+
+
+@main.command("find")
+@click.argument("root", default="/")
+@click.option("--name", "pattern", default="", help="Glob the last component matches (*01*).")
+@click.option("--type", "kind", type=click.Choice(["f", "d"]), help="f: files, d: directories.")
+@click.option(
+    "--size", metavar="LOW[:HIGH]", help="Size in bytes, or an inclusive range (3901, 0:4096)."
+)
+@click.option("--newer", type=click.Path(exists=True), help="Modified after this local file was.")
+@click.option("--count", is_flag=True, help="Print the counts only.")
+@_job_option
+def find(
+    root: str,
+    pattern: str,
+    kind: str | None,
+    size: str | None,
+    newer: str | None,
+    count: bool,
+    job: str | None,
+) -> None:
+    """The names under ROOT [/] that match, one per line, found by the servers (every metadata
+    owner checks the names it holds), then how many were examined and matched on stderr."""
+    if not root.startswith("/"):
+        raise click.BadParameter(f"{root!r}: an absolute BenchFS path", param_hint="ROOT")
+    try:
+        low, _, high = (size or "").partition(":")
+        bounds = (int(low), int(high or low)) if size else None
+    except ValueError:
+        raise click.BadParameter(f"{size!r}: bytes, or LOW:HIGH", param_hint="--size") from None
+    newer_ns = Path(newer).stat().st_mtime_ns if newer else 0
+    try:
+        state = JobState.load(find_job(job))
+        with Client(state.registry, Path(state.config).read_text()) as c:
+            result = c.find(
+                root,
+                name=pattern,
+                kind={"f": "file", "d": "dir", None: None}[kind],
+                size=bounds,
+                newer_ns=newer_ns,
+                count_only=count,
+            )
+    except BenchfsError as e:
+        _fail(e)
+    except (OSError, ValueError) as e:
+        _fail(BenchfsError("EINVAL", str(e)))
+    for f in result.found:
+        click.echo(f.path)
+    _say(f"{result.matched} of {result.examined} names under {root} match")

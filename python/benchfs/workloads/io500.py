@@ -18,7 +18,6 @@ real hardware), is not a list submission. docs/workloads.md describes the phases
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import math
 import sys
@@ -184,48 +183,49 @@ class Io500Rank:
 
     def find(self) -> bool:
         """IO500's find over everything the mdtest phases made: files newer than the timestamp
-        taken after the easy phases, 3901 bytes, names matching *01*. Each rank walks its own
-        easy directory and its share of the hard one (a readdir, then a stat per entry); the
-        rate is every entry examined over the phase's span."""
+        taken after the easy phases, 3901 bytes, named *01*. It runs on the servers
+        (`Client.find`: every metadata owner checks the names it holds, all at once), asked by
+        rank 0; the score is the names examined per second, 0 when nothing matched."""
         from benchfs import Client
         from benchfs.config import resolve_config_text
 
-        span = [0.0, 0.0, 0, 0]
+        counts = [0, 0, 0.0]
+        client: list[Client] = []
 
-        def walk() -> None:
-            with Client(self.a.registry, config=resolve_config_text(self.a.config)) as c:
-                span[0] = self.MPI.Wtime()
-                easy = f"{ROOT}/mdtest-easy/test-dir.0-0/mdtest_tree.{self.rank}"
-                hard = f"{ROOT}/mdtest-hard/test-dir.0-0/mdtest_tree.0"
-                names = [f"{easy}/{n}" for n in c.listdir(easy)]
-                shared = c.listdir(hard)
-                names += [f"{hard}/{n}" for n in shared[self.rank :: self.size]]
-                found = 0
-                for path in names:
-                    st = c.stat(path)
-                    name = path.rsplit("/", 1)[1]
-                    if (
-                        st.st_mtime_ns > self.timestamp_ns
-                        and st.st_size == 3901
-                        and fnmatch.fnmatchcase(name, "*01*")
-                    ):
-                        found += 1
-                span[1], span[2], span[3] = self.MPI.Wtime(), len(names), found
+        def connect() -> None:
+            if self.rank == 0:
+                client.append(Client(self.a.registry, config=resolve_config_text(self.a.config)))
 
-        self.comm.Barrier()
-        began = time.monotonic()
-        _, failures = agreed_step(self.comm, "io500", "find", walk)
+        def search() -> None:
+            if client:
+                t0 = time.monotonic()
+                r = client[0].find(
+                    ROOT,
+                    name="*01*",
+                    kind="file",
+                    size=(3901, 3901),
+                    newer_ns=self.timestamp_ns,
+                    count_only=True,
+                )
+                counts[:] = [r.examined, r.matched, time.monotonic() - t0]
+
+        try:
+            _, failures = agreed_step(self.comm, "io500", "find connect", connect)
+            self.comm.Barrier()
+            if not failures:
+                _, failures = agreed_step(self.comm, "io500", "find", search)
+        finally:
+            for c in client:
+                c.close()
         self.errors.extend(failures)
-        spans = self.comm.gather(tuple(span), root=0)
         if failures:
             return False
         if self.rank == 0:
-            assert spans is not None
-            elapsed = max(s[1] for s in spans) - min(s[0] for s in spans)
-            total, found = sum(int(s[2]) for s in spans), sum(int(s[3]) for s in spans)
-            print(f"find: {found} of {total} files match", flush=True)
-            score = total / elapsed / 1000 if elapsed > 0 and found else 0.0
-            self.finish_phase(PhaseResult("find", score, time.monotonic() - began))
+            seconds = float(counts[2])
+            examined, found = int(counts[0]), int(counts[1])
+            print(f"find: {found} of {examined} names match", flush=True)
+            score = examined / seconds / 1000 if seconds > 0 and found else 0.0
+            self.finish_phase(PhaseResult("find", score, seconds))
         return True
 
     def prepare(self) -> bool:

@@ -19,6 +19,7 @@ use benchfs_core::client::{Client, FileHandle};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
+use benchfs_core::protocol::meta::FindRequest;
 use benchfs_core::shared::SendClient;
 use benchfs_core::Error;
 
@@ -690,6 +691,86 @@ pub unsafe extern "C" fn benchfs_readdir(
         for (name, kind) in &names {
             // SAFETY: the caller vouches for the callback; `name` lives across the call.
             let stop = unsafe { callback(arg, name.as_ptr(), *kind) };
+            if stop != 0 {
+                return Ok(stop);
+            }
+        }
+        Ok(0)
+    })
+}
+
+pub type FindCallback = Option<unsafe extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64) -> c_int>;
+
+/// A find run on the servers (docs/capi.md): the matches are fetched first, then `callback`
+/// runs per match in path order with no lock held; the counts go to `examined` and `matched`
+/// when they are not NULL. A NULL `name` matches any name; `kind` 0 any, else
+/// BENCHFS_DT_REG or BENCHFS_DT_DIR; `newer_ns` 0 any.
+///
+/// # Safety
+/// `root` a string; `name` NULL or a string; `callback` NULL (counts only) or a function
+/// taking `arg`; `examined`, `matched` NULL or writable.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn benchfs_find(
+    root: *const c_char,
+    name: *const c_char,
+    kind: c_int,
+    size_min: u64,
+    size_max: u64,
+    newer_ns: u64,
+    callback: FindCallback,
+    arg: *mut c_void,
+    examined: *mut u64,
+    matched: *mut u64,
+) -> c_int {
+    ffi("benchfs_find", || {
+        // SAFETY: by contract.
+        let root = unsafe { str_arg(root, "root") }?;
+        // SAFETY: by contract.
+        let name = if name.is_null() {
+            ""
+        } else {
+            unsafe { str_arg(name, "name") }?
+        };
+        let kind = match kind {
+            0 => None,
+            DT_REG => Some(Kind::File),
+            DT_DIR => Some(Kind::Dir),
+            other => {
+                return Err(Fail::new(
+                    libc::EINVAL,
+                    format!("kind {other}: 0, BENCHFS_DT_REG or BENCHFS_DT_DIR"),
+                ))
+            }
+        };
+        let req = FindRequest {
+            name: name.to_string(),
+            kind,
+            size_min,
+            size_max,
+            newer_ns,
+            count_only: callback.is_none(),
+            ..FindRequest::new(root)
+        };
+        let result = with_client(|c| c.find(&req))?;
+        // SAFETY: NULL or writable, by contract.
+        unsafe {
+            if !examined.is_null() {
+                *examined = result.examined;
+            }
+            if !matched.is_null() {
+                *matched = result.matched;
+            }
+        }
+        let Some(callback) = callback else {
+            return Ok(0);
+        };
+        for f in result.found {
+            let path = CString::new(f.path)
+                .map_err(|_| Fail::new(libc::EPROTO, "a server sent a path with a NUL byte"))?;
+            let kind = if f.kind == Kind::Dir { DT_DIR } else { DT_REG };
+            // SAFETY: the caller vouches for the callback; `path` lives across the call.
+            let stop = unsafe { callback(arg, path.as_ptr(), kind, f.size, f.mtime_ns) };
             if stop != 0 {
                 return Ok(stop);
             }

@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::chunking::FileId;
 use crate::metadb::{Change, MetaDb};
 use crate::placement::{Layout, LayoutAllocator};
-use crate::protocol::meta::{DirEntry, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
+use crate::protocol::meta::{DirEntry, FindRequest, Found, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
 
 pub const PATH_MAX: usize = 4096;
 pub const NAME_MAX: usize = 255;
@@ -119,6 +119,15 @@ struct Node {
     entries: Option<BTreeMap<String, Entry>>,
     /// Entries ever added to this directory: the next file's stripe start (see `dir_add`).
     added: u64,
+}
+
+/// What [`MetaStore::find`] answers.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FindPage {
+    pub examined: u64,
+    pub matched: u64,
+    pub found: Vec<Found>,
+    pub more: bool,
 }
 
 /// How [`MetaStore::set_size`] changes the size.
@@ -491,6 +500,55 @@ impl MetaStore {
             })
             .collect();
         Ok((page, range.next().is_some()))
+    }
+
+    /// A find over the names this owner holds (see [`FindRequest`]): how many names under
+    /// the root it examined and matched, and (unless `count_only`) the matches after the
+    /// request's cursor, in path order, at most `max` of them and at most `max_bytes` of paths;
+    /// whether more follow.
+    pub fn find(&self, req: &FindRequest, max_bytes: usize) -> Result<FindPage, Errno> {
+        let pattern = glob::Pattern::new(&req.name).map_err(|_| libc::EINVAL)?;
+        let under = |path: &str| {
+            req.root == "/"
+                || path == req.root
+                || (path.starts_with(req.root.as_str()) && path.as_bytes().get(req.root.len()) == Some(&b'/'))
+        };
+        let mut page = FindPage::default();
+        let mut matches: Vec<(&String, &Attr)> = Vec::new();
+        for (path, node) in &self.nodes {
+            if !under(path) {
+                continue;
+            }
+            page.examined += 1;
+            let a = &node.attr;
+            let name = path.rsplit('/').next().unwrap_or("");
+            let hit = req.kind.is_none_or(|k| k == a.kind)
+                && (req.size_min..=req.size_max).contains(&a.size)
+                && a.mtime_ns > req.newer_ns
+                && (req.name.is_empty() || pattern.matches(name));
+            if hit {
+                page.matched += 1;
+                if !req.count_only && path.as_str() > req.after.as_str() {
+                    matches.push((path, a));
+                }
+            }
+        }
+        matches.sort_unstable_by(|x, y| x.0.cmp(y.0));
+        let mut bytes = 0;
+        for (path, a) in matches.iter() {
+            if page.found.len() >= req.max as usize || bytes + path.len() > max_bytes {
+                page.more = true;
+                break;
+            }
+            bytes += path.len() + 19;
+            page.found.push(Found {
+                path: (*path).clone(),
+                kind: a.kind,
+                size: a.size,
+                mtime_ns: a.mtime_ns,
+            });
+        }
+        Ok(page)
     }
 
     /// Puts `attr` at `path` (the second half of a rename). Replacing follows rename(2): a

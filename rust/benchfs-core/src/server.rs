@@ -646,6 +646,24 @@ impl ServerState {
     /// A malformed payload is EINVAL and changes nothing.
     fn serve_meta(&self, op: Op, bytes: &[u8]) -> (i32, ReplyValue, Vec<u8>) {
         use ReplyValue::{MoreFollows, NewEntry, Nothing, OldSize};
+        if op == Op::Find {
+            let page = meta::FindRequest::decode(bytes)
+                .map_err(|_| libc::EINVAL)
+                .and_then(|req| self.meta.borrow().find(&req, meta::REPLY_MAX / 2));
+            return match page {
+                Ok(p) => (
+                    0,
+                    MoreFollows(p.more),
+                    meta::encode_found(p.examined, p.matched, &p.found),
+                ),
+                Err(errno) => {
+                    if errno == libc::EINVAL {
+                        self.metrics.count_malformed();
+                    }
+                    (-errno, Nothing, Vec::new())
+                }
+            };
+        }
         let r = match MetaRequest::decode(bytes) {
             Ok(r) => r,
             Err(_) => {

@@ -17,6 +17,7 @@ use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
 use benchfs_core::protocol::capacity::Capacity;
+use benchfs_core::protocol::meta::FindRequest;
 use benchfs_core::registry;
 use benchfs_core::server::{ServerHandle, ServerOptions};
 use benchfs_core::shared::{SharedClient, SharedFile};
@@ -276,6 +277,49 @@ impl PyClient {
     fn readdir(&self, py: Python<'_>, path: &str) -> PyResult<Vec<(String, &'static str)>> {
         let entries = self.with(py, |c| c.readdir(path))?;
         Ok(entries.into_iter().map(|e| (e.name, kind_name(e.kind))).collect())
+    }
+
+    /// A find run on the servers (docs/python.md): (examined, matched, [(path, kind, size,
+    /// mtime_ns), ...] in path order; empty when `count_only`).
+    #[pyo3(signature = (root, name="", kind=None, size_min=0, size_max=u64::MAX, newer_ns=0, count_only=false))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn find(
+        &self,
+        py: Python<'_>,
+        root: &str,
+        name: &str,
+        kind: Option<&str>,
+        size_min: u64,
+        size_max: u64,
+        newer_ns: u64,
+        count_only: bool,
+    ) -> PyResult<(u64, u64, Vec<(String, &'static str, u64, u64)>)> {
+        let kind = match kind {
+            None => None,
+            Some("file") => Some(Kind::File),
+            Some("dir") => Some(Kind::Dir),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "kind {other:?}: expected \"file\" or \"dir\""
+                )))
+            }
+        };
+        let req = FindRequest {
+            name: name.to_string(),
+            kind,
+            size_min,
+            size_max,
+            newer_ns,
+            count_only,
+            ..FindRequest::new(root)
+        };
+        let r = self.with(py, |c| c.find(&req))?;
+        let found = r
+            .found
+            .into_iter()
+            .map(|f| (f.path, kind_name(f.kind), f.size, f.mtime_ns))
+            .collect();
+        Ok((r.examined, r.matched, found))
     }
 
     /// Renames within the file system (data does not move).

@@ -10,6 +10,7 @@
 
 mod capacity;
 mod data;
+mod find;
 mod names;
 mod rpc;
 mod telemetry;
@@ -31,6 +32,7 @@ use crate::runtime::Runtime;
 use crate::telemetry::{ClientMetrics, OpKind};
 
 pub use self::capacity::{ClusterCapacity, ServerCapacity};
+pub use self::find::FindResult;
 use self::rpc::{make_worker, Probing, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;

@@ -492,7 +492,7 @@ impl Client {
         let mut ready = ready;
         let idempotent = matches!(
             header.op,
-            Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::DirRemove
+            Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::Find | Op::DirRemove
         );
         let mut attempt = 0u32;
         let mut busy_retries = 0u32;

@@ -214,6 +214,159 @@ pub fn decode_entries(mut b: &[u8]) -> Option<Vec<DirEntry>> {
     Some(out)
 }
 
+/// What a find looks for (op `find`, sent to every metadata owner): the names under `root`
+/// (and `root` itself) whose last component matches `name` (a glob: `*`, `?`, `[...]`; empty:
+/// any), of `kind` (None: any), with a size in `size_min..=size_max` and a modification time
+/// after `newer_ns` (0: any). `count_only` answers with the counts alone; else a page of at most
+/// `max` matches after `after` (in path order) follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FindRequest {
+    pub root: String,
+    pub name: String,
+    pub kind: Option<Kind>,
+    pub size_min: u64,
+    pub size_max: u64,
+    pub newer_ns: u64,
+    pub count_only: bool,
+    pub after: String,
+    pub max: u32,
+}
+
+/// The fixed part of a find request: kind, count_only, 2 zero bytes, max, size_min,
+/// size_max, newer_ns, then the lengths of root, name and after.
+const FIND_FIXED: usize = 44;
+
+impl FindRequest {
+    pub fn new(root: &str) -> FindRequest {
+        FindRequest {
+            root: root.to_string(),
+            name: String::new(),
+            kind: None,
+            size_min: 0,
+            size_max: u64::MAX,
+            newer_ns: 0,
+            count_only: false,
+            after: String::new(),
+            max: READDIR_PAGE as u32,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIND_FIXED + self.root.len() + self.name.len() + self.after.len());
+        out.push(self.kind.map_or(0, |k| k as u8));
+        out.push(u8::from(self.count_only));
+        out.extend_from_slice(&[0; 2]);
+        out.extend_from_slice(&self.max.to_le_bytes());
+        for v in [self.size_min, self.size_max, self.newer_ns] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for s in [&self.root, &self.name, &self.after] {
+            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        }
+        for s in [&self.root, &self.name, &self.after] {
+            out.extend_from_slice(s.as_bytes());
+        }
+        out
+    }
+
+    /// Decodes and validates (normalized paths, a name pattern that is one component).
+    pub fn decode(b: &[u8]) -> Result<FindRequest, String> {
+        if b.len() < FIND_FIXED || b.len() > REQUEST_MAX {
+            return Err(format!("find payload of {} bytes", b.len()));
+        }
+        let kind = match b[0] {
+            0 => None,
+            k => Some(Kind::from_u8(k).ok_or(format!("find kind {k}"))?),
+        };
+        let lens = [
+            le_u32(b, 32) as usize,
+            le_u32(b, 36) as usize,
+            le_u32(b, 40) as usize,
+        ];
+        if lens.iter().sum::<usize>() != b.len() - FIND_FIXED {
+            return Err("find payload does not match its lengths".into());
+        }
+        let mut at = FIND_FIXED;
+        let mut text = |len: usize| {
+            let s =
+                String::from_utf8(b[at..at + len].to_vec()).map_err(|_| "find text is not UTF-8".to_string());
+            at += len;
+            s
+        };
+        let (root, name, after) = (text(lens[0])?, text(lens[1])?, text(lens[2])?);
+        let normalized = |p: &str| normalize(p).ok().as_deref() == Some(p);
+        if !normalized(&root) || !(after.is_empty() || normalized(&after)) {
+            return Err(format!(
+                "find paths {root:?}, {after:?}: not normalized absolute paths"
+            ));
+        }
+        if name.len() > NAME_MAX || name.contains(['/', '\0']) || glob::Pattern::new(&name).is_err() {
+            return Err(format!("find name pattern {name:?} is not one valid pattern"));
+        }
+        Ok(FindRequest {
+            root,
+            name,
+            kind,
+            size_min: le_u64(b, 8),
+            size_max: le_u64(b, 16),
+            newer_ns: le_u64(b, 24),
+            count_only: b[1] != 0,
+            after,
+            max: le_u32(b, 4).clamp(1, READDIR_PAGE as u32),
+        })
+    }
+}
+
+/// One match of a find, as its reply carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub path: String,
+    pub kind: Kind,
+    pub size: u64,
+    pub mtime_ns: u64,
+}
+
+/// A find reply: the names examined and matched (in the whole find over this owner, the
+/// page's matches included), then the page: per match kind (u8), size, mtime_ns (u64), path
+/// length (u16) and path.
+pub fn encode_found(examined: u64, matched: u64, page: &[Found]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&examined.to_le_bytes());
+    out.extend_from_slice(&matched.to_le_bytes());
+    for f in page {
+        out.push(f.kind as u8);
+        out.extend_from_slice(&f.size.to_le_bytes());
+        out.extend_from_slice(&f.mtime_ns.to_le_bytes());
+        out.extend_from_slice(&(f.path.len() as u16).to_le_bytes());
+        out.extend_from_slice(f.path.as_bytes());
+    }
+    out
+}
+
+pub fn decode_found(b: &[u8]) -> Option<(u64, u64, Vec<Found>)> {
+    let (examined, matched) = (
+        u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
+        u64::from_le_bytes(b.get(8..16)?.try_into().ok()?),
+    );
+    let mut rest = &b[16..];
+    let mut page = Vec::new();
+    while !rest.is_empty() {
+        let kind = Kind::from_u8(*rest.first()?)?;
+        let size = u64::from_le_bytes(rest.get(1..9)?.try_into().ok()?);
+        let mtime_ns = u64::from_le_bytes(rest.get(9..17)?.try_into().ok()?);
+        let len = u16::from_le_bytes(rest.get(17..19)?.try_into().ok()?) as usize;
+        let path = std::str::from_utf8(rest.get(19..19 + len)?).ok()?.to_string();
+        page.push(Found {
+            path,
+            kind,
+            size,
+            mtime_ns,
+        });
+        rest = &rest[19 + len..];
+    }
+    Some((examined, matched, page))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +387,39 @@ mod tests {
         // A marked entry without its mark, or with mark 0.
         assert_eq!(decode_entries(&[0x81, 1, 0, b'x', 1, 2]), None);
         assert_eq!(decode_entries(&[0x81, 1, 0, b'x', 0, 0, 0, 0, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn find_requests_and_replies_round_trip_and_reject_garbage() {
+        let mut r = FindRequest::new("/a/b");
+        r.name = "*01*".into();
+        r.kind = Some(Kind::File);
+        r.size_min = 3901;
+        r.size_max = 3901;
+        r.newer_ns = 42;
+        r.after = "/a/b/x".into();
+        assert_eq!(FindRequest::decode(&r.encode()), Ok(r.clone()));
+        let good = r.encode();
+        for cut in 0..good.len() {
+            assert!(FindRequest::decode(&good[..cut]).is_err());
+        }
+        for (root, name) in [("a/b", ""), ("/a/../b", ""), ("/", "x/y"), ("/", "[")] {
+            let mut q = FindRequest::new("/");
+            q.root = root.into();
+            q.name = name.into();
+            assert!(
+                FindRequest::decode(&q.encode()).is_err(),
+                "{root:?} {name:?} accepted"
+            );
+        }
+        let page = vec![Found {
+            path: "/a/b/f01".into(),
+            kind: Kind::File,
+            size: 3901,
+            mtime_ns: 7,
+        }];
+        assert_eq!(decode_found(&encode_found(9, 1, &page)), Some((9, 1, page)));
+        assert_eq!(decode_found(&[0; 15]), None);
     }
 
     #[test]

@@ -70,6 +70,10 @@ pub enum Op {
     /// Confirms entry `name` of directory `path` if it still carries mark `arg` (a reader found
     /// its inode). Reply: [`ReplyValue::Existed`] (whether it was confirmed).
     DirConfirm = 28,
+    /// A find over the names this owner holds: the payload is a `protocol::meta::FindRequest`.
+    /// Reply: `protocol::meta::encode_found` (counts, then a page of matches) and
+    /// [`ReplyValue::MoreFollows`].
+    Find = 29,
 }
 
 impl Op {
@@ -94,6 +98,7 @@ impl Op {
             26 => Some(Op::SetAttr),
             27 => Some(Op::DirMark),
             28 => Some(Op::DirConfirm),
+            29 => Some(Op::Find),
             _ => None,
         }
     }
@@ -119,11 +124,12 @@ impl Op {
             Op::SetAttr => "set_attr",
             Op::DirMark => "dir_mark",
             Op::DirConfirm => "dir_confirm",
+            Op::Find => "find",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 19] = [
+    pub const ALL: [Op; 20] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -143,6 +149,7 @@ impl Op {
         Op::SetAttr,
         Op::DirMark,
         Op::DirConfirm,
+        Op::Find,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).
@@ -206,7 +213,7 @@ impl ReplyValue {
             Op::Hello => ReplyValue::Connection(word as u32),
             Op::Create | Op::SetSize => ReplyValue::OldSize(word),
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
-            Op::Readdir => ReplyValue::MoreFollows(word != 0),
+            Op::Readdir | Op::Find => ReplyValue::MoreFollows(word != 0),
             Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
             _ => ReplyValue::Nothing,
         }
