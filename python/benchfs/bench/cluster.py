@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,3 +130,31 @@ class BenchCluster:
         self.stop_clients()
         if self.cluster is not None:
             self.cluster.stop(grace_s=10.0)
+
+
+def on_threads(clients: Sequence[Any], work: Callable[[Any, int], Any]) -> tuple[float, list[Any]]:
+    """`work(client, index)` on every client at once, each on its own thread, started on a
+    barrier: the wall time until the last ends, and their results. The first error is raised
+    after all have ended (never lost)."""
+    barrier = threading.Barrier(len(clients) + 1)
+    results: list[Any] = [None] * len(clients)
+    errors: list[BaseException] = []
+
+    def run(c: Any, i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = work(c, i)
+        except BaseException as e:  # raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c, i)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return elapsed, results

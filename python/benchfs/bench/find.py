@@ -16,7 +16,6 @@ ratio of the walk's time to the find's (target: at least 10x).
 from __future__ import annotations
 
 import fnmatch
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from benchfs import Client
-from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.cluster import BenchCluster, on_threads
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
 
@@ -45,32 +44,6 @@ class FindSettings:
     @classmethod
     def quick(cls) -> FindSettings:
         return cls(servers=2, clients=2, files=2_000, dirs=10, repeats=1)
-
-
-def _on_threads(clients: list[Client], work: Any) -> tuple[float, list[Any]]:
-    """`work(client, index)` on every client at once: the wall time and the results."""
-    barrier = threading.Barrier(len(clients) + 1)
-    results: list[Any] = [None] * len(clients)
-    errors: list[BaseException] = []
-
-    def run(c: Client, i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = work(c, i)
-        except BaseException as e:  # reported below, never lost
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(c, i)) for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return elapsed, results
 
 
 def run_find(root: Path, settings: FindSettings, benchfsd: str) -> dict[str, Any]:
@@ -94,7 +67,7 @@ def run_find(root: Path, settings: FindSettings, benchfsd: str) -> dict[str, Any
                     for n in range(per_dir):
                         c.open(f"{d}/f{n:06d}", "w").close()
 
-            _on_threads(clients, fill)
+            on_threads(clients, fill)
 
             def walk(c: Client, i: int) -> tuple[int, int]:
                 examined = found = 0
@@ -109,7 +82,7 @@ def run_find(root: Path, settings: FindSettings, benchfsd: str) -> dict[str, Any
             counts: dict[str, tuple[int, int]] = {}
             for step in interleave(["tree"], settings.repeats, ("walk", "find")):
                 if step.tool == "walk":
-                    elapsed, parts = _on_threads(clients, walk)
+                    elapsed, parts = on_threads(clients, walk)
                     counts["walk"] = (sum(p[0] for p in parts), sum(p[1] for p in parts))
                 else:
                     t0 = time.perf_counter()

@@ -14,9 +14,6 @@ gives medians; `memory` (no store) is the reference the persisted modes are comp
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from benchfs import Client
-from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.cluster import BenchCluster, on_threads
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
 
@@ -46,31 +43,6 @@ class MetaSettings:
     @classmethod
     def quick(cls) -> MetaSettings:
         return cls(servers=2, clients=2, files=400, repeats=1)
-
-
-def _phase(clients: list[Client], work: Callable[[Client, int], None]) -> float:
-    """Runs `work(client, index)` on every client at once; returns the wall time."""
-    barrier = threading.Barrier(len(clients) + 1)
-    errors: list[BaseException] = []
-
-    def run(c: Client, i: int) -> None:
-        barrier.wait()
-        try:
-            work(c, i)
-        except BaseException as e:  # reported below, never lost
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(c, i)) for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return elapsed
 
 
 def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> list[float]:
@@ -99,7 +71,7 @@ def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> li
 
             rates = []
             for work in (create, stat, unlink):
-                rates.append(per_client * settings.clients / _phase(clients, work))
+                rates.append(per_client * settings.clients / on_threads(clients, work)[0])
             left = sum(len(clients[0].readdir(f"/c{i}")) for i in range(settings.clients))
             if left:
                 raise OSError(f"{left} entries left after unlink")

@@ -437,9 +437,14 @@ def _shared_queueing(
 
 
 def judge_screen(
-    probes: Sequence[NodeProbe], pairs: Sequence[PairResult], th: Thresholds
+    probes: Sequence[NodeProbe],
+    pairs: Sequence[PairResult],
+    th: Thresholds,
+    repeated: Mapping[str, set[str]] | None = None,
 ) -> ScreenResult:
-    """Metrics, flags, verdicts and exclusions of a screen (pure: no probing)."""
+    """Metrics, flags, verdicts and exclusions of a screen (pure: no probing). With
+    `repeated` (what a second probe flagged without a cause, per node), a flag of unclear
+    cause stands only if it repeated; one that did not is dropped with a note."""
     names = [p.node.name for p in probes]
     metrics = {p.node.name: node_metrics(p, th) for p in probes}
     flags: dict[str, list[Flag]] = {n: [] for n in names}
@@ -481,6 +486,18 @@ def judge_screen(
                 )
             else:
                 f.kind = KIND_UNCLEAR
+    dropped: dict[str, list[str]] = {n: [] for n in names}
+    if repeated is not None:
+        for n in names:
+            keep = [
+                f for f in flags[n] if f.kind != KIND_UNCLEAR or f.name in repeated.get(n, set())
+            ]
+            dropped[n] = [
+                f"{f.evidence}: not seen again on a second probe, so not held against the node"
+                for f in flags[n]
+                if f not in keep
+            ]
+            flags[n] = keep
     pair_rows = _pair_flags(pairs, names, flags, th)
     verdicts, excluded = decide(flags, th)
     nodes = []
@@ -498,7 +515,7 @@ def judge_screen(
                 "md": p.md,
                 "health": p.health,
                 "triage": p.triage,
-                "notes": p.notes,
+                "notes": [*p.notes, *dropped[n]],
             }
         )
     exclusions = [Exclusion(by_name[n].node.host, tuple(verdicts[n].reasons)) for n in excluded]
@@ -611,11 +628,13 @@ def run_screen(
     screen = create_screen_dir(root)
     write_nodes(screen.nodes_path, nodes)
     screen.config_path.write_text(config_text)
-    deadline = time.monotonic() + settings.budget_s
+    began = time.monotonic()
+    deadline = began + settings.budget_s
     progress(f"probing {len(nodes)} nodes at once into {screen.path}")
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = [pool.submit(probe_node, n, screen, settings, deadline) for n in nodes]
         probes = [f.result() for f in futures]
+    repeated = _probe_again(nodes, probes, screen, settings, th, began, deadline, progress)
     pairs: list[PairResult] = []
     if settings.network and len(nodes) >= 2:
         progress("measuring the network between node pairs")
@@ -623,9 +642,49 @@ def run_screen(
         pairs = measure_pairs(
             nodes, screen.network_dir, config_text, settings.network_seconds, deadline, True
         )
-    result = judge_screen(probes, pairs, th)
+    result = judge_screen(probes, pairs, th, repeated)
     write_screen(screen, result)
     return screen, result
+
+
+def _unclear(result: ScreenResult) -> dict[str, set[str]]:
+    """Per node, the flags a screen raised without a cause (device or above it)."""
+    return {
+        n["name"]: {f["flag"] for f in n["flags"] if f["kind"] == KIND_UNCLEAR}
+        for n in result.nodes
+        if any(f["kind"] == KIND_UNCLEAR for f in n["flags"])
+    }
+
+
+def _probe_again(
+    nodes: Sequence[Node],
+    probes: Sequence[NodeProbe],
+    screen: ScreenDir,
+    settings: ScreenSettings,
+    th: Thresholds,
+    began: float,
+    deadline: float,
+    progress: Callable[[str], None],
+) -> dict[str, set[str]] | None:
+    """A flag with no cause is as likely noise as a slow node (a busy moment of a shared
+    machine): when the first probe raised one, every node is probed once more, at once as
+    before, into `confirm/`, and what that probe flags without a cause is returned (None: not
+    probed again, every flag stands). A node whose second probe failed keeps its flags; with
+    less budget left than the first probe took, nothing is probed again."""
+    first = _unclear(judge_screen(probes, [], th))
+    if not first or deadline - time.monotonic() < time.monotonic() - began:
+        return None
+    progress(f"probing again: {', '.join(sorted(first))} flagged without a cause")
+    again = ScreenDir(screen.path / "confirm")
+    again.raw_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = [pool.submit(probe_node, n, again, settings, deadline) for n in nodes]
+        second = [f.result() for f in futures]
+    repeated = _unclear(judge_screen(second, [], th))
+    for p in second:
+        if p.errors:
+            repeated[p.node.name] = first.get(p.node.name, set())
+    return repeated
 
 
 def run_screen_mpi(
