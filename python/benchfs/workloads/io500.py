@@ -3,7 +3,7 @@
 Run under mpiexec (`benchfs-run launch --workload io500 --preset ci` does):
 `python -m benchfs.workloads.io500 --preset ci --registry DIR [--config FILE] [--out DIR]`.
 
-The phases, in IO500's order (hpc IO500/io500 at 02091cf254d8, src/phase-definitions.h), each
+The phases, in IO500's order (IO500/io500 at 02091cf254d8, src/phase-definitions.h), each
 after a barrier, each the built-in IOR or mdtest with that phase's defining parameters
 (src/phase_*.c there): ior-easy-write, mdtest-easy-write, ior-hard-write, mdtest-hard-write,
 find, ior-easy-read, mdtest-easy-stat, ior-hard-read, mdtest-hard-stat, mdtest-easy-delete,
