@@ -656,6 +656,30 @@ def _unclear(result: ScreenResult) -> dict[str, set[str]]:
     }
 
 
+def _second_probe_for(
+    probes: Sequence[NodeProbe], th: Thresholds, began: float, deadline: float
+) -> dict[str, set[str]] | None:
+    """A flag with no cause is as likely noise as a slow node (a busy moment of a shared
+    machine), so it must repeat: the flags the first probe raised without a cause, when every
+    node is to be probed once more; None when not (none raised, or less budget left than the
+    first probe took: every flag then stands)."""
+    first = _unclear(judge_screen(probes, [], th))
+    now = time.monotonic()
+    return first if first and deadline - now >= now - began else None
+
+
+def _repeated(
+    first: Mapping[str, set[str]], second: Sequence[NodeProbe], th: Thresholds
+) -> dict[str, set[str]]:
+    """What the second probe flagged without a cause; a node whose second probe failed keeps
+    its first flags."""
+    repeated = _unclear(judge_screen(second, [], th))
+    for p in second:
+        if p.errors:
+            repeated[p.node.name] = set(first.get(p.node.name, set()))
+    return repeated
+
+
 def _probe_again(
     nodes: Sequence[Node],
     probes: Sequence[NodeProbe],
@@ -666,25 +690,17 @@ def _probe_again(
     deadline: float,
     progress: Callable[[str], None],
 ) -> dict[str, set[str]] | None:
-    """A flag with no cause is as likely noise as a slow node (a busy moment of a shared
-    machine): when the first probe raised one, every node is probed once more, at once as
-    before, into `confirm/`, and what that probe flags without a cause is returned (None: not
-    probed again, every flag stands). A node whose second probe failed keeps its flags; with
-    less budget left than the first probe took, nothing is probed again."""
-    first = _unclear(judge_screen(probes, [], th))
-    if not first or deadline - time.monotonic() < time.monotonic() - began:
+    """Every node probed once more, at once as before, into `confirm/`, when the first probe
+    raised a flag without a cause (`_second_probe_for`); what repeated, or None."""
+    first = _second_probe_for(probes, th, began, deadline)
+    if first is None:
         return None
     progress(f"probing again: {', '.join(sorted(first))} flagged without a cause")
     again = ScreenDir(screen.path / "confirm")
-    again.raw_dir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = [pool.submit(probe_node, n, again, settings, deadline) for n in nodes]
         second = [f.result() for f in futures]
-    repeated = _unclear(judge_screen(second, [], th))
-    for p in second:
-        if p.errors:
-            repeated[p.node.name] = first.get(p.node.name, set())
-    return repeated
+    return _repeated(first, second, th)
 
 
 def run_screen_mpi(
@@ -717,12 +733,21 @@ def run_screen_mpi(
     if mine is None:
         on_host = [n for n in nodes if n.host == host]
         mine = on_host[0] if len(on_host) == 1 else nodes[rank]
-    deadline = time.monotonic() + settings.budget_s
-    probe = probe_node(mine, screen, settings, deadline)
-    probes = comm.gather(probe, root=0)
+    began = time.monotonic()
+    deadline = began + settings.budget_s
+    probes = comm.gather(probe_node(mine, screen, settings, deadline), root=0)
+    # A flag without a cause must repeat: rank 0 decides, every rank probes its node again.
+    first = _second_probe_for(probes, th, began, deadline) if probes is not None else None
+    first = comm.bcast(first, root=0)
+    repeated = None
+    if first is not None:
+        second = comm.gather(
+            probe_node(mine, ScreenDir(screen.path / "confirm"), settings, deadline), root=0
+        )
+        repeated = _repeated(first, second, th) if second is not None else None
     if rank != 0:
         return None
     assert probes is not None
-    result = judge_screen(probes, [], th)
+    result = judge_screen(probes, [], th, repeated)
     write_screen(screen, result)
     return screen, result
