@@ -68,6 +68,16 @@ pub fn split_parent(path: &str) -> Option<(&str, &str)> {
     Some((if at == 0 { "/" } else { &path[..at] }, &path[at + 1..]))
 }
 
+/// The path of entry `name` of the normalized directory `dir` (the inverse of
+/// [`split_parent`]).
+pub fn child_path(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {

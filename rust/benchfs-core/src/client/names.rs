@@ -411,11 +411,7 @@ impl Client {
         if entry.mark == 0 {
             return Ok((entry, true));
         }
-        let child = if dir == "/" {
-            format!("/{}", entry.name)
-        } else {
-            format!("{dir}/{}", entry.name)
-        };
+        let child = namespace::child_path(dir, &entry.name);
         match self
             .meta_attr(Op::Stat, "readdir", &MetaRequest::new(&child))
             .await
@@ -442,7 +438,7 @@ impl Client {
             return Ok(false);
         }
         for e in &dangling {
-            let child = format!("{dir}/{}", e.name);
+            let child = namespace::child_path(dir, &e.name);
             self.entry_op(Op::DirRemove, "rmdir", &child, e.mark).await?;
         }
         Ok(true)
