@@ -50,13 +50,13 @@ def test_result_lines_are_io500s() -> None:
     )
 
 
-def run_io500(tmp_path: Path, preset: str, timeout: float) -> dict:
+def run_io500(tmp_path: Path, preset: str, timeout: float, *more: str) -> dict:
     """`benchfs-run launch --workload io500 --preset PRESET --json`: its report, checked to
     list every phase in IO500's order, each with a score."""
     proc = subprocess.run(
         [
             *benchfs_run_command(),
-            *("launch", "--workload", "io500", "--preset", preset),
+            *("launch", "--workload", "io500", "--preset", preset, *more),
             *("--results-root", str(tmp_path), "--json", "--timeout", str(int(timeout))),
         ],
         capture_output=True,
@@ -74,7 +74,12 @@ def run_io500(tmp_path: Path, preset: str, timeout: float) -> dict:
 
 @pytest.mark.timeout(120)
 def test_benchfs_run_io500_ci_preset(tmp_path: Path) -> None:
-    report = run_io500(tmp_path, "ci", 50)
+    check_io500_run(run_io500(tmp_path, "ci", 50))
+
+
+def check_io500_run(report: dict) -> None:
+    """result_summary.txt in IO500's format, its score from its own numbers, and the run in
+    IO500's durability mode."""
     run = Path(report["results_dir"])
     # result_summary.txt in IO500's format, and its score from its own numbers.
     lines = (run / "workload" / "result_summary.txt").read_text().splitlines()
@@ -108,5 +113,22 @@ def test_preset_needs_the_io500_workload(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "--preset goes with --workload io500" in proc.stderr
+    assert "--preset and --ior-prefix go with --workload io500" in proc.stderr
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_an_ior_prefix_without_ior_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            *benchfs_run_command(),
+            *("launch", "--workload", "io500", "--ior-prefix", str(tmp_path / "none")),
+            *("--results-root", str(tmp_path / "results")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"no executable {tmp_path}/none/bin/ior" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())

@@ -157,6 +157,36 @@ def test_stonewall_stops_early(daemon_cluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_wear_out_and_status_file_carry_a_stonewalled_write_to_a_later_read(
+    daemon_cluster, tmp_path: Path
+) -> None:
+    """IO500's ior-easy shape: a stonewalled write in one execution, every rank worn out to the
+    most transfers any rank made and the count recorded; a later execution reads that many."""
+    cluster = daemon_cluster(2)
+    status = tmp_path / "ior.stonewall"
+    common = ["-F", "-k", "-t", "64k", "-b", "4g", "-O", f"stoneWallingStatusFile={status}"]
+    write = run_ior(
+        cluster,
+        ["-w", "-e", "-D", "1", "-O", "stoneWallingWearOut=1", *common],
+        tmp_path / "write",
+        ranks=2,
+    )
+    assert write.returncode == 0, write.stdout + write.stderr
+    records = [read_json(tmp_path / "write" / f"rank-{r}.json") for r in range(2)]
+    counts = [rec["phases"][0]["ops"] for rec in records]
+    assert counts[0] == counts[1] > 0, counts
+    assert int(status.read_text()) == counts[0]
+    assert all(rec["phases"][0]["stonewalled"] for rec in records)
+    assert all(rec["phases"][0]["stonewall_seconds"] >= 1.0 for rec in records)
+    read = run_ior(cluster, ["-r", "-R", "-C", *common], tmp_path / "read", ranks=2)
+    assert read.returncode == 0, read.stdout + read.stderr
+    summary = read_json(tmp_path / "read" / "summary.json")
+    assert summary["bytes_read"] == 2 * counts[0] * 64 * KIB and summary["verified"] is True
+    with Client(cluster.registry_dir, config=cluster.config_path.read_text()) as c:
+        assert c.stat("/testFile.00000001").st_size == counts[0] * 64 * KIB
+
+
+@pytest.mark.timeout(120)
 def test_iterations_and_json_stdout(daemon_cluster) -> None:
     cluster = daemon_cluster(2)
     proc = run_ior(
@@ -183,6 +213,9 @@ def test_iterations_and_json_stdout(daemon_cluster) -> None:
         (["-Z"], "unrecognized arguments"),
         (["-O", "bogus=1"], "unsupported"),
         (["-W", "-r"], "-W"),
+        (["-O", "stoneWallingWearOut=1"], "-D"),
+        (["-w", "-k", "-O", "stoneWallingStatusFile=/tmp/x"], "stoneWallingWearOut=1"),
+        (["-r", "-O", "stoneWallingStatusFile=/tmp/x"], "-k"),
     ],
 )
 def test_bad_options_exit_2_without_hanging(tmp_path: Path, args: list[str], message: str) -> None:

@@ -124,3 +124,16 @@ def test_benchfs_run_command_summarises_them(
     report = json.loads(out.stdout)
     assert report["outcome"] == "ok"
     assert {r["operation"] for r in report["rows"]} >= operations, report["rows"]
+
+
+@pytest.mark.timeout(240)
+def test_io500_with_real_ior_and_mdtest(tmp_path: Path) -> None:
+    """`--workload io500 --ior-prefix`: every phase a job of real ior or mdtest (IOR's -R and
+    mdtest's -X checks, a wear-out stonewall and status files between the jobs), scored and
+    written as the built-in run is."""
+    from test_io500 import check_io500_run, run_io500
+
+    report = run_io500(tmp_path, "ci", 150, "--ior-prefix", str(PREFIX))
+    check_io500_run(report)
+    log = (Path(report["results_dir"]) / "workload" / "output.log").read_text()
+    assert log.count("IOR-") >= 4 and log.count("mdtest-") >= 7  # the real programs' banners

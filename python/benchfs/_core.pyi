@@ -120,11 +120,13 @@ def ior_phase(
     stonewall_s: float = 0.0,
     max_ops: int | None = None,
     fsync: bool = False,
+    first_op: int = 0,
 ) -> dict[str, Any]:
     """One rank's phase of the built-in IOR workload on an open file, the loop in Rust:
     `direction` "write" (stamp each transfer with the pattern) or "read" (compare with it when
     `verify`), at IOR's segment-major offsets for rank `data_rank` of `tasks`. Stops starting
-    transfers after `stonewall_s` (0: never) or `max_ops`; `fsync` after writing. Returns bytes,
+    transfers after `stonewall_s` (0: never) or before transfer `max_ops`, starting at transfer
+    `first_op` (the wear-out after a stonewall); `fsync` after writing. Returns bytes,
     ops, seconds, stonewalled, lat_mean_s, lat_min_s, lat_p50_s, lat_p99_s, lat_max_s, fsync_s,
     mismatched_words and first_mismatch (None, or offset, expected, found, message). ValueError
     for a bad geometry (block not a multiple of the transfer, transfer not a multiple of 8)."""

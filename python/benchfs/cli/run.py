@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import Any, NoReturn
 
@@ -194,6 +195,12 @@ def main() -> None:
     type=click.Choice(["ci", "small"]),
     help="With --workload io500: the phases' sizes (ci: under a minute) [ci].",
 )
+@click.option(
+    "--ior-prefix",
+    metavar="PREFIX",
+    help="With --workload io500: the IOR and mdtest phases run the real ior and mdtest in "
+    "PREFIX/bin (contrib/ior/build-ior.sh), one MPI job per phase.",
+)
 @click.option("--ior-args", metavar="OPTIONS", help='IOR options, e.g. "-w -r -t 1m -b 16m -F".')
 @click.option("--mdtest-args", metavar="OPTIONS", help='mdtest options, e.g. "-n 1000 -u".')
 @click.option(
@@ -259,6 +266,7 @@ def launch(
     ior_args: str | None,
     mdtest_args: str | None,
     preset: str | None,
+    ior_prefix: str | None,
     user_command: str | None,
     via: str,
     nodes_file: str | None,
@@ -282,8 +290,10 @@ def launch(
     err = console(stderr=True)
     if (ior_args and workload != "ior") or (mdtest_args and workload != "mdtest"):
         _fail("EINVAL", "--ior-args needs --workload ior, --mdtest-args --workload mdtest", 2)
-    if preset and workload != "io500":
-        _fail("EINVAL", "--preset goes with --workload io500", EXIT_USAGE)
+    if (preset or ior_prefix) and workload != "io500":
+        _fail("EINVAL", "--preset and --ior-prefix go with --workload io500", EXIT_USAGE)
+    io500_args = [*(["--preset", preset] if preset else [])]
+    io500_args += ["--ior-prefix", ior_prefix] if ior_prefix else []
     if bool(user_command) != (workload == "command"):
         _fail("EINVAL", "--command goes with --workload command (and it needs one)", EXIT_USAGE)
     spec = RunSpec(
@@ -299,7 +309,7 @@ def launch(
         kill_server_after_s=kill_server_after,
         workload=workload,
         workload_args={"ior": ior_args, "mdtest": mdtest_args}.get(workload)
-        or (f"--preset {preset}" if preset else None),
+        or (shlex.join(io500_args) if io500_args else None),
         command=user_command,
         via=via,
         nodes_file=nodes_file,

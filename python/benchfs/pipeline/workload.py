@@ -97,6 +97,7 @@ class Workload:
         self.config = config
         self.servers = servers
         self.report = report
+        self.started = time.monotonic()
 
     def argv(self) -> tuple[list[str], str]:
         """The ranks' command, and what it runs in words."""
@@ -146,23 +147,15 @@ class Workload:
         self.report.workload_line = what
         ctx.progress.phase("workload")
         ctx.progress.message(f"running {len(roles.clients)} clients: {what}")
-        plan = ctx.rank_plan("workload", roles.clients)
-        env = self.command_env() if ctx.spec.workload == "command" else None
-        hosts = [n.host for n in roles.clients]
-        proc, cmd = ctx.launcher.ranks(hosts, rank_command(plan, argv), run_dir.workload_log, env)
-        manifest.commands.append({"what": "workload", "argv": cmd})
-        record: dict[str, Any] = {"role": "workload", "pid": proc.pid, "argv": cmd}
-        manifest.processes.append(record)
-        manifest.write(run_dir)
-        try:
-            status, server_failure = self._watch(proc)
-        finally:
-            if proc.poll() is None:
-                children = descendants(proc.pid)
-                record["children"] = children
-                stop_process(proc, WORKLOAD_STOP_GRACE_S, group=True)
-                kill_pids(children, WORKLOAD_STOP_GRACE_S)
-            record["exit_status"] = proc.returncode
+        self.started = time.monotonic()
+        ior_prefix = self.io500_ior_prefix()
+        if ior_prefix is not None:
+            from benchfs.pipeline.io500 import Io500Jobs
+
+            status, server_failure = Io500Jobs(self, ior_prefix).run()
+        else:
+            env = self.command_env() if ctx.spec.workload == "command" else None
+            status, server_failure = self.job("workload", argv, env)
 
         summary = self._summary(status)
         for rank in range(len(roles.clients)):
@@ -192,6 +185,39 @@ class Workload:
         if ctx.spec.workload == "rw" and not summary.get("verified"):
             raise RunError("EIO", "workload finished but did not verify every byte")
 
+    def io500_ior_prefix(self) -> Path | None:
+        """--ior-prefix of an io500 run: its phases are real ior and mdtest jobs."""
+        if self.ctx.spec.workload != "io500":
+            return None
+        from benchfs.workloads import io500
+
+        options = workload_options("io500", self.ctx.spec.workload_args, self.config["run"])
+        prefix: Path | None = io500.parse_args([*options, "--registry", "-"]).ior_prefix
+        return prefix
+
+    def job(self, what: str, argv: list[str], env: dict[str, str] | None) -> tuple[int, str | None]:
+        """One MPI job of the workload on the client slots, watched to its end: (exit status,
+        description of a dead server or None). Its output goes to the workload's log."""
+        ctx = self.ctx
+        manifest, run_dir, roles = ctx.manifest, ctx.run_dir, ctx.roles
+        assert roles is not None
+        plan = ctx.rank_plan("workload", roles.clients)
+        hosts = [n.host for n in roles.clients]
+        proc, cmd = ctx.launcher.ranks(hosts, rank_command(plan, argv), run_dir.workload_log, env)
+        manifest.commands.append({"what": what, "argv": cmd})
+        record: dict[str, Any] = {"role": "workload", "pid": proc.pid, "argv": cmd}
+        manifest.processes.append(record)
+        manifest.write(run_dir)
+        try:
+            return self._watch(proc)
+        finally:
+            if proc.poll() is None:
+                children = descendants(proc.pid)
+                record["children"] = children
+                stop_process(proc, WORKLOAD_STOP_GRACE_S, group=True)
+                kill_pids(children, WORKLOAD_STOP_GRACE_S)
+            record["exit_status"] = proc.returncode
+
     def _summary(self, status: int) -> dict[str, Any] | None:
         """The workload's summary.json; for a user command, its output parsed into rows."""
         ctx = self.ctx
@@ -220,7 +246,7 @@ class Workload:
         ctx, cluster = self.ctx, self.servers.cluster
         assert cluster is not None
         manifest, spec = ctx.manifest, ctx.spec
-        start = time.monotonic()
+        start = self.started  # the deadline and the fault injection span all the jobs
         deadline = start + spec.timeout_s
         kill_after = spec.kill_server_after_s
         server_failure: str | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +70,74 @@ PRESETS = {
     # make test-long: more of everything.
     "small": Preset("1m", "256m", 4000, 5000, 2000, 300),
 }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the run: an IO500 phase, or the preparation and timestamp around them.
+
+    `tool` is what runs it ("ior", "mdtest", "find", "prepare", "timestamp"); `args` are its
+    options as the built-in IOR and mdtest take them, which real IOR and mdtest take too
+    (`real_argv` adds what only those have); `metric` is the figure that scores it (IOR's
+    "write" or "read" bandwidth, mdtest's rate of that operation)."""
+
+    name: str
+    tool: str
+    args: tuple[str, ...] = ()
+    metric: str = ""
+
+
+def phase_plan(p: Preset, scratch: Path) -> list[Step]:
+    """The steps in IO500's order with IO500's defining options (src/phase_ior_easy*.c,
+    phase_ior_hard*.c, phase_mdtest_easy*.c, phase_mdtest_hard*.c at 02091cf254d8): writes
+    under a stonewall with wear-out that records its count in a status file under `scratch`,
+    which the later phases read; reads check the data from another rank (-C)."""
+    wall = str(p.stonewall_s)
+    ior_easy_status = scratch / "ior-easy.stonewall"
+    ior_hard_status = scratch / "ior-hard.stonewall"
+    easy = ["-k", "-e", "-o", f"{ROOT}/ior-easy/ior_file_easy", "-t", p.ior_easy_transfer]
+    easy += ["-b", p.ior_easy_block, "-F", "-O", f"stoneWallingStatusFile={ior_easy_status}"]
+    hard = ["-k", "-e", "-o", f"{ROOT}/ior-hard/IOR_file", "-t", "47008", "-b", "47008"]
+    hard += ["-s", str(p.ior_hard_segments), "-O", f"stoneWallingStatusFile={ior_hard_status}"]
+    write = ["-w", "-D", wall, "-O", "stoneWallingWearOut=1"]
+    read = ["-r", "-R", "-C"]
+    md_easy = ["-n", str(p.mdtest_easy_files), "-u", "-w", "0", "-d", f"{ROOT}/mdtest-easy"]
+    md_easy += ["-x", str(scratch / "mdtest-easy.stonewall")]
+    md_hard = ["-n", str(p.mdtest_hard_files), "-w", "3901", "-d", f"{ROOT}/mdtest-hard"]
+    md_hard += ["-x", str(scratch / "mdtest-hard.stonewall")]
+    return [
+        Step("prepare", "prepare"),
+        Step("ior-easy-write", "ior", (*write, *easy), "write"),
+        Step("mdtest-easy-write", "mdtest", ("-C", "-W", wall, *md_easy), "create"),
+        Step("timestamp", "timestamp"),
+        Step("ior-hard-write", "ior", (*write, *hard), "write"),
+        Step("mdtest-hard-write", "mdtest", ("-C", "-W", wall, *md_hard), "create"),
+        Step("find", "find"),
+        Step("ior-easy-read", "ior", (*read, *easy), "read"),
+        Step("mdtest-easy-stat", "mdtest", ("-T", *md_easy), "stat"),
+        Step("ior-hard-read", "ior", (*read, *hard), "read"),
+        Step("mdtest-hard-stat", "mdtest", ("-T", *md_hard), "stat"),
+        Step("mdtest-easy-delete", "mdtest", ("-r", *md_easy), "remove"),
+        Step("mdtest-hard-read", "mdtest", ("-E", *md_hard), "read"),
+        Step("mdtest-hard-delete", "mdtest", ("-r", *md_hard), "remove"),
+    ]
+
+
+def real_argv(step: Step, prefix: Path) -> list[str]:
+    """The command of an ior or mdtest step with real IOR and mdtest from `prefix` (built with
+    contrib/ior/build-ior.sh): their BENCHFS backend, and IO500's options the built-in
+    workloads do not have (both: a fixed signature in the data (-G, as IO500 passes its
+    hash), so that a later execution can check what an earlier one wrote; IOR: barriers
+    between open, transfers and close (-g); mdtest: files only (-F),
+    at the leaves (-L), stat and read the neighbour rank's files (-N 1), mdtest-hard reads the
+    3901 bytes (-e), checked against what was written (-X, which IO500 leaves out), and
+    times its directory (-t))."""
+    extra = ["-G", "271", "-g"] if step.tool == "ior" else ["-G", "271"]
+    if step.tool == "mdtest":
+        extra += ["-F", "-P", "-N", "1"]
+        extra += ["-t", "-e", "3901"] if step.name.startswith("mdtest-hard") else ["-L"]
+        extra += ["-X"] if step.name == "mdtest-hard-read" else []
+    return [str(prefix / "bin" / step.tool), "-a", "BENCHFS", *extra, *step.args]
 
 
 @dataclass(frozen=True)
@@ -126,7 +195,33 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--registry", required=True, help="registry directory of the servers")
     p.add_argument("--config", help="configuration file (default: $BENCHFS_CONFIG)")
     p.add_argument("--out", type=Path, help="directory for result_summary.txt and summary.json")
-    return p.parse_args(list(argv))
+    p.add_argument(
+        "--ior-prefix",
+        type=Path,
+        help="run the IOR and mdtest phases with the real ior and mdtest in PREFIX/bin, one MPI "
+        "job per phase (benchfs-run launch does; contrib/ior/build-ior.sh builds them)",
+    )
+    p.add_argument(
+        "--phase",
+        choices=["prepare", *(name for name, _ in PHASES)],
+        help="run only this phase (after the preparation), as a job of its own",
+    )
+    p.add_argument(
+        "--newer-ns",
+        type=int,
+        default=0,
+        help="with --phase find: the timestamp (ns since the epoch) files must be newer than",
+    )
+    a = p.parse_args(list(argv))
+    if a.ior_prefix is not None:
+        for tool in ("ior", "mdtest"):
+            binary = a.ior_prefix / "bin" / tool
+            if not os.access(binary, os.X_OK):
+                raise UsageError(
+                    f"--ior-prefix {a.ior_prefix}: no executable {binary} (build IOR with "
+                    "contrib/ior/build-ior.sh IOR_SOURCE PREFIX)"
+                )
+    return a
 
 
 class Io500Rank:
@@ -142,7 +237,7 @@ class Io500Rank:
         self.scratch = scratch  # phase outputs and stonewall files (rank 0's local directory)
         self.results: list[PhaseResult] = []
         self.errors: list[dict[str, Any]] = []
-        self.timestamp_ns = 0
+        self.timestamp_ns = a.newer_ns
 
     def common(self, phase: str) -> list[str]:
         out = ["--registry", self.a.registry, "--out", str(self.scratch / phase)]
@@ -245,83 +340,83 @@ class Io500Rank:
         return not failures
 
     def execute(self) -> int:
-        p = self.preset
-        wall = str(p.stonewall_s)
-        easy = ["-t", p.ior_easy_transfer, "-b", p.ior_easy_block, "-F", "-k", "-o"]
-        easy.append(f"{ROOT}/ior-easy/ior_file_easy")
-        hard = ["-t", "47008", "-b", "47008", "-s", str(p.ior_hard_segments), "-k", "-o"]
-        hard.append(f"{ROOT}/ior-hard/IOR_file")
-        md_easy = ["-n", str(p.mdtest_easy_files), "-u", "-w", "0", "-d", f"{ROOT}/mdtest-easy"]
-        md_easy += ["-x", str(self.scratch / "mdtest-easy.stonewall")]
-        md_hard = ["-n", str(p.mdtest_hard_files), "-w", "3901", "-d", f"{ROOT}/mdtest-hard"]
-        md_hard += ["-x", str(self.scratch / "mdtest-hard.stonewall")]
-
-        def timestamp() -> bool:
-            # IO500's timestamp phase: find looks for files newer than this.
-            self.timestamp_ns = self.comm.bcast(time.time_ns() if self.rank == 0 else 0, root=0)
-            return True
-
-        steps: list[Callable[[], bool]] = [
-            self.prepare,
-            lambda: self.ior("ior-easy-write", "write", ["-w", "-e", *easy]),
-            lambda: self.mdtest("mdtest-easy-write", "create", ["-C", "-W", wall, *md_easy]),
-            timestamp,
-            lambda: self.ior("ior-hard-write", "write", ["-w", "-e", *hard]),
-            lambda: self.mdtest("mdtest-hard-write", "create", ["-C", "-W", wall, *md_hard]),
-            self.find,
-            # Read back by another rank (-C), as IO500 does with -C -Q 1.
-            lambda: self.ior("ior-easy-read", "read", ["-r", "-R", "-C", *easy]),
-            lambda: self.mdtest("mdtest-easy-stat", "stat", ["-T", *md_easy]),
-            lambda: self.ior("ior-hard-read", "read", ["-r", "-R", "-C", *hard]),
-            lambda: self.mdtest("mdtest-hard-stat", "stat", ["-T", *md_hard]),
-            lambda: self.mdtest("mdtest-easy-delete", "remove", ["-r", *md_easy]),
-            lambda: self.mdtest("mdtest-hard-read", "read", ["-E", *md_hard]),
-            lambda: self.mdtest("mdtest-hard-delete", "remove", ["-r", *md_hard]),
-        ]
         ok = True
-        for step in steps:
-            ok = step()
+        for step in phase_plan(self.preset, self.scratch):
+            if self.a.phase is not None and step.name not in (self.a.phase, "prepare"):
+                continue
+            ok = self.run_step(step)
             if not ok:
                 break
         if self.rank == 0:
             self.finish(ok)
         return 0 if ok else 1
 
+    def run_step(self, step: Step) -> bool:
+        if step.tool == "prepare":
+            return self.prepare()
+        if step.tool == "timestamp":
+            # IO500's timestamp phase: find looks for files newer than this.
+            self.timestamp_ns = self.comm.bcast(time.time_ns() if self.rank == 0 else 0, root=0)
+            return True
+        if step.tool == "find":
+            return self.find()
+        if step.tool == "ior":
+            return self.ior(step.name, step.metric, list(step.args))
+        return self.mdtest(step.name, step.metric, list(step.args))
+
     def finish(self, ok: bool) -> None:
-        score = calc_score(self.results) if ok else None
-        lines = [result_line(r) for r in self.results]
-        if score is not None:
-            lines.append(score_line(score))
-            print(score_line(score), flush=True)
-        else:
+        if not ok:
             first = self.errors[0] if self.errors else {"phase": "?", "message": "?"}
             print(f"benchfs io500: FAILED in {first['phase']}", file=sys.stderr, flush=True)
-        if self.a.out is None:
-            return
-        self.a.out.mkdir(parents=True, exist_ok=True)
-        (self.a.out / "result_summary.txt").write_text("\n".join(lines) + "\n")
-        rows: list[dict[str, Any]] = [
-            {"tool": "io500", "operation": r.name, "kind": "phase", "unit": r.unit, **asdict(r)}
-            for r in self.results
-        ]
-        if score is not None:
-            rows.append({"tool": "io500", "operation": "score", "kind": "score", **asdict(score)})
-        write_json_atomic(
-            self.a.out / "summary.json",
-            {
-                "workload": "io500",
-                "preset": self.a.preset,
-                "ranks": self.size,
-                "phases": [{**asdict(r), "unit": r.unit} for r in self.results],
-                "score": None if score is None else asdict(score),
-                "rows": rows,
-                "write_mib_s": None,
-                "read_mib_s": None,
-                "verified": ok,
-                "verify_requested": True,
-                "errors": self.errors,
-            },
-        )
+        if self.a.phase is None:
+            print_score(self.results, ok)
+        if self.a.out is not None:
+            write_results(self.a.out, self.a.preset, self.size, self.results, self.errors, ok)
+
+
+def print_score(results: Sequence[PhaseResult], ok: bool) -> None:
+    """The score line, after every phase passed."""
+    if ok:
+        print(score_line(calc_score(results)), flush=True)
+
+
+def write_results(
+    out: Path,
+    preset: str,
+    ranks: int,
+    results: Sequence[PhaseResult],
+    errors: Sequence[dict[str, Any]],
+    ok: bool,
+) -> None:
+    """result_summary.txt in IO500's format, and the summary.json benchfs-run reads."""
+    score = calc_score(results) if ok else None
+    lines = [result_line(r) for r in results]
+    if score is not None:
+        lines.append(score_line(score))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result_summary.txt").write_text("\n".join(lines) + "\n")
+    rows: list[dict[str, Any]] = [
+        {"tool": "io500", "operation": r.name, "kind": "phase", "unit": r.unit, **asdict(r)}
+        for r in results
+    ]
+    if score is not None:
+        rows.append({"tool": "io500", "operation": "score", "kind": "score", **asdict(score)})
+    write_json_atomic(
+        out / "summary.json",
+        {
+            "workload": "io500",
+            "preset": preset,
+            "ranks": ranks,
+            "phases": [{**asdict(r), "unit": r.unit} for r in results],
+            "score": None if score is None else asdict(score),
+            "rows": rows,
+            "write_mib_s": None,
+            "read_mib_s": None,
+            "verified": ok,
+            "verify_requested": True,
+            "errors": list(errors),
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,10 +425,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"benchfs io500: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    if a.ior_prefix is not None:
+        print(
+            "benchfs io500: error: --ior-prefix runs each phase as its own MPI job: run it "
+            "through `benchfs-run launch --workload io500 --ior-prefix PREFIX`",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_USAGE
     from mpi4py import MPI
 
-    scratch = (a.out or Path.cwd()) / "phases"
-    return Io500Rank(a, MPI, scratch).execute()
+    return Io500Rank(a, MPI, scratch_dir(a.out)).execute()
+
+
+def scratch_dir(out: Path | None) -> Path:
+    """Where the phases' own outputs and the stonewall status files go."""
+    return (out or Path.cwd()) / "phases"
 
 
 if __name__ == "__main__":

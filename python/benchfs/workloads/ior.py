@@ -11,6 +11,7 @@ tables (or IOR's JSON with `-O summaryFormat=JSON`); see docs/workloads.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchfs import Client, _core
+from benchfs import Client, File, _core
 from benchfs.config import resolve_config_text
 from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
@@ -74,6 +75,8 @@ class Options:
     reorder: bool
     fsync: bool
     stonewall_s: int
+    wear_out: bool
+    stonewall_status_file: Path | None
     iterations: int
     test_file: str
     keep_file: bool
@@ -116,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         dest="extra",
         metavar="KEY=VALUE",
-        help="summaryFormat=JSON (JSON instead of text on stdout), summaryFile=PATH",
+        help="summaryFormat=JSON (JSON instead of text on stdout), summaryFile=PATH, "
+        "stoneWallingWearOut=1 (after -D, every task goes on to the most transfers any task "
+        "made), stoneWallingStatusFile=PATH (a write records that count, a read reads as many)",
     )
     p.add_argument("--json", type=Path, help="also write IOR's JSON output to this file")
     p.add_argument("--registry", required=True, help="registry directory of the servers")
@@ -130,6 +135,8 @@ def parse_options(argv: Sequence[str]) -> Options:
     a = build_parser().parse_args(list(argv))
     json_stdout = False
     summary_file: Path | None = None
+    wear_out = False
+    status_file: Path | None = None
     for item in a.extra:
         key, sep, value = item.partition("=")
         if not sep:
@@ -140,8 +147,17 @@ def parse_options(argv: Sequence[str]) -> Options:
             json_stdout = value.lower() == "json"
         elif key == "summaryFile":
             summary_file = Path(value)
+        elif key == "stoneWallingWearOut":
+            if value not in ("0", "1"):
+                raise UsageError(f"-O stoneWallingWearOut={value}: expected 0 or 1")
+            wear_out = value == "1"
+        elif key == "stoneWallingStatusFile":
+            status_file = Path(value)
         else:
-            raise UsageError(f"-O {key}: unsupported (summaryFormat and summaryFile are)")
+            raise UsageError(
+                f"-O {key}: unsupported (summaryFormat, summaryFile, stoneWallingWearOut and "
+                "stoneWallingStatusFile are)"
+            )
     if not (a.write or a.read or a.check_write or a.check_read):
         a.write = a.read = True  # IOR's default: write, then read
     if a.check_write and not a.write:
@@ -158,6 +174,19 @@ def parse_options(argv: Sequence[str]) -> Options:
         raise UsageError("-i: iterations must be at least 1")
     if not a.test_file.startswith("/"):
         raise UsageError(f"-o {a.test_file}: the test file must be an absolute BenchFS path")
+    # IOR's own checks of these options (src/ior.c at 5fcf0ba995fd, ValidateTests).
+    if status_file is not None and not a.keep:
+        raise UsageError(
+            "-O stoneWallingStatusFile: only sensible when write and read run as separate "
+            "executions: use -k"
+        )
+    if status_file is not None and not wear_out and a.write:
+        raise UsageError(
+            "-O stoneWallingStatusFile: a write records its count only with "
+            "-O stoneWallingWearOut=1"
+        )
+    if wear_out and not a.deadline:
+        raise UsageError("-O stoneWallingWearOut: needs a stonewall deadline (-D)")
     return Options(
         write=a.write,
         read=a.read,
@@ -170,6 +199,8 @@ def parse_options(argv: Sequence[str]) -> Options:
         reorder=a.reorder,
         fsync=a.fsync,
         stonewall_s=a.deadline,
+        wear_out=wear_out,
+        stonewall_status_file=status_file,
         iterations=a.reps,
         test_file=a.test_file,
         keep_file=a.keep,
@@ -254,9 +285,64 @@ def reduce_phase(access: str, iteration: int, phases: list[RankPhase]) -> PhaseR
         close_s=max(p.close_end for p in phases) - min(p.io_end for p in phases),
         total_s=total,
         stonewalled=stonewalled,
-        stonewall_s=max(float(p.loop["seconds"]) for p in phases) if stonewalled else None,
-        stonewall_mib=moved / MIB if stonewalled else None,
+        stonewall_s=max(float(p.loop.get("stonewall_seconds", p.loop["seconds"])) for p in phases)
+        if stonewalled
+        else None,
+        stonewall_mib=sum(int(p.loop.get("stonewall_bytes", p.loop["bytes"])) for p in phases) / MIB
+        if stonewalled
+        else None,
     )
+
+
+def write_status_file(path: Path, ops: int) -> None:
+    """IOR's stonewalling status file: the transfers per task a stonewalled write made, as
+    one decimal number (src/utilities.c StoreStoneWallingIterations at 5fcf0ba995fd)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(ops))
+
+
+def read_status_file(path: Path) -> int | None:
+    """The count in IOR's status file; None (read everything) with IOR's warning when it
+    cannot be read."""
+    try:
+        ops = int(path.read_text().split()[0])
+        return ops if ops > 0 else None  # 0: IOR reads everything
+    except (OSError, ValueError, IndexError):
+        print(
+            f"WARNING: Could not read back the stonewalling status from the file! ({path})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+
+
+def merge_loops(first: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    """One rank's loop report from a stonewalled loop and its wear-out: counts add up; the
+    latency quantiles are those of the larger part (the parts' samples are not kept)."""
+    ops = int(first["ops"]) + int(rest["ops"])
+    larger = first if int(first["ops"]) >= int(rest["ops"]) else rest
+    mean = (
+        (first["lat_mean_s"] * int(first["ops"]) + rest["lat_mean_s"] * int(rest["ops"])) / ops
+        if ops
+        else 0.0
+    )
+    parts = [x for x in (first, rest) if int(x["ops"])] or [first]
+    return {
+        **first,
+        "bytes": int(first["bytes"]) + int(rest["bytes"]),
+        "ops": ops,
+        "seconds": first["seconds"] + rest["seconds"],
+        "stonewall_seconds": first["seconds"],
+        "stonewall_bytes": int(first["bytes"]),
+        "lat_mean_s": mean,
+        "lat_min_s": min(x["lat_min_s"] for x in parts),
+        "lat_p50_s": larger["lat_p50_s"],
+        "lat_p99_s": larger["lat_p99_s"],
+        "lat_max_s": max(x["lat_max_s"] for x in parts),
+        "fsync_s": rest["fsync_s"],
+        "mismatched_words": int(first["mismatched_words"]) + int(rest["mismatched_words"]),
+        "first_mismatch": first["first_mismatch"] or rest["first_mismatch"],
+    }
 
 
 def _summary_stats(opts: Options, tasks: int, results: list[PhaseResult], op: str) -> dict:
@@ -523,11 +609,17 @@ class IorRank:
     def phase(
         self, access: str, iteration: int, data_rank: int, verify: bool, max_ops: int | None
     ) -> RankPhase | None:
-        """One timed phase: prepare, barrier, open, Rust loop, close; None if any rank failed."""
+        """One timed phase: prepare, barrier, open, Rust loop, close; None if any rank failed.
+
+        A write under -D with -O stoneWallingWearOut=1 keeps the file open after the
+        stonewall, agrees on the most transfers any rank made, and goes on to that count
+        (the fsync after it), as IOR does; the phase spans both."""
         o, rank, wtime = self.opts, self.rank, self.MPI.Wtime
         out = RankPhase()
         writing = access == "write"
+        wear_out = writing and o.wear_out and o.stonewall_s > 0
         path = file_name(o, data_rank)
+        opened: list[File] = []
 
         def prepare() -> None:
             # A shared file is created (and truncated) once, before the timed open.
@@ -535,28 +627,22 @@ class IorRank:
             if writing and not o.file_per_proc and rank == 0:
                 self.client.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC).close()
 
-        def run() -> None:
-            assert self.client is not None
-            if writing:
-                flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if o.file_per_proc else 0)
-            else:
-                flags = os.O_RDONLY
-            out.open_start = wtime()
-            f = self.client.open(path, flags)
-            out.open_end = wtime()
-            try:
-                out.loop = _core.ior_phase(
-                    f._core,
-                    "write" if writing else "read",
-                    fsync=writing and o.fsync,
-                    verify=verify,
-                    stonewall_s=float(o.stonewall_s),
-                    max_ops=max_ops,
-                    **self.geometry(data_rank),
-                )
-                out.io_end = wtime()
-            finally:
-                f.close()
+        def loop(first_op: int, end: int | None, stonewall_s: float, fsync: bool) -> None:
+            loop = _core.ior_phase(
+                opened[0]._core,
+                "write" if writing else "read",
+                fsync=fsync,
+                verify=verify,
+                stonewall_s=stonewall_s,
+                max_ops=end,
+                first_op=first_op,
+                **self.geometry(data_rank),
+            )
+            out.loop = merge_loops(out.loop, loop) if out.loop else loop
+            out.io_end = wtime()
+
+        def close() -> None:
+            opened.pop().close()
             out.close_end = wtime()
             self.record["phases"].append({"access": access, "iteration": iteration, **out.loop})
             bad = out.loop.get("first_mismatch")
@@ -566,12 +652,36 @@ class IorRank:
                     f"data do not verify; first: {bad['message']}"
                 )
 
+        def run() -> None:
+            assert self.client is not None
+            if writing:
+                flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if o.file_per_proc else 0)
+            else:
+                flags = os.O_RDONLY
+            out.open_start = wtime()
+            opened.append(self.client.open(path, flags))
+            out.open_end = wtime()
+            loop(0, max_ops, float(o.stonewall_s), writing and o.fsync and not wear_out)
+            if not wear_out:
+                close()
+
+        def go_on(target: int) -> None:
+            loop(int(out.loop["ops"]), target, 0.0, o.fsync)
+            close()
+
         if not self.step(f"{access} prepare", prepare):
             return None
         self.comm.Barrier()
-        if not self.step(access, run):
-            return None
-        return out
+        try:
+            ok = self.step(access, run)
+            if ok and wear_out:
+                target = self.comm.allreduce(int(out.loop["ops"]), op=self.MPI.MAX)
+                ok = self.step(f"{access} wear-out", lambda: go_on(target))
+        finally:
+            for f in opened:  # a failed step left it open; its error is already recorded
+                with contextlib.suppress(OSError):
+                    f.close()
+        return out if ok else None
 
     def report(self, access: str, iteration: int, out: RankPhase) -> None:
         phases = self.comm.gather(out, root=0)
@@ -605,11 +715,17 @@ class IorRank:
             if o.stonewall_s:
                 # Readers after a stonewalled write read only what every rank wrote.
                 written_ops = self.comm.allreduce(int(out.loop["ops"]), op=self.MPI.MIN)
+                if o.stonewall_status_file is not None and rank == 0:
+                    write_status_file(o.stonewall_status_file, written_ops)
             if o.check_write:
                 # IOR checks a write from two tasks away when reordering (-C).
                 peer = (rank + 2) % size if o.reorder else rank
                 if self.phase("write-check", it, peer, verify=True, max_ops=written_ops) is None:
                     return False
+        if (o.read or o.check_read) and written_ops is None and o.stonewall_status_file:
+            written_ops = self.comm.bcast(
+                read_status_file(o.stonewall_status_file) if rank == 0 else None, root=0
+            )
         if o.read or o.check_read:
             peer = (rank + 1) % size if o.reorder else rank
             out = self.phase("read", it, peer, verify=o.check_read, max_ops=written_ops)

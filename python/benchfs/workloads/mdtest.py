@@ -287,9 +287,12 @@ class MdtestRank:
             self.client = Client(self.a.registry, config=resolve_config_text(self.a.config))
 
         def count() -> None:
-            self.count = self.files_per_rank()
+            if self.rank == 0:  # as mdtest: the -x file is rank 0's to read
+                self.count = self.files_per_rank()
 
         ok = self.step("connect", connect) and self.step("file count", count)
+        if ok:
+            self.count = self.comm.bcast(self.count, root=0)
         for it in range(self.a.iterations):
             if not ok:
                 break

@@ -777,7 +777,7 @@ fn bench_telemetry<'py>(
 /// One rank's phase of the built-in IOR workload on an open file: the transfer loop, pattern
 /// and check run in Rust with the GIL released (see benchfs_core::ior and docs/workloads.md).
 #[pyfunction]
-#[pyo3(signature = (file, direction, segments, block_size, transfer_size, tasks, file_per_proc, data_rank, verify=false, stonewall_s=0.0, max_ops=None, fsync=false))]
+#[pyo3(signature = (file, direction, segments, block_size, transfer_size, tasks, file_per_proc, data_rank, verify=false, stonewall_s=0.0, max_ops=None, fsync=false, first_op=0))]
 #[allow(clippy::too_many_arguments)]
 fn ior_phase<'py>(
     py: Python<'py>,
@@ -793,6 +793,7 @@ fn ior_phase<'py>(
     stonewall_s: f64,
     max_ops: Option<u64>,
     fsync: bool,
+    first_op: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
     if !stonewall_s.is_finite() || stonewall_s < 0.0 {
         return Err(PyValueError::new_err("stonewall_s must be a non-negative number"));
@@ -809,6 +810,7 @@ fn ior_phase<'py>(
         direction: Direction::parse(direction).map_err(to_py)?,
         verify,
         stonewall: (stonewall_s > 0.0).then(|| Duration::from_secs_f64(stonewall_s)),
+        first_op,
         max_ops,
         fsync,
     };

@@ -166,7 +166,9 @@ pub struct PhaseSpec {
     pub verify: bool,
     /// Stop starting transfers after this long (IOR's `-D`); None runs them all.
     pub stonewall: Option<Duration>,
-    /// Do at most this many transfers (a read after a stonewalled write reads what was written).
+    /// Start at this transfer (the wear-out after a stonewall goes on where the loop stopped).
+    pub first_op: u64,
+    /// Stop before this transfer (a read after a stonewalled write reads what was written).
     pub max_ops: Option<u64>,
     /// Write: fsync once the transfers are done (IOR's `-e`), inside the timed loop.
     pub fsync: bool,
@@ -227,14 +229,15 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 pub fn run_phase(client: &Client, file: &FileHandle, spec: &PhaseSpec) -> Result<PhaseReport> {
     let g = &spec.geometry;
     g.validate()?;
-    let ops = spec.max_ops.map_or(g.ops(), |m| m.min(g.ops()));
+    let end = spec.max_ops.map_or(g.ops(), |m| m.min(g.ops()));
+    let ops = end.saturating_sub(spec.first_op);
     let transfer = g.transfer_size as usize;
     let mut buf = vec![0u8; transfer];
     let mut latencies = Vec::with_capacity(ops.min(1 << 24) as usize);
     let mut report = PhaseReport::default();
     let start = Instant::now();
     let deadline = spec.stonewall.map(|d| start + d);
-    for op in 0..ops {
+    for op in spec.first_op..end {
         if let Some(d) = deadline {
             if Instant::now() >= d {
                 report.stonewalled = true;
