@@ -544,3 +544,55 @@ def analysis(
 
 if __name__ == "__main__":
     main()
+
+
+@main.command(name="diagnose")
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"Directory for the simulated nodes' images and screens [{DEFAULT_ROOT}].",
+)
+@click.option("--quick", is_flag=True, help="3 nodes, 2 trials (one planted, one clean), no load.")
+@JSON_OPTION
+@click.option("--nodes", type=click.IntRange(min=3), help="Simulated nodes [4; --quick: 3].")
+@click.option("--trials", type=click.IntRange(min=1), help="Screens [20; --quick: 2].")
+@click.option("--seed", type=int, help="Seed of the trials' draws [random, and reported].")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=1),
+    help="Workload probe seconds of each screen [diagnose.quick_seconds; --quick: 2].",
+)
+@click.option("--no-load", is_flag=True, help="No stress-ng background load.")
+def diagnose_case(
+    root: Path | None,
+    quick: bool,
+    as_json: bool,
+    nodes: int | None,
+    trials: int | None,
+    seed: int | None,
+    seconds: float | None,
+    no_load: bool,
+) -> None:
+    """The screen's accuracy: trials on simulated nodes (loop devices; a delaying device or a
+    blkio throttle planted at random, a quarter of the trials clean) under stress-ng load."""
+    from benchfs.bench import diagnose as bench
+
+    settings = bench.DiagnoseSettings.quick() if quick else bench.DiagnoseSettings()
+    changes: dict[str, Any] = {"seed": seed}
+    if nodes:
+        changes["nodes"] = nodes
+    if trials:
+        changes["trials"] = trials
+    if seconds:
+        changes["seconds"] = seconds
+    if no_load:
+        changes["load"] = False
+    settings = dataclasses.replace(settings, **changes)
+    err = console(stderr=True)
+    reporter = _Reporter(err, as_json)
+    base = root or Path(DEFAULT_ROOT)
+    with _failures_exit(err), tempfile.TemporaryDirectory(prefix="benchfs-diag-", dir=base) as work:
+        report = bench.run_diagnose(Path(work), settings, reporter.progress)
+    report["quick"] = quick
+    _emit(report, as_json, bench.render)

@@ -1,0 +1,297 @@
+"""`benchfs-bench diagnose`: the screen's accuracy, measured on simulated nodes.
+
+N simulated nodes on this host (benchfs.simnodes: each its own loop device with ext4 over a
+delaying FUSE file system) are screened again and again (quick screens, the default
+thresholds). Before each trial one node at random may be made slow, with the trial's kind and
+severity drawn from a generator seeded with a recorded seed:
+
+- a slow device: every read and write of the node's device delayed by 2-20 ms;
+- slow above the device: a blkio throttle of the node's reads and writes at 25-50% of the
+  bandwidth that node delivered in a calibration screen;
+- nothing (a quarter of the trials).
+
+Ground truth: a node is slow if and only if something was planted on it. Background load
+(`stress-ng --cpu 2 --io 1`, on the one host all nodes share) runs throughout: noise, never a
+reason to exclude. The report gives precision and recall of the exclusions, the rate of
+healthy nodes excluded, whether the kind and the device were named, and the time a screen
+took, overall and per severity range; targets: recall 100%, no healthy node excluded, kind
+and device right in every detected case.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from benchfs.bench.render import fmt, print_lines_and_targets, report_table
+from benchfs.config import load_config, resolve_config_text, section
+from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE
+from benchfs.diagnose.screen import ScreenSettings, run_screen
+from benchfs.errors import BenchError
+from benchfs.simnodes import Disk, Sim, background_load, build_delayfs, node, requirements
+from benchfs.simnodes import simulation as sim_context
+from benchfs.units import MIB
+
+LOAD = ["stress-ng", "--cpu", "2", "--io", "1"]
+DELAY_RANGES = ((2.0, 5.0), (5.0, 10.0), (10.0, 20.0))
+"""Device delays (ms per I/O) drawn uniformly from 2-20 ms, reported in these ranges."""
+THROTTLE_RANGES = ((0.25, 0.375), (0.375, 0.5))
+"""Throttles (share of the node's measured bandwidth) from 25-50%, reported in these ranges."""
+EXPECTED_KIND = {"device": KIND_DEVICE, "throttle": KIND_ABOVE}
+
+
+@dataclass(frozen=True)
+class DiagnoseSettings:
+    nodes: int = 4
+    trials: int = 20
+    clean_share: float = 0.25
+    seconds: float | None = None
+    """The screens' workload probe seconds (None: the configuration's quick_seconds)."""
+    load: bool = True
+    seed: int | None = None
+    disk_mib: int = 512
+
+    @classmethod
+    def quick(cls) -> DiagnoseSettings:
+        return cls(nodes=3, trials=2, clean_share=0.5, seconds=2.0, load=False, disk_mib=256)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one trial plants: nothing, or a kind on a node with a severity."""
+
+    node: str | None
+    kind: str | None  # "device", "throttle" or None
+    severity: float | None  # ms per I/O, or the share of the node's bandwidth left
+
+
+def plan_trials(settings: DiagnoseSettings, names: list[str], rng: random.Random) -> list[Plan]:
+    """`trials` plans, round(clean_share x trials) of them clean, the rest alternating device
+    and throttle (shuffled), each on a random node with a random severity."""
+    clean = round(settings.clean_share * settings.trials)
+    kinds = [None] * clean + [("device", "throttle")[i % 2] for i in range(settings.trials - clean)]
+    rng.shuffle(kinds)
+    plans = []
+    for kind in kinds:
+        if kind is None:
+            plans.append(Plan(None, None, None))
+        elif kind == "device":
+            plans.append(Plan(rng.choice(names), kind, round(rng.uniform(2.0, 20.0), 1)))
+        else:
+            plans.append(Plan(rng.choice(names), kind, round(rng.uniform(0.25, 0.5), 3)))
+    return plans
+
+
+def severity_range(plan: Plan) -> str:
+    if plan.kind is None or plan.severity is None:
+        return "clean"
+    if plan.kind == "device":
+        lo, hi = next(r for r in DELAY_RANGES if plan.severity < r[1] or r == DELAY_RANGES[-1])
+        return f"device {lo:g}-{hi:g} ms"
+    lo, hi = next(r for r in THROTTLE_RANGES if plan.severity < r[1] or r == THROTTLE_RANGES[-1])
+    return f"throttle {lo:.0%}-{hi:.0%}"
+
+
+class SimCluster:
+    """The simulated nodes the trials screen, built once."""
+
+    def __init__(self, sim: Sim, settings: DiagnoseSettings) -> None:
+        self.sim = sim
+        self.names = [f"n{i + 1}" for i in range(settings.nodes)]
+        self.disks: dict[str, Disk] = {n: sim.disk(n, settings.disk_mib * MIB) for n in self.names}
+        self.scratch = {n: sim.mount([self.disks[n]], n) for n in self.names}
+        self.bandwidth: dict[str, tuple[float, float]] = {}
+        """Per node, (read, write) MiB/s of the calibration screen."""
+
+    def nodes(self, plan: Plan, trial: int) -> list[Any]:
+        out = []
+        for n in self.names:
+            prefix = None
+            if plan.kind == "throttle" and plan.node == n and plan.severity is not None:
+                read, write = self.bandwidth[n]
+                prefix = self.sim.throttled_prefix(
+                    f"t{trial}-{n}",
+                    self.disks[n],
+                    int(read * plan.severity * MIB),
+                    int(write * plan.severity * MIB),
+                )
+            out.append(node(n, self.scratch[n], [self.disks[n]], prefix))
+        return out
+
+
+@contextmanager
+def _planted(cluster: SimCluster, plan: Plan) -> Iterator[None]:
+    if plan.kind == "device" and plan.node is not None and plan.severity is not None:
+        cluster.disks[plan.node].fs.set_delay(plan.severity, plan.severity)
+    try:
+        yield
+    finally:
+        for d in cluster.disks.values():
+            d.fs.set_delay(0.0, 0.0)
+
+
+def score_trial(plan: Plan, result: dict[str, Any], disks: dict[str, Disk]) -> dict[str, Any]:
+    """One trial against its ground truth."""
+    by_name = {n["name"]: n for n in result["nodes"]}
+    excluded = sorted(n for n, doc in by_name.items() if doc["verdict"]["status"] == "excluded")
+    flagged = sorted(n for n, doc in by_name.items() if doc["verdict"]["status"] != "ok")
+    out: dict[str, Any] = {
+        **asdict(plan),
+        "range": severity_range(plan),
+        "excluded": excluded,
+        "flagged": flagged,
+        "healthy_excluded": [n for n in excluded if n != plan.node],
+        "detected": plan.node is not None and plan.node in excluded,
+        "kind_right": None,
+        "device_right": None,
+        "named_kind": None,
+    }
+    if out["detected"]:
+        doc = by_name[plan.node]
+        out["named_kind"] = doc["verdict"]["kind"]
+        out["kind_right"] = doc["verdict"]["kind"] == EXPECTED_KIND[plan.kind or ""]
+        device = disks[plan.node or ""].name
+        out["device_right"] = any(device in r for r in doc["verdict"]["reasons"])
+    return out
+
+
+def summarize(trials: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
+    """Precision, recall, false exclusions, kind and device accuracy over `trials`."""
+    planted = [t for t in trials if t["node"] is not None]
+    detected = [t for t in planted if t["detected"]]
+    exclusions = sum(len(t["excluded"]) for t in trials)
+    false = sum(len(t["healthy_excluded"]) for t in trials)
+    healthy_screenings = sum(nodes - (1 if t["node"] else 0) for t in trials)
+    return {
+        "trials": len(trials),
+        "planted": len(planted),
+        "detected": len(detected),
+        "recall": len(detected) / len(planted) if planted else None,
+        "precision": (exclusions - false) / exclusions if exclusions else None,
+        "healthy_excluded": false,
+        "false_exclusion_rate": false / healthy_screenings if healthy_screenings else None,
+        "kind_right": sum(1 for t in detected if t["kind_right"]),
+        "device_right": sum(1 for t in detected if t["device_right"]),
+        "flagged_healthy": sum(len([n for n in t["flagged"] if n != t["node"]]) for t in trials),
+        "median_screen_s": sorted(t["screen_s"] for t in trials)[len(trials) // 2]
+        if trials
+        else None,
+    }
+
+
+def run_diagnose(
+    work: Path, settings: DiagnoseSettings, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Build the nodes, calibrate, run every trial, and report."""
+    missing = requirements()
+    if settings.load and shutil.which(LOAD[0]) is None:
+        missing.append(f"{LOAD[0]} (apt-get install stress-ng)")
+    if missing:
+        raise BenchError("ENOTSUP", f"the simulated nodes need {', '.join(missing)}")
+    seed = settings.seed if settings.seed is not None else random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    th = section(load_config(None), "diagnose")
+    config_text = resolve_config_text()
+    screen = ScreenSettings.from_thresholds(th, quick=True, network=False, seconds=settings.seconds)
+    results = work / "screens"
+    trials: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        delayfs = build_delayfs(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+        sim = stack.enter_context(sim_context(work / "sim", delayfs))
+        if settings.load:
+            stack.enter_context(background_load(LOAD))
+        cluster = SimCluster(sim, settings)
+        progress(f"{settings.nodes} nodes built; calibration screen (seed {seed})")
+        _, calib = run_screen(cluster.nodes(Plan(None, None, None), 0), config_text, th, screen,
+                              results)  # fmt: skip
+        for n in calib.nodes:
+            m = n["metrics"]
+            cluster.bandwidth[n["name"]] = (
+                m.get("fio_seqread_mib_s") or 100.0,
+                m.get("fio_seqwrite_mib_s") or 100.0,
+            )
+        for i, plan in enumerate(plan_trials(settings, cluster.names, rng), start=1):
+            what = "nothing" if plan.node is None else f"{plan.kind} {plan.severity} on {plan.node}"
+            progress(f"trial {i}/{settings.trials}: {what}")
+            with _planted(cluster, plan):
+                began = time.monotonic()
+                _, result = run_screen(cluster.nodes(plan, i), config_text, th, screen, results)
+                seconds = time.monotonic() - began
+            t = score_trial(plan, result.to_json(), cluster.disks)
+            t["screen_s"] = seconds
+            t["trial"] = i
+            trials.append(t)
+            progress(
+                f"  excluded {t['excluded'] or 'none'}"
+                + (f"; kind {t['named_kind']}" if t["detected"] else "")
+            )
+    ranges: dict[str, list[dict[str, Any]]] = {}
+    for t in trials:
+        ranges.setdefault(t["range"], []).append(t)
+    summary = summarize(trials, settings.nodes)
+    targets = [
+        {"target": "recall 100%", "met": summary["recall"] in (None, 1.0)},
+        {"target": "no healthy node excluded", "met": summary["healthy_excluded"] == 0},
+        {
+            "target": "kind and device right in every detected case",
+            "met": summary["kind_right"] == summary["detected"] == summary["device_right"],
+        },
+    ]
+    return {
+        "case": "diagnose",
+        "seed": seed,
+        "settings": asdict(settings),
+        "screen_seconds": screen.workload_seconds,
+        "thresholds": th.to_dict(),
+        "summary": summary,
+        "ranges": {k: summarize(v, settings.nodes) for k, v in sorted(ranges.items())},
+        "trials": trials,
+        "targets": targets,
+    }
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    s = report["settings"]
+    table = report_table(
+        f"benchfs-bench diagnose: {report['summary']['trials']} quick screens of {s['nodes']} "
+        f"simulated nodes (seed {report['seed']}, load {'on' if s['load'] else 'off'})",
+        ["trials", "detected", "healthy excluded", "healthy flagged", "kind right", "device right"],
+    )
+
+    def row(label: str, x: dict[str, Any]) -> None:
+        det = f"{x['detected']}/{x['planted']}" if x["planted"] else "-"
+        table.add_row(
+            label,
+            str(x["trials"]),
+            det,
+            str(x["healthy_excluded"]),
+            str(x["flagged_healthy"]),
+            f"{x['kind_right']}/{x['detected']}" if x["detected"] else "-",
+            f"{x['device_right']}/{x['detected']}" if x["detected"] else "-",
+        )
+
+    for name, x in report["ranges"].items():
+        row(name, x)
+    row("all", report["summary"])
+    console.print(table)
+    x = report["summary"]
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    lines = [
+        ("recall", pct(x["recall"])),
+        ("precision", pct(x["precision"])),
+        ("false exclusions", f"{pct(x['false_exclusion_rate'])} of healthy-node screenings"),
+        ("screen time", f"median {fmt(x['median_screen_s'], 1)} s"),
+    ]
+    print_lines_and_targets(console, lines, report["targets"])
