@@ -20,6 +20,7 @@ from benchfs.diagnose.judge import (
     Thresholds,
     decide,
     exclusion_cap,
+    grounds,
     outliers,
 )
 from benchfs.diagnose.screen import NodeProbe, judge_screen, screen_csv
@@ -96,17 +97,49 @@ def test_half_the_nodes_slow(th: Thresholds) -> None:
     assert outliers({"a": 1000.0, "b": 100.0, "c": 95.0, "d": 105.0}, BW, th) == []
 
 
+def two_kinds(severity: float) -> list[Flag]:
+    """A bandwidth and a latency flag: two independent kinds of evidence, 2x worse."""
+    return [
+        Flag("bw", KIND_DEVICE, f"slow {severity}", severity, worse=2.0, family="bandwidth"),
+        Flag("lat", KIND_DEVICE, "slow latency", 1.0, worse=2.0, family="latency"),
+    ]
+
+
 def test_cap_on_exclusions_worst_first(th: Thresholds) -> None:
     assert exclusion_cap(8, th) == 2 and exclusion_cap(3, th) == 1 and exclusion_cap(1, th) == 0
-    flags = {f"n{i}": [] for i in range(8)}
+    flags: dict[str, list[Flag]] = {f"n{i}": [] for i in range(8)}
     for i, sev in ((1, 3.0), (2, 10.0), (5, 5.0)):
-        flags[f"n{i}"] = [Flag("bw", KIND_DEVICE, f"slow {sev}", sev)]
+        flags[f"n{i}"] = two_kinds(sev)
     flags["n6"] = [Flag("pair", "slow network", "pair n6<->n7", 9.0, excludable=False)]
     verdicts, excluded = decide(flags, th)
     assert excluded == ["n2", "n5"]
     assert verdicts["n1"].status == "flagged" and "cap" in verdicts["n1"].reasons[-1]
-    assert verdicts["n6"].status == "flagged" and "no flag alone" in verdicts["n6"].reasons[-1]
+    assert verdicts["n6"].status == "flagged" and "nothing here" in verdicts["n6"].reasons[-1]
     assert verdicts["n0"].status == "ok" and verdicts["n2"].kind == KIND_DEVICE
+    assert "2 kinds of evidence agree (bandwidth, latency)" in verdicts["n2"].reasons[-1]
+
+
+def test_exclusion_needs_agreement_or_one_overwhelming_signal(th: Thresholds) -> None:
+    """One kind of evidence (even from two rules) keeps the node; two kinds, one signal at
+    least overwhelming_ratio worse, or a state wrong in itself exclude it; a failed probe
+    never does."""
+
+    def flag(worse: float, family: str) -> Flag:
+        return Flag(family, KIND_DEVICE, family, 5.0, worse=worse, family=family)
+
+    cases = {
+        "one": ([flag(1.6, "seqread")], None),
+        "same kind twice": ([flag(2.0, "service"), flag(3.0, "service")], None),
+        "two kinds": ([flag(1.6, "seqread"), flag(1.6, "seqwrite")], "2 kinds"),
+        "overwhelming": ([flag(4.5, "service")], "one overwhelming (4.5x >= 4x)"),
+        "md": ([Flag("md", "md resync", "md0 resync", math.inf)], "a state wrong in itself"),
+        "probe": ([Flag("probe_failed", "probe failed", "fio", 1.0, excludable=False)], None),
+    }
+    for name, (fs, why) in cases.items():
+        if why is None:
+            assert grounds(fs, th) is None, name
+        else:
+            assert why in (grounds(fs, th) or ""), name
 
 
 def probe(name: str, **fio: tuple[float, float]) -> NodeProbe:
@@ -151,6 +184,7 @@ def test_kind_device_vs_above_and_member_asymmetry(th: Thresholds) -> None:
     )
     for ok in ("a", "b", "c"):
         assert by[ok]["verdict"]["status"] == "ok", by[ok]
+    # The twin's only evidence is its member asymmetry (112x): overwhelming on its own.
     assert {e.host for e in result.excluded} == {"host-dev", "host-cg", "host-twin"}
     csv_text = screen_csv(result.to_json())
     assert csv_text.splitlines()[0].startswith("host,name,verdict,kind,flags,")
@@ -171,17 +205,25 @@ def test_queueing_every_node_shares_excludes_none(th: Thresholds) -> None:
     assert result.excluded == [], by["n3"]
     assert by["n3"]["verdict"]["status"] == "flagged"
     (flag,) = [f for f in by["n3"]["flags"] if f["flag"] == "dev_r_await_abs"]
-    assert not flag["excludable"] and "peers queue alike (median 19 ms" in flag["evidence"]
-    probes[2].devices = {"loop0": device(45.0)}  # now 2.3x its peers' median
+    assert not flag["excludable"] and "peers' median 19 ms (1.1x)" in flag["evidence"]
+    assert "not this node's alone" in flag["evidence"]
+    probes[2].devices = {"loop0": device(45.0)}  # now 2.4x its peers' median
+    result = judge_screen(probes, [], th)
+    (flag,) = [f for f in result.nodes[2]["flags"] if f["flag"] == "dev_r_await_abs"]
+    assert flag["excludable"] and flag["worse"] > 2
+    # Latency under load alone is one kind of evidence: with the many-files rate low too,
+    # the node goes.
+    assert result.excluded == []
+    probes[2].fio["workload"]["mib_s"] = 150.0
     result = judge_screen(probes, [], th)
     assert [e.host for e in result.excluded] == ["host-n3"]
 
 
-def test_a_flag_without_a_cause_must_repeat(th: Thresholds) -> None:
+def test_a_measured_flag_must_repeat(th: Thresholds) -> None:
     """A healthy node read at half its peers' rate once (a busy moment, seen in the test
     suite: 516 vs 975 MiB/s) with no device or above-device evidence: its flag stands only if
-    a second probe raised it again; otherwise it is dropped with a note. Flags with a cause
-    are never dropped."""
+    a second probe of every node raised it again; otherwise it is dropped with a note. So
+    does a slow device's."""
     probes = []
     for name, mib_s in (("a", 975.0), ("b", 516.0), ("c", 990.0), ("d", 960.0), ("e", 980.0)):
         p = probe(name, seqread=(mib_s, 1000), workload=(400.0, 3000))
@@ -193,14 +235,20 @@ def test_a_flag_without_a_cause_must_repeat(th: Thresholds) -> None:
     once = {n["name"]: n for n in judge_screen(probes, [], th).nodes}
     assert once["b"]["verdict"]["status"] != "ok"
     assert {f["kind"] for f in once["b"]["flags"]} == {"slow (cause unclear)"}
-    for repeated, status in (({}, "ok"), ({"b": {f["flag"] for f in once["b"]["flags"]}}, None)):
+    slow = {f["flag"] for f in once["s"]["flags"]}
+    for repeated, status in (
+        ({"s": slow}, "ok"),
+        ({"b": {f["flag"] for f in once["b"]["flags"]}, "s": slow}, None),
+    ):
         by = {n["name"]: n for n in judge_screen(probes, [], th, repeated).nodes}
         if status == "ok":
             assert by["b"]["verdict"]["status"] == "ok" and by["b"]["flags"] == []
             assert any("not seen again on a second probe" in note for note in by["b"]["notes"])
         else:
             assert by["b"]["verdict"] == once["b"]["verdict"]
-        assert by["s"]["verdict"]["kind"] == "slow device"  # a flag with a cause stands
+        assert by["s"]["verdict"]["kind"] == "slow device"  # it repeated
+    by = {n["name"]: n for n in judge_screen(probes, [], th, {}).nodes}
+    assert by["s"]["verdict"]["status"] == "ok"  # a slow device seen once is not excluded
 
 
 def test_nodes_file_round_trip_and_errors(tmp_path: Path) -> None:
@@ -285,3 +333,24 @@ def test_show_checks_the_screen_against_its_schema(th: Thresholds, tmp_path: Pat
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and str(bad) in done.stderr.replace("\n", ""), done.stderr
         assert re.search(message, done.stderr), done.stderr
+
+
+def test_like_is_compared_with_like(th: Thresholds) -> None:
+    """A twin-device btrfs node writes at a third of its ext4 peers' rate (seen on such a
+    node): it has no peer of its kind, so it is reported, not judged against them."""
+    probes = []
+    for name, mib_s in (("a", 900.0), ("b", 950.0), ("c", 920.0), ("btrfs", 300.0)):
+        p = probe(name, seqwrite=(mib_s, 1000), seqread=(mib_s, 1000), workload=(400.0, 3000))
+        p.devices = {"loop0": device(1.0)}
+        p.triage = {"fs_type": "btrfs" if name == "btrfs" else "ext4"}
+        probes.append(p)
+    probes[-1].members = ["loop0", "loop1"]
+    by = {n["name"]: n for n in judge_screen(probes, [], th).nodes}
+    assert by["btrfs"]["verdict"]["status"] == "ok", by["btrfs"]
+    assert any("no peer of its kind (btrfs, 2 devices)" in x for x in by["btrfs"]["notes"])
+    # Among its own kind it is judged as before.
+    probes[0].triage = probes[1].triage = probes[2].triage = {"fs_type": "btrfs"}
+    for p in probes[:3]:
+        p.members = ["loop0", "loop1"]
+    by = {n["name"]: n for n in judge_screen(probes, [], th).nodes}
+    assert by["btrfs"]["verdict"]["status"] == "excluded", by["btrfs"]

@@ -228,6 +228,12 @@ def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path
     assert slowed["kind"] == "slow device" and slowed["screen"] == "ok"
     assert doc["missed_by_screen"] == [slow]
     assert run.judge_csv.read_text().splitlines()[0].startswith("node,kind,screen")
+    # The same exclusion files as a screen's, with the onset in wall-clock time.
+    (excluded,) = read_exclusions(run.diagnose_dir)
+    assert excluded.host == slow  # no nodes.toml in this run: the node's name
+    assert f"rose at t={finding['onset_s']:.0f} s ({finding['onset_utc']})" in excluded.reasons[0]
+    assert "of the run's excess read delay" in excluded.reasons[0]
+    assert (run.diagnose_dir / "excluded.txt").read_text() == f"{slow}\n"
     out = diagnose("judge", str(run.path))
     assert (
         out.returncode == 0 and slow in out.stdout and f"missed by the screen: {slow}" in out.stdout
@@ -277,3 +283,61 @@ def test_screen_under_mpi_one_rank_per_node(tmp_path: Path) -> None:
     assert sorted(n["name"] for n in doc["nodes"]) == ["a", "b"]
     for n in doc["nodes"]:
         assert n["metrics"]["fio_workload_mib_s"] > 0 and n["metrics"]["dev_r_await_ms"] is not None
+
+
+@pytest.mark.timeout(120)
+def test_bench_diagnose_quick_runs_a_planted_and_a_clean_trial(
+    delayfs: Path, tmp_path: Path
+) -> None:
+    """`benchfs-bench diagnose --quick`: two trials (one planted, one clean) on simulated
+    nodes, scored against what was planted. The shape is asserted, not the accuracy (the full
+    run's figures are in docs/diagnose.md)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "benchfs.cli.bench", "diagnose", "--quick", "--json",
+         "--seed", "7", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=110, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["seed"] == 7 and len(report["trials"]) == 2
+    planted = [t for t in report["trials"] if t["node"] is not None]
+    assert len(planted) == 1 and planted[0]["kind"] in ("device", "throttle")
+    assert {t["range"] for t in report["trials"]} >= {"clean"}
+    s = report["summary"]
+    assert s["planted"] == 1 and s["trials"] == 2 and 0 <= s["detected"] <= 1
+    assert {t["target"] for t in report["targets"]} == {
+        "recall 100%",
+        "no healthy node excluded",
+        "kind and device right in every detected case",
+    }
+    assert list(tmp_path.iterdir()) == []  # nodes, images and screens removed
+
+
+def test_trials_are_scored_against_what_was_planted() -> None:
+    """Ground truth: a node is slow if and only if something was planted on it."""
+    from benchfs.bench.diagnose import Plan, score_trial, severity_range, summarize
+
+    class D:  # the planted disk's name is all the scoring reads
+        name = "loop7"
+
+    def node_doc(name: str, status: str, kind: str | None, reasons: list[str]) -> dict:
+        return {"name": name, "verdict": {"status": status, "kind": kind, "reasons": reasons}}
+
+    planted = Plan("n2", "throttle", 0.3)
+    result = {
+        "nodes": [
+            node_doc("n1", "excluded", "slow device", ["slow"]),
+            node_doc("n2", "excluded", "slow above the device", ["limits loop7 reads"]),
+            node_doc("n3", "flagged", "slow (cause unclear)", ["?"]),
+        ]
+    }
+    t = score_trial(planted, result, {"n2": D()})  # type: ignore[dict-item]
+    assert t["detected"] and t["kind_right"] and t["device_right"]
+    assert t["healthy_excluded"] == ["n1"] and t["flagged"] == ["n1", "n2", "n3"]
+    assert severity_range(planted) == "throttle 25%-38%"
+    assert severity_range(Plan("n1", "device", 20.0)) == "device 10-20 ms"
+    clean = score_trial(Plan(None, None, None), {"nodes": result["nodes"][2:]}, {})
+    t["screen_s"] = clean["screen_s"] = 1.0
+    s = summarize([t, clean], 3)
+    assert s["recall"] == 1.0 and s["precision"] == 0.5 and s["healthy_excluded"] == 1
+    assert s["false_exclusion_rate"] == 1 / 5  # 2 healthy in the planted trial, 3 in the clean

@@ -469,3 +469,53 @@ def test_submit_runs_a_burst_buffer_job(slurm: LocalSlurm, tmp_path: Path) -> No
     assert roles == ["benchfs-mount", "benchfsd", "benchfsd", "iostat"], roles
     assert alive([p["pid"] for p in job["processes"]]) == []
     assert not is_mounted(mount)
+
+
+def test_exclusions_are_matched_to_the_schedulers_names() -> None:
+    """A known name stays; a fully-qualified or short name matching one node becomes it; an
+    unknown or ambiguous one is left out with a note naming it; unasked, all stay."""
+    from benchfs.nodes import Exclusion
+    from benchfs.submit import check_exclusions
+
+    known = ["bnode001", "bnode002", "gpu01.a", "gpu01.b"]
+    asked = [
+        Exclusion("bnode001", ("slow",)),
+        Exclusion("bnode002.cluster.example"),
+        Exclusion("gpu01"),
+        Exclusion("ghost"),
+    ]
+    kept, notes = check_exclusions(asked, known)
+    assert [e.host for e in kept] == ["bnode001", "bnode002"]
+    assert kept[0].reasons == ("slow",)
+    assert notes == [
+        "excluded host bnode002.cluster.example is the scheduler's node bnode002",
+        "excluded host gpu01 matches several nodes (gpu01.a, gpu01.b): left out of the exclusions",
+        "excluded host ghost is not a node of the scheduler: left out",
+    ]
+    kept, notes = check_exclusions(asked, None)
+    assert kept == asked and "not checked" in notes[0]
+
+
+@pytest.mark.timeout(90)
+def test_unknown_excluded_names_do_not_fail_a_slurm_submission(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """sbatch rejects a whole job for one unknown --exclude name ("Invalid node name
+    specified"): checked against the real Slurm first, the unknown ones are left out, named,
+    and the job is accepted."""
+    excluded = tmp_path / "excluded.txt"
+    excluded.write_text("no-such-node\nbad.cluster.example\n")
+    result = run_cli(
+        ["submit", "--scheduler", "slurm", "--nodes", "1", "--exclude-from", str(excluded),
+         "--results-root", str(tmp_path / "results"), "--", "--servers", "1", "--clients", "1"],
+        env=slurm.env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "excluded host no-such-node is not a node of the scheduler" in result.stderr
+    assert "excluded host bad.cluster.example is not a node of the scheduler" in result.stderr
+    job_id = re.search(r"^job\s+(\d+)$", result.stdout, re.M)
+    job_dir = re.search(r"^results\s+(\S+)$", result.stdout, re.M)
+    assert job_id and job_dir
+    assert "--exclude" not in (Path(job_dir.group(1)) / "job.sh").read_text()
+    assert slurm.run("scancel", job_id.group(1)).returncode == 0
+    slurm.wait_job(job_id.group(1), timeout=40)

@@ -222,6 +222,57 @@ class JobSpec:
         return lines
 
 
+def slurm_node_names(timeout_s: float = 30.0) -> list[str] | None:
+    """Every node name Slurm knows (`sinfo -h -N -o %N`), or None when sinfo cannot say."""
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return sorted({line.strip() for line in out.stdout.splitlines() if line.strip()})
+
+
+def check_exclusions(
+    excluded: Sequence[Exclusion], known: Sequence[str] | None
+) -> tuple[list[Exclusion], list[str]]:
+    """The exclusions as the scheduler names its nodes, and a note per change: a name it
+    knows stays; a fully-qualified or short name matching exactly one known node by its
+    short name becomes that node; a name it does not know is left out with a note (sbatch
+    rejects a whole job for one unknown name). `known` None (the scheduler could not be
+    asked): everything stays, with one note."""
+    if not excluded:
+        return [], []
+    if known is None:
+        return list(excluded), ["could not list the scheduler's nodes: exclusions not checked"]
+    names = set(known)
+    out: list[Exclusion] = []
+    notes: list[str] = []
+    for e in excluded:
+        if e.host in names:
+            out.append(e)
+            continue
+        short = e.host.split(".")[0]
+        matches = [n for n in known if n.split(".")[0] == short]
+        if len(matches) == 1:
+            out.append(Exclusion(matches[0], e.reasons))
+            notes.append(f"excluded host {e.host} is the scheduler's node {matches[0]}")
+        elif matches:
+            notes.append(
+                f"excluded host {e.host} matches several nodes ({', '.join(matches)}): "
+                "left out of the exclusions"
+            )
+        else:
+            notes.append(f"excluded host {e.host} is not a node of the scheduler: left out")
+    return out, notes
+
+
 def render(spec: JobSpec, templates: Path | None = None) -> str:
     """The job script for `spec`, from `<templates>/<scheduler>.sh`, `prologue.sh`, the body
     (`body.sh`, or `lifecycle.sh` with a run command) and `nodefile.sh`; SubmitError names a

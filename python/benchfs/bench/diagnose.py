@@ -76,18 +76,17 @@ class Plan:
 
 def plan_trials(settings: DiagnoseSettings, names: list[str], rng: random.Random) -> list[Plan]:
     """`trials` plans, round(clean_share x trials) of them clean, the rest alternating device
-    and throttle (shuffled), each on a random node with a random severity."""
+    and throttle, each on a random node; severities cycle through the kind's ranges (so every
+    range is tried, mild ones included) and are uniform within the range; then shuffled."""
     clean = round(settings.clean_share * settings.trials)
-    kinds = [None] * clean + [("device", "throttle")[i % 2] for i in range(settings.trials - clean)]
-    rng.shuffle(kinds)
-    plans = []
-    for kind in kinds:
-        if kind is None:
-            plans.append(Plan(None, None, None))
-        elif kind == "device":
-            plans.append(Plan(rng.choice(names), kind, round(rng.uniform(2.0, 20.0), 1)))
-        else:
-            plans.append(Plan(rng.choice(names), kind, round(rng.uniform(0.25, 0.5), 3)))
+    plans = [Plan(None, None, None)] * clean
+    for i in range(settings.trials - clean):
+        kind = ("device", "throttle")[i % 2]
+        ranges = DELAY_RANGES if kind == "device" else THROTTLE_RANGES
+        lo, hi = ranges[(i // 2) % len(ranges)]
+        digits = 1 if kind == "device" else 3
+        plans.append(Plan(rng.choice(names), kind, round(rng.uniform(lo, hi), digits)))
+    rng.shuffle(plans)
     return plans
 
 

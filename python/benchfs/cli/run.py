@@ -427,9 +427,11 @@ def submit(
     from benchfs.submit import (
         JobSpec,
         SubmitError,
+        check_exclusions,
         find_benchfs_run,
         new_job_dir_path,
         parse_time_limit,
+        slurm_node_names,
     )
     from benchfs.submit import (
         submit as submit_job,
@@ -454,6 +456,11 @@ def submit(
     try:
         limit = None if time_limit is None else parse_time_limit(time_limit)
         excluded = read_exclusions(exclude_from) if exclude_from else []
+        if excluded and scheduler == "slurm" and not dry_run:
+            # Unknown names make sbatch reject the whole job: checked against Slurm first.
+            excluded, notes = check_exclusions(excluded, slurm_node_names())
+            for note in notes:
+                click.echo(f"benchfs-run: note: {note}", err=True)
         root = results_root or load_config(None, [])["run"]["results_root"]
         spec = JobSpec(
             scheduler=scheduler,

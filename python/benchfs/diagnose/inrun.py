@@ -28,9 +28,17 @@ import numpy as np
 import pandas as pd
 
 from benchfs import telemetry
-from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE, KIND_UNCLEAR, MetricSpec, Thresholds
+from benchfs.diagnose.judge import (
+    KIND_ABOVE,
+    KIND_DEVICE,
+    KIND_UNCLEAR,
+    MetricSpec,
+    Thresholds,
+    exclusion_cap,
+)
 from benchfs.diagnose.judge import outliers as find_outliers
 from benchfs.errors import DiagnoseError, ParseError
+from benchfs.nodes import Exclusion, load_nodes, write_exclusions
 from benchfs.probes import iostat
 from benchfs.results import RunDir, read_json, write_json_atomic, write_text_atomic
 
@@ -57,6 +65,7 @@ def node_series(tel: telemetry.Telemetry, op: str) -> pd.DataFrame:
         index=["node", "bin"], columns="metric", values="delta", aggfunc="sum", fill_value=0
     ).reset_index()
     wide = wide.rename(columns={"total_ns.count": "ops", "total_ns.sum": "sum_ns"})
+    wide.attrs["t0_ns"] = int(t0)  # the first snapshot's wall-clock time
     wide["t"] = wide["bin"] * width
     with np.errstate(divide="ignore", invalid="ignore"):
         wide["mean_ms"] = np.where(wide["ops"] > 0, wide["sum_ns"] / wide["ops"] / 1e6, np.nan)
@@ -153,14 +162,18 @@ def judge_run(run_dir: str | Path, th: Thresholds, screen: Path | None = None) -
             cp = change_point(mine["t"].tolist(), mine["mean_ms"].tolist())
             onset: float | None = None
             how = "slow from the start"
+            onset_utc: str | None = None
             if cp is not None and cp[2] >= th.rise_ratio * cp[1]:
                 onset = cp[0]
-                how = f"rose at t={cp[0]:.0f} s from {cp[1]:.3g} to {cp[2]:.3g} ms"
+                at = pd.Timestamp(series.attrs["t0_ns"] + int(onset * 1e9), tz="UTC")
+                onset_utc = at.isoformat(timespec="seconds")
+                how = f"rose at t={cp[0]:.0f} s ({onset_utc}) from {cp[1]:.3g} to {cp[2]:.3g} ms"
             finding = {
                 "node": o.key,
                 "op": op,
                 "evidence": o.evidence(),
                 "onset_s": onset,
+                "onset_utc": onset_utc,
                 "how": how,
                 "delay_share": nodes[o.key][f"{op}_delay_share"],
             }
@@ -213,7 +226,31 @@ def judge_run(run_dir: str | Path, th: Thresholds, screen: Path | None = None) -
     run.diagnose_dir.mkdir(exist_ok=True)
     write_json_atomic(run.judge_json, doc)
     write_text_atomic(run.judge_csv, judge_csv(doc))
+    write_exclusions(run.diagnose_dir, run_exclusions(run, doc, th))
     return doc
+
+
+def run_exclusions(run: RunDir, doc: Mapping[str, Any], th: Thresholds) -> list[Exclusion]:
+    """The flagged nodes as the screen's exclusions (excluded.txt / excluded.json, by host
+    from the run's nodes file), most delay first, at most the screen's cap; each reason says
+    what was slow, since when (wall clock) and its share of the run's excess delay."""
+    hosts = {n.name: n.host for n in load_nodes(run.nodes_path)} if run.nodes_path.exists() else {}
+    entries = {e["node"]: e for e in doc["nodes"]}
+
+    def share(n: str) -> float:
+        return max(entries[n].get(f"{op}_delay_share", 0.0) for op in OPS)
+
+    chosen = sorted(doc["flagged"], key=share, reverse=True)[: exclusion_cap(len(entries), th)]
+    out = []
+    for n in chosen:
+        e = entries[n]
+        reasons = [
+            f"{e.get('kind') or KIND_UNCLEAR}: {f['op']}: {f['evidence']}; {f['how']}; "
+            f"{f['delay_share']:.0%} of the run's excess {f['op']} delay"
+            for f in e["flags"]
+        ]
+        out.append(Exclusion(hosts.get(n, n), tuple(reasons)))
+    return out
 
 
 def judge_csv(doc: Mapping[str, Any]) -> str:

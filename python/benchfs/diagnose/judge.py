@@ -85,6 +85,11 @@ class Outlier:
     z: float | None
     rule: str
 
+    def severity(self, th: Thresholds) -> float:
+        """On the common scale of every flag (`common_scale`): the robust z when the MAD rule
+        found it."""
+        return self.z if self.z is not None else common_scale(self.worse, th)
+
     def evidence(self) -> str:
         how = {
             "mad": f"M={self.z:.1f}" if self.z is not None else "MAD",
@@ -96,6 +101,13 @@ class Outlier:
             f"{self.spec.label} {self.spec.fmt(self.value)} vs {ref} "
             f"{self.spec.fmt(self.reference)} ({self.worse:.1f}x worse; {how})"
         )
+
+
+def common_scale(worse: float, th: Thresholds) -> float:
+    """How far out `worse` (times worse than the reference) is, as a robust z against the
+    smallest spread the judgment assumes: one scale for every metric, so flags of different
+    metrics (a bandwidth ratio, a latency ratio) rank against each other."""
+    return MAD_TO_SIGMA * math.log(max(worse, 1.0)) / math.log1p(th.min_spread)
 
 
 def _badness(x: float, spec: MetricSpec) -> float:
@@ -156,13 +168,20 @@ def outliers(values: Mapping[str, float | None], spec: MetricSpec, th: Threshold
 @dataclass
 class Flag:
     """One reason to distrust a node: what, which kind of slowness, the evidence, and whether
-    it alone justifies excluding the node."""
+    it counts toward excluding the node.
+
+    `severity` is on the common scale (`common_scale`; infinite for a state that is wrong in
+    itself: md resync, a health warning); `worse` is how many times worse than the peers;
+    `family` is the kind of evidence (flags of one family are one piece of evidence: the
+    device's service time from two rules is still one)."""
 
     name: str
     kind: str
     evidence: str
     severity: float = 1.0
     excludable: bool = True
+    worse: float = 1.0
+    family: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -170,8 +189,25 @@ class Flag:
             "kind": self.kind,
             "evidence": self.evidence,
             "severity": round(self.severity, 3) if math.isfinite(self.severity) else None,
+            "worse": round(self.worse, 3) if math.isfinite(self.worse) else None,
+            "family": self.family or self.name,
             "excludable": self.excludable,
         }
+
+
+def grounds(fs: Sequence[Flag], th: Thresholds) -> str | None:
+    """Why these flags exclude a node, or None when they do not: a state wrong in itself, two
+    independent kinds of evidence that agree, or one overwhelming (overwhelming_ratio)."""
+    counted = [f for f in fs if f.excludable]
+    if any(math.isinf(f.severity) for f in counted):
+        return "a state wrong in itself"
+    families = sorted({f.family or f.name for f in counted})
+    if len(families) >= 2:
+        return f"{len(families)} kinds of evidence agree ({', '.join(families)})"
+    strong = [f for f in counted if f.worse >= th.overwhelming_ratio]
+    if strong:
+        return f"one overwhelming ({strong[0].worse:.1f}x >= {th.overwhelming_ratio:g}x)"
+    return None
 
 
 @dataclass
@@ -208,8 +244,9 @@ def decide(
     """Verdicts per node and the excluded nodes (worst first, at most the cap)."""
     n = len(flags)
     cap = exclusion_cap(n, th)
+    why = {k: grounds(fs, th) for k, fs in flags.items()}
     candidates = sorted(
-        (k for k, fs in flags.items() if any(f.excludable for f in fs)),
+        (k for k in flags if why[k] is not None),
         key=lambda k: -max(f.severity for f in flags[k] if f.excludable),
     )
     excluded = candidates[:cap]
@@ -219,13 +256,15 @@ def decide(
         if not fs:
             verdicts[key] = Verdict("ok")
         elif key in excluded:
-            verdicts[key] = Verdict("excluded", kind_of(fs), reasons)
+            verdicts[key] = Verdict("excluded", kind_of(fs), [*reasons, f"excluded: {why[key]}"])
         else:
-            why = (
+            kept = (
                 f"kept: the cap of {cap} excluded node(s) ({th.max_exclude_share:g} of {n}) "
                 "was reached"
                 if key in candidates
-                else "kept: no flag alone justifies exclusion"
+                else "kept: one kind of evidence, not overwhelming"
+                if any(f.excludable for f in fs)
+                else "kept: nothing here is grounds to exclude"
             )
-            verdicts[key] = Verdict("flagged", kind_of(fs), [*reasons, why])
+            verdicts[key] = Verdict("flagged", kind_of(fs), [*reasons, kept])
     return verdicts, excluded

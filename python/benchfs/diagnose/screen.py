@@ -37,13 +37,14 @@ from benchfs.diagnose.judge import (
     Flag,
     MetricSpec,
     Thresholds,
+    common_scale,
     decide,
     outliers,
 )
 from benchfs.diagnose.network import PairResult, measure_pairs
 from benchfs.errors import BenchfsError, DiagnoseError, ParseError
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
-from benchfs.probes import iostat, mdraid, smart, triage
+from benchfs.probes import iolimits, iostat, mdraid, smart, triage
 from benchfs.probes.fio import FioResult
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
 
@@ -58,6 +59,21 @@ __all__ = [
 
 FULL_SCRATCH_PCT = 95.0
 IOSTAT_TAIL_S = 1.2
+FAMILY = {
+    "fio_seqwrite_mib_s": "sequential write",
+    "fio_seqread_mib_s": "sequential read",
+    "fio_workload_mib_s": "many-files read throughput",
+    "fio_workload_p50_ms": "many-files read latency",
+    "fio_workload_p99_ms": "many-files read latency",
+    "fio_rand4k_p50_us": "4 KiB read latency",
+    "dev_qd1_r_await_ms": "device service time",
+    "dev_r_await_abs": "device latency under load",
+    "member_asymmetry": "twin devices",
+    "network_pair": "network",
+}
+"""The kind of evidence each flag is: flags of one family count once toward exclusion."""
+STATE_FLAGS = frozenset({"md", "health", "scratch_full", "probe_failed", "network_failed"})
+"""Flags about a node's state rather than a measurement: a second probe does not re-judge them."""
 SPECS = {
     "fio_seqwrite_mib_s": MetricSpec("fio_seqwrite_mib_s", "sequential write", "MiB/s", False),
     "fio_seqread_mib_s": MetricSpec("fio_seqread_mib_s", "sequential read", "MiB/s", False),
@@ -117,6 +133,8 @@ class NodeProbe:
     md: list[dict[str, Any]] = field(default_factory=list)
     health: list[dict[str, Any]] = field(default_factory=list)
     triage: dict[str, Any] = field(default_factory=dict)
+    io_limits: list[str] = field(default_factory=list)
+    """I/O limits (cgroup blkio / io.max) on the node's devices for processes of its prefix."""
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -198,6 +216,10 @@ def probe_node(
             probe.health.append(health.to_json())
     probe.triage, problems = triage.run_triage(node.scratch, node.prefix, raw)
     probe.notes.extend(f"triage: {p}" for p in problems)
+    try:
+        probe.io_limits = [x.describe() for x in iolimits.io_limits(node.prefix, watched)]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        probe.notes.append(f"I/O limits not read: {e}")
 
     work = Path(node.scratch) / fioprobe.WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
@@ -299,6 +321,7 @@ def node_metrics(p: NodeProbe, th: Thresholds) -> dict[str, Any]:
     ):
         m[f"triage_{key}"] = t.get(key)
     m["md_busy"] = ",".join(a["name"] for a in p.md if a.get("busy")) or None
+    m["io_limits"] = "; ".join(p.io_limits) or None
     m["health_warnings"] = sum(len(h.get("warnings", [])) for h in p.health)
     return m
 
@@ -356,27 +379,6 @@ def _twin_asymmetry(p: NodeProbe) -> TwinAsymmetry | None:
 
 def _device_flags(p: NodeProbe, m: Mapping[str, Any], th: Thresholds) -> list[Flag]:
     flags = []
-    r_await = m.get("dev_r_await_ms")
-    qd1 = m.get("dev_qd1_r_await_ms")
-    if r_await is not None and r_await >= th.r_await_ms:
-        flags.append(
-            Flag(
-                "dev_r_await_abs",
-                KIND_DEVICE,
-                f"{m['dev_worst']} r_await {r_await:.3g} ms >= {th.r_await_ms:g} ms under the "
-                f"many-files load (aqu-sz {m['dev_aqu_sz']:.3g}, %util {m['dev_util_pct']:.3g})",
-                r_await / max(th.r_await_ms, 1e-3),
-            )
-        )
-    elif qd1 is not None and qd1 >= th.r_await_ms:
-        flags.append(
-            Flag(
-                "dev_r_await_abs",
-                KIND_DEVICE,
-                f"{m['dev_qd1_worst']} r_await {qd1:.3g} ms >= {th.r_await_ms:g} ms at 1 in flight",
-                qd1 / max(th.r_await_ms, 1e-3),
-            )
-        )
     twins = _twin_asymmetry(p)
     if twins and twins.ratio >= th.member_ratio and twins.slow_ms >= th.r_await_floor_ms:
         flags.append(
@@ -386,7 +388,9 @@ def _device_flags(p: NodeProbe, m: Mapping[str, Any], th: Thresholds) -> list[Fl
                 f"member {twins.slow} r_await {twins.slow_ms:.3g} ms vs its twin {twins.fast} "
                 f"{twins.fast_ms:.3g} ms {twins.phase} "
                 f"({twins.ratio:.1f}x >= {th.member_ratio:g}x)",
-                twins.ratio,
+                common_scale(twins.ratio, th),
+                worse=twins.ratio,
+                family=FAMILY["member_asymmetry"],
             )
         )
     for array in p.md:
@@ -402,38 +406,147 @@ def _device_flags(p: NodeProbe, m: Mapping[str, Any], th: Thresholds) -> list[Fl
             flags.append(Flag("health", KIND_HEALTH, f"{h['device']}: {warning}", math.inf))
     use = m.get("triage_fs_use_pct")
     if use is not None and use >= FULL_SCRATCH_PCT:
-        flags.append(Flag("scratch_full", KIND_FULL, f"{p.node.scratch} {use:g}% full", 1.0))
+        # The job cannot write there: wrong in itself.
+        flags.append(Flag("scratch_full", KIND_FULL, f"{p.node.scratch} {use:g}% full", math.inf))
     for error in p.errors:
-        flags.append(Flag("probe_failed", KIND_PROBE, error, 1.0))
+        # A failed probe says nothing about the node's speed: reported, never grounds.
+        flags.append(Flag("probe_failed", KIND_PROBE, error, 1.0, excludable=False))
     return flags
 
 
-def _shared_queueing(
+def _latency_floors(
     metrics: Mapping[str, Mapping[str, Any]], flags: dict[str, list[Flag]], th: Thresholds
 ) -> None:
-    """An r_await over the absolute threshold under the many-files load is queueing as much
-    as service time, and the load queues alike on every node (all of them on a busy machine,
-    or nodes sharing one device). Unless the node also stands `group_ratio` above the median
-    of its peers, the flag stays but is no ground to exclude it (measured: three healthy
-    nodes at 18.7, 19.7 and 20.7 ms under load 25 excluded the one at 20.7)."""
-    loaded = {n: m.get("dev_r_await_ms") for n, m in metrics.items()}
-    for n, r_await in loaded.items():
-        if r_await is None or r_await < th.r_await_ms:
-            continue  # its flag, if any, is the service time at 1 in flight: its own
-        peers = [v for k, v in loaded.items() if k != n and v is not None]
-        if not peers:
-            continue
-        median = statistics.median(peers)
-        if r_await >= th.group_ratio * max(median, 1e-3):
-            continue
-        for f in flags[n]:
-            if f.name == "dev_r_await_abs":
-                f.excludable = False
-                f.evidence += (
-                    f"; its peers queue alike (median {median:.3g} ms, under "
-                    f"{th.group_ratio:g}x): the load's, not this node's alone"
+    """The absolute device latency rule (r_await_ms) as a floor, judged against the peers.
+
+    Under the many-files load an r_await is queueing as much as service time, and the load
+    queues alike on every node of a busy machine (16.4 ms at 529 MiB/s on a healthy virtual
+    disk; three healthy nodes at 18.7-20.7 ms under load 25): above the floor it counts only
+    when the node also stands group_ratio above its peers' median. At one read in flight
+    there is no queue: above the floor it counts when it is min_worse above the peers."""
+    for n, m in metrics.items():
+        for key, where, margin, name in (
+            ("dev_r_await_ms", "under the many-files load", th.group_ratio, "dev_worst"),
+            ("dev_qd1_r_await_ms", "at 1 in flight", 1.0 + th.min_worse, "dev_qd1_worst"),
+        ):
+            value = m.get(key)
+            if value is None or value < th.r_await_ms:
+                continue
+            peers = [v[key] for k, v in metrics.items() if k != n and v.get(key) is not None]
+            median = statistics.median(peers) if peers else None
+            worse = value / max(median, 1e-3) if median is not None else 1.0
+            evidence = f"{m[name]} r_await {value:.3g} ms >= {th.r_await_ms:g} ms {where}"
+            if key == "dev_r_await_ms":
+                evidence += f" (aqu-sz {m['dev_aqu_sz']:.3g}, %util {m['dev_util_pct']:.3g})"
+            counts = median is not None and worse >= margin
+            if median is not None:
+                evidence += f"; peers' median {median:.3g} ms ({worse:.1f}x)"
+            if not counts:
+                evidence += ": the peers are as slow, so it is not this node's alone"
+            flags[n].append(
+                Flag(
+                    "dev_r_await_abs",
+                    KIND_DEVICE,
+                    evidence,
+                    common_scale(worse, th),
+                    excludable=counts,
+                    worse=worse,
+                    family="device service time" if "qd1" in key else FAMILY["dev_r_await_abs"],
                 )
-                break
+            )
+            break
+
+
+def peer_groups(probes: Sequence[NodeProbe]) -> dict[str, list[str]]:
+    """Nodes by kind: file system type and number of devices (btrfs over two devices is not
+    compared with ext4 over one)."""
+    groups: dict[str, list[str]] = {}
+    for p in probes:
+        fs = p.triage.get("fs_type") or "unknown file system"
+        devices = len(p.members) or len(p.node.devices) or 1
+        key = f"{fs}, {devices} device{'s' if devices > 1 else ''}"
+        groups.setdefault(key, []).append(p.node.name)
+    return groups
+
+
+def _judge_group(
+    names: Sequence[str],
+    all_metrics: Mapping[str, Mapping[str, Any]],
+    flags: dict[str, list[Flag]],
+    th: Thresholds,
+) -> None:
+    """The relative rules among `names`, nodes of one kind."""
+    metrics = {n: all_metrics[n] for n in names}
+    _latency_floors(metrics, flags, th)
+    for spec in SPECS.values():
+        for o in outliers({n: metrics[n][spec.name] for n in names}, spec, th):
+            flags[o.key].append(
+                Flag(
+                    spec.name,
+                    "",
+                    o.evidence(),
+                    o.severity(th),
+                    worse=o.worse,
+                    family=FAMILY[spec.name],
+                )
+            )
+    # The device's service time (1 in flight) is compared across nodes; its latency under the
+    # many-files load includes queueing, which varies with the load itself, so it is judged
+    # by the absolute threshold and against the node's own twin devices only.
+    spec = MetricSpec(DEVICE_SPEC_NAME, "device r_await at 1 in flight", "ms", True)
+    spec = MetricSpec(spec.name, spec.label, spec.unit, True, th.r_await_floor_ms)
+    for o in outliers({n: metrics[n][DEVICE_SPEC_NAME] for n in names}, spec, th):
+        ev = f"{metrics[o.key]['dev_qd1_worst']}: {o.evidence()}"
+        flags[o.key].append(
+            Flag(
+                DEVICE_SPEC_NAME,
+                KIND_DEVICE,
+                ev,
+                o.severity(th),
+                worse=o.worse,
+                family=FAMILY[DEVICE_SPEC_NAME],
+            )
+        )
+
+
+def _kinds(
+    names: Sequence[str],
+    metrics: Mapping[str, Mapping[str, Any]],
+    flags: dict[str, list[Flag]],
+    by_name: Mapping[str, NodeProbe],
+    th: Thresholds,
+) -> None:
+    """The kind of the application-side flags: the device, above it, or unclear."""
+    for n in names:
+        device_slow = any(f.kind == KIND_DEVICE for f in flags[n])
+        m = metrics[n]
+        for f in flags[n]:
+            if f.kind:
+                continue
+            app_ms, dev_ms = m.get("fio_workload_p50_ms"), m.get("dev_r_await_ms")
+            limits = by_name[n].io_limits
+            if device_slow:
+                f.kind = KIND_DEVICE
+            elif limits:
+                f.kind = KIND_ABOVE
+                if dev_ms is not None:
+                    f.evidence += (
+                        f"; the device is not slow: {m.get('dev_worst')} r_await {dev_ms:.3g} ms"
+                    )
+                f.evidence += f"; the probes run under a limit: {'; '.join(limits)}"
+            elif (
+                app_ms is not None
+                and dev_ms is not None
+                and app_ms >= th.above_device_ratio * max(dev_ms, 1e-3)
+            ):
+                f.kind = KIND_ABOVE
+                f.evidence += (
+                    f"; the device is not slow: {m.get('dev_worst')} r_await {dev_ms:.3g} ms, "
+                    f"%util {m.get('dev_util_pct') or 0:.3g}, while fio's p50 is "
+                    f"{app_ms:.3g} ms ({app_ms / max(dev_ms, 1e-3):.0f}x)"
+                )
+            else:
+                f.kind = KIND_UNCLEAR
 
 
 def judge_screen(
@@ -443,62 +556,38 @@ def judge_screen(
     repeated: Mapping[str, set[str]] | None = None,
 ) -> ScreenResult:
     """Metrics, flags, verdicts and exclusions of a screen (pure: no probing). With
-    `repeated` (what a second probe flagged without a cause, per node), a flag of unclear
-    cause stands only if it repeated; one that did not is dropped with a note."""
+    `repeated` (per node, the measured flags a second probe of every node at once raised), a
+    measured flag stands only if it repeated; one that did not is dropped with a note."""
     names = [p.node.name for p in probes]
     metrics = {p.node.name: node_metrics(p, th) for p in probes}
     flags: dict[str, list[Flag]] = {n: [] for n in names}
     by_name = {p.node.name: p for p in probes}
     for n in names:
         flags[n].extend(_device_flags(by_name[n], metrics[n], th))
-    _shared_queueing(metrics, flags, th)
-    for spec in SPECS.values():
-        for o in outliers({n: metrics[n][spec.name] for n in names}, spec, th):
-            flags[o.key].append(Flag(spec.name, "", o.evidence(), o.worse))
-    # The device's service time (1 in flight) is compared across nodes; its latency under the
-    # many-files load includes queueing, which varies with the load itself, so it is judged
-    # by the absolute threshold and against the node's own twin devices only.
-    spec = MetricSpec(DEVICE_SPEC_NAME, "device r_await at 1 in flight", "ms", True)
-    spec = MetricSpec(spec.name, spec.label, spec.unit, True, th.r_await_floor_ms)
-    for o in outliers({n: metrics[n][DEVICE_SPEC_NAME] for n in names}, spec, th):
-        ev = f"{metrics[o.key]['dev_qd1_worst']}: {o.evidence()}"
-        flags[o.key].append(Flag(DEVICE_SPEC_NAME, KIND_DEVICE, ev, o.worse))
-    # The kind of the application-side flags: device or above it.
-    for n in names:
-        device_slow = any(f.kind == KIND_DEVICE for f in flags[n])
-        m = metrics[n]
-        for f in flags[n]:
-            if f.kind:
-                continue
-            app_ms, dev_ms = m.get("fio_workload_p50_ms"), m.get("dev_r_await_ms")
-            if device_slow:
-                f.kind = KIND_DEVICE
-            elif (
-                app_ms is not None
-                and dev_ms is not None
-                and app_ms >= th.above_device_ratio * max(dev_ms, 1e-3)
-            ):
-                f.kind = KIND_ABOVE
-                f.evidence += (
-                    f"; the device is not slow: r_await {dev_ms:.3g} ms, %util "
-                    f"{m.get('dev_util_pct') or 0:.3g}, while fio's p50 is {app_ms:.3g} ms "
-                    f"({app_ms / max(dev_ms, 1e-3):.0f}x)"
-                )
-            else:
-                f.kind = KIND_UNCLEAR
+    # Like with like: the relative rules compare nodes of one kind (file system and number
+    # of devices); a node with no peer of its kind is reported, not judged against others.
+    groups = peer_groups(probes)
+    alone = {
+        members[0]: f"no peer of its kind ({kind}): its figures are reported, not compared"
+        for kind, members in groups.items()
+        if len(members) == 1 and len(probes) > 1
+    }
+    for members in groups.values():
+        if len(members) >= 2:
+            _judge_group(members, metrics, flags, th)
+    _kinds(names, metrics, flags, by_name, th)
     dropped: dict[str, list[str]] = {n: [] for n in names}
     if repeated is not None:
         for n in names:
-            keep = [
-                f for f in flags[n] if f.kind != KIND_UNCLEAR or f.name in repeated.get(n, set())
-            ]
+            again = repeated.get(n, set())
+            keep = [f for f in flags[n] if f.name in STATE_FLAGS or f.name in again]
             dropped[n] = [
                 f"{f.evidence}: not seen again on a second probe, so not held against the node"
                 for f in flags[n]
                 if f not in keep
             ]
             flags[n] = keep
-    pair_rows = _pair_flags(pairs, names, flags, th)
+    pair_rows = _pair_flags(pairs, {p.node.name: p.node for p in probes}, flags, th)
     verdicts, excluded = decide(flags, th)
     nodes = []
     for n in names:
@@ -515,25 +604,41 @@ def judge_screen(
                 "md": p.md,
                 "health": p.health,
                 "triage": p.triage,
-                "notes": [*p.notes, *dropped[n]],
+                "notes": [*p.notes, *([alone[n]] if n in alone else []), *dropped[n]],
             }
         )
     exclusions = [Exclusion(by_name[n].node.host, tuple(verdicts[n].reasons)) for n in excluded]
     return ScreenResult(nodes, exclusions, pair_rows, th)
 
 
+def shares_one_stack(a: Node, b: Node) -> bool:
+    """Two nodes on one host under one command prefix talk through one network stack (the
+    loopback): their pair says nothing about a link."""
+    return a.host == b.host and a.prefix == b.prefix
+
+
 def _pair_flags(
-    pairs: Sequence[PairResult], names: Sequence[str], flags: dict[str, list[Flag]], th: Thresholds
+    pairs: Sequence[PairResult],
+    nodes: Mapping[str, Node],
+    flags: dict[str, list[Flag]],
+    th: Thresholds,
 ) -> list[dict[str, Any]]:
+    names = list(nodes)
     rows = [p.to_json() for p in pairs]
-    measured = [p for p in pairs if p.error is None]
+    local = {p.key for p in pairs if shares_one_stack(nodes[p.server], nodes[p.client])}
+    for row in rows:
+        if row["pair"] in local:
+            row["note"] = "one host, one network stack: measured, not judged"
+    measured = [p for p in pairs if p.error is None and p.key not in local]
     slow: dict[str, list[str]] = {}
     severity: dict[str, float] = {}
+    worst: dict[str, float] = {}
     for spec in PAIR_SPECS:
         values = {p.key: getattr(p, spec.name) for p in measured}
         for o in outliers(values, spec, th):
             slow.setdefault(o.key, []).append(o.evidence())
-            severity[o.key] = max(severity.get(o.key, 1.0), o.worse)
+            severity[o.key] = max(severity.get(o.key, 0.0), o.severity(th))
+            worst[o.key] = max(worst.get(o.key, 1.0), o.worse)
     for row in rows:
         row["flags"] = slow.get(row["pair"], [])
     of_node: dict[str, list[PairResult]] = {n: [] for n in names}
@@ -556,6 +661,8 @@ def _pair_flags(
                     f"pair {p.key}: " + "; ".join(slow[p.key]),
                     severity[p.key],
                     excludable=whole,
+                    worse=worst[p.key],
+                    family=FAMILY["network_pair"],
                 )
             )
     for p in pairs:
@@ -647,33 +754,39 @@ def run_screen(
     return screen, result
 
 
-def _unclear(result: ScreenResult) -> dict[str, set[str]]:
-    """Per node, the flags a screen raised without a cause (device or above it)."""
+def _measured(result: ScreenResult) -> dict[str, set[str]]:
+    """Per node, the measured flags (not states) a judgment raised."""
     return {
-        n["name"]: {f["flag"] for f in n["flags"] if f["kind"] == KIND_UNCLEAR}
+        n["name"]: {f["flag"] for f in n["flags"] if f["flag"] not in STATE_FLAGS}
         for n in result.nodes
-        if any(f["kind"] == KIND_UNCLEAR for f in n["flags"])
     }
 
 
 def _second_probe_for(
     probes: Sequence[NodeProbe], th: Thresholds, began: float, deadline: float
 ) -> dict[str, set[str]] | None:
-    """A flag with no cause is as likely noise as a slow node (a busy moment of a shared
-    machine), so it must repeat: the flags the first probe raised without a cause, when every
-    node is to be probed once more; None when not (none raised, or less budget left than the
-    first probe took: every flag then stands)."""
-    first = _unclear(judge_screen(probes, [], th))
+    """A measurement that would exclude a node, or that found no cause, is as likely a busy
+    moment of a shared machine as a slow node, so it must repeat: every node is probed once
+    more, all at once, so that the suspects run side by side with healthy references. The
+    first judgment's measured flags when that is due; None when not (no suspect, or less
+    budget left than the first probe took: every flag then stands)."""
+    first = judge_screen(probes, [], th)
+    suspects = [
+        n
+        for n in first.nodes
+        if n["verdict"]["status"] == "excluded"
+        or any(f["kind"] == KIND_UNCLEAR for f in n["flags"])
+    ]
     now = time.monotonic()
-    return first if first and deadline - now >= now - began else None
+    return _measured(first) if suspects and deadline - now >= now - began else None
 
 
 def _repeated(
     first: Mapping[str, set[str]], second: Sequence[NodeProbe], th: Thresholds
 ) -> dict[str, set[str]]:
-    """What the second probe flagged without a cause; a node whose second probe failed keeps
-    its first flags."""
-    repeated = _unclear(judge_screen(second, [], th))
+    """What the second probe flagged; a node whose second probe failed keeps its first
+    flags."""
+    repeated = _measured(judge_screen(second, [], th))
     for p in second:
         if p.errors:
             repeated[p.node.name] = set(first.get(p.node.name, set()))
@@ -695,7 +808,8 @@ def _probe_again(
     first = _second_probe_for(probes, th, began, deadline)
     if first is None:
         return None
-    progress(f"probing again: {', '.join(sorted(first))} flagged without a cause")
+    flagged = sorted(n for n, names in first.items() if names)
+    progress(f"probing every node again to confirm: {', '.join(flagged)} flagged")
     again = ScreenDir(screen.path / "confirm")
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = [pool.submit(probe_node, n, again, settings, deadline) for n in nodes]

@@ -87,6 +87,9 @@ pub struct DiagnoseConfig {
     pub above_device_ratio: f64,
     /// Largest share of the nodes a screen excludes (the worst first).
     pub max_exclude_share: f64,
+    /// One kind of evidence this many times worse than the peers excludes a node alone; below
+    /// it, two independent kinds must agree.
+    pub overwhelming_ratio: f64,
     /// In-run judgment: a node's latency rose when its level after a change point is this
     /// many times the level before.
     pub rise_ratio: f64,
@@ -108,6 +111,7 @@ impl Default for DiagnoseConfig {
             member_ratio: 5.0,
             above_device_ratio: 4.0,
             max_exclude_share: 0.25,
+            overwhelming_ratio: 4.0,
             rise_ratio: 2.0,
         }
     }
@@ -202,6 +206,7 @@ impl DiagnoseConfig {
             ("two_node_ratio", self.two_node_ratio),
             ("group_ratio", self.group_ratio),
             ("member_ratio", self.member_ratio),
+            ("overwhelming_ratio", self.overwhelming_ratio),
             ("rise_ratio", self.rise_ratio),
         ];
         for (key, value) in ratios {
