@@ -354,3 +354,48 @@ def test_like_is_compared_with_like(th: Thresholds) -> None:
         p.members = ["loop0", "loop1"]
     by = {n["name"]: n for n in judge_screen(probes, [], th).nodes}
     assert by["btrfs"]["verdict"]["status"] == "excluded", by["btrfs"]
+
+
+def test_history_shows_a_node_slow_in_every_job(tmp_path: Path) -> None:
+    """Screens and judgments append to the results root's history; `history` puts the node
+    flagged every time above the one flagged once; a line cut by a crash is skipped."""
+    from benchfs.diagnose import history
+
+    def nodes(bad: str | None, status: str = "excluded") -> list[dict]:
+        return [
+            {"host": f"h{i}", "name": f"n{i}", "status": status if f"n{i}" == bad else "ok",
+             "kind": "slow device" if f"n{i}" == bad else None,
+             "severity": 12.5 if f"n{i}" == bad else None}
+            for i in range(1, 4)
+        ]  # fmt: skip
+
+    for k in range(4):
+        history.append(tmp_path, "screen", f"s{k}", nodes("n2"))
+    history.append(tmp_path, "judge", "run", nodes("n3", "flagged"))
+    with open(tmp_path / history.HISTORY_FILE, "a") as f:
+        f.write('{"time": "cut')
+    out = CliRunner().invoke(diagnose_main, ["history", "--results-root", str(tmp_path), "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["entries"] == 5
+    first, second = doc["nodes"][:2]
+    assert (first["host"], first["seen"], first["excluded"], first["recent"]) == (
+        "h2",
+        5,
+        4,
+        "XXXX.",
+    )
+    assert first["kinds"] == {"slow device": 4} and first["worst"] == 12.5
+    assert (second["host"], second["flagged"], second["excluded"]) == ("h3", 1, 0)
+    assert "skipped" in out.stderr
+    missing = CliRunner().invoke(diagnose_main, ["history", "--results-root", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "no diagnosis history" in missing.stderr
+
+
+def test_drain_prints_scontrol_with_the_evidence(tmp_path: Path) -> None:
+    write_exclusions(tmp_path, [Exclusion("bnode3", ("slow device: loop3 r_await 20 ms " * 20,))])
+    out = CliRunner().invoke(diagnose_main, ["drain", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    (line,) = out.stdout.splitlines()
+    assert line.startswith("scontrol update nodename=bnode3 state=drain 'reason=benchfs: slow")
+    assert len(line) < 300 and line.endswith("...'")

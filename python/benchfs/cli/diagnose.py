@@ -10,6 +10,8 @@ Method, thresholds and outputs: docs/diagnose.md.
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +35,7 @@ from benchfs.diagnose.screen import (
     screen_csv,
 )
 from benchfs.errors import EXIT_FAILED, EXIT_USAGE, DiagnoseError
-from benchfs.nodes import NodesFileError, from_allocation, load_nodes
+from benchfs.nodes import Exclusion, NodesFileError, from_allocation, load_nodes, read_exclusions
 from benchfs.results import RunDir, ScreenDir
 
 SHOWN_METRICS = (
@@ -319,6 +321,102 @@ def show(screen_dir: str, as_csv: bool, as_json: bool) -> None:
     else:
         path = Path(screen_dir)
         print_screen(console(), doc, ScreenDir(path).path if path.is_dir() else path)
+
+
+@main.command()
+@click.option(
+    "--results-root",
+    type=click.Path(file_okay=False),
+    default="results",
+    show_default=True,
+    help="The results root whose diagnose-history.jsonl to read.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def history(results_root: str, as_json: bool) -> None:
+    """Per node, how often and how badly screens and in-run judgments flagged it."""
+    from benchfs.diagnose import history as hist
+
+    err = console(stderr=True)
+    try:
+        entries, notes = hist.read_history(results_root)
+    except FileNotFoundError as e:
+        _fail(err, "ENOENT", str(e), EXIT_USAGE)
+        return
+    for note in notes:
+        err.print(f"[yellow]benchfs-diagnose:[/] {escape(note)}", highlight=False)
+    rows = hist.summarize(entries)
+    if as_json:
+        click.echo(json.dumps({"entries": len(entries), "nodes": [r.to_json() for r in rows]}))
+        return
+    table = Table(
+        title=f"benchfs-diagnose history: {len(entries)} screens and judgments",
+        title_justify="left",
+    )
+    for col in ("host", "seen", "flagged", "excluded", "worst", "kinds", "last flagged"):
+        table.add_column(col, no_wrap=col != "kinds")
+    table.add_column("recent (. ok, f flagged, X excluded)", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r.host,
+            str(r.seen),
+            str(r.flagged),
+            str(r.excluded),
+            "-" if r.worst is None else f"{r.worst:.3g}",
+            ", ".join(f"{k} x{n}" for k, n in r.kinds.items()) or "-",
+            r.last_flagged or "-",
+            r.recent,
+        )
+    console().print(table)
+
+
+@main.command()
+@click.argument("exclusions", type=click.Path(exists=True))
+@click.option("--run", "run_it", is_flag=True, help="Run the commands (as a Slurm admin).")
+def drain(exclusions: str, run_it: bool) -> None:
+    """Slurm commands that drain the excluded nodes of a screen or judgment (EXCLUSIONS: its
+    directory, excluded.json or excluded.txt), with the evidence as the reason; printed, or
+    run with --run."""
+    err = console(stderr=True)
+    try:
+        excluded = read_exclusions(exclusions)
+    except (NodesFileError, ValueError, FileNotFoundError) as e:
+        _fail(err, "EINVAL", str(e), EXIT_USAGE)
+        return
+    failed = 0
+    for argv in drain_commands(excluded):
+        click.echo(shlex.join(argv))
+        if run_it:
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                err.print(f"[red]benchfs-diagnose:[/] {escape(str(e))}", highlight=False)
+                failed += 1
+                continue
+            if done.returncode != 0:
+                failed += 1
+                err.print(
+                    f"[red]benchfs-diagnose:[/] exit {done.returncode}: "
+                    f"{escape((done.stderr or done.stdout).strip())}",
+                    highlight=False,
+                )
+    if failed:
+        sys.exit(EXIT_FAILED)
+
+
+DRAIN_REASON_CHARS = 200
+"""Slurm keeps a node's reason short; the first reason, cut to this, with a prefix."""
+
+
+def drain_commands(excluded: Sequence[Exclusion]) -> list[list[str]]:
+    """`scontrol update nodename=HOST state=drain reason="benchfs: ..."` per excluded host."""
+    out = []
+    for e in excluded:
+        why = e.reasons[0] if e.reasons else "excluded by benchfs-diagnose"
+        reason = f"benchfs: {why}"
+        if len(reason) > DRAIN_REASON_CHARS:
+            reason = reason[: DRAIN_REASON_CHARS - 3] + "..."
+        out.append(["scontrol", "update", f"nodename={e.host}", "state=drain", f"reason={reason}"])
+    return out
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from benchfs import telemetry
+from benchfs.diagnose import history
 from benchfs.diagnose.judge import (
     KIND_ABOVE,
     KIND_DEVICE,
@@ -226,15 +227,38 @@ def judge_run(run_dir: str | Path, th: Thresholds, screen: Path | None = None) -
     run.diagnose_dir.mkdir(exist_ok=True)
     write_json_atomic(run.judge_json, doc)
     write_text_atomic(run.judge_csv, judge_csv(doc))
-    write_exclusions(run.diagnose_dir, run_exclusions(run, doc, th))
+    hosts = _hosts(run)
+    excluded = run_exclusions(doc, th, hosts)
+    write_exclusions(run.diagnose_dir, excluded)
+    gone = {e.host for e in excluded}
+
+    def entry(e: Mapping[str, Any]) -> dict[str, Any]:
+        host = hosts.get(e["node"], e["node"])
+        status = "excluded" if host in gone else "flagged" if e["flags"] else "ok"
+        share = max(e.get(f"{op}_delay_share", 0.0) for op in OPS)
+        return {
+            "host": host,
+            "name": e["node"],
+            "status": status,
+            "kind": e.get("kind"),
+            "severity": round(share, 3) if e["flags"] else None,
+        }
+
+    history.append(run.path.parent, "judge", str(run.path), [entry(e) for e in doc["nodes"]])
     return doc
 
 
-def run_exclusions(run: RunDir, doc: Mapping[str, Any], th: Thresholds) -> list[Exclusion]:
-    """The flagged nodes as the screen's exclusions (excluded.txt / excluded.json, by host
-    from the run's nodes file), most delay first, at most the screen's cap; each reason says
-    what was slow, since when (wall clock) and its share of the run's excess delay."""
-    hosts = {n.name: n.host for n in load_nodes(run.nodes_path)} if run.nodes_path.exists() else {}
+def _hosts(run: RunDir) -> dict[str, str]:
+    """Node name to host, from the run's nodes file (none: names stand for hosts)."""
+    return {n.name: n.host for n in load_nodes(run.nodes_path)} if run.nodes_path.exists() else {}
+
+
+def run_exclusions(
+    doc: Mapping[str, Any], th: Thresholds, hosts: Mapping[str, str]
+) -> list[Exclusion]:
+    """The flagged nodes as the screen's exclusions (excluded.txt / excluded.json, by host),
+    most delay first, at most the screen's cap; each reason says what was slow, since when
+    (wall clock) and its share of the run's excess delay."""
     entries = {e["node"]: e for e in doc["nodes"]}
 
     def share(n: str) -> float:

@@ -25,6 +25,7 @@ from typing import Any
 
 from benchfs import schemas
 from benchfs.diagnose import fio as fioprobe
+from benchfs.diagnose import history
 from benchfs.diagnose.judge import (
     KIND_ABOVE,
     KIND_DEVICE,
@@ -706,10 +707,13 @@ def screen_csv(result: Mapping[str, Any]) -> str:
 
 
 def write_screen(screen: ScreenDir, result: ScreenResult) -> None:
+    """screen.json, screen.csv, the exclusion files, and a line of the results root's
+    diagnosis history."""
     doc = result.to_json()
     write_json_atomic(screen.screen_json, doc)
     screen.screen_csv.write_text(screen_csv(doc))
     write_exclusions(screen.path, result.excluded)
+    history.append(screen.path.parent, "screen", str(screen.path), history.screen_nodes(doc))
 
 
 def load_screen(path: str | os.PathLike[str]) -> dict[str, Any]:
