@@ -149,6 +149,11 @@ def score_trial(plan: Plan, result: dict[str, Any], disks: dict[str, Disk]) -> d
         "excluded": excluded,
         "flagged": flagged,
         "healthy_excluded": [n for n in excluded if n != plan.node],
+        "flags": {
+            n: sorted({f["flag"] for f in doc["flags"]})
+            for n, doc in by_name.items()
+            if doc["flags"]
+        },
         "detected": plan.node is not None and plan.node in excluded,
         "kind_right": None,
         "device_right": None,

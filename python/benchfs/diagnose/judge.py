@@ -221,9 +221,10 @@ class Verdict:
 
 
 def kind_of(flags: Sequence[Flag]) -> str | None:
-    """The node's kind of slowness: the most specific one among its flags."""
+    """The node's kind of slowness: the most specific one among its flags that count (among
+    all its flags when none counts)."""
     order = (KIND_HEALTH, KIND_MD, KIND_DEVICE, KIND_ABOVE, KIND_NETWORK, KIND_FULL, KIND_PROBE)
-    kinds = {f.kind for f in flags}
+    kinds = {f.kind for f in flags if f.excludable} or {f.kind for f in flags}
     for kind in order:
         if kind in kinds:
             return kind

@@ -416,7 +416,10 @@ def _device_flags(p: NodeProbe, m: Mapping[str, Any], th: Thresholds) -> list[Fl
 
 
 def _latency_floors(
-    metrics: Mapping[str, Mapping[str, Any]], flags: dict[str, list[Flag]], th: Thresholds
+    metrics: Mapping[str, Mapping[str, Any]],
+    flags: dict[str, list[Flag]],
+    notes: dict[str, list[str]],
+    th: Thresholds,
 ) -> None:
     """The absolute device latency rule (r_await_ms) as a floor, judged against the peers.
 
@@ -424,7 +427,9 @@ def _latency_floors(
     queues alike on every node of a busy machine (16.4 ms at 529 MiB/s on a healthy virtual
     disk; three healthy nodes at 18.7-20.7 ms under load 25): above the floor it counts only
     when the node also stands group_ratio above its peers' median. At one read in flight
-    there is no queue: above the floor it counts when it is min_worse above the peers."""
+    there is no queue: above the floor it counts when it is min_worse above the peers. A
+    latency over the floor that does not count is a note, not a flag: the node is not
+    suspect for what every node does."""
     for n, m in metrics.items():
         for key, where, margin, name in (
             ("dev_r_await_ms", "under the many-files load", th.group_ratio, "dev_worst"),
@@ -443,14 +448,14 @@ def _latency_floors(
             if median is not None:
                 evidence += f"; peers' median {median:.3g} ms ({worse:.1f}x)"
             if not counts:
-                evidence += ": the peers are as slow, so it is not this node's alone"
+                notes[n].append(f"{evidence}: the peers are as slow, so it is not this node's")
+                break
             flags[n].append(
                 Flag(
                     "dev_r_await_abs",
                     KIND_DEVICE,
                     evidence,
                     common_scale(worse, th),
-                    excludable=counts,
                     worse=worse,
                     family="device service time" if "qd1" in key else FAMILY["dev_r_await_abs"],
                 )
@@ -474,11 +479,12 @@ def _judge_group(
     names: Sequence[str],
     all_metrics: Mapping[str, Mapping[str, Any]],
     flags: dict[str, list[Flag]],
+    notes: dict[str, list[str]],
     th: Thresholds,
 ) -> None:
     """The relative rules among `names`, nodes of one kind."""
     metrics = {n: all_metrics[n] for n in names}
-    _latency_floors(metrics, flags, th)
+    _latency_floors(metrics, flags, notes, th)
     for spec in SPECS.values():
         for o in outliers({n: metrics[n][spec.name] for n in names}, spec, th):
             flags[o.key].append(
@@ -519,7 +525,8 @@ def _kinds(
 ) -> None:
     """The kind of the application-side flags: the device, above it, or unclear."""
     for n in names:
-        device_slow = any(f.kind == KIND_DEVICE for f in flags[n])
+        # Only device evidence that counts makes the application's slowness the device's.
+        device_slow = any(f.kind == KIND_DEVICE and f.excludable for f in flags[n])
         m = metrics[n]
         for f in flags[n]:
             if f.kind:
@@ -568,14 +575,15 @@ def judge_screen(
     # Like with like: the relative rules compare nodes of one kind (file system and number
     # of devices); a node with no peer of its kind is reported, not judged against others.
     groups = peer_groups(probes)
-    alone = {
-        members[0]: f"no peer of its kind ({kind}): its figures are reported, not compared"
-        for kind, members in groups.items()
-        if len(members) == 1 and len(probes) > 1
-    }
+    judged: dict[str, list[str]] = {n: [] for n in names}
+    for kind, members in groups.items():
+        if len(members) == 1 and len(probes) > 1:
+            judged[members[0]].append(
+                f"no peer of its kind ({kind}): its figures are reported, not compared"
+            )
     for members in groups.values():
         if len(members) >= 2:
-            _judge_group(members, metrics, flags, th)
+            _judge_group(members, metrics, flags, judged, th)
     _kinds(names, metrics, flags, by_name, th)
     dropped: dict[str, list[str]] = {n: [] for n in names}
     if repeated is not None:
@@ -605,7 +613,7 @@ def judge_screen(
                 "md": p.md,
                 "health": p.health,
                 "triage": p.triage,
-                "notes": [*p.notes, *([alone[n]] if n in alone else []), *dropped[n]],
+                "notes": [*p.notes, *judged[n], *dropped[n]],
             }
         )
     exclusions = [Exclusion(by_name[n].node.host, tuple(verdicts[n].reasons)) for n in excluded]
