@@ -321,7 +321,8 @@ def test_trials_are_scored_against_what_was_planted() -> None:
         name = "loop7"
 
     def node_doc(name: str, status: str, kind: str | None, reasons: list[str]) -> dict:
-        return {"name": name, "verdict": {"status": status, "kind": kind, "reasons": reasons}}
+        verdict = {"status": status, "kind": kind, "reasons": reasons}
+        return {"name": name, "verdict": verdict, "flags": [{"flag": "x"}] if reasons else []}
 
     planted = Plan("n2", "throttle", 0.3)
     result = {

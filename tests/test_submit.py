@@ -516,6 +516,6 @@ def test_unknown_excluded_names_do_not_fail_a_slurm_submission(
     job_id = re.search(r"^job\s+(\d+)$", result.stdout, re.M)
     job_dir = re.search(r"^results\s+(\S+)$", result.stdout, re.M)
     assert job_id and job_dir
-    assert "--exclude" not in (Path(job_dir.group(1)) / "job.sh").read_text()
+    assert "#SBATCH --exclude" not in (Path(job_dir.group(1)) / "job.sh").read_text()
     assert slurm.run("scancel", job_id.group(1)).returncode == 0
     slurm.wait_job(job_id.group(1), timeout=40)

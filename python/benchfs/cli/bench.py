@@ -542,10 +542,6 @@ def analysis(
     _emit(report, as_json, bench.render)
 
 
-if __name__ == "__main__":
-    main()
-
-
 @main.command(name="diagnose")
 @click.option(
     "--dir",
@@ -596,3 +592,7 @@ def diagnose_case(
         report = bench.run_diagnose(Path(work), settings, reporter.progress)
     report["quick"] = quick
     _emit(report, as_json, bench.render)
+
+
+if __name__ == "__main__":
+    main()
