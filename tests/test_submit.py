@@ -195,10 +195,14 @@ def test_pbs_and_nqsv_scripts_by_property(tmp_path: Path, scheduler: str) -> Non
     bash_n(script, tmp_path)
     directives = [line for line in script.splitlines() if line.startswith("#PBS")]
     if scheduler == "pbs":
+        # One chunk per host, the hosts the job's alone (openpbs doc/man1/pbs_resources.7B).
         assert "#PBS -l select=4" in directives
+        assert "#PBS -l place=scatter:excl" in directives
         assert "#PBS -l walltime=01:30:00" in directives
     else:
-        assert "#PBS -b 4" in directives
+        # ExaWorks psij-python src/psij/executors/batch/nqsv/nqsv.mustache: --exclusive,
+        # -b nodes, --cpunum-lhost per node.
+        assert "#PBS -b 4" in directives and "#PBS --exclusive" in directives
         assert "#PBS -l elapstim_req=01:30:00" in directives
     assert "#PBS -q bigq" in directives and "#PBS -A proj42" in directives
     assert "#PBS -V" in directives  # the submitting environment, as sbatch passes it
@@ -519,3 +523,37 @@ def test_unknown_excluded_names_do_not_fail_a_slurm_submission(
     assert "#SBATCH --exclude" not in (Path(job_dir.group(1)) / "job.sh").read_text()
     assert slurm.run("scancel", job_id.group(1)).returncode == 0
     slurm.wait_job(job_id.group(1), timeout=40)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "line"),
+    [("pbs", "#PBS -l select=4:ncpus=16:mpiprocs=16"), ("nqsv", "#PBS --cpunum-lhost=16")],
+)
+def test_cpus_per_node(tmp_path: Path, scheduler: str, line: str) -> None:
+    """PBS: ncpus and mpiprocs per chunk (mpiprocs=P lists the host P times in PBS_NODEFILE,
+    which the nodes file takes once); NQSV: --cpunum-lhost."""
+    script = render_script(tmp_path, scheduler, cpus_per_node=16)
+    bash_n(script, tmp_path)
+    assert line in script.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "directive", "key"),
+    [
+        ("slurm", "--nodes=8", "--nodes"),
+        ("slurm", "--output=/x/y", "--output"),
+        ("pbs", "-l select=2:ncpus=4", "-l select"),
+        ("pbs", "-l place=pack", "-l place"),
+        ("nqsv", "-b 8", "-b"),
+        ("nqsv", "--cpunum-lhost=4", "--cpunum-lhost"),
+        ("pbs", "-q other", "-q"),
+    ],
+)
+def test_a_directive_duplicating_ours_is_refused(
+    tmp_path: Path, scheduler: str, directive: str, key: str
+) -> None:
+    with pytest.raises(SubmitError, match=f"sets {key}, which the job script sets already"):
+        render_script(tmp_path, scheduler, queue="q1", extra_directives=[directive])
+    # One the script does not set is kept.
+    other = "--mail-type=END" if scheduler == "slurm" else "-m abe"
+    assert other in render_script(tmp_path, scheduler, extra_directives=[other])

@@ -1,10 +1,12 @@
 #!/bin/bash
 # BenchFS job for NEC NQSV, rendered by `benchfs-run submit --scheduler nqsv` (jobs/templates/nqsv.sh).
-# NQSV's qsub takes #PBS directives: -b is the number of nodes (batch jobs), elapstim_req the
-# elapsed-time limit (see docs/submit.md for the sources).
+# NQSV's qsub takes #PBS directives: -b is the number of nodes (batch jobs), --exclusive the
+# nodes for this request alone, --cpunum-lhost the CPUs per node (with --cpus-per-node),
+# elapstim_req the elapsed-time limit (see docs/submit.md for the sources).
 #PBS -N @{job_name}
 #PBS -V
-#PBS -b @{nodes}
+#PBS --exclusive
+#PBS -b @{nodes}@{cpunum}
 #PBS -o @{job_dir}/job.out
 #PBS -e @{job_dir}/job.err
 @{directives}

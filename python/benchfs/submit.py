@@ -141,6 +141,9 @@ class JobSpec:
     queue: str | None = None
     account: str | None = None
     excluded: Sequence[Exclusion] = ()
+    cpus_per_node: int | None = None
+    """CPUs to ask per node on PBS (ncpus and mpiprocs per chunk) and NQSV (--cpunum-lhost);
+    None leaves it to the site's default. Slurm's --nodes allocation needs none."""
     scratch: str = "/tmp"
     job_name: str = "benchfs"
     extra_directives: Sequence[str] = field(default_factory=tuple)
@@ -182,9 +185,21 @@ class JobSpec:
             raise SubmitError("EINVAL", "--stage-in and --stage-out go with --run COMMAND")
         if self.run_command is not None and not self.run_command.strip():
             raise SubmitError("EINVAL", "--run needs a command")
+        if self.cpus_per_node is not None and self.cpus_per_node < 1:
+            raise SubmitError(
+                "EINVAL", f"--cpus-per-node must be at least 1 ({self.cpus_per_node})"
+            )
+        ours = {directive_key(self.scheduler, d) for d in self.own_directives()}
         for d in self.extra_directives:
             if "\n" in d or not d.strip():
                 raise SubmitError("EINVAL", f"--directive {d!r} must be one non-empty line")
+            key = directive_key(self.scheduler, d)
+            if key in ours:
+                raise SubmitError(
+                    "EINVAL",
+                    f"--directive {d!r} sets {key}, which the job script sets already "
+                    "(use the submit option for it)",
+                )
         if not os.path.isabs(self.scratch):
             raise SubmitError("EINVAL", f"--scratch {self.scratch!r} is not an absolute path")
         for arg in self.pipeline_args:
@@ -195,8 +210,20 @@ class JobSpec:
                     "pipeline's results root",
                 )
 
-    def directives(self) -> list[str]:
-        """The scheduler directives beyond the template's fixed ones."""
+    def own_directives(self) -> list[str]:
+        """Every directive the script sets itself: the template's and the options'."""
+        fixed = {
+            "slurm": ["#SBATCH --job-name=x", "#SBATCH --nodes=1", "#SBATCH --output=x"],
+            "pbs": ["#PBS -N x", "#PBS -V", "#PBS -l select=1", "#PBS -l place=x", "#PBS -j oe",
+                    "#PBS -o x"],
+            "nqsv": ["#PBS -N x", "#PBS -V", "#PBS --exclusive", "#PBS -b 1", "#PBS -o x",
+                     "#PBS -e x", "#PBS --cpunum-lhost=1"],
+        }[self.scheduler]  # fmt: skip
+        return fixed + self.directives(extra=False)
+
+    def directives(self, extra: bool = True) -> list[str]:
+        """The scheduler directives beyond the template's fixed ones (with the user's
+        --directive lines unless `extra` is False)."""
         lines: list[str] = []
         limit = None if self.time_limit_s is None else format_time_limit(self.time_limit_s)
         excluded = ",".join(e.host for e in self.excluded)
@@ -209,7 +236,7 @@ class JobSpec:
                 lines.append(f"#SBATCH --account={self.account}")
             if excluded:
                 lines.append(f"#SBATCH --exclude={excluded}")
-            lines += [f"#SBATCH {d}" for d in self.extra_directives]
+            lines += [f"#SBATCH {d}" for d in self.extra_directives if extra]
         else:
             if limit:
                 key = "walltime" if self.scheduler == "pbs" else "elapstim_req"
@@ -218,8 +245,19 @@ class JobSpec:
                 lines.append(f"#PBS -q {self.queue}")
             if self.account:
                 lines.append(f"#PBS -A {self.account}")
-            lines += [f"#PBS {d}" for d in self.extra_directives]
+            lines += [f"#PBS {d}" for d in self.extra_directives if extra]
         return lines
+
+
+def directive_key(scheduler: str, line: str) -> str:
+    """What a directive line sets, to find one given twice: `--name` (or `-x`) for Slurm and
+    flags, `-l name` for PBS resources (`-l select=...` and `-l place=...` differ)."""
+    text = line.split(None, 1)[1] if line.startswith("#") else line
+    text = text.strip()
+    if scheduler != "slurm" and text.startswith("-l"):
+        resource = text[2:].strip()
+        return "-l " + re.split(r"[=:]", resource, maxsplit=1)[0]
+    return re.split(r"[=\s]", text, maxsplit=1)[0]
 
 
 def slurm_node_names(timeout_s: float = 30.0) -> list[str] | None:
@@ -287,9 +325,13 @@ def render(spec: JobSpec, templates: Path | None = None) -> str:
         except OSError as e:
             raise SubmitError("ENOENT", f"job template {path}: {e.strerror or e}") from e
 
+    cpus = spec.cpus_per_node
     values = {
         "job_name": spec.job_name,
         "nodes": str(spec.nodes),
+        # PBS: mpiprocs=C lists the host C times in PBS_NODEFILE (one node each in nodes.toml).
+        "chunk": "" if cpus is None else f":ncpus={cpus}:mpiprocs={cpus}",
+        "cpunum": "" if cpus is None else f"\n#PBS --cpunum-lhost={cpus}",
         "job_dir": str(spec.job_dir),
         "directives": "\n".join(spec.directives()),
         "benchfs_run": shlex.quote(spec.benchfs_run),

@@ -375,6 +375,12 @@ def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
 @click.option(
     "--scratch", default="/tmp", show_default=True, help="Node-local scratch, for nodes.toml."
 )
+@click.option(
+    "--cpus-per-node",
+    type=click.IntRange(min=1),
+    help="CPUs to ask per node: PBS ncpus and mpiprocs per chunk, NQSV --cpunum-lhost "
+    "[the site's default].",
+)
 @click.option("--job-name", default="benchfs", show_default=True, help="The job's name.")
 @click.option(
     "--directive",
@@ -407,6 +413,7 @@ def submit(
     account: str | None,
     exclude_from: str | None,
     scratch: str,
+    cpus_per_node: int | None,
     job_name: str,
     directives: tuple[str, ...],
     results_root: str | None,
@@ -473,6 +480,7 @@ def submit(
             account=account,
             excluded=excluded,
             scratch=scratch,
+            cpus_per_node=cpus_per_node,
             job_name=job_name,
             extra_directives=directives,
             run_command=run_command,
