@@ -160,6 +160,16 @@ def _config_options(f: Any) -> Any:
     )(f)
 
 
+def _results_root(help: str) -> Any:
+    return click.option(
+        "--results-root",
+        type=click.Path(file_okay=False),
+        default="results",
+        show_default=True,
+        help=help,
+    )
+
+
 @main.command()
 @click.option(
     "--nodes",
@@ -180,13 +190,7 @@ def _config_options(f: Any) -> Any:
     is_flag=True,
     help="Run under mpiexec, one rank per node (no network probe in this mode).",
 )
-@click.option(
-    "--results-root",
-    type=click.Path(file_okay=False),
-    default="results",
-    show_default=True,
-    help="Where the screen directory is created.",
-)
+@_results_root("Where the screen directory is created.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @_config_options
 def screen(
@@ -324,13 +328,7 @@ def show(screen_dir: str, as_csv: bool, as_json: bool) -> None:
 
 
 @main.command()
-@click.option(
-    "--results-root",
-    type=click.Path(file_okay=False),
-    default="results",
-    show_default=True,
-    help="The results root whose diagnose-history.jsonl to read.",
-)
+@_results_root("The results root whose diagnose-history.jsonl to read.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def history(results_root: str, as_json: bool) -> None:
     """Per node, how often and how badly screens and in-run judgments flagged it."""
