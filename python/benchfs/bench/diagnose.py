@@ -20,6 +20,7 @@ and device right in every detected case.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -27,16 +28,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from benchfs import Client
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
+from benchfs.cluster import LocalCluster
 from benchfs.config import load_config, resolve_config_text, section
+from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE
 from benchfs.diagnose.screen import ScreenSettings, run_screen
 from benchfs.errors import BenchError
+from benchfs.probes import iostat
+from benchfs.results import create_run_dir
 from benchfs.simnodes import Disk, Sim, background_load, build_delayfs, node, requirements
 from benchfs.simnodes import simulation as sim_context
 from benchfs.units import MIB
@@ -59,10 +66,21 @@ class DiagnoseSettings:
     load: bool = True
     seed: int | None = None
     disk_mib: int = 512
+    inrun_trials: int = 8
+    """In-run trials: a cluster on the nodes reads while a node may slow at a random moment."""
+    inrun_seconds: float = 8.0
 
     @classmethod
     def quick(cls) -> DiagnoseSettings:
-        return cls(nodes=3, trials=2, clean_share=0.5, seconds=2.0, load=False, disk_mib=256)
+        return cls(
+            nodes=3,
+            trials=2,
+            clean_share=0.5,
+            seconds=2.0,
+            load=False,
+            disk_mib=256,
+            inrun_trials=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -168,6 +186,149 @@ def score_trial(plan: Plan, result: dict[str, Any], disks: dict[str, Disk]) -> d
     return out
 
 
+INRUN_FILES = 6
+INRUN_FILE_BYTES = 8 * MIB
+
+
+def inrun_trial(
+    cluster: SimCluster,
+    plan: Plan,
+    trial: int,
+    settings: DiagnoseSettings,
+    th: Any,
+    rng: random.Random,
+    work: Path,
+) -> dict[str, Any]:
+    """A cluster of one server per node (each in a blkio cgroup of its own) reads 6 files of
+    8 MiB over and over for `inrun_seconds`; at a random moment 2-4 s in, `plan` is planted
+    (a device delay, or a throttle written into the server's cgroup at the planned share of
+    the rate each node served so far: the run's own bandwidth, which a throttle calibrated on
+    the device's would not reach); then
+    `benchfs-diagnose judge` judges the run from its telemetry and iostat captures."""
+    run = create_run_dir(work / "runs", "local")
+    run.diagnose_dir.mkdir()
+    config = run.path / "config.toml"
+    config.write_text(
+        resolve_config_text(
+            None,
+            [
+                f"cluster.expected_servers={len(cluster.names)}",
+                "layout.chunk_size=1048576",
+                "storage.direct_read=true",
+                "storage.durability=memory",
+                f"telemetry.dir={run.telemetry_dir}",
+                "telemetry.interval_ms=250",
+            ],
+        )
+    )
+    groups = {n: cluster.sim.blkio_group(f"r{trial}-{n}") for n in cluster.names}
+    servers = LocalCluster(run.registry_dir, config_path=config)
+    captures = [
+        iostat.Capture(run.iostat_capture(n), [cluster.disks[n].name]) for n in cluster.names
+    ]
+    planted_at: float | None = None
+    try:
+        for i, n in enumerate(cluster.names):
+            data = cluster.scratch[n] / f"run{trial}"
+            servers.start(i, data, run.servers_dir / f"server-{i}.log", n, groups[n].prefix())
+        servers.wait_ready(30)
+        with Client(str(run.registry_dir), config=config.read_text()) as client:
+            payload = bytes(range(256)) * (INRUN_FILE_BYTES // 256)
+            files = [
+                client.open(f"/f{k}", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+                for k in range(INRUN_FILES)
+            ]
+            for f in files:
+                f.pwrite(payload, 0)
+                f.fsync()
+            start = time.monotonic()
+            plant_after = rng.uniform(2.0, 4.0)
+            moved = 0
+            while time.monotonic() - start < settings.inrun_seconds:
+                elapsed = time.monotonic() - start
+                if planted_at is None and elapsed >= plant_after:
+                    planted_at = time.time()
+                    _plant(cluster, plan, groups, moved / elapsed / len(cluster.names))
+                for f in files:
+                    if f.pread(INRUN_FILE_BYTES, 0) != payload:
+                        raise BenchError("EIO", f"in-run trial {trial}: a read did not verify")
+                    moved += INRUN_FILE_BYTES
+            for f in files:
+                f.close()
+    finally:
+        for c in captures:
+            c.stop()
+        servers.stop(grace_s=10)
+        _unplant(cluster, groups)
+        for n in cluster.names:
+            shutil.rmtree(cluster.scratch[n] / f"run{trial}", ignore_errors=True)
+    doc = judge_run(run.path, th)
+    return score_inrun(plan, doc, planted_at, cluster.disks)
+
+
+def _plant(
+    cluster: SimCluster, plan: Plan, groups: dict[str, Any], node_bytes_per_s: float
+) -> None:
+    if plan.node is None or plan.severity is None:
+        return
+    disk = cluster.disks[plan.node]
+    if plan.kind == "device":
+        disk.fs.set_delay(plan.severity, plan.severity)
+    else:
+        limit = max(int(node_bytes_per_s * plan.severity), 1 << 20)
+        groups[plan.node].limit(disk, limit, limit)
+
+
+def _unplant(cluster: SimCluster, groups: dict[str, Any]) -> None:
+    for n, d in cluster.disks.items():
+        d.fs.set_delay(0.0, 0.0)
+        groups[n].limit(d, 0, 0)
+
+
+def score_inrun(
+    plan: Plan, doc: dict[str, Any], planted_at: float | None, disks: dict[str, Disk]
+) -> dict[str, Any]:
+    """An in-run judgment against what was planted, and when."""
+    flagged = list(doc["flagged"])
+    out: dict[str, Any] = {
+        **asdict(plan),
+        "range": severity_range(plan),
+        "flagged": flagged,
+        "healthy_flagged": [n for n in flagged if n != plan.node],
+        "detected": plan.node is not None and plan.node in flagged,
+        "kind_right": None,
+        "device_right": None,
+        "onset_error_s": None,
+    }
+    if out["detected"]:
+        entry = next(e for e in doc["nodes"] if e["node"] == plan.node)
+        out["kind_right"] = entry.get("kind") == EXPECTED_KIND[plan.kind or ""]
+        out["device_right"] = (entry.get("device") or {}).get("device") == disks[
+            plan.node or ""
+        ].name
+        onsets = [f["onset_utc"] for f in entry["flags"] if f.get("onset_utc")]
+        if onsets and planted_at is not None:
+            first = min(datetime.fromisoformat(x).timestamp() for x in onsets)
+            out["onset_error_s"] = round(first - planted_at, 2)
+    return out
+
+
+def summarize_inrun(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    planted = [t for t in trials if t["node"] is not None]
+    detected = [t for t in planted if t["detected"]]
+    errors = [abs(t["onset_error_s"]) for t in detected if t["onset_error_s"] is not None]
+    return {
+        "trials": len(trials),
+        "planted": len(planted),
+        "detected": len(detected),
+        "healthy_flagged": sum(len(t["healthy_flagged"]) for t in trials),
+        "kind_right": sum(1 for t in detected if t["kind_right"]),
+        "device_right": sum(1 for t in detected if t["device_right"]),
+        "onsets": len(errors),
+        "onset_error_max_s": max(errors) if errors else None,
+    }
+
+
 def summarize(trials: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
     """Precision, recall, false exclusions, kind and device accuracy over `trials`."""
     planted = [t for t in trials if t["node"] is not None]
@@ -238,10 +399,24 @@ def run_diagnose(
                 f"  excluded {t['excluded'] or 'none'}"
                 + (f"; kind {t['named_kind']}" if t["detected"] else "")
             )
+        inrun: list[dict[str, Any]] = []
+        plans = plan_trials(
+            DiagnoseSettings(trials=settings.inrun_trials, clean_share=settings.clean_share),
+            cluster.names,
+            rng,
+        )
+        for i, plan in enumerate(plans, start=1):
+            what = "nothing" if plan.node is None else f"{plan.kind} {plan.severity} on {plan.node}"
+            progress(f"in-run trial {i}/{settings.inrun_trials}: {what}, planted mid-run")
+            t = inrun_trial(cluster, plan, i, settings, th, rng, work)
+            t["trial"] = i
+            inrun.append(t)
+            progress(f"  flagged {t['flagged'] or 'none'}; onset error {t['onset_error_s']} s")
     ranges: dict[str, list[dict[str, Any]]] = {}
     for t in trials:
         ranges.setdefault(t["range"], []).append(t)
     summary = summarize(trials, settings.nodes)
+    inrun_summary = summarize_inrun(inrun)
     targets = [
         {"target": "recall 100%", "met": summary["recall"] in (None, 1.0)},
         {"target": "no healthy node excluded", "met": summary["healthy_excluded"] == 0},
@@ -250,6 +425,16 @@ def run_diagnose(
             "met": summary["kind_right"] == summary["detected"] == summary["device_right"],
         },
     ]
+    if inrun:
+        targets.append(
+            {
+                "target": "in-run: every planted node flagged, no healthy one, onset within 2 s",
+                "met": inrun_summary["detected"] == inrun_summary["planted"]
+                and inrun_summary["healthy_flagged"] == 0
+                and inrun_summary["onsets"] == inrun_summary["detected"]
+                and (inrun_summary["onset_error_max_s"] or 0.0) <= 2.0,
+            }
+        )
     return {
         "case": "diagnose",
         "seed": seed,
@@ -259,6 +444,7 @@ def run_diagnose(
         "summary": summary,
         "ranges": {k: summarize(v, settings.nodes) for k, v in sorted(ranges.items())},
         "trials": trials,
+        "inrun": {"summary": inrun_summary, "trials": inrun},
         "targets": targets,
     }
 
@@ -298,4 +484,15 @@ def render(console: Console, report: dict[str, Any]) -> None:
         ("false exclusions", f"{pct(x['false_exclusion_rate'])} of healthy-node screenings"),
         ("screen time", f"median {fmt(x['median_screen_s'], 1)} s"),
     ]
+    r = report["inrun"]["summary"]
+    if r["trials"]:
+        lines.append(
+            (
+                "in-run",
+                f"{r['detected']}/{r['planted']} planted nodes flagged, {r['healthy_flagged']} "
+                f"healthy flagged, kind {r['kind_right']}/{r['detected']}, device "
+                f"{r['device_right']}/{r['detected']}, onset error at most "
+                f"{fmt(r['onset_error_max_s'], 1)} s ({r['onsets']} onsets)",
+            )
+        )
     print_lines_and_targets(console, lines, report["targets"])

@@ -559,6 +559,11 @@ def analysis(
     type=click.FloatRange(min=1),
     help="Workload probe seconds of each screen [diagnose.quick_seconds; --quick: 2].",
 )
+@click.option(
+    "--inrun-trials",
+    type=click.IntRange(min=0),
+    help="In-run trials (a cluster on the nodes, slowed mid-run) [8; --quick: 0].",
+)
 @click.option("--no-load", is_flag=True, help="No stress-ng background load.")
 def diagnose_case(
     root: Path | None,
@@ -568,6 +573,7 @@ def diagnose_case(
     trials: int | None,
     seed: int | None,
     seconds: float | None,
+    inrun_trials: int | None,
     no_load: bool,
 ) -> None:
     """The screen's accuracy: trials on simulated nodes (loop devices; a delaying device or a
@@ -584,6 +590,8 @@ def diagnose_case(
         changes["seconds"] = seconds
     if no_load:
         changes["load"] = False
+    if inrun_trials is not None:
+        changes["inrun_trials"] = inrun_trials
     settings = dataclasses.replace(settings, **changes)
     err = console(stderr=True)
     reporter = _Reporter(err, as_json)

@@ -29,6 +29,7 @@ from benchfs.units import MIB
 
 __all__ = [
     "MIB",
+    "BlkioGroup",
     "Disk",
     "Sim",
     "background_load",
@@ -107,6 +108,24 @@ class Disk:
 
     def majmin(self) -> str:
         return Path(f"/sys/block/{self.name}/dev").read_text().strip()
+
+
+@dataclass(frozen=True)
+class BlkioGroup:
+    """A blkio cgroup (v1): a command prefix that enters it, and its limits, which can change
+    while its processes run (0 removes one)."""
+
+    path: Path
+
+    def prefix(self) -> list[str]:
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh"]
+
+    def limit(self, disk: Disk, read_bps: int, write_bps: int | None = None) -> None:
+        (self.path / "blkio.throttle.read_bps_device").write_text(f"{disk.majmin()} {read_bps}\n")
+        if write_bps is not None:
+            (self.path / "blkio.throttle.write_bps_device").write_text(
+                f"{disk.majmin()} {write_bps}\n"
+            )
 
 
 @dataclass
@@ -207,11 +226,8 @@ class Sim:
 
     # --- cgroup ---------------------------------------------------------------------------------
 
-    def throttled_prefix(
-        self, name: str, disk: Disk, read_bps: int, write_bps: int | None = None
-    ) -> list[str]:
-        """A command prefix that runs its command in a blkio cgroup limiting `disk`'s reads
-        (and writes, when `write_bps` is given)."""
+    def blkio_group(self, name: str) -> BlkioGroup:
+        """A blkio cgroup (v1) with no limit yet; its prefix runs a command inside it."""
         cg = CGROUP_BLKIO / f"{self.tag}-{name}"
         cg.mkdir()
 
@@ -224,10 +240,16 @@ class Sim:
             cg.rmdir()
 
         self.on_close(f"cgroup {cg}", remove)
-        (cg / "blkio.throttle.read_bps_device").write_text(f"{disk.majmin()} {read_bps}\n")
-        if write_bps is not None:
-            (cg / "blkio.throttle.write_bps_device").write_text(f"{disk.majmin()} {write_bps}\n")
-        return ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"]
+        return BlkioGroup(cg)
+
+    def throttled_prefix(
+        self, name: str, disk: Disk, read_bps: int, write_bps: int | None = None
+    ) -> list[str]:
+        """A command prefix that runs its command in a blkio cgroup limiting `disk`'s reads
+        (and writes, when `write_bps` is given)."""
+        group = self.blkio_group(name)
+        group.limit(disk, read_bps, write_bps)
+        return group.prefix()
 
     # --- network ----------------------------------------------------------------------------------
 
