@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -342,3 +343,36 @@ def test_trials_are_scored_against_what_was_planted() -> None:
     s = summarize([t, clean], 3)
     assert s["recall"] == 1.0 and s["precision"] == 0.5 and s["healthy_excluded"] == 1
     assert s["false_exclusion_rate"] == 1 / 5  # 2 healthy in the planted trial, 3 in the clean
+
+
+def test_inrun_trials_are_scored_on_node_kind_device_and_onset() -> None:
+    from benchfs.bench.diagnose import Plan, score_inrun, summarize_inrun
+
+    class D:
+        name = "loop4"
+
+    doc = {
+        "flagged": ["n2"],
+        "nodes": [
+            {"node": "n1", "flags": []},
+            {
+                "node": "n2",
+                "kind": "slow device",
+                "device": {"device": "loop4"},
+                "flags": [{"onset_utc": "2026-11-25T10:00:03+00:00"}],
+            },
+        ],
+    }
+    planted_at = datetime(2026, 11, 25, 10, 0, 1, 500000, tzinfo=UTC).timestamp()
+    t = score_inrun(Plan("n2", "device", 5.0), doc, planted_at, {"n2": D()})  # type: ignore[dict-item]
+    assert t["detected"] and t["kind_right"] and t["device_right"]
+    assert t["onset_error_s"] == 1.5 and t["healthy_flagged"] == []
+    clean = score_inrun(Plan(None, None, None), doc, None, {})
+    assert clean["healthy_flagged"] == ["n2"] and not clean["detected"]
+    s = summarize_inrun([t, clean])
+    assert (s["planted"], s["detected"], s["healthy_flagged"], s["onset_error_max_s"]) == (
+        1,
+        1,
+        1,
+        1.5,
+    )
