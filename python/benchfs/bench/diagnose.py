@@ -263,7 +263,44 @@ def inrun_trial(
         for n in cluster.names:
             shutil.rmtree(cluster.scratch[n] / f"run{trial}", ignore_errors=True)
     doc = judge_run(run.path, th)
-    return score_inrun(plan, doc, planted_at, cluster.disks)
+    out = score_inrun(plan, doc, planted_at, cluster.disks)
+    out["analysis"] = score_analysis(plan, run.path, doc, planted_at)
+    return out
+
+
+def score_analysis(
+    plan: Plan, run: Path, doc: dict[str, Any], planted_at: float | None
+) -> dict[str, Any]:
+    """The same run as benchfs-analyze judges it (insight BFS-003 and its onset table), beside
+    the in-run judge: the two methods of judging a run, measured on one ground truth. Its
+    onset (seconds from the first telemetry snapshot) is put on the wall clock with the
+    judge's own t0 (onset_utc - onset_s), when the judge found one."""
+    from benchfs.analysis import analyze
+
+    a = analyze(run)
+    insight = next(i for i in a.insights if i.id == "BFS-003")
+    flagged = [str(n) for n in (insight.data or {}).get("nodes", [])]
+    onset_error: float | None = None
+    t0 = next(
+        (
+            datetime.fromisoformat(f["onset_utc"]).timestamp() - f["onset_s"]
+            for e in doc["nodes"]
+            for f in e["flags"]
+            if f.get("onset_utc")
+        ),
+        None,
+    )
+    rows = a.tables.onset[a.tables.onset["node"] == plan.node] if plan.node else []
+    if len(rows) and t0 is not None and planted_at is not None:
+        onset_s = float(rows.iloc[0]["onset_s"])
+        if onset_s == onset_s:  # not NaN
+            onset_error = round(t0 + onset_s - planted_at, 2)
+    return {
+        "flagged": flagged,
+        "detected": plan.node is not None and plan.node in flagged,
+        "healthy_flagged": [n for n in flagged if n != plan.node],
+        "onset_error_s": onset_error,
+    }
 
 
 def _plant(
@@ -315,6 +352,8 @@ def score_inrun(
 
 def summarize_inrun(trials: list[dict[str, Any]]) -> dict[str, Any]:
     planted = [t for t in trials if t["node"] is not None]
+    by_analysis = [t["analysis"] for t in trials if "analysis" in t]
+    a_errors = [abs(x["onset_error_s"]) for x in by_analysis if x["onset_error_s"] is not None]
     detected = [t for t in planted if t["detected"]]
     errors = [abs(t["onset_error_s"]) for t in detected if t["onset_error_s"] is not None]
     return {
@@ -326,6 +365,12 @@ def summarize_inrun(trials: list[dict[str, Any]]) -> dict[str, Any]:
         "device_right": sum(1 for t in detected if t["device_right"]),
         "onsets": len(errors),
         "onset_error_max_s": max(errors) if errors else None,
+        "analysis": {
+            "detected": sum(1 for x in by_analysis if x["detected"]),
+            "healthy_flagged": sum(len(x["healthy_flagged"]) for x in by_analysis),
+            "onsets": len(a_errors),
+            "onset_error_max_s": max(a_errors) if a_errors else None,
+        },
     }
 
 
@@ -493,6 +538,15 @@ def render(console: Console, report: dict[str, Any]) -> None:
                 f"healthy flagged, kind {r['kind_right']}/{r['detected']}, device "
                 f"{r['device_right']}/{r['detected']}, onset error at most "
                 f"{fmt(r['onset_error_max_s'], 1)} s ({r['onsets']} onsets)",
+            )
+        )
+        a = r["analysis"]
+        lines.append(
+            (
+                "same runs, analyze",
+                f"BFS-003 flagged {a['detected']}/{r['planted']} planted nodes, "
+                f"{a['healthy_flagged']} healthy; onset error at most "
+                f"{fmt(a['onset_error_max_s'], 1)} s ({a['onsets']} onsets)",
             )
         )
     print_lines_and_targets(console, lines, report["targets"])
