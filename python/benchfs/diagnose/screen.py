@@ -575,14 +575,18 @@ def judge_screen(
     # Like with like: the relative rules compare nodes of one kind (file system and number
     # of devices); a node with no peer of its kind is reported, not judged against others.
     groups = peer_groups(probes)
+    # Two of a kind among more nodes: a difference between the two does not say which one is
+    # slow (measured: a healthy twin-device node flagged on its p99 against a slow-member
+    # twin); the two-node rule is for screens of two nodes only.
     judged: dict[str, list[str]] = {n: [] for n in names}
     for kind, members in groups.items():
-        if len(members) == 1 and len(probes) > 1:
-            judged[members[0]].append(
-                f"no peer of its kind ({kind}): its figures are reported, not compared"
-            )
-    for members in groups.values():
-        if len(members) >= 2:
+        if len(members) < len(probes) and len(members) <= 2:
+            what = "no peer" if len(members) == 1 else "one peer"
+            for n in members:
+                judged[n].append(
+                    f"{what} of its kind ({kind}): its figures are reported, not compared"
+                )
+        else:
             _judge_group(members, metrics, flags, judged, th)
     _kinds(names, metrics, flags, by_name, th)
     dropped: dict[str, list[str]] = {n: [] for n in names}
