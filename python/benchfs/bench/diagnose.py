@@ -42,6 +42,7 @@ from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE
 from benchfs.diagnose.screen import ScreenSettings, run_screen
 from benchfs.errors import BenchError
+from benchfs.nodes import Node
 from benchfs.probes import iostat
 from benchfs.results import create_run_dir
 from benchfs.simnodes import Disk, Sim, background_load, build_delayfs, node, requirements
@@ -129,7 +130,7 @@ class SimCluster:
         self.bandwidth: dict[str, tuple[float, float]] = {}
         """Per node, (read, write) MiB/s of the calibration screen."""
 
-    def nodes(self, plan: Plan, trial: int) -> list[Any]:
+    def nodes(self, plan: Plan, trial: int) -> list[Node]:
         out = []
         for n in self.names:
             prefix = None

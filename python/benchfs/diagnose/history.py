@@ -43,16 +43,16 @@ def screen_nodes(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A screen's nodes as history entries."""
     out = []
     for n in doc["nodes"]:
-        severities = [f["severity"] for f in n["flags"] if f.get("excludable")]
-        numeric = [s for s in severities if s is not None]
-        worst = max(numeric) if numeric else (None if not severities else float("inf"))
+        # A state wrong in itself has no finite severity (None in the screen's JSON).
+        flags = [f for f in n["flags"] if f.get("excludable")]
+        numeric = [f["severity"] for f in flags if f["severity"] is not None]
         out.append(
             {
                 "host": n["host"],
                 "name": n["name"],
                 "status": n["verdict"]["status"],
                 "kind": n["verdict"]["kind"],
-                "severity": None if worst is None or worst == float("inf") else round(worst, 2),
+                "severity": round(max(numeric), 2) if numeric else None,
             }
         )
     return out

@@ -578,16 +578,16 @@ def judge_screen(
     # Two of a kind among more nodes: a difference between the two does not say which one is
     # slow (measured: a healthy twin-device node flagged on its p99 against a slow-member
     # twin); the two-node rule is for screens of two nodes only.
-    judged: dict[str, list[str]] = {n: [] for n in names}
+    peer_notes: dict[str, list[str]] = {n: [] for n in names}
     for kind, members in groups.items():
         if len(members) < len(probes) and len(members) <= 2:
             what = "no peer" if len(members) == 1 else "one peer"
             for n in members:
-                judged[n].append(
+                peer_notes[n].append(
                     f"{what} of its kind ({kind}): its figures are reported, not compared"
                 )
         else:
-            _judge_group(members, metrics, flags, judged, th)
+            _judge_group(members, metrics, flags, peer_notes, th)
     _kinds(names, metrics, flags, by_name, th)
     dropped: dict[str, list[str]] = {n: [] for n in names}
     if repeated is not None:
@@ -617,7 +617,7 @@ def judge_screen(
                 "md": p.md,
                 "health": p.health,
                 "triage": p.triage,
-                "notes": [*p.notes, *judged[n], *dropped[n]],
+                "notes": [*p.notes, *peer_notes[n], *dropped[n]],
             }
         )
     exclusions = [Exclusion(by_name[n].node.host, tuple(verdicts[n].reasons)) for n in excluded]

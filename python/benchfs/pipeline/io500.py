@@ -11,6 +11,7 @@ same result_summary.txt and summary.json as the built-in run.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,25 +28,16 @@ if TYPE_CHECKING:
 class Io500Jobs:
     """The phases of one io500 run as a sequence of jobs of the workload stage."""
 
-    def __init__(self, workload: Workload, ior_prefix: Path) -> None:
+    def __init__(self, workload: Workload, args: argparse.Namespace) -> None:
         self.workload = workload
-        self.ior_prefix = ior_prefix
-        ctx = workload.ctx
-        self.run_dir = ctx.run_dir
-        self.preset = io500.parse_args(
-            [*self.options(), "--registry", "-"]
-        ).preset  # checked before anything started
+        self.ior_prefix: Path = args.ior_prefix
+        self.preset: str = args.preset
+        self.run_dir = workload.ctx.run_dir
         self.out = self.run_dir.workload_dir
         self.scratch = io500.scratch_dir(self.out)
         self.results: list[io500.PhaseResult] = []
         self.errors: list[dict[str, Any]] = []
         self.timestamp_ns = 0
-
-    def options(self) -> list[str]:
-        from benchfs.pipeline.workload import workload_options
-
-        w = self.workload
-        return workload_options("io500", w.ctx.spec.workload_args, w.config["run"])
 
     def run(self) -> tuple[int, str | None]:
         """Every phase in order until one fails; (exit status, dead server or None)."""

@@ -4,6 +4,7 @@ it as the client ranks while watching the servers and the deadlines, and read it
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -148,11 +149,11 @@ class Workload:
         ctx.progress.phase("workload")
         ctx.progress.message(f"running {len(roles.clients)} clients: {what}")
         self.started = time.monotonic()
-        ior_prefix = self.io500_ior_prefix()
-        if ior_prefix is not None:
+        io500_args = self.io500_args()
+        if io500_args is not None and io500_args.ior_prefix is not None:
             from benchfs.pipeline.io500 import Io500Jobs
 
-            status, server_failure = Io500Jobs(self, ior_prefix).run()
+            status, server_failure = Io500Jobs(self, io500_args).run()
         else:
             env = self.command_env() if ctx.spec.workload == "command" else None
             status, server_failure = self.job("workload", argv, env)
@@ -185,15 +186,15 @@ class Workload:
         if ctx.spec.workload == "rw" and not summary.get("verified"):
             raise RunError("EIO", "workload finished but did not verify every byte")
 
-    def io500_ior_prefix(self) -> Path | None:
-        """--ior-prefix of an io500 run: its phases are real ior and mdtest jobs."""
+    def io500_args(self) -> argparse.Namespace | None:
+        """An io500 run's options (checked before anything started); with --ior-prefix its
+        phases are real ior and mdtest jobs."""
         if self.ctx.spec.workload != "io500":
             return None
         from benchfs.workloads import io500
 
         options = workload_options("io500", self.ctx.spec.workload_args, self.config["run"])
-        prefix: Path | None = io500.parse_args([*options, "--registry", "-"]).ior_prefix
-        return prefix
+        return io500.parse_args([*options, "--registry", "-"])
 
     def job(self, what: str, argv: list[str], env: dict[str, str] | None) -> tuple[int, str | None]:
         """One MPI job of the workload on the client slots, watched to its end: (exit status,
