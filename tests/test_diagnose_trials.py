@@ -88,7 +88,7 @@ def test_screen_finds_slow_device_and_slow_link(sim: Sim, tmp_path: Path) -> Non
     assert slow["verdict"]["kind"] == "slow device"
     assert slow["metrics"]["dev_r_await_ms"] >= SLOW_MS * 0.8
     assert slow["metrics"]["dev_worst"] == disks["n3"].name
-    assert any(f["flag"] == "dev_r_await_abs" for f in slow["flags"])
+    assert any(f["flag"] == "dev_r_await_abs" for f in slow["flags"]), slow
     assert doc["excluded"] == [{"host": "host-n3", "reasons": slow["verdict"]["reasons"]}]
     for n in ("n1", "n2"):
         flags = nodes_by[n]["flags"]

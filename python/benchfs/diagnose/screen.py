@@ -449,7 +449,8 @@ def _latency_floors(
                 evidence += f"; peers' median {median:.3g} ms ({worse:.1f}x)"
             if not counts:
                 notes[n].append(f"{evidence}: the peers are as slow, so it is not this node's")
-                break
+                # The other load may still set the node apart (no queue at 1 in flight).
+                continue
             flags[n].append(
                 Flag(
                     "dev_r_await_abs",
