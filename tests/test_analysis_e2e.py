@@ -112,7 +112,8 @@ def test_real_run_tables_and_silent_insights(real_run: Path) -> None:
     depth = t.io_depth.set_index("node").loc["all"]
     assert depth["submits"] >= data_ops and 1 <= depth["mean"] <= depth["max"]
     assert t.timeseries["ops"].sum() == pytest.approx(data_ops)
-    assert set(t.onset["node"]) == {"local-0", "local-1"}
+    assert set(t.slow_nodes["node"]) == {"local-0", "local-1"}
+    assert not t.slow_nodes["slow"].any()
     summary = a.summary()
     assert summary["outcome"] == "ok" and summary["servers"] == 2 and summary["clients"] == 2
     assert summary["verified"] is True
@@ -233,6 +234,7 @@ def test_a_run_is_judged_by_its_own_thresholds(
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert json.loads(judged.stdout)["thresholds"]["rise_ratio"] == 7.0
+    assert again["judgment_thresholds"]["rise_ratio"] == 7.0  # the run's, as the judge's
 
 
 def test_chrome_trace_export(tmp_path: Path) -> None:

@@ -16,13 +16,12 @@ from benchfs.config import load_config, section
 from benchfs.diagnose.judge import (
     KIND_DEVICE,
     Flag,
-    MetricSpec,
     Thresholds,
     decide,
     exclusion_cap,
     grounds,
-    outliers,
 )
+from benchfs.diagnose.network import PairResult
 from benchfs.diagnose.screen import NodeProbe, judge_screen, screen_csv
 from benchfs.nodes import (
     Exclusion,
@@ -34,6 +33,7 @@ from benchfs.nodes import (
     write_exclusions,
     write_nodes,
 )
+from benchfs.peers import MetricSpec, outliers
 
 BW = MetricSpec("bw", "bandwidth", "MiB/s", higher_is_worse=False)
 LAT = MetricSpec("lat", "latency", "ms", higher_is_worse=True, floor=2.0)
@@ -232,7 +232,8 @@ def test_a_measured_flag_must_repeat(th: Thresholds) -> None:
     slow_dev = probe("s", seqread=(30.0, 1000), workload=(400.0, 60000))
     slow_dev.devices = {"loop0": device(40.0)}
     probes.append(slow_dev)
-    once = {n["name"]: n for n in judge_screen(probes, [], th).nodes}
+    once_result = judge_screen(probes, [], th)
+    once = {n["name"]: n for n in once_result.nodes}
     assert once["b"]["verdict"]["status"] != "ok"
     assert {f["kind"] for f in once["b"]["flags"]} == {"slow (cause unclear)"}
     slow = {f["flag"] for f in once["s"]["flags"]}
@@ -247,6 +248,9 @@ def test_a_measured_flag_must_repeat(th: Thresholds) -> None:
         else:
             assert by["b"]["verdict"] == once["b"]["verdict"]
         assert by["s"]["verdict"]["kind"] == "slow device"  # it repeated
+        assert by["s"]["verdict"]["confidence"] == "high" and by["s"]["verdict"]["severity"] > 3
+    assert once["s"]["verdict"]["confidence"] == "medium"  # not probed twice
+    assert once["b"]["verdict"]["confidence"] == "low"
     by = {n["name"]: n for n in judge_screen(probes, [], th, {}).nodes}
     assert by["s"]["verdict"]["status"] == "ok"  # a slow device seen once is not excluded
 
@@ -399,3 +403,39 @@ def test_drain_prints_scontrol_with_the_evidence(tmp_path: Path) -> None:
     (line,) = out.stdout.splitlines()
     assert line.startswith("scontrol update nodename=bnode3 state=drain 'reason=benchfs: slow")
     assert len(line) < 300 and line.endswith("...'")
+
+
+def pair(a: str, b: str, mib_s: float, rtt_us: float = 50.0) -> PairResult:
+    return PairResult(a, b, mib_s, mib_s, rtt_us, rtt_us * 2)
+
+
+def test_a_slow_pair_is_measured_again_and_placed_against_both_ends(th: Thresholds) -> None:
+    """A slow pair between nodes whose other pairs are normal is the link, not grounds to
+    exclude either end; it stands only if its repeat is as slow; a node all of whose pairs
+    are slow is its network's fault."""
+    names = ["a", "b", "c", "d", "e"]
+    probes = [probe(n, seqread=(900.0, 1000), workload=(400.0, 3000)) for n in names]
+    pairs = [pair(x, y, 100.0 if {x, y} == {"a", "b"} else 1000.0)
+             for i, x in enumerate(names) for y in names[i + 1:]]  # fmt: skip
+    once = judge_screen(probes, pairs, th)
+    by = {n["name"]: n for n in once.nodes}
+    for n in ("a", "b"):
+        (flag,) = by[n]["flags"]
+        assert flag["flag"] == "network_pair" and not flag["excludable"], flag
+        assert "the link a<->b, not either node" in flag["evidence"]
+        assert by[n]["verdict"]["status"] == "flagged"
+    assert by["c"]["flags"] == [] and once.excluded == []
+    busy = judge_screen(probes, pairs, th, None, {"a<->b": pair("a", "b", 980.0)})
+    row = next(r for r in busy.to_json()["pairs"] if r["pair"] == "a<->b")
+    assert row["flags"] == [] and "not when measured again" in row["note"]
+    assert all(n["flags"] == [] for n in busy.nodes)
+    again = judge_screen(probes, pairs, th, None, {"a<->b": pair("a", "b", 110.0)})
+    assert "repeated" in {n["name"]: n for n in again.nodes}["a"]["flags"][0]["evidence"]
+    # Every pair of e slow: e's network, excludable.
+    slow_e = [pair(p.server, p.client, 100.0) if "e" in (p.server, p.client)
+              else pair(p.server, p.client, 1000.0) for p in pairs]  # fmt: skip
+    by = {n["name"]: n for n in judge_screen(probes, slow_e, th).nodes}
+    assert all(f["excludable"] and "every pair of e is slow" in f["evidence"]
+               for f in by["e"]["flags"])  # fmt: skip
+    assert not any(f["excludable"] for f in by["a"]["flags"])
+    assert "e's network" in by["a"]["flags"][0]["evidence"]

@@ -8,9 +8,10 @@
 
 `analyze` loads the run (`load_run`), computes the standard tables (`compute_tables`) and
 evaluates the coded insights with the `[insights]` thresholds the run was made with (its
-config.toml: `run_thresholds`; or explicit ones, e.g. `resolve_thresholds`). Nothing here
-raises because a run lacks an optional part (client telemetry, traces, iostat): the tables
-are then empty and `notes` says why.
+config.toml: `run_thresholds`; or explicit ones, e.g. `resolve_thresholds`); which nodes
+slowed the run is judged under its `[diagnose]` thresholds, as benchfs-diagnose judges it.
+Nothing here raises because a run lacks an optional part (client telemetry, traces, iostat):
+the tables are then empty and `notes` says why.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ from benchfs.analysis.tables import (
     bimodal,
     io_depth,
     iostat_devices,
-    onset,
     op_time_distribution,
     per_node,
     placement,
     placement_summary,
     rpc_by_target,
     rpc_timeseries,
+    slow_nodes,
     timeseries,
 )
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
@@ -70,7 +71,6 @@ __all__ = [
     "iostat_devices",
     "latest_run",
     "load_run",
-    "onset",
     "op_time_distribution",
     "per_node",
     "placement",
@@ -79,15 +79,22 @@ __all__ = [
     "rpc_by_target",
     "rpc_timeseries",
     "run_thresholds",
+    "slow_nodes",
     "summary",
     "timeseries",
 ]
 
 
 def compute_tables(
-    run: LoadedRun, thresholds: Thresholds, interval_s: float | None = None
+    run: LoadedRun,
+    thresholds: Thresholds,
+    interval_s: float | None = None,
+    judgment: Thresholds | None = None,
 ) -> Tables:
-    """Every standard table of `run` (what the report, the CSV export and the insights use)."""
+    """Every standard table of `run` (what the report, the CSV export and the insights use).
+    `judgment` is the `[diagnose]` section (default: the run's own)."""
+    if judgment is None:
+        judgment = run_thresholds(run.path, name="diagnose")
     ts = timeseries(run, thresholds.slow_op_ms, interval_s)
     place = placement(run)
     return Tables(
@@ -96,7 +103,7 @@ def compute_tables(
         device_time=op_time_distribution(run, thresholds.bimodal_mode_share, "device_ns"),
         per_node=per_node(run, thresholds.slow_op_ms),
         timeseries=ts,
-        onset=onset(ts, thresholds.slow_node_pct),
+        slow_nodes=slow_nodes(run, judgment),
         placement=place,
         placement_summary=placement_summary(place),
         rpc_by_target=rpc_by_target(run),
@@ -165,6 +172,8 @@ class Analysis:
     thresholds: Thresholds
     tables: Tables
     insights: list[Insight]
+    judgment: Thresholds
+    """The `[diagnose]` section the slow_nodes table was judged under."""
 
     @property
     def notes(self) -> list[str]:
@@ -208,14 +217,16 @@ def analyze(
     run: LoadedRun | str | os.PathLike[str],
     thresholds: Thresholds | None = None,
     interval_s: float | None = None,
+    judgment: Thresholds | None = None,
 ) -> Analysis:
     """Load (if given a path), tabulate and judge one run.
 
     `thresholds` defaults to the `[insights]` section the run was made with
-    (`run_thresholds`); `interval_s` is the time-series step (default: the run's
-    telemetry.interval_ms).
+    (`run_thresholds`), `judgment` to its `[diagnose]` section; `interval_s` is the
+    time-series step (default: the run's telemetry.interval_ms).
     """
     r = run if isinstance(run, LoadedRun) else load_run(run)
     th = thresholds if thresholds is not None else run_thresholds(r.path)
-    t = compute_tables(r, th, interval_s)
-    return Analysis(r, th, t, evaluate(r, t, th))
+    jt = judgment if judgment is not None else run_thresholds(r.path, name="diagnose")
+    t = compute_tables(r, th, interval_s, jt)
+    return Analysis(r, th, t, evaluate(r, t, th), jt)

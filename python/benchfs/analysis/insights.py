@@ -18,6 +18,7 @@ import pandas as pd
 
 from benchfs.analysis.run import NO_CLIENT_TELEMETRY, NO_IOSTAT, LoadedRun
 from benchfs.analysis.thresholds import Thresholds
+from benchfs.slownodes import slow_node_names
 
 __all__ = ["CATALOG", "Insight", "Tables", "evaluate"]
 
@@ -31,7 +32,7 @@ class Tables:
     device_time: pd.DataFrame
     per_node: pd.DataFrame
     timeseries: pd.DataFrame
-    onset: pd.DataFrame
+    slow_nodes: pd.DataFrame
     placement: pd.DataFrame
     placement_summary: dict[str, Any]
     rpc_by_target: pd.DataFrame
@@ -46,7 +47,7 @@ class Tables:
             "device_time_distribution": self.device_time,
             "per_node": self.per_node,
             "timeseries": self.timeseries,
-            "onset": self.onset,
+            "slow_nodes": self.slow_nodes,
             "placement": self.placement,
             "rpc_by_target": self.rpc_by_target,
             "rpc_timeseries": self.rpc_timeseries,
@@ -198,57 +199,39 @@ def slow_node(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
         "BFS-003",
         "Slow node",
         "high",
-        f"a node's share of operations slower than {th.slow_op_ms:g} ms exceeds the other "
-        f"nodes' median share by >= {th.slow_node_pct:g} percentage points, or its mean op "
-        f"time is >= {th.slow_node_factor:g} x the other nodes' median (>= {th.min_ops} ops "
-        "per node, >= 2 nodes)",
+        "the judgment of the run (the slow_nodes table, under the [diagnose] thresholds, "
+        "the same as benchfs-diagnose judge): a node's mean read or write time stands out "
+        "from its peers (robust z and at least min_worse above them), and it was slower in at "
+        "least persist_share of its intervals since its onset, or overwhelmingly slower",
         "Look at the named node's devices during the run (iostat r_await per member device, "
-        "nvme smart-log, /proc/mdstat) and screen the nodes with benchfs-diagnose, which "
-        "writes the exclusion list benchfs-run consumes. On a production cluster, 3 nodes "
-        "held over 90% of the delay, different nodes in different runs: judge every run, not once.",
+        "nvme smart-log, /proc/mdstat); benchfs-diagnose judge on this run names the device "
+        "and the kind and writes the exclusion list benchfs-run consumes. On a production "
+        "cluster, 3 nodes held over 90% of the delay, different nodes in different runs: judge "
+        "every run, not once.",
     )
-    p = t.per_node
-    p = p[p["ops"] >= th.min_ops] if not p.empty else p
-    if len(p) < 2:
-        return _skip(i, f"fewer than 2 nodes with >= {th.min_ops} data operations")
-    found = []
-    for _, row in p.iterrows():
-        rest = p[p["node"] != row["node"]]
-        others = rest["mean_ms"].median()
-        factor = row["mean_ms"] / others if others > 0 else math.nan
-        excess_pct = row["slow_pct"] - rest["slow_pct"].median()
-        if excess_pct >= th.slow_node_pct or (
-            math.isfinite(factor) and factor >= th.slow_node_factor
-        ):
-            found.append((row, factor))
-    i.data = {"nodes": [str(r["node"]) for r, _ in found]}
-    if found:
-        i.fired = True
-        share = sum(float(r["delay_share"]) for r, _ in found)
-        names = ", ".join(str(r["node"]) for r, _ in found)
-        i.evidence = [
-            f"{names}: {_pct(share)} of the total delay (time beyond the run's median op time)"
-        ]
-        for row, factor in found:
-            i.evidence.append(
-                f"{row['node']} (server {row['servers']}): {int(row['slow_ops']):,} of "
-                f"{int(row['ops']):,} ops slower than {th.slow_op_ms:g} ms "
-                f"({row['slow_pct']:.1f}%), mean {_ms(row['mean_ms'])} = {factor:.1f} x the "
-                f"others' median, p99 {_ms(row['p99_ms'])}, delay share "
-                f"{_pct(row['delay_share'])}"
-            )
-        onset = t.onset.set_index("node") if not t.onset.empty else None
-        for row, _ in found:
-            if onset is not None and row["node"] in onset.index:
-                o = onset.loc[row["node"]]
-                if math.isfinite(o["onset_s"]):
-                    when = (
-                        "from its first interval" if o["from_start"] else f"at {o['onset_s']:g} s"
-                    )
-                    i.evidence.append(
-                        f"{row['node']} slow {when}, then in {o['slow_after_pct']:.0f}% of the "
-                        "intervals"
-                    )
+    j = t.slow_nodes
+    judged = j[~j["how"].fillna("").str.startswith("not judged")] if not j.empty else j
+    if judged.empty or judged["node"].nunique() < 2:
+        return _skip(i, "fewer than 2 nodes with enough data operations (diagnose.min_ops)")
+    slow = j[j["slow"]]
+    stood_out = j[j["outlier"] & ~j["slow"]]
+    i.data = {"nodes": slow_node_names(j)}
+    if slow.empty:
+        for row in stood_out.itertuples():
+            i.evidence.append(f"{row.node} stood out on {row.op}s: {row.evidence}; {row.how}")
+        return i
+    i.fired = True
+    for op, rows in slow.groupby("op", sort=False):
+        names = ", ".join(rows["node"])
+        i.evidence.append(
+            f"{names}: {_pct(float(rows['delay_share'].sum()))} of the run's excess {op} time "
+            "(ops x mean beyond the nodes' median mean)"
+        )
+    for row in slow.itertuples():
+        i.evidence.append(
+            f"{row.node} ({row.op}, {row.ops:,} ops): {row.evidence}; {row.how}; slow: "
+            f"{row.grounds}"
+        )
     return i
 
 

@@ -123,6 +123,7 @@ def to_json(a: Analysis, baseline: Analysis | None = None) -> dict[str, Any]:
         "tables": {name: _records(f) for name, f in a.tables.frames().items()},
         "placement_summary": {k: _num(v) for k, v in a.tables.placement_summary.items()},
         "thresholds": a.thresholds.to_dict(),
+        "judgment_thresholds": a.judgment.to_dict(),
         "notes": list(a.notes),
     }
     if baseline is not None:
@@ -222,8 +223,13 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
     t = a.tables
     if not t.per_node.empty:
         cols = ["node", "ops", "slow_ops", "slow_pct", "mean_ms", "p50_ms", "p99_ms"]
-        cols += ["read_write_ratio", "delay_share"]
+        cols += ["read_write_ratio"]
         console.print(_rich_table("per node", t.per_node, cols))
+    standing_out = t.slow_nodes[t.slow_nodes["outlier"]] if not t.slow_nodes.empty else None
+    if standing_out is not None and not standing_out.empty:
+        cols = ["node", "op", "ops", "mean_ms", "worse", "delay_share", "slow", "persist_pct"]
+        cols += ["onset_utc"]
+        console.print(_rich_table("nodes that stood out (slow_nodes)", standing_out, cols))
     if not t.io_depth.empty:
         cols = ["node", "submits", "mean", "share_depth1", "max", "1", "2-4", "5-8", "9-16"]
         cols += ["17-32", ">128", "mean_batch"]
@@ -334,8 +340,8 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
     )
     parts["timeseries"] = (
         _img(P.timeseries_figure(t), "per-node time series")
-        + "<h3>Onset of slowness</h3>"
-        + _table_html(t.onset, "onset")
+        + "<h3>Which nodes slowed the run</h3>"
+        + _table_html(t.slow_nodes, "slow_nodes")
     )
     ps = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(_num(v)))}</td></tr>"

@@ -21,6 +21,9 @@ import pandas as pd
 
 from benchfs.analysis.iostat import is_member_device
 from benchfs.analysis.run import LoadedRun
+from benchfs.analysis.thresholds import Thresholds
+from benchfs.slownodes import COLUMNS as SLOW_NODE_COLUMNS
+from benchfs.slownodes import judge_nodes
 from benchfs.telemetry import histogram_quantile
 
 __all__ = [
@@ -30,7 +33,6 @@ __all__ = [
     "bimodal",
     "io_depth",
     "iostat_devices",
-    "onset",
     "op_time_distribution",
     "per_node",
     "placement",
@@ -38,6 +40,7 @@ __all__ = [
     "range_shares",
     "rpc_by_target",
     "rpc_timeseries",
+    "slow_nodes",
     "timeseries",
     "trace_arrays",
 ]
@@ -367,8 +370,6 @@ PER_NODE_COLUMNS = [
     "write_ops",
     "write_mean_ms",
     "read_write_ratio",
-    "delay_s",
-    "delay_share",
     "source",
 ]
 
@@ -378,9 +379,8 @@ def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.Dat
 
     Columns: node, servers (ids), ops, slow_ops (op time above `slow_ms`), slow_pct, mean_ms,
     p50_ms, p99_ms, read_ops, read_mean_ms, write_ops, write_mean_ms, read_write_ratio (mean
-    read time / mean write time), delay_s (time the node's operations spent beyond the run's
-    median op time), delay_share (its share of all nodes' delay_s), source. Sorted by
-    delay_share, worst first.
+    read time / mean write time), source. Sorted by mean op time, slowest first. Which nodes
+    slowed the run, and their share of its delay, is the judgment's (`slow_nodes`).
     """
     slow_ns = slow_ms * MS
     servers = run.servers()
@@ -395,8 +395,6 @@ def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.Dat
         n = np.bincount(nc, minlength=k)
         total = np.bincount(nc, weights=v, minlength=k)
         slow = np.bincount(nc, weights=v > slow_ns, minlength=k)
-        median = float(np.median(v)) if len(v) else 0.0
-        excess = np.bincount(nc, weights=np.clip(v - median, 0, None), minlength=k)
         rw_n = np.bincount(nc * 2 + oc, minlength=2 * k)
         rw_sum = np.bincount(nc * 2 + oc, weights=v, minlength=2 * k)
         order = np.argsort(nc, kind="stable")
@@ -421,7 +419,6 @@ def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.Dat
                     "p50_ms": p50 / MS,
                     "p99_ms": p99 / MS,
                     **_rw(by_op, node),
-                    "delay_s": excess[code] / 1e9,
                     "source": "trace",
                 }
             )
@@ -433,14 +430,8 @@ def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.Dat
         sums = _latest_stat(run, f"{metric}.sum", DATA_OPS, ["node", "op"])
         counts = _latest_stat(run, f"{metric}.count", DATA_OPS, ["node", "op"])
         by_op = pd.DataFrame({"count": counts, "mean": sums / counts.replace(0, np.nan)})
-        all_ext = ext.agg({"vmin": "min", "vmax": "max"})
-        median = _merged_quantiles(h, [0.5], int(all_ext["vmin"]), int(all_ext["vmax"]))[0]
         lo, hi = h["bucket_lo"].to_numpy(), h["bucket_hi"].to_numpy()
-        mid = (lo.astype(np.float64) + np.minimum(hi.astype(np.float64), 2.0**63)) / 2
-        h = h.assign(
-            slow=h["count"].to_numpy() * _fractions(lo, hi, slow_ns, INF),
-            excess=h["count"].to_numpy() * np.clip(mid - median, 0, None),
-        )
+        h = h.assign(slow=h["count"].to_numpy() * _fractions(lo, hi, slow_ns, INF))
         for node, g in h.groupby("node", observed=True):
             node = str(node)
             n = int(g["count"].sum())
@@ -458,7 +449,6 @@ def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.Dat
                     "p50_ms": p50 / MS,
                     "p99_ms": p99 / MS,
                     **_rw(by_op, node),
-                    "delay_s": float(g["excess"].sum()) / 1e9,
                     "source": "histogram",
                 }
             )
@@ -467,10 +457,17 @@ def per_node(run: LoadedRun, slow_ms: float, metric: str = "total_ns") -> pd.Dat
     out = pd.DataFrame(rows)
     out["servers"] = out["node"].map(ids).fillna("")
     out["slow_pct"] = 100.0 * out["slow_ops"] / out["ops"]
-    total_delay = out["delay_s"].sum()
-    out["delay_share"] = out["delay_s"] / total_delay if total_delay > 0 else 0.0
-    out = out.sort_values(["delay_share", "mean_ms"], ascending=False, ignore_index=True)
+    out = out.sort_values("mean_ms", ascending=False, ignore_index=True)
     return out[PER_NODE_COLUMNS]
+
+
+def slow_nodes(run: LoadedRun, judgment: Thresholds) -> pd.DataFrame:
+    """The judgment of the run (`benchfs.slownodes.judge_nodes`, under the `[diagnose]`
+    thresholds): per node and op, mean op time, delay and its share, whether the node stood
+    out and was judged slow, on what grounds, and since when. Empty without server telemetry."""
+    if run.telemetry is None:
+        return pd.DataFrame(columns=SLOW_NODE_COLUMNS)
+    return judge_nodes(run.telemetry, judgment)
 
 
 def _rw(by_op: pd.DataFrame, node: str) -> dict[str, Any]:
@@ -488,7 +485,7 @@ def _rw(by_op: pd.DataFrame, node: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Time series and onset of slowness
+# Time series
 
 
 TIMESERIES_COLUMNS = ["node", "t_s", "ops", "slow_ops", "slow_pct", "mean_ms", "source"]
@@ -595,34 +592,6 @@ def timeseries(
         return pd.DataFrame(columns=TIMESERIES_COLUMNS)
     out["slow_pct"] = 100.0 * out["slow_ops"] / out["ops"]
     return out[TIMESERIES_COLUMNS].sort_values(["node", "t_s"], ignore_index=True)
-
-
-ONSET_COLUMNS = ["node", "onset_s", "from_start", "slow_intervals", "intervals", "slow_after_pct"]
-
-
-def onset(ts: pd.DataFrame, slow_pct: float) -> pd.DataFrame:
-    """When each node became slow: the first interval with at least `slow_pct` % slow ops.
-
-    Columns: node, onset_s (NaN if never), from_start (slow from its first interval: not a
-    warm-up effect but a constant problem), slow_intervals, intervals, slow_after_pct
-    (share of the intervals from the onset on that were slow: persistent vs transient).
-    """
-    rows = []
-    for node, g in ts.groupby("node"):
-        g = g.sort_values("t_s")
-        slow = (g["slow_pct"] >= slow_pct).to_numpy()
-        first = int(np.argmax(slow)) if slow.any() else -1
-        rows.append(
-            {
-                "node": node,
-                "onset_s": float(g["t_s"].iloc[first]) if first >= 0 else math.nan,
-                "from_start": bool(first == 0),
-                "slow_intervals": int(slow.sum()),
-                "intervals": len(g),
-                "slow_after_pct": 100.0 * slow[first:].mean() if first >= 0 else 0.0,
-            }
-        )
-    return pd.DataFrame(rows, columns=ONSET_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""The insight thresholds: the `[insights]` section of the one configuration.
+"""The analysis's thresholds: the `[insights]` section of the one configuration, and the
+`[diagnose]` section for the judgment of which nodes slowed a run (`benchfs.slownodes`, shared
+with benchfs-diagnose judge).
 
-Their keys and defaults live in rust/benchfs-tools/src/config.rs (`InsightsConfig`) and nowhere
-else. A run is judged by the thresholds it was made with: its own config.toml, then any
-overrides given to the analysis; the environment is not read (docs/results.md: analysis reads
+Their keys and defaults live in rust/benchfs-tools/src/config.rs and nowhere else. A run is
+judged by the thresholds it was made with: its own config.toml, then any overrides given to
+the analysis; the environment is not read (docs/results.md: analysis reads
 only the results directory).
 """
 
@@ -22,16 +24,21 @@ Thresholds = Section
 
 
 def resolve_thresholds(
-    path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    name: str = "insights",
 ) -> Thresholds:
-    """The `[insights]` thresholds of the effective configuration (defaults < file <
-    `BENCHFS_INSIGHTS_*` < `overrides` such as "insights.slow_op_ms=50")."""
-    return section(load_config(path, overrides), "insights")
+    """The `[insights]` (or `name`) thresholds of the effective configuration (defaults < file
+    < `BENCHFS_INSIGHTS_*` < `overrides` such as "insights.slow_op_ms=50")."""
+    return section(load_config(path, overrides), name)
 
 
-def run_thresholds(run_dir: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Thresholds:
-    """The `[insights]` thresholds run `run_dir` was made with (its config.toml; the defaults
-    for a run without one), then `overrides`. Neither `BENCHFS_*` nor `$BENCHFS_CONFIG` is read."""
+def run_thresholds(
+    run_dir: str | os.PathLike[str], overrides: Iterable[str] = (), name: str = "insights"
+) -> Thresholds:
+    """The `[insights]` (or `name`) thresholds run `run_dir` was made with (its config.toml;
+    the defaults for a run without one), then `overrides`. Neither `BENCHFS_*` nor
+    `$BENCHFS_CONFIG` is read."""
     recorded = RunDir(Path(run_dir)).config_path
     path = recorded if recorded.is_file() else None
-    return section(load_config(path, overrides, environment=False), "insights")
+    return section(load_config(path, overrides, environment=False), name)

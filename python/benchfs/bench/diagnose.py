@@ -265,43 +265,17 @@ def inrun_trial(
             shutil.rmtree(cluster.scratch[n] / f"run{trial}", ignore_errors=True)
     doc = judge_run(run.path, th)
     out = score_inrun(plan, doc, planted_at, cluster.disks)
-    out["analysis"] = score_analysis(plan, run.path, doc, planted_at)
+    out["analysis_agrees"] = analysis_agrees(run.path, doc)
     return out
 
 
-def score_analysis(
-    plan: Plan, run: Path, doc: dict[str, Any], planted_at: float | None
-) -> dict[str, Any]:
-    """The same run as benchfs-analyze judges it (insight BFS-003 and its onset table), beside
-    the in-run judge: the two methods of judging a run, measured on one ground truth. Its
-    onset (seconds from the first telemetry snapshot) is put on the wall clock with the
-    judge's own t0 (onset_utc - onset_s), when the judge found one."""
+def analysis_agrees(run: Path, doc: dict[str, Any]) -> bool:
+    """Whether benchfs-analyze's BFS-003 names the same slow nodes as the judge, for the same
+    run: the two commands share one judgment (`benchfs.slownodes`)."""
     from benchfs.analysis import analyze
 
-    a = analyze(run)
-    insight = next(i for i in a.insights if i.id == "BFS-003")
-    flagged = [str(n) for n in (insight.data or {}).get("nodes", [])]
-    onset_error: float | None = None
-    t0 = next(
-        (
-            datetime.fromisoformat(f["onset_utc"]).timestamp() - f["onset_s"]
-            for e in doc["nodes"]
-            for f in e["flags"]
-            if f.get("onset_utc")
-        ),
-        None,
-    )
-    rows = a.tables.onset[a.tables.onset["node"] == plan.node] if plan.node else []
-    if len(rows) and t0 is not None and planted_at is not None:
-        onset_s = float(rows.iloc[0]["onset_s"])
-        if onset_s == onset_s:  # not NaN
-            onset_error = round(t0 + onset_s - planted_at, 2)
-    return {
-        "flagged": flagged,
-        "detected": plan.node is not None and plan.node in flagged,
-        "healthy_flagged": [n for n in flagged if n != plan.node],
-        "onset_error_s": onset_error,
-    }
+    insight = next(i for i in analyze(run).insights if i.id == "BFS-003")
+    return [str(n) for n in (insight.data or {}).get("nodes", [])] == doc["slow"]
 
 
 def _plant(
@@ -326,14 +300,17 @@ def _unplant(cluster: SimCluster, groups: dict[str, Any]) -> None:
 def score_inrun(
     plan: Plan, doc: dict[str, Any], planted_at: float | None, disks: dict[str, Disk]
 ) -> dict[str, Any]:
-    """An in-run judgment against what was planted, and when."""
-    flagged = list(doc["flagged"])
+    """An in-run judgment against what was planted, and when: `slow` are the nodes judged
+    slow (the exclusion list), `flagged` all that stood out."""
+    slow = list(doc["slow"])
     out: dict[str, Any] = {
         **asdict(plan),
         "range": severity_range(plan),
-        "flagged": flagged,
-        "healthy_flagged": [n for n in flagged if n != plan.node],
-        "detected": plan.node is not None and plan.node in flagged,
+        "slow": slow,
+        "flagged": list(doc["flagged"]),
+        "healthy_slow": [n for n in slow if n != plan.node],
+        "healthy_flagged": [n for n in doc["flagged"] if n != plan.node],
+        "detected": plan.node is not None and plan.node in slow,
         "kind_right": None,
         "device_right": None,
         "onset_error_s": None,
@@ -353,25 +330,19 @@ def score_inrun(
 
 def summarize_inrun(trials: list[dict[str, Any]]) -> dict[str, Any]:
     planted = [t for t in trials if t["node"] is not None]
-    by_analysis = [t["analysis"] for t in trials if "analysis" in t]
-    a_errors = [abs(x["onset_error_s"]) for x in by_analysis if x["onset_error_s"] is not None]
     detected = [t for t in planted if t["detected"]]
     errors = [abs(t["onset_error_s"]) for t in detected if t["onset_error_s"] is not None]
     return {
         "trials": len(trials),
         "planted": len(planted),
         "detected": len(detected),
+        "healthy_slow": sum(len(t["healthy_slow"]) for t in trials),
         "healthy_flagged": sum(len(t["healthy_flagged"]) for t in trials),
         "kind_right": sum(1 for t in detected if t["kind_right"]),
         "device_right": sum(1 for t in detected if t["device_right"]),
         "onsets": len(errors),
         "onset_error_max_s": max(errors) if errors else None,
-        "analysis": {
-            "detected": sum(1 for x in by_analysis if x["detected"]),
-            "healthy_flagged": sum(len(x["healthy_flagged"]) for x in by_analysis),
-            "onsets": len(a_errors),
-            "onset_error_max_s": max(a_errors) if a_errors else None,
-        },
+        "analysis_agrees": sum(1 for t in trials if t.get("analysis_agrees")),
     }
 
 
@@ -457,7 +428,10 @@ def run_diagnose(
             t = inrun_trial(cluster, plan, i, settings, th, rng, work)
             t["trial"] = i
             inrun.append(t)
-            progress(f"  flagged {t['flagged'] or 'none'}; onset error {t['onset_error_s']} s")
+            progress(
+                f"  slow {t['slow'] or 'none'} (stood out: {t['flagged'] or 'none'}); onset "
+                f"error {t['onset_error_s']} s"
+            )
     ranges: dict[str, list[dict[str, Any]]] = {}
     for t in trials:
         ranges.setdefault(t["range"], []).append(t)
@@ -474,9 +448,11 @@ def run_diagnose(
     if inrun:
         targets.append(
             {
-                "target": "in-run: every planted node flagged, no healthy one, onset within 2 s",
+                "target": "in-run: every planted node judged slow, no healthy one, onset "
+                "within 2 s, benchfs-analyze agreeing",
                 "met": inrun_summary["detected"] == inrun_summary["planted"]
-                and inrun_summary["healthy_flagged"] == 0
+                and inrun_summary["healthy_slow"] == 0
+                and inrun_summary["analysis_agrees"] == inrun_summary["trials"]
                 and inrun_summary["onsets"] == inrun_summary["detected"]
                 and (inrun_summary["onset_error_max_s"] or 0.0) <= 2.0,
             }
@@ -535,19 +511,11 @@ def render(console: Console, report: dict[str, Any]) -> None:
         lines.append(
             (
                 "in-run",
-                f"{r['detected']}/{r['planted']} planted nodes flagged, {r['healthy_flagged']} "
-                f"healthy flagged, kind {r['kind_right']}/{r['detected']}, device "
-                f"{r['device_right']}/{r['detected']}, onset error at most "
-                f"{fmt(r['onset_error_max_s'], 1)} s ({r['onsets']} onsets)",
-            )
-        )
-        a = r["analysis"]
-        lines.append(
-            (
-                "same runs, analyze",
-                f"BFS-003 flagged {a['detected']}/{r['planted']} planted nodes, "
-                f"{a['healthy_flagged']} healthy; onset error at most "
-                f"{fmt(a['onset_error_max_s'], 1)} s ({a['onsets']} onsets)",
+                f"{r['detected']}/{r['planted']} planted nodes judged slow, "
+                f"{r['healthy_slow']} healthy (and {r['healthy_flagged']} stood out), kind "
+                f"{r['kind_right']}/{r['detected']}, device {r['device_right']}/{r['detected']}, "
+                f"onset error at most {fmt(r['onset_error_max_s'], 1)} s ({r['onsets']} onsets); "
+                f"benchfs-analyze agreed in {r['analysis_agrees']}/{r['trials']}",
             )
         )
     print_lines_and_targets(console, lines, report["targets"])

@@ -26,21 +26,25 @@ from benchfs.errors import EXIT_FAILED, AnalyzeError
 from benchfs.results import RunDir, write_json_atomic, write_text_atomic
 
 
-def _thresholds(run: Path, config: Path | None, overrides: tuple[str, ...]) -> Thresholds:
+def _thresholds(
+    run: Path, config: Path | None, overrides: tuple[str, ...], name: str = "insights"
+) -> Thresholds:
     """The run's own thresholds (its config.toml), unless `--config` names another file."""
     try:
         if config is None:
-            return run_thresholds(run, overrides)
-        return resolve_thresholds(config, overrides)
+            return run_thresholds(run, overrides, name)
+        return resolve_thresholds(config, overrides, name)
     except FileNotFoundError as e:
         raise AnalyzeError("ENOENT", f"configuration: {e}") from e
     except ValueError as e:
         raise AnalyzeError("EINVAL", f"configuration: {e}") from e
 
 
-def _analyze(path: Path, thresholds: Thresholds, interval: float | None) -> Analysis:
+def _analyze(
+    path: Path, thresholds: Thresholds, interval: float | None, judgment: Thresholds
+) -> Analysis:
     try:
-        return analyze(load_run(path), thresholds, interval)
+        return analyze(load_run(path), thresholds, interval, judgment)
     except FileNotFoundError as e:
         raise AnalyzeError("ENOENT", str(e)) from e
     except ValueError as e:
@@ -132,8 +136,9 @@ def main(
     out, err = console(), console(stderr=True)
     try:
         thresholds = _thresholds(results_dir, config_path, overrides)
-        a = _analyze(results_dir, thresholds, interval)
-        b = _analyze(baseline, thresholds, interval) if baseline else None
+        judgment = _thresholds(results_dir, config_path, overrides, "diagnose")
+        a = _analyze(results_dir, thresholds, interval, judgment)
+        b = _analyze(baseline, thresholds, interval, judgment) if baseline else None
         report = to_json(a, b)
         if html_path:
             _write(html_path, render_html(a, b))

@@ -552,7 +552,11 @@ def analysis(
 @click.option("--quick", is_flag=True, help="3 nodes, 2 trials (one planted, one clean), no load.")
 @JSON_OPTION
 @click.option("--nodes", type=click.IntRange(min=3), help="Simulated nodes [4; --quick: 3].")
-@click.option("--trials", type=click.IntRange(min=1), help="Screens [20; --quick: 2].")
+@click.option(
+    "--trials",
+    type=click.IntRange(min=0),
+    help="Screens [20; --quick: 2; 0: the in-run trials only].",
+)
 @click.option("--seed", type=int, help="Seed of the trials' draws [random, and reported].")
 @click.option(
     "--seconds",

@@ -286,21 +286,38 @@ def judge(
         def f(x: float | None, fmt: str) -> str:
             return "-" if x is None else fmt.format(x)
 
+        # A delay share means something only for a node that stands out.
         table.add_row(
             e["node"],
             f(e.get("read_mean_ms"), "{:.3g}"),
-            f(e.get("read_delay_share"), "{:.0%}"),
+            f(e.get("read_delay_share") if e["flags"] else None, "{:.0%}"),
             f(e.get("write_mean_ms"), "{:.3g}"),
             dev.get("device", "-"),
             f(dev.get("r_await_ms"), "{:.3g}"),
             e.get("kind") or "",
             e.get("screen", ""),
-            escape("\n".join(f"{x['op']}: {x['evidence']}; {x['how']}" for x in e["flags"])),
+            escape(
+                "\n".join(
+                    f"{x['op']}: {x['evidence']}; {x['how']}"
+                    + (f"; slow: {x['grounds']}" if x["slow"] else "")
+                    for x in e["flags"]
+                )
+            ),
         )
     out.print(table)
-    shares = doc["flagged_delay_share"]
+    if not doc["slow"]:
+        out.print(
+            "no node slowed this run"
+            + (
+                f" (stood out but not judged slow: {', '.join(doc['flagged'])})"
+                if doc["flagged"]
+                else ""
+            )
+        )
+        return
+    shares = doc["slow_delay_share"]
     out.print(
-        f"flagged {len(doc['flagged'])} node(s), causing {shares.get('read', 0):.0%} of the read "
+        f"slow: {', '.join(doc['slow'])}, causing {shares.get('read', 0):.0%} of the read "
         f"delay and {shares.get('write', 0):.0%} of the write delay; missed by the screen: "
         f"{', '.join(doc['missed_by_screen']) or 'none'}"
     )

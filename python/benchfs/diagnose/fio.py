@@ -36,8 +36,13 @@ class ProbeSizes:
     file_size: int
 
     @staticmethod
-    def full() -> ProbeSizes:
-        return ProbeSizes(seq_file=1024 * MIB, files=2048, file_size=4 * MIB)
+    def full(total: int = 9 * 1024 * MIB) -> ProbeSizes:
+        """`total` bytes (diagnose.probe_size): a ninth of it, 64 MiB to 1 GiB, as the
+        sequential file, the rest as 4 MiB files (9 GiB: 1 GiB and 2048 files)."""
+        seq = min(1024 * MIB, max(64 * MIB, total // 9 // MIB * MIB))
+        return ProbeSizes(
+            seq_file=seq, files=max(32, (total - seq) // (4 * MIB)), file_size=4 * MIB
+        )
 
     @staticmethod
     def quick() -> ProbeSizes:

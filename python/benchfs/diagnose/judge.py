@@ -1,40 +1,25 @@
-"""Judgment: which nodes are slow, of which kind, on what evidence, and which to exclude.
-
-Per metric, across nodes, one-sided: a node is an outlier when it is worse than the others
-both statistically and materially (docs/diagnose.md):
-
-- badness b = log(x) for higher-is-worse metrics (latency), -log(x) for lower-is-worse ones
-  (bandwidth), so a ratio to the median becomes a difference;
-- modified z-score M = 0.6745 (b - median b) / MAD, with MAD = median |b - median b| (times a
-  small-sample correction for n < 10) but never less than log(1 + min_spread) (equal nodes,
-  MAD = 0, flag no noise);
-- flagged when M > z_threshold AND the node is at least min_worse worse than the median AND
-  (for device latency) above an absolute floor;
-- two nodes: the worse one is flagged when it is two_node_ratio times worse than the other;
-- when up to half the nodes are slow the median may sit among them: if the MAD test flags
-  nothing, the sorted values are split at their widest gap, and a worse group of at most half
-  the nodes, group_ratio times worse than the better group, is flagged against that group.
-"""
+"""Judgment of a screen: which nodes are slow, of which kind, on what evidence, and which to
+exclude. Each metric is compared across nodes by the peer rule (`benchfs.peers`); a node's
+flags are then weighed (`grounds`) and the worst are excluded, at most a share of the nodes."""
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchfs.config import Section
+from benchfs.peers import Thresholds
 
 __all__ = [
     "KIND_ABOVE",
     "KIND_DEVICE",
     "KIND_NETWORK",
     "Flag",
-    "MetricSpec",
-    "Outlier",
     "Thresholds",
-    "outliers",
+    "Verdict",
+    "decide",
+    "grounds",
 ]
 
 KIND_DEVICE = "slow device"
@@ -45,124 +30,7 @@ KIND_MD = "md resync"
 KIND_HEALTH = "device health"
 KIND_PROBE = "probe failed"
 KIND_FULL = "scratch full"
-EPSILON = 1e-9
-MAD_TO_SIGMA = 0.6745
-SMALL_SAMPLE_MAD = {3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
-"""Croux & Rousseeuw's (1992) small-sample correction of the MAD (n > 9: n / (n - 0.8)): the
-MAD of a few values underestimates their spread (of 3, it is the distance to the nearer one)."""
-
-
-#: The `[diagnose]` section of the configuration (`th.z_threshold`, ...; keys and defaults:
-#: rust/benchfs-tools/src/config.rs, docs/config.md).
-Thresholds = Section
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """How a metric is judged: which direction is worse, its unit, an absolute floor."""
-
-    name: str
-    label: str
-    unit: str
-    higher_is_worse: bool
-    floor: float = 0.0
-    """Values on the good side of this (below it, for higher-is-worse) are never flagged."""
-
-    def fmt(self, value: float) -> str:
-        return f"{value:.3g} {self.unit}"
-
-
-@dataclass(frozen=True)
-class Outlier:
-    """One node (or pair) worse than its peers on one metric."""
-
-    key: str
-    spec: MetricSpec
-    value: float
-    reference: float
-    worse: float
-    """How many times worse than the reference (>= 1)."""
-    z: float | None
-    rule: str
-
-    def severity(self, th: Thresholds) -> float:
-        """On the common scale of every flag (`common_scale`): the robust z when the MAD rule
-        found it."""
-        return self.z if self.z is not None else common_scale(self.worse, th)
-
-    def evidence(self) -> str:
-        how = {
-            "mad": f"M={self.z:.1f}" if self.z is not None else "MAD",
-            "two-node": "two nodes: against the other",
-            "group": "a slow group: against the better group's median",
-        }[self.rule]
-        ref = "median" if self.rule == "mad" else "reference"
-        return (
-            f"{self.spec.label} {self.spec.fmt(self.value)} vs {ref} "
-            f"{self.spec.fmt(self.reference)} ({self.worse:.1f}x worse; {how})"
-        )
-
-
-def common_scale(worse: float, th: Thresholds) -> float:
-    """How far out `worse` (times worse than the reference) is, as a robust z against the
-    smallest spread the judgment assumes: one scale for every metric, so flags of different
-    metrics (a bandwidth ratio, a latency ratio) rank against each other."""
-    return MAD_TO_SIGMA * math.log(max(worse, 1.0)) / math.log1p(th.min_spread)
-
-
-def _badness(x: float, spec: MetricSpec) -> float:
-    v = math.log(max(x, EPSILON))
-    return v if spec.higher_is_worse else -v
-
-
-def _value(b: float, spec: MetricSpec) -> float:
-    return math.exp(b if spec.higher_is_worse else -b)
-
-
-def _floor_ok(x: float, spec: MetricSpec) -> bool:
-    return x >= spec.floor if spec.higher_is_worse else True
-
-
-def outliers(values: Mapping[str, float | None], spec: MetricSpec, th: Thresholds) -> list[Outlier]:
-    """The keys (nodes or pairs) whose value of `spec` is an outlier on the worse side."""
-    data = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
-    n = len(data)
-    if n < 2:
-        return []
-    bad = {k: _badness(v, spec) for k, v in data.items()}
-    floor = math.log1p(th.min_worse)
-    if n == 2:
-        (k1, b1), (k2, b2) = sorted(bad.items(), key=lambda kv: kv[1])
-        worse = math.exp(b2 - b1)
-        if worse >= th.two_node_ratio and b2 - b1 >= floor and _floor_ok(data[k2], spec):
-            return [Outlier(k2, spec, data[k2], data[k1], worse, None, "two-node")]
-        return []
-    med = statistics.median(bad.values())
-    mad = statistics.median(abs(b - med) for b in bad.values())
-    mad *= SMALL_SAMPLE_MAD.get(n, n / (n - 0.8))
-    scale = max(mad, math.log1p(th.min_spread))
-    found = []
-    for k, b in bad.items():
-        z = MAD_TO_SIGMA * (b - med) / scale
-        if z > th.z_threshold and b - med >= floor and _floor_ok(data[k], spec):
-            found.append(Outlier(k, spec, data[k], _value(med, spec), math.exp(b - med), z, "mad"))
-    if found:
-        return sorted(found, key=lambda o: -o.worse)
-    # Up to half the nodes slow: split at the widest gap of the sorted badness.
-    ordered = sorted(bad.items(), key=lambda kv: kv[1])
-    gaps = [ordered[i + 1][1] - ordered[i][1] for i in range(n - 1)]
-    cut = max(range(n - 1), key=lambda i: gaps[i]) + 1
-    better, worse_group = ordered[:cut], ordered[cut:]
-    if len(worse_group) > n / 2:
-        return []
-    ref = statistics.median(b for _, b in better)
-    if math.exp(statistics.median(b for _, b in worse_group) - ref) < th.group_ratio:
-        return []
-    return [
-        Outlier(k, spec, data[k], _value(ref, spec), math.exp(b - ref), None, "group")
-        for k, b in reversed(worse_group)
-        if b - ref >= floor and _floor_ok(data[k], spec)
-    ]
+STATE_GROUNDS = "a state wrong in itself"
 
 
 @dataclass
@@ -170,7 +38,7 @@ class Flag:
     """One reason to distrust a node: what, which kind of slowness, the evidence, and whether
     it counts toward excluding the node.
 
-    `severity` is on the common scale (`common_scale`; infinite for a state that is wrong in
+    `severity` is on the common scale (`peers.common_scale`; infinite for a state that is wrong in
     itself: md resync, a health warning); `worse` is how many times worse than the peers;
     `family` is the kind of evidence (flags of one family are one piece of evidence: the
     device's service time from two rules is still one)."""
@@ -200,7 +68,7 @@ def grounds(fs: Sequence[Flag], th: Thresholds) -> str | None:
     independent kinds of evidence that agree, or one overwhelming (overwhelming_ratio)."""
     counted = [f for f in fs if f.excludable]
     if any(math.isinf(f.severity) for f in counted):
-        return "a state wrong in itself"
+        return STATE_GROUNDS
     families = sorted({f.family or f.name for f in counted})
     if len(families) >= 2:
         return f"{len(families)} kinds of evidence agree ({', '.join(families)})"
@@ -215,9 +83,29 @@ class Verdict:
     status: str  # "ok", "flagged", "excluded"
     kind: str | None = None
     reasons: list[str] = field(default_factory=list)
+    confidence: str | None = None
+    """How sure the verdict is (`CONFIDENCE`); None for ok."""
+    severity: float | None = None
+    """The worst flag's severity on the common scale (infinite: a state wrong in itself)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "kind": self.kind, "reasons": self.reasons}
+        sev = self.severity
+        return {
+            "status": self.status,
+            "kind": self.kind,
+            "reasons": self.reasons,
+            "confidence": self.confidence,
+            "severity": round(sev, 3) if sev is not None and math.isfinite(sev) else None,
+        }
+
+
+CONFIDENCE = {
+    "certain": "excluded for a state wrong in itself (md resync, a health warning, full)",
+    "high": "excluded on agreeing or overwhelming evidence that a second probe repeated",
+    "medium": "excluded on agreeing or overwhelming evidence not probed twice (no time left)",
+    "low": "flagged: it stood out, but that is no grounds to exclude it",
+}
+"""The confidence labels of a verdict, and what each means."""
 
 
 def kind_of(flags: Sequence[Flag]) -> str | None:
@@ -240,9 +128,10 @@ def exclusion_cap(n: int, th: Thresholds) -> int:
 
 
 def decide(
-    flags: Mapping[str, Sequence[Flag]], th: Thresholds
+    flags: Mapping[str, Sequence[Flag]], th: Thresholds, confirmed: bool = False
 ) -> tuple[dict[str, Verdict], list[str]]:
-    """Verdicts per node and the excluded nodes (worst first, at most the cap)."""
+    """Verdicts per node and the excluded nodes (worst first, at most the cap); `confirmed`:
+    the measured flags are those a second probe repeated."""
     n = len(flags)
     cap = exclusion_cap(n, th)
     why = {k: grounds(fs, th) for k, fs in flags.items()}
@@ -254,10 +143,20 @@ def decide(
     verdicts: dict[str, Verdict] = {}
     for key, fs in flags.items():
         reasons = [f"{f.kind}: {f.evidence}" for f in fs]
+        severity = max((f.severity for f in fs), default=None)
         if not fs:
             verdicts[key] = Verdict("ok")
         elif key in excluded:
-            verdicts[key] = Verdict("excluded", kind_of(fs), [*reasons, f"excluded: {why[key]}"])
+            sure = (
+                "certain"
+                if why[key] == STATE_GROUNDS
+                else "high"
+                if confirmed
+                else "medium"
+            )
+            verdicts[key] = Verdict(
+                "excluded", kind_of(fs), [*reasons, f"excluded: {why[key]}"], sure, severity
+            )
         else:
             kept = (
                 f"kept: the cap of {cap} excluded node(s) ({th.max_exclude_share:g} of {n}) "
@@ -267,5 +166,5 @@ def decide(
                 if any(f.excludable for f in fs)
                 else "kept: nothing here is grounds to exclude"
             )
-            verdicts[key] = Verdict("flagged", kind_of(fs), [*reasons, kept])
+            verdicts[key] = Verdict("flagged", kind_of(fs), [*reasons, kept], "low", severity)
     return verdicts, excluded

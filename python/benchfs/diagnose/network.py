@@ -171,8 +171,20 @@ def measure_pairs(
 ) -> list[PairResult]:
     """Every pair of `pairs_of(nodes)` in turn, until `deadline` (monotonic). `simulated`:
     all nodes run on this host."""
+    return measure_pairs_list(pairs_of(nodes), raw_dir, config_text, seconds, deadline, simulated)
+
+
+def measure_pairs_list(
+    pairs: Sequence[tuple[Node, Node]],
+    raw_dir: Path,
+    config_text: str,
+    seconds: float,
+    deadline: float,
+    simulated: bool,
+) -> list[PairResult]:
+    """`pairs` in turn, until `deadline` (monotonic)."""
     out = []
-    for a, b in pairs_of(nodes):
+    for a, b in pairs:
         if time.monotonic() >= deadline:
             out.append(PairResult(a.name, b.name, error="not measured: time budget spent"))
             continue

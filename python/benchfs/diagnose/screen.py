@@ -36,15 +36,13 @@ from benchfs.diagnose.judge import (
     KIND_PROBE,
     KIND_UNCLEAR,
     Flag,
-    MetricSpec,
     Thresholds,
-    common_scale,
     decide,
-    outliers,
 )
-from benchfs.diagnose.network import PairResult, measure_pairs
+from benchfs.diagnose.network import PairResult, measure_pairs, measure_pairs_list
 from benchfs.errors import BenchfsError, DiagnoseError, ParseError
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
+from benchfs.peers import MetricSpec, Outlier, common_scale, outliers
 from benchfs.probes import iolimits, iostat, mdraid, smart, triage
 from benchfs.probes.fio import FioResult
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
@@ -112,7 +110,7 @@ class ScreenSettings:
         return ScreenSettings(
             workload_seconds=workload,
             short_seconds=max(2.0, workload / 4) if quick else max(2.0, min(15.0, workload / 4)),
-            sizes=fioprobe.ProbeSizes.quick() if quick else fioprobe.ProbeSizes.full(),
+            sizes=fioprobe.ProbeSizes.quick() if quick else fioprobe.ProbeSizes.full(th.probe_size),
             network=network,
             network_seconds=1.0 if quick else 3.0,
             budget_s=th.budget_s,
@@ -227,6 +225,11 @@ def probe_node(
     if fioprobe.scratch_free(node.scratch) < settings.sizes.need():
         probe.errors.append(
             f"{node.scratch} has less than the {settings.sizes.need() >> 20} MiB the probes need"
+            + (
+                ""
+                if settings.sizes == fioprobe.ProbeSizes.quick()
+                else " (diagnose.probe_size sets it: --set diagnose.probe_size=2G)"
+            )
         )
         return probe
     files = fioprobe.prepare_tree(work, settings.sizes)
@@ -563,10 +566,13 @@ def judge_screen(
     pairs: Sequence[PairResult],
     th: Thresholds,
     repeated: Mapping[str, set[str]] | None = None,
+    pairs_again: Mapping[str, PairResult] | None = None,
 ) -> ScreenResult:
     """Metrics, flags, verdicts and exclusions of a screen (pure: no probing). With
     `repeated` (per node, the measured flags a second probe of every node at once raised), a
-    measured flag stands only if it repeated; one that did not is dropped with a note."""
+    measured flag stands only if it repeated; one that did not is dropped with a note. With
+    `pairs_again` (slow pairs measured once more, by key), a slow pair stands only if its
+    repeat is as slow against the other pairs."""
     names = [p.node.name for p in probes]
     metrics = {p.node.name: node_metrics(p, th) for p in probes}
     flags: dict[str, list[Flag]] = {n: [] for n in names}
@@ -601,8 +607,8 @@ def judge_screen(
                 if f not in keep
             ]
             flags[n] = keep
-    pair_rows = _pair_flags(pairs, {p.node.name: p.node for p in probes}, flags, th)
-    verdicts, excluded = decide(flags, th)
+    pair_rows = _pair_flags(pairs, {p.node.name: p.node for p in probes}, flags, th, pairs_again)
+    verdicts, excluded = decide(flags, th, confirmed=repeated is not None)
     nodes = []
     for n in names:
         p = by_name[n]
@@ -631,30 +637,69 @@ def shares_one_stack(a: Node, b: Node) -> bool:
     return a.host == b.host and a.prefix == b.prefix
 
 
+def _judged_pairs(pairs: Sequence[PairResult], nodes: Mapping[str, Node]) -> list[PairResult]:
+    """The pairs that were measured and say something about a link (not one network stack)."""
+    return [
+        p
+        for p in pairs
+        if p.error is None and not shares_one_stack(nodes[p.server], nodes[p.client])
+    ]
+
+
+def _pair_outliers(measured: Sequence[PairResult], th: Thresholds) -> dict[str, list[Outlier]]:
+    """Per pair key, the metrics on which the pair is worse than the other pairs."""
+    out: dict[str, list[Outlier]] = {}
+    for spec in PAIR_SPECS:
+        values = {p.key: getattr(p, spec.name) for p in measured}
+        for o in outliers(values, spec, th):
+            out.setdefault(o.key, []).append(o)
+    return out
+
+
+def slow_pairs(
+    pairs: Sequence[PairResult], nodes: Sequence[Node], th: Thresholds
+) -> list[tuple[Node, Node]]:
+    """The pairs to measure again before they count: those worse than the other pairs."""
+    by_name = {n.name: n for n in nodes}
+    slow = _pair_outliers(_judged_pairs(pairs, by_name), th)
+    return [(by_name[p.server], by_name[p.client]) for p in pairs if p.key in slow]
+
+
 def _pair_flags(
     pairs: Sequence[PairResult],
     nodes: Mapping[str, Node],
     flags: dict[str, list[Flag]],
     th: Thresholds,
+    again: Mapping[str, PairResult] | None = None,
 ) -> list[dict[str, Any]]:
     names = list(nodes)
     rows = [p.to_json() for p in pairs]
-    local = {p.key for p in pairs if shares_one_stack(nodes[p.server], nodes[p.client])}
-    for row in rows:
-        if row["pair"] in local:
+    measured = _judged_pairs(pairs, nodes)
+    judged = {p.key for p in measured}
+    for row, p in zip(rows, pairs, strict=True):
+        if p.error is None and p.key not in judged:
             row["note"] = "one host, one network stack: measured, not judged"
-    measured = [p for p in pairs if p.error is None and p.key not in local]
-    slow: dict[str, list[str]] = {}
-    severity: dict[str, float] = {}
-    worst: dict[str, float] = {}
-    for spec in PAIR_SPECS:
-        values = {p.key: getattr(p, spec.name) for p in measured}
-        for o in outliers(values, spec, th):
-            slow.setdefault(o.key, []).append(o.evidence())
-            severity[o.key] = max(severity.get(o.key, 0.0), o.severity(th))
-            worst[o.key] = max(worst.get(o.key, 1.0), o.worse)
+    slow = _pair_outliers(measured, th)
+    # A pair slow once may have met a busy moment of one end: it counts only if its repeat,
+    # put among the other pairs' figures, is as slow.
+    for key in list(slow):
+        repeat = (again or {}).get(key)
+        if repeat is None or repeat.error is not None:
+            continue
+        swapped = [repeat if p.key == key else p for p in measured]
+        still = _pair_outliers(swapped, th).get(key)
+        row = next(r for r in rows if r["pair"] == key)
+        row["again"] = repeat.to_json()
+        if still:
+            slow[key] = still
+        else:
+            row["note"] = (
+                "slow once ("
+                + "; ".join(o.evidence() for o in slow.pop(key))
+                + "), not when measured again: a busy moment, not the link"
+            )
     for row in rows:
-        row["flags"] = slow.get(row["pair"], [])
+        row["flags"] = [o.evidence() for o in slow.get(row["pair"], [])]
     of_node: dict[str, list[PairResult]] = {n: [] for n in names}
     for p in measured:
         of_node[p.server].append(p)
@@ -664,18 +709,35 @@ def _pair_flags(
         bad = [p for p in mine if p.key in slow]
         if not bad:
             continue
-        # A node all of whose (two or more) pairs are slow has the slow link; one slow pair
-        # among good ones does not say which end is at fault, so it is not grounds to exclude.
+        # Compared against both ends' other pairs: a node all of whose (two or more) pairs
+        # are slow has the slow link or a busy network stack; one slow pair between two nodes
+        # whose other pairs are normal is the link between them, not grounds to exclude
+        # either end.
         whole = len(mine) >= 2 and len(bad) == len(mine)
         for p in bad:
+            other = p.client if p.server == n else p.server
+            where = (
+                f"every pair of {n} is slow: {n}'s network"
+                if whole
+                else f"the other pairs of {n} are normal"
+                + (
+                    f" and so are {other}'s: the link {p.key}, not either node"
+                    if all(q.key not in slow for q in of_node[other] if q.key != p.key)
+                    else f", {other}'s are slow too: {other}'s network"
+                )
+            )
+            worst = max(slow[p.key], key=lambda o: o.worse)
             flags[n].append(
                 Flag(
                     "network_pair",
                     KIND_NETWORK,
-                    f"pair {p.key}: " + "; ".join(slow[p.key]),
-                    severity[p.key],
+                    f"pair {p.key}: "
+                    + "; ".join(o.evidence() for o in slow[p.key])
+                    + ("; repeated" if again and p.key in again else "")
+                    + f"; {where}",
+                    max(o.severity(th) for o in slow[p.key]),
                     excludable=whole,
-                    worse=worst[p.key],
+                    worse=worst.worse,
                     family=FAMILY["network_pair"],
                 )
             )
@@ -766,7 +828,18 @@ def run_screen(
         pairs = measure_pairs(
             nodes, screen.network_dir, config_text, settings.network_seconds, deadline, True
         )
-    result = judge_screen(probes, pairs, th, repeated)
+    again: dict[str, PairResult] = {}
+    suspects = slow_pairs(pairs, nodes, th)
+    if suspects:
+        progress(f"measuring {len(suspects)} slow pair(s) again to confirm")
+        again = {
+            p.key: p
+            for p in measure_pairs_list(
+                suspects, screen.network_dir / "again", config_text, settings.network_seconds,
+                deadline, True,
+            )
+        }  # fmt: skip
+    result = judge_screen(probes, pairs, th, repeated, again)
     write_screen(screen, result)
     return screen, result
 

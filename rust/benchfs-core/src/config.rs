@@ -392,8 +392,28 @@ impl Sections for FsOnly {}
 /// Old names still accepted, each with a one-line notice: (old, new).
 const RENAMED: &[(&str, &str)] = &[("client.chunk_size", "layout.chunk_size")];
 
-/// Each renamed key's notice is printed once per process.
+/// Keys no longer read, still accepted in files (a results directory's recorded config.toml
+/// keeps them) with a one-line notice: (key, what replaced it).
+const RETIRED: &[(&str, &str)] = &[
+    ("insights.slow_node_pct", "the judgment of a run, [diagnose]"),
+    ("insights.slow_node_factor", "the judgment of a run, [diagnose]"),
+];
+
+/// Each renamed or retired key's notice is printed once per process.
 static NOTICED: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+
+/// Whether `name` is a retired key (telling the user once): its value is then ignored.
+fn retired(name: &str, origin: &str) -> bool {
+    let Some(&(old, now)) = RETIRED.iter().find(|(old, _)| *old == name) else {
+        return false;
+    };
+    let mut noticed = NOTICED.lock().unwrap_or_else(PoisonError::into_inner);
+    if !noticed.contains(&old) {
+        noticed.push(old);
+        eprintln!("benchfs: {old} (from {origin}) is no longer used ({now}); it is ignored");
+    }
+    true
+}
 
 /// The current name of `name`, telling the user once if it is an old one.
 fn current_name(name: &str, origin: &str) -> String {
@@ -467,7 +487,7 @@ impl Resolver {
     /// a string key takes it as is, any other key parses it as a TOML value.
     fn set_str(&mut self, name: &str, raw: &str, origin: &str) -> Result<()> {
         let name = current_name(name, origin);
-        if self.skipped(&name) {
+        if self.skipped(&name) || retired(&name, origin) {
             return Ok(());
         }
         let is_size = self.size_keys.contains(&name.as_str());
@@ -502,7 +522,7 @@ impl Resolver {
     fn set(&mut self, name: &str, value: toml::Value, origin: &str) -> Result<()> {
         use toml::Value as V;
         let name = current_name(name, origin);
-        if self.skipped(&name) {
+        if self.skipped(&name) || retired(&name, origin) {
             return Ok(());
         }
         let is_size = self.size_keys.contains(&name.as_str());

@@ -18,7 +18,7 @@ pub struct ToolSections {
 
 impl Sections for ToolSections {
     const SIZE_KEYS: &'static [&'static str] =
-        &["run.file_size", "run.transfer_size", "insights.small_write_bytes"];
+        &["run.file_size", "run.transfer_size", "diagnose.probe_size", "insights.small_write_bytes"];
     const ENV_ALIASES: &'static [(&'static str, &'static str)] = &[("BENCHFS_RESULTS", "run.results_root")];
 
     fn validate(&self) -> Result<()> {
@@ -57,6 +57,10 @@ impl Default for RunConfig {
     }
 }
 
+/// The smallest full-screen probe footprint: a 64 MiB sequential file and 32 files of 4 MiB
+/// (the quick screen's).
+const MIN_PROBE_SIZE: u64 = 192 << 20;
+
 /// Thresholds and durations of `benchfs-diagnose` (read by the Python tool; docs/diagnose.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -67,6 +71,9 @@ pub struct DiagnoseConfig {
     pub quick_seconds: f64,
     /// Wall-time budget of a whole screen; probes still running then are stopped.
     pub budget_s: f64,
+    /// Bytes the full screen's probes lay out on each node's scratch (a sequential file of
+    /// up to 1 GiB, the rest 4 MiB files); checked against the free space before probing.
+    pub probe_size: u64,
     /// Modified z-score (MAD based) above which a node is an outlier on a metric.
     pub z_threshold: f64,
     /// ... and it must also be at least this much worse than the median (0.2 = 20%).
@@ -90,9 +97,14 @@ pub struct DiagnoseConfig {
     /// One kind of evidence this many times worse than the peers excludes a node alone; below
     /// it, two independent kinds must agree.
     pub overwhelming_ratio: f64,
-    /// In-run judgment: a node's latency rose when its level after a change point is this
+    /// Judgment of a run: a node's latency rose when its level after a change point is this
     /// many times the level before.
     pub rise_ratio: f64,
+    /// Judgment of a run: operations of one kind a node needs before it is judged on them.
+    pub min_ops: u64,
+    /// Judgment of a run: a node slower than its peers over the run is slow when it was also
+    /// slower in at least this share of the intervals since its onset (or one overwhelming).
+    pub persist_share: f64,
 }
 
 impl Default for DiagnoseConfig {
@@ -101,6 +113,7 @@ impl Default for DiagnoseConfig {
             workload_seconds: 60.0,
             quick_seconds: 10.0,
             budget_s: 900.0,
+            probe_size: 9 << 30,
             z_threshold: 3.5,
             min_worse: 0.2,
             min_spread: 0.05,
@@ -113,6 +126,8 @@ impl Default for DiagnoseConfig {
             max_exclude_share: 0.25,
             overwhelming_ratio: 4.0,
             rise_ratio: 2.0,
+            min_ops: 100,
+            persist_share: 0.5,
         }
     }
 }
@@ -134,11 +149,6 @@ pub struct InsightsConfig {
     pub batch_mean_max: f64,
     /// ... while the device had at least this mean depth: one enter per SQE under load.
     pub batch_depth_min: f64,
-    /// BFS-003: a node whose percentage of slow operations exceeds the other nodes' median by
-    /// at least this many points is slow ...
-    pub slow_node_pct: f64,
-    /// ... and so is one whose mean op time is this many times the other nodes' median.
-    pub slow_node_factor: f64,
     /// BFS-004: a member device this many times slower (iostat await) than its node's fastest ...
     pub device_await_ratio: f64,
     /// ... and at least this slow (ms), to ignore noise on fast devices.
@@ -170,8 +180,6 @@ impl Default for InsightsConfig {
             starvation_queue_ratio: 1.0,
             batch_mean_max: 1.2,
             batch_depth_min: 4.0,
-            slow_node_pct: 10.0,
-            slow_node_factor: 3.0,
             device_await_ratio: 5.0,
             device_await_min_ms: 5.0,
             placement_max_mean: 1.5,
@@ -223,10 +231,19 @@ impl DiagnoseConfig {
                 return Err(Error::Config(format!("diagnose.{key} must not be negative")));
             }
         }
-        if self.max_exclude_share.is_nan() || !(0.0..=1.0).contains(&self.max_exclude_share) {
-            return Err(Error::Config(
-                "diagnose.max_exclude_share must be between 0 and 1".into(),
-            ));
+        if self.probe_size < MIN_PROBE_SIZE {
+            return Err(Error::Config(format!(
+                "diagnose.probe_size must be at least {} MiB",
+                MIN_PROBE_SIZE >> 20
+            )));
+        }
+        for (key, value) in [
+            ("max_exclude_share", self.max_exclude_share),
+            ("persist_share", self.persist_share),
+        ] {
+            if value.is_nan() || !(0.0..=1.0).contains(&value) {
+                return Err(Error::Config(format!("diagnose.{key} must be between 0 and 1")));
+            }
         }
         Ok(())
     }
@@ -240,8 +257,6 @@ impl InsightsConfig {
             ("starvation_queue_ratio", self.starvation_queue_ratio),
             ("batch_mean_max", self.batch_mean_max),
             ("batch_depth_min", self.batch_depth_min),
-            ("slow_node_pct", self.slow_node_pct),
-            ("slow_node_factor", self.slow_node_factor),
             ("device_await_ratio", self.device_await_ratio),
             ("device_await_min_ms", self.device_await_min_ms),
             ("placement_max_mean", self.placement_max_mean),
@@ -322,6 +337,16 @@ mod tests {
         assert!(
             e(resolve(None, &[], &["run.transfer_size=0"])).contains("run.transfer_size must be at least 1")
         );
+        assert!(e(resolve(None, &[], &["diagnose.persist_share=2"])).contains("between 0 and 1"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_recorded_config_with_retired_keys_still_loads() -> Result<()> {
+        let text = "[insights]\nslow_node_pct = 10.0\nslow_node_factor = 3.0\nslow_op_ms = 50.0\n";
+        let (_, t) = from_toml_with::<ToolSections>(text)?;
+        assert_eq!(t.insights.slow_op_ms, 50.0);
+        assert!(!effective_toml(&Config::default(), &t).contains("slow_node_pct"));
         Ok(())
     }
 
