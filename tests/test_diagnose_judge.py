@@ -34,6 +34,7 @@ from benchfs.nodes import (
     write_nodes,
 )
 from benchfs.peers import MetricSpec, outliers
+from benchfs.units import MIB
 
 BW = MetricSpec("bw", "bandwidth", "MiB/s", higher_is_worse=False)
 LAT = MetricSpec("lat", "latency", "ms", higher_is_worse=True, floor=2.0)
@@ -439,3 +440,24 @@ def test_a_slow_pair_is_measured_again_and_placed_against_both_ends(th: Threshol
                for f in by["e"]["flags"])  # fmt: skip
     assert not any(f["excludable"] for f in by["a"]["flags"])
     assert "e's network" in by["a"]["flags"][0]["evidence"]
+
+
+def test_a_binding_io_limit_agrees_with_a_slow_measurement(th: Thresholds) -> None:
+    """A throttled node measured slow on sequential writes alone (its reads met a busy
+    moment of its peers, seen once in 15 planted throttles) is excluded: the cgroup limit on
+    its device, below what its peers wrote, is a second, independent kind of evidence. The
+    same limit on a node measured at its peers' rate is no flag at all."""
+    from benchfs.probes.iolimits import IoLimit
+
+    probes = [probe(n, seqwrite=(900.0 + i, 1000), seqread=(800.0, 1000), workload=(400.0, 3000))
+              for i, n in enumerate("abcd")]  # fmt: skip
+    probes.append(probe("t", seqwrite=(300.0, 1000), seqread=(780.0, 1000), workload=(400.0, 3000)))
+    limit = IoLimit("/x", "loop4", "write", 300 * MIB, "bytes/s", "blkio")
+    probes[-1].io_limits = [limit]
+    by = {n["name"]: n for n in judge_screen(probes, [], th).nodes}
+    t = by["t"]
+    assert [f["flag"] for f in t["flags"]] == ["fio_seqwrite_mib_s", "io_limit"], t["flags"]
+    assert t["verdict"]["status"] == "excluded" and t["verdict"]["kind"] == "slow above the device"
+    assert "limits loop4 writes to 300.0 MiB/s" in t["flags"][1]["evidence"]
+    probes[0].io_limits = [limit]  # a's limit does not bind: a wrote at its peers' rate
+    assert {n["name"]: n for n in judge_screen(probes, [], th).nodes}["a"]["flags"] == []

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from benchfs import Client
+from benchfs.analysis import analyze
 from benchfs.cluster import LocalCluster
 from benchfs.config import load_config, resolve_config_text, section
-from benchfs.analysis import analyze
 from benchfs.diagnose.inrun import judge_run
 from benchfs.diagnose.screen import ScreenSettings, load_screen, run_screen
 from benchfs.mpi import MpiLauncher

@@ -392,15 +392,18 @@ def run_diagnose(
         if settings.load:
             stack.enter_context(background_load(LOAD))
         cluster = SimCluster(sim, settings)
-        progress(f"{settings.nodes} nodes built; calibration screen (seed {seed})")
-        _, calib = run_screen(cluster.nodes(Plan(None, None, None), 0), config_text, th, screen,
-                              results)  # fmt: skip
-        for n in calib.nodes:
-            m = n["metrics"]
-            cluster.bandwidth[n["name"]] = (
-                m.get("fio_seqread_mib_s") or 100.0,
-                m.get("fio_seqwrite_mib_s") or 100.0,
-            )
+        if settings.trials:
+            # The screen trials' throttles are shares of each node's calibrated bandwidth (the
+            # in-run trials take the run's own rate).
+            progress(f"{settings.nodes} nodes built; calibration screen (seed {seed})")
+            _, calib = run_screen(cluster.nodes(Plan(None, None, None), 0), config_text, th,
+                                  screen, results)  # fmt: skip
+            for n in calib.nodes:
+                m = n["metrics"]
+                cluster.bandwidth[n["name"]] = (
+                    m.get("fio_seqread_mib_s") or 100.0,
+                    m.get("fio_seqwrite_mib_s") or 100.0,
+                )
         for i, plan in enumerate(plan_trials(settings, cluster.names, rng), start=1):
             what = "nothing" if plan.node is None else f"{plan.kind} {plan.severity} on {plan.node}"
             progress(f"trial {i}/{settings.trials}: {what}")

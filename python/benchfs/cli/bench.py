@@ -588,7 +588,7 @@ def diagnose_case(
     changes: dict[str, Any] = {"seed": seed}
     if nodes:
         changes["nodes"] = nodes
-    if trials:
+    if trials is not None:
         changes["trials"] = trials
     if seconds:
         changes["seconds"] = seconds

@@ -147,13 +147,7 @@ def decide(
         if not fs:
             verdicts[key] = Verdict("ok")
         elif key in excluded:
-            sure = (
-                "certain"
-                if why[key] == STATE_GROUNDS
-                else "high"
-                if confirmed
-                else "medium"
-            )
+            sure = "certain" if why[key] == STATE_GROUNDS else "high" if confirmed else "medium"
             verdicts[key] = Verdict(
                 "excluded", kind_of(fs), [*reasons, f"excluded: {why[key]}"], sure, severity
             )

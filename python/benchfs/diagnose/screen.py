@@ -46,6 +46,7 @@ from benchfs.peers import MetricSpec, Outlier, common_scale, outliers
 from benchfs.probes import iolimits, iostat, mdraid, smart, triage
 from benchfs.probes.fio import FioResult
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
+from benchfs.units import MIB
 
 __all__ = [
     "NodeProbe",
@@ -69,6 +70,7 @@ FAMILY = {
     "dev_r_await_abs": "device latency under load",
     "member_asymmetry": "twin devices",
     "network_pair": "network",
+    "io_limit": "I/O limit",
 }
 """The kind of evidence each flag is: flags of one family count once toward exclusion."""
 STATE_FLAGS = frozenset({"md", "health", "scratch_full", "probe_failed", "network_failed"})
@@ -132,7 +134,7 @@ class NodeProbe:
     md: list[dict[str, Any]] = field(default_factory=list)
     health: list[dict[str, Any]] = field(default_factory=list)
     triage: dict[str, Any] = field(default_factory=dict)
-    io_limits: list[str] = field(default_factory=list)
+    io_limits: list[iolimits.IoLimit] = field(default_factory=list)
     """I/O limits (cgroup blkio / io.max) on the node's devices for processes of its prefix."""
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -216,7 +218,7 @@ def probe_node(
     probe.triage, problems = triage.run_triage(node.scratch, node.prefix, raw)
     probe.notes.extend(f"triage: {p}" for p in problems)
     try:
-        probe.io_limits = [x.describe() for x in iolimits.io_limits(node.prefix, watched)]
+        probe.io_limits = iolimits.io_limits(node.prefix, watched)
     except (OSError, subprocess.TimeoutExpired) as e:
         probe.notes.append(f"I/O limits not read: {e}")
 
@@ -325,7 +327,7 @@ def node_metrics(p: NodeProbe, th: Thresholds) -> dict[str, Any]:
     ):
         m[f"triage_{key}"] = t.get(key)
     m["md_busy"] = ",".join(a["name"] for a in p.md if a.get("busy")) or None
-    m["io_limits"] = "; ".join(p.io_limits) or None
+    m["io_limits"] = "; ".join(x.describe() for x in p.io_limits) or None
     m["health_warnings"] = sum(len(h.get("warnings", [])) for h in p.health)
     return m
 
@@ -536,7 +538,7 @@ def _kinds(
             if f.kind:
                 continue
             app_ms, dev_ms = m.get("fio_workload_p50_ms"), m.get("dev_r_await_ms")
-            limits = by_name[n].io_limits
+            limits = [x.describe() for x in by_name[n].io_limits]
             if device_slow:
                 f.kind = KIND_DEVICE
             elif limits:
@@ -559,6 +561,46 @@ def _kinds(
                 )
             else:
                 f.kind = KIND_UNCLEAR
+
+
+LIMITED = {"read": "fio_seqread_mib_s", "write": "fio_seqwrite_mib_s"}
+"""The measured rate a bandwidth limit of each direction caps."""
+
+
+def _limit_flags(
+    p: NodeProbe,
+    metrics: Mapping[str, Mapping[str, Any]],
+    flags: Sequence[Flag],
+    th: Thresholds,
+) -> list[Flag]:
+    """A bandwidth limit on the node's device below what its peers delivered in that direction
+    binds: evidence independent of the measurement (the configuration), so it agrees with a
+    slow measurement of that direction, never stands alone (it is added only beside one)."""
+    out = []
+    measured = {f.name for f in flags if f.excludable}
+    for limit in p.io_limits:
+        key = LIMITED.get(limit.direction)
+        if limit.unit != "bytes/s" or key is None or key not in measured:
+            continue
+        peers = [m[key] for n, m in metrics.items() if n != p.node.name and m.get(key)]
+        if not peers:
+            continue
+        median = statistics.median(peers)
+        worse = median * MIB / max(limit.value, 1)
+        if worse < 1.0 + th.min_worse:
+            continue
+        out.append(
+            Flag(
+                "io_limit",
+                KIND_ABOVE,
+                f"{limit.describe()}, below its peers' median {limit.direction} of "
+                f"{median:.0f} MiB/s ({worse:.1f}x): the limit binds",
+                common_scale(worse, th),
+                worse=worse,
+                family=FAMILY["io_limit"],
+            )
+        )
+    return out
 
 
 def judge_screen(
@@ -607,6 +649,8 @@ def judge_screen(
                 if f not in keep
             ]
             flags[n] = keep
+    for n in names:
+        flags[n].extend(_limit_flags(by_name[n], metrics, flags[n], th))
     pair_rows = _pair_flags(pairs, {p.node.name: p.node for p in probes}, flags, th, pairs_again)
     verdicts, excluded = decide(flags, th, confirmed=repeated is not None)
     nodes = []

@@ -17,8 +17,12 @@ pub struct ToolSections {
 }
 
 impl Sections for ToolSections {
-    const SIZE_KEYS: &'static [&'static str] =
-        &["run.file_size", "run.transfer_size", "diagnose.probe_size", "insights.small_write_bytes"];
+    const SIZE_KEYS: &'static [&'static str] = &[
+        "run.file_size",
+        "run.transfer_size",
+        "diagnose.probe_size",
+        "insights.small_write_bytes",
+    ];
     const ENV_ALIASES: &'static [(&'static str, &'static str)] = &[("BENCHFS_RESULTS", "run.results_root")];
 
     fn validate(&self) -> Result<()> {
