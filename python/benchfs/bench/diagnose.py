@@ -474,6 +474,13 @@ def run_diagnose(
     }
 
 
+def keep_trials(work: Path, keep: Path) -> None:
+    """The trials' screen and run directories (not the nodes' images), copied into `keep`."""
+    for name in ("screens", "runs"):
+        if (work / name).is_dir():
+            shutil.copytree(work / name, keep / name, dirs_exist_ok=True, symlinks=True)
+
+
 def render(console: Console, report: dict[str, Any]) -> None:
     s = report["settings"]
     table = report_table(

@@ -20,6 +20,13 @@ from benchfs import __version__
 from benchfs.analysis import Analysis, analyze, load_run
 from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
 from benchfs.analysis.report import print_terminal, render_html, to_json
+from benchfs.analysis.sweep import (
+    is_sweep,
+    load_sweep,
+    print_sweep,
+    render_sweep_html,
+    sweep_json,
+)
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
 from benchfs.cli.consoles import console
 from benchfs.errors import EXIT_FAILED, AnalyzeError
@@ -49,6 +56,26 @@ def _analyze(
         raise AnalyzeError("ENOENT", str(e)) from e
     except ValueError as e:
         raise AnalyzeError("EIO", str(e)) from e
+
+
+def _sweep_report(path: Path, html_path: Path | None, as_json: bool, save: bool) -> None:
+    """A sweep directory: its points in the terminal or as JSON, the sweep report as HTML."""
+    try:
+        s = load_sweep(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise AnalyzeError("EINVAL", str(e)) from e
+    if html_path:
+        _write(html_path, render_sweep_html(s))
+    if save:
+        _write(path / "report.html", render_sweep_html(s))
+    if as_json:
+        click.echo(json.dumps(sweep_json(s)))
+    else:
+        print_sweep(console(), s)
+        for where in [p for p in (html_path, path / "report.html" if save else None) if p]:
+            console(stderr=True).print(
+                f"[dim]benchfs-analyze: sweep report in {escape(str(where))}[/]", highlight=False
+            )
 
 
 def _write(path: Path, text: str) -> None:
@@ -132,9 +159,26 @@ def main(
     config_path: Path | None,
     overrides: tuple[str, ...],
 ) -> None:
-    """Analyze the results directory RESULTS_DIR (see docs/analysis.md)."""
+    """Analyze the results directory RESULTS_DIR, or a sweep's directory (see
+    docs/analysis.md)."""
     out, err = console(), console(stderr=True)
     try:
+        if is_sweep(results_dir):
+            others = {
+                "--csv": csv_dir,
+                "--baseline": baseline,
+                "--chrome-trace": chrome_path,
+                "--interval": interval,
+                "--config": config_path,
+                "--set": overrides,
+            }
+            given = [name for name, value in others.items() if value]
+            if given:
+                raise AnalyzeError(
+                    "EINVAL", f"{results_dir} is a sweep: {', '.join(given)} is for one run"
+                )
+            _sweep_report(results_dir, html_path, as_json, save)
+            return
         thresholds = _thresholds(results_dir, config_path, overrides)
         judgment = _thresholds(results_dir, config_path, overrides, "diagnose")
         a = _analyze(results_dir, thresholds, interval, judgment)

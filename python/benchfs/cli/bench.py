@@ -569,6 +569,11 @@ def analysis(
     help="In-run trials (a cluster on the nodes, slowed mid-run) [8; --quick: 0].",
 )
 @click.option("--no-load", is_flag=True, help="No stress-ng background load.")
+@click.option(
+    "--keep",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Copy every trial's screen and run directory into DIR, to read what was judged.",
+)
 def diagnose_case(
     root: Path | None,
     quick: bool,
@@ -579,6 +584,7 @@ def diagnose_case(
     seconds: float | None,
     inrun_trials: int | None,
     no_load: bool,
+    keep: Path | None,
 ) -> None:
     """The screen's accuracy: trials on simulated nodes (loop devices; a delaying device or a
     blkio throttle planted at random, a quarter of the trials clean) under stress-ng load."""
@@ -601,7 +607,11 @@ def diagnose_case(
     reporter = _Reporter(err, as_json)
     base = root or Path(DEFAULT_ROOT)
     with _failures_exit(err), tempfile.TemporaryDirectory(prefix="benchfs-diag-", dir=base) as work:
-        report = bench.run_diagnose(Path(work), settings, reporter.progress)
+        try:
+            report = bench.run_diagnose(Path(work), settings, reporter.progress)
+        finally:
+            if keep is not None:
+                bench.keep_trials(Path(work), keep)
     report["quick"] = quick
     _emit(report, as_json, bench.render)
 

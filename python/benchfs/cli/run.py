@@ -579,8 +579,10 @@ def sweep(
         plan = load_params(params)
     except SweepError as e:
         _fail("EINVAL", str(e), EXIT_USAGE)
+    for notice in plan.notices:
+        err.print(f"[dim]benchfs-run:[/] {escape(notice)}", highlight=False, soft_wrap=True)
     if dry_run:
-        console().print(sweep_table(plan.rows_preview()))
+        console().print(sweep_table(plan.axes, plan.rows_preview()))
         return
 
     def progress(message: str) -> None:
@@ -595,7 +597,7 @@ def sweep(
         )
     except OSError as e:
         _fail(errno_name(e), f"sweep: {e}")
-    console().print(sweep_table(outcome.rows))
+    console().print(sweep_table(plan.axes, outcome.rows))
     click.echo(f"index     {outcome.index_path}")
     if outcome.interrupted:
         sys.exit(EXIT_INTERRUPTED)

@@ -26,8 +26,14 @@ impl Sections for ToolSections {
     const ENV_ALIASES: &'static [(&'static str, &'static str)] = &[("BENCHFS_RESULTS", "run.results_root")];
 
     fn validate(&self) -> Result<()> {
-        if self.run.transfer_size == 0 {
-            return Err(Error::Config("run.transfer_size must be at least 1".into()));
+        for (key, value) in [
+            ("servers", u64::from(self.run.servers)),
+            ("clients", u64::from(self.run.clients)),
+            ("transfer_size", self.run.transfer_size),
+        ] {
+            if value == 0 {
+                return Err(Error::Config(format!("run.{key} must be at least 1")));
+            }
         }
         self.diagnose.validate()?;
         self.insights.validate()
@@ -342,6 +348,7 @@ mod tests {
             e(resolve(None, &[], &["run.transfer_size=0"])).contains("run.transfer_size must be at least 1")
         );
         assert!(e(resolve(None, &[], &["diagnose.persist_share=2"])).contains("between 0 and 1"));
+        assert!(e(resolve(None, &[], &["run.clients=0"])).contains("run.clients must be at least 1"));
         Ok(())
     }
 
