@@ -162,19 +162,6 @@ def measure_pair(
 
 
 def measure_pairs(
-    nodes: Sequence[Node],
-    raw_dir: Path,
-    config_text: str,
-    seconds: float,
-    deadline: float,
-    simulated: bool,
-) -> list[PairResult]:
-    """Every pair of `pairs_of(nodes)` in turn, until `deadline` (monotonic). `simulated`:
-    all nodes run on this host."""
-    return measure_pairs_list(pairs_of(nodes), raw_dir, config_text, seconds, deadline, simulated)
-
-
-def measure_pairs_list(
     pairs: Sequence[tuple[Node, Node]],
     raw_dir: Path,
     config_text: str,
@@ -182,7 +169,8 @@ def measure_pairs_list(
     deadline: float,
     simulated: bool,
 ) -> list[PairResult]:
-    """`pairs` in turn, until `deadline` (monotonic)."""
+    """`pairs` (e.g. `pairs_of(nodes)`) in turn, until `deadline` (monotonic). `simulated`:
+    all nodes run on this host."""
     out = []
     for a, b in pairs:
         if time.monotonic() >= deadline:

@@ -39,7 +39,7 @@ from benchfs.diagnose.judge import (
     Thresholds,
     decide,
 )
-from benchfs.diagnose.network import PairResult, measure_pairs, measure_pairs_list
+from benchfs.diagnose.network import PairResult, measure_pairs, pairs_of
 from benchfs.errors import BenchfsError, DiagnoseError, ParseError
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
 from benchfs.peers import MetricSpec, Outlier, common_scale, outliers
@@ -870,7 +870,12 @@ def run_screen(
         progress("measuring the network between node pairs")
         screen.network_dir.mkdir(parents=True, exist_ok=True)
         pairs = measure_pairs(
-            nodes, screen.network_dir, config_text, settings.network_seconds, deadline, True
+            pairs_of(nodes),
+            screen.network_dir,
+            config_text,
+            settings.network_seconds,
+            deadline,
+            True,
         )
     again: dict[str, PairResult] = {}
     suspects = slow_pairs(pairs, nodes, th)
@@ -878,7 +883,7 @@ def run_screen(
         progress(f"measuring {len(suspects)} slow pair(s) again to confirm")
         again = {
             p.key: p
-            for p in measure_pairs_list(
+            for p in measure_pairs(
                 suspects, screen.network_dir / "again", config_text, settings.network_seconds,
                 deadline, True,
             )
