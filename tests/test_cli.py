@@ -375,3 +375,40 @@ def test_live_panel_on_a_real_terminal(tmp_path: Path) -> None:
     assert re.search(r"^outcome\s+ok$", final, re.M)
     assert re.search(r"^verified\s+every byte \(256MiB\)$", final, re.M), final
     assert "Traceback" not in final
+
+
+@pytest.mark.timeout(120)
+def test_repetitions_give_the_spread_of_every_figure(tmp_path: Path) -> None:
+    """The default workload three times over: each iteration writes, reads back and verifies
+    every byte; the summary (--json, the table, the manifest) gives the mean with its standard
+    deviation, minimum, maximum and count. The built-in IOR gets -i; its arguments given with
+    repetitions are one clear usage error."""
+    result = run_cli(
+        ["launch", "--repetitions", "3", "--file-size", "2M", "--transfer-size", "512K", "--json",
+         "--no-analysis", "--results-root", str(tmp_path / "res")],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    schemas.check(data, schemas.RUN_SUMMARY, "launch --json")
+    assert data["verified"] and data["bytes"] == 3 * 2 * (2 << 20)
+    for key in ("write_mib_s", "read_mib_s"):
+        s = data["spread"][key]
+        assert s["n"] == 3 and s["min"] <= s["mean"] <= s["max"] and s["std"] is not None
+        assert data[key] == pytest.approx(s["mean"])
+    manifest = read_json(Path(data["results_dir"]) / "manifest.json")
+    assert manifest["workload"]["spread"] == data["spread"]
+    assert manifest["workload"]["repetitions"] == 3
+    table = run_cli(
+        ["launch", "--repetitions", "2", "--file-size", "1M", "--no-analysis", "--results-root",
+         str(tmp_path / "res")],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"write\s+[\d.]+ MiB/s \(mean of 2: ± [\d.]+, min [\d.]+, max", table.stdout)
+    ior = run_cli(
+        ["launch", "--workload", "ior", "--ior-args", "-t 1m -b 1m", "--repetitions", "2",
+         "--results-root", str(tmp_path / "res")],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert ior.returncode == 2 and "give -i 2 among the ior arguments" in ior.stderr

@@ -17,7 +17,6 @@ import math
 import os
 import secrets
 import shutil
-import statistics
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from benchfs.config import parse_config, resolve_config_text
 from benchfs.errors import BenchfsError, InputError
 from benchfs.pipeline.spec import WORKLOADS
 from benchfs.results import csv_cell, write_json_atomic
+from benchfs.spread import spread
 from benchfs.units import format_size
 
 __all__ = [
@@ -354,16 +354,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for index, runs in by_point.items():
         ok = [r for r in runs if r["outcome"] == "ok"]
         names = sorted({k for r in ok for k in r["figures"]})
-        stats = {}
-        for name in names:
-            xs = [r["figures"][name] for r in ok if name in r["figures"]]
-            stats[name] = {
-                "mean": statistics.fmean(xs),
-                "std": statistics.stdev(xs) if len(xs) > 1 else None,
-                "min": min(xs),
-                "max": max(xs),
-                "n": len(xs),
-            }
+        stats = {name: spread(r["figures"].get(name) for r in ok) for name in names}
         out.append(
             {
                 "point": index,

@@ -71,7 +71,13 @@ def _print_report(console: Console, report: RunReport) -> None:
         rows.append(("workload", escape(data["workload_line"] or f"{data['workload']} (not run)")))
     for key, label in (("write_mib_s", "write"), ("read_mib_s", "read")):
         if data[key] is not None:
-            rows.append((label, f"{data[key]:.1f} MiB/s"))
+            s = (data.get("spread") or {}).get(key)
+            more = (
+                f" (mean of {s['n']}: ± {s['std']:.1f}, min {s['min']:.1f}, max {s['max']:.1f})"
+                if s and s["n"] > 1
+                else ""
+            )
+            rows.append((label, f"{data[key]:.1f} MiB/s{more}"))
     for r in data["rows"] or []:
         if r.get("tool") == "io500":  # IO500's phases and score (benchfs.workloads.io500)
             if r["kind"] == "score":
@@ -148,6 +154,12 @@ def main() -> None:
     "--transfer-size",
     type=SizeType(),
     help=f"Bytes per call [default: {format_size(_DEFAULTS['transfer_size'])}, run.transfer_size].",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    help="Iterations of the workload; the summary gives their mean ± std, min, max "
+    "[default: 1, run.repetitions].",
 )
 @click.option(
     "--config",
@@ -255,6 +267,7 @@ def launch(
     clients: int | None,
     file_size: int | None,
     transfer_size: int | None,
+    repetitions: int | None,
     config_path: str | None,
     sets: tuple[str, ...],
     keep_data: bool,
@@ -301,6 +314,7 @@ def launch(
         clients=clients,
         file_size=file_size,
         transfer_size=transfer_size,
+        repetitions=repetitions,
         config=config_path,
         sets=sets,
         keep_data=keep_data,

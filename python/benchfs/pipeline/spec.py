@@ -22,6 +22,7 @@ class RunSpec:
     clients: int | None = None
     file_size: int | None = None
     transfer_size: int | None = None
+    repetitions: int | None = None
     config: str | None = None
     sets: Sequence[str] = ()
     keep_data: bool = False
@@ -60,6 +61,7 @@ class RunSpec:
             "run.clients": self.clients,
             "run.file_size": self.file_size,
             "run.transfer_size": self.transfer_size,
+            "run.repetitions": self.repetitions,
             "run.results_root": self.results_root,
         }
         return [f"{key}={value}" for key, value in pairs.items() if value is not None]
@@ -111,6 +113,7 @@ class RunReport:
             "workload": summary.get("workload", self.workload),
             "workload_line": self.workload_line,
             "rows": summary.get("rows"),
+            "spread": summary.get("spread"),
             "launcher": self.launcher,
             "nodes": self.nodes,
             "excluded": [e["host"] for e in excluded],

@@ -43,18 +43,28 @@ _ERROR_CODES = {
 
 def workload_options(workload: str, args: str | None, run: dict[str, Any]) -> list[str]:
     """The ior/mdtest options: the user's, else IOR's file-per-process write, read and
-    verify of run.file_size per client in run.transfer_size transfers (mdtest: 1000 files)."""
+    verify of run.file_size per client in run.transfer_size transfers (mdtest: 1000 files),
+    run.repetitions times (`-i`)."""
+    reps = int(run.get("repetitions", 1))
     if args is not None:
+        if reps > 1 and workload != "io500":
+            raise RunError(
+                "EINVAL",
+                f"run.repetitions ({reps}) with --{workload}-args: give -i {reps} among the "
+                f"{workload} arguments instead",
+                EXIT_USAGE,
+            )
         try:
             return shlex.split(args)
         except ValueError as e:
             raise RunError("EINVAL", f"--{workload}-args: {e}", EXIT_USAGE) from e
+    iterations = ["-i", str(reps)] if reps > 1 else []
     if workload == "ior":
         sizes = ["-t", str(run["transfer_size"]), "-b", str(run["file_size"])]
-        return ["-w", "-r", "-R", "-F", *sizes]
+        return ["-w", "-r", "-R", "-F", *sizes, *iterations]
     if workload == "io500":
         return ["--preset", "ci"]
-    return ["-n", "1000"]
+    return ["-n", "1000", *iterations]
 
 
 def check_workload_options(workload: str, args: str | None, run: dict[str, Any]) -> None:
@@ -110,10 +120,11 @@ class Workload:
         if workload == "rw":
             argv = [sys.executable, "-m", "benchfs.workloads.rw", *common]
             argv += ["--file-size", str(run["file_size"]), "--transfer-size"]
-            argv += [str(run["transfer_size"])]
+            argv += [str(run["transfer_size"]), "--repetitions", str(run["repetitions"])]
             what = (
                 f"{format_size(run['file_size'])} per client in "
                 f"{format_size(run['transfer_size'])} transfers"
+                + (f", {run['repetitions']} times" if run["repetitions"] > 1 else "")
             )
             return argv, what
         if workload == "command":

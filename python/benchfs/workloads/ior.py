@@ -29,6 +29,7 @@ from benchfs import Client, File, _core
 from benchfs.config import resolve_config_text
 from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
+from benchfs.spread import spread
 from benchfs.units import KIB, MIB, parse_size
 from benchfs.workloads.steps import UsageError, WorkloadError, agreed_step
 
@@ -811,6 +812,12 @@ class IorRank:
             "ior": doc,
             "errors": self.errors,
         }
+        if ok and o.iterations > 1:
+            summary["spread"] = {
+                f"{op}_mib_s": spread(r.bw_mib_s for r in self.results if r.access == op)
+                for op in ("write", "read")
+                if any(r.access == op for r in self.results)
+            }
         write_json_atomic(o.out / "summary.json", summary)
 
 

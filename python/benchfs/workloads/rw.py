@@ -1,9 +1,11 @@
 """Write-then-read MPI workload that verifies every byte.
 
 Run under mpiexec: `python -m benchfs.workloads.rw --registry DIR --file-size B
---transfer-size T --out DIR [--config FILE]`. Rank r writes `/rank-<r>.dat` (B bytes in T-byte
-transfers), all ranks meet at a barrier, then rank r reads the file of rank (r+1) % size so
-that data crosses clients, and compares every byte with the writer's pattern.
+--transfer-size T --out DIR [--config FILE] [--repetitions N]`. Rank r writes `/rank-<r>.dat`
+(B bytes in T-byte transfers), all ranks meet at a barrier, then rank r reads the file of rank
+(r+1) % size so that data crosses clients, and compares every byte with the writer's pattern;
+N times (the file rewritten each time). With N > 1 the summary's bandwidths are the means of
+the iterations and `spread` gives their standard deviation, minimum, maximum and count.
 
 Bandwidth is computed as IOR does: total bytes / (latest end - earliest start) over ranks,
 each phase starting after a barrier. The data pattern is generated before the barrier; inside
@@ -20,6 +22,7 @@ import errno
 import json
 import os
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +33,7 @@ from typing import Any
 from benchfs import Client
 from benchfs.config import resolve_config_text
 from benchfs.results import write_json_atomic
+from benchfs.spread import spread
 from benchfs.units import MIB, parse_size
 from benchfs.workloads.steps import VerificationError, agreed_step
 
@@ -219,6 +223,17 @@ def bandwidth_mib_s(total_bytes: int, starts: Sequence[float], ends: Sequence[fl
     return total_bytes / MIB / span if span > 0 else 0.0
 
 
+def _phase_bandwidth(phases: Sequence[dict[str, Any]]) -> float:
+    """One iteration's phase over all ranks, as IOR computes it."""
+    return bandwidth_mib_s(
+        sum(p["bytes"] for p in phases), [p["start"] for p in phases], [p["end"] for p in phases]
+    )
+
+
+def _phase_seconds(phases: Sequence[dict[str, Any]]) -> float:
+    return max(p["end"] for p in phases) - min(p["start"] for p in phases)
+
+
 def file_path(rank: int) -> str:
     return f"/rank-{rank}.dat"
 
@@ -232,9 +247,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--transfer-size", required=True, type=parse_size, help="bytes per call")
     parser.add_argument("--out", required=True, type=Path, help="directory for the JSON results")
     parser.add_argument("--config", help="configuration file (default: $BENCHFS_CONFIG)")
+    parser.add_argument("--repetitions", type=int, default=1, help="write/read iterations")
     args = parser.parse_args(argv)
     if args.transfer_size <= 0:
         parser.error("--transfer-size must be positive")
+    if args.repetitions < 1:
+        parser.error("--repetitions must be at least 1")
     return args
 
 
@@ -327,9 +345,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = step("connect", connect)
     if ok and client is not None:
         servers = client.server_ids()
-    ok = ok and timed_phase("write", prepare_write, do_write)
-    ok = ok and timed_phase("read", prepare_read, do_read)
-    ok = ok and step("file_size", check_size)
+    iterations: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for _ in range(args.repetitions):
+        ok = ok and timed_phase("write", prepare_write, do_write)
+        ok = ok and timed_phase("read", prepare_read, do_read)
+        ok = ok and step("file_size", check_size)
+        if not ok:
+            break
+        iterations.append((asdict(write), asdict(read)))
+    record["iterations"] = len(iterations)
     pattern = None
     if client is not None:
         try:
@@ -339,38 +363,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / f"rank-{rank}.json", record)
-    phases = comm.gather((asdict(write), asdict(read), record["verified"]), root=0)
+    # Every rank has the same iterations (each step's outcome is agreed by all).
+    if not iterations:
+        iterations = [(asdict(write), asdict(read))]
+    gathered = comm.gather((iterations, record["verified"]), root=0)
     if rank == 0:
-        assert phases is not None
-        writes = [p[0] for p in phases]
-        reads = [p[1] for p in phases]
+        assert gathered is not None
+        per_iteration = [
+            ([g[0][k][0] for g in gathered], [g[0][k][1] for g in gathered])
+            for k in range(len(iterations))
+        ]
+        write_bw = [_phase_bandwidth(writes) for writes, _ in per_iteration]
+        read_bw = [_phase_bandwidth(reads) for _, reads in per_iteration]
         summary = {
             "ranks": size,
             "servers": servers,
             "file_size": args.file_size,
             "transfer_size": args.transfer_size,
-            "bytes": sum(w["bytes"] for w in writes),
-            "bytes_read": sum(r["bytes"] for r in reads),
-            "write_s": max(w["end"] for w in writes) - min(w["start"] for w in writes),
-            "read_s": max(r["end"] for r in reads) - min(r["start"] for r in reads),
-            "write_mib_s": bandwidth_mib_s(
-                sum(w["bytes"] for w in writes),
-                [w["start"] for w in writes],
-                [w["end"] for w in writes],
-            ),
-            "read_mib_s": bandwidth_mib_s(
-                sum(r["bytes"] for r in reads),
-                [r["start"] for r in reads],
-                [r["end"] for r in reads],
-            ),
+            "repetitions": args.repetitions,
+            "bytes": sum(w["bytes"] for writes, _ in per_iteration for w in writes),
+            "bytes_read": sum(r["bytes"] for _, reads in per_iteration for r in reads),
+            "write_s": sum(_phase_seconds(writes) for writes, _ in per_iteration),
+            "read_s": sum(_phase_seconds(reads) for _, reads in per_iteration),
+            "write_mib_s": statistics.fmean(write_bw),
+            "read_mib_s": statistics.fmean(read_bw),
             "pattern_s": max(
-                w["pattern_s"] + r["pattern_s"] for w, r in zip(writes, reads, strict=True)
+                sum(w[k][0]["pattern_s"] + w[k][1]["pattern_s"] for k in range(len(iterations)))
+                for w, _ in gathered
             ),
-            "verified": ok and all(p[2] for p in phases),
+            "verified": ok and all(g[1] for g in gathered),
             "errors": errors,
         }
+        if len(per_iteration) > 1:
+            summary["spread"] = {"write_mib_s": spread(write_bw), "read_mib_s": spread(read_bw)}
         if not ok:
             summary["write_mib_s"] = summary["read_mib_s"] = None
+            summary.pop("spread", None)
         write_json_atomic(args.out / "summary.json", summary)
         print(json.dumps(summary), flush=True)
     return 0 if ok else 1

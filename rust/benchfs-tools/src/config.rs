@@ -29,6 +29,7 @@ impl Sections for ToolSections {
         for (key, value) in [
             ("servers", u64::from(self.run.servers)),
             ("clients", u64::from(self.run.clients)),
+            ("repetitions", u64::from(self.run.repetitions)),
             ("transfer_size", self.run.transfer_size),
         ] {
             if value == 0 {
@@ -49,6 +50,9 @@ pub struct RunConfig {
     /// Bytes each client writes and reads back.
     pub file_size: u64,
     pub transfer_size: u64,
+    /// Iterations of the workload in one run (the default workload writes and reads back
+    /// this many times; the built-in IOR and mdtest get `-i`); the summary gives their spread.
+    pub repetitions: u32,
     pub results_root: String,
     /// Node-local scratch directory; empty means a fresh directory under /tmp per run.
     pub scratch_dir: String,
@@ -61,6 +65,7 @@ impl Default for RunConfig {
             clients: 2,
             file_size: 64 << 20,
             transfer_size: 1 << 20,
+            repetitions: 1,
             results_root: "results".into(),
             scratch_dir: String::new(),
         }
