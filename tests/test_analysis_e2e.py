@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 
 from benchfs import analysis as A
 from benchfs import schemas
-from benchfs.analysis.report import SECTIONS, render_html
+from benchfs.analysis.report import SECTIONS, change_label, render_html
 from benchfs.bench import analysis as analysis_bench
 from benchfs.cli.analyze import main as analyze_main
 from conftest import benchfs_run_command, rendered
@@ -205,9 +205,17 @@ def test_baseline_compares_figures_and_configs(real_run: Path, baseline_run: Pat
     schemas.check(report, schemas.REPORT, "benchfs-analyze --json --baseline")
     diff = {r["key"]: (r["this"], r["baseline"]) for r in report["baseline"]["config_diff"]}
     assert diff["storage.handle_cache"] == (512, 64)
-    assert "telemetry.dir" in diff  # each run's own directories differ too
+    # Where each run wrote always differs and says nothing: left out.
+    assert not {"telemetry.dir", "cluster.registry_dir", "run.results_root"} & set(diff)
     metrics = {r["metric"] for r in report["baseline"]["comparison"]}
     assert {"write MiB/s", "read op p99 (ms)", "mean device depth"} <= metrics
+    for r in report["baseline"]["comparison"]:
+        if r["change"] is not None:
+            ratio = r["change"] + 1
+            assert r["change_label"] == change_label(ratio)
+            assert (r["better"] is None) == (r["change"] == 0)
+    assert change_label(1.38) == "+38.0%" and change_label(2.5) == "2.50x"
+    assert change_label(0.25) == "0.25x (-75%)" and change_label(None) == "-"
     out = analyze_cli(str(real_run), "--baseline", str(baseline_run)).stdout
     assert "vs baseline" in out and "storage.handle_cache" in out
 

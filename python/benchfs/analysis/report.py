@@ -20,6 +20,7 @@ from benchfs import __version__
 from benchfs.analysis import Analysis, _num
 from benchfs.analysis import plots as P
 from benchfs.analysis.insights import Insight
+from benchfs.units import format_size
 
 __all__ = [
     "SECTIONS",
@@ -56,13 +57,27 @@ def _flatten(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+RUN_PLACES = frozenset(
+    {"cluster.registry_dir", "telemetry.dir", "run.results_root", "run.scratch_dir"}
+)
+"""Keys that name where a run wrote: they differ between any two runs and say nothing."""
+
+
+def _shown_value(key: str, value: Any) -> Any:
+    """A config value as people read it: sizes (keys ending in _size or _bytes) with units."""
+    if isinstance(value, int) and not isinstance(value, bool) and key.endswith(("_size", "_bytes")):
+        return format_size(value)
+    return value
+
+
 def config_diff(a: Analysis, baseline: Analysis) -> pd.DataFrame:
-    """Keys whose effective values differ between the two runs (config.toml of each)."""
+    """Keys whose effective values differ between the two runs (config.toml of each), sizes
+    with units, without the keys that only say where each run wrote (`RUN_PLACES`)."""
     mine, theirs = _flatten(a.run.config), _flatten(baseline.run.config)
     rows = [
-        {"key": k, "this": mine.get(k), "baseline": theirs.get(k)}
+        {"key": k, "this": _shown_value(k, mine.get(k)), "baseline": _shown_value(k, theirs.get(k))}
         for k in sorted(set(mine) | set(theirs))
-        if mine.get(k) != theirs.get(k)
+        if mine.get(k) != theirs.get(k) and k not in RUN_PLACES
     ]
     return pd.DataFrame(rows, columns=["key", "this", "baseline"])
 
@@ -82,16 +97,37 @@ COMPARED = (
 )
 
 
+def change_label(ratio: float | None) -> str:
+    """this / baseline in words: a signed percentage up to +-100%, an `x` factor beyond."""
+    if ratio is None or not math.isfinite(ratio) or ratio <= 0:
+        return "-"
+    if ratio >= 2.0:
+        return f"{ratio:.2f}x"
+    if ratio <= 0.5:
+        return f"{ratio:.2f}x ({(ratio - 1) * 100:+.0f}%)"
+    return f"{(ratio - 1) * 100:+.1f}%"
+
+
 def compare(a: Analysis, baseline: Analysis) -> pd.DataFrame:
-    """Headline figures side by side: metric, this, baseline, change (this / baseline - 1)."""
+    """Headline figures side by side: metric, this, baseline, change (this / baseline - 1),
+    change_label (the same as a signed percentage or an x factor), better (whether the change
+    is for the better, None when there is none)."""
     s, b = a.summary(), baseline.summary()
     rows = []
-    for key, label, _higher_is_better in COMPARED:
+    for key, label, higher_is_better in COMPARED:
         x, y = s.get(key), b.get(key)
-        change = (
-            x / y - 1 if isinstance(x, int | float) and isinstance(y, int | float) and y else None
+        numbers = isinstance(x, int | float) and isinstance(y, int | float) and y
+        change = x / y - 1 if numbers else None
+        rows.append(
+            {
+                "metric": label,
+                "this": x,
+                "baseline": y,
+                "change": change,
+                "change_label": change_label(None if change is None else change + 1),
+                "better": None if not change else (change > 0) == higher_is_better,
+            }
         )
-        rows.append({"metric": label, "this": x, "baseline": y, "change": change})
     fired = {i.id for i in a.fired}
     fired_b = {i.id for i in baseline.fired}
     rows.append(
@@ -100,9 +136,13 @@ def compare(a: Analysis, baseline: Analysis) -> pd.DataFrame:
             "this": " ".join(sorted(fired)) or "-",
             "baseline": " ".join(sorted(fired_b)) or "-",
             "change": None,
+            "change_label": "-",
+            "better": None,
         }
     )
-    return pd.DataFrame(rows, columns=["metric", "this", "baseline", "change"])
+    return pd.DataFrame(
+        rows, columns=["metric", "this", "baseline", "change", "change_label", "better"]
+    )
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -249,7 +289,7 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
             _rich_table(
                 f"vs baseline {baseline.run.name}",
                 compare(a, baseline),
-                ["metric", "this", "baseline", "change"],
+                ["metric", "this", "baseline", "change_label"],
             )
         )
         diff = config_diff(a, baseline)
@@ -263,8 +303,9 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
 # HTML
 
 CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1100px;
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1400px;
 color:#222;padding:0 1em}
+.wide{overflow-x:auto;max-width:100%}td,th{white-space:nowrap}
 h1{font-size:1.6em}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
@@ -288,7 +329,8 @@ def _table_html(frame: pd.DataFrame, name: str) -> str:
                     "-" if not math.isfinite(v) else f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
                 )
             )
-    return shown.to_html(index=False, border=0, classes=f"table-{name}", escape=True)
+    table = shown.to_html(index=False, border=0, classes=f"table-{name}", escape=True)
+    return f'<div class="wide">{table}</div>'
 
 
 def _img(fig: Any, alt: str) -> str:
@@ -365,6 +407,7 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
     if baseline is not None:
         parts["comparison"] = (
             f"<p>Baseline: {html.escape(str(baseline.run.path))}</p>"
+            + _img(P.comparison_figure(compare(a, baseline)), "change against the baseline")
             + _table_html(compare(a, baseline), "comparison")
             + "<h3>Configuration differences</h3>"
             + _table_html(config_diff(a, baseline), "config_diff")
