@@ -419,3 +419,21 @@ def test_teardown_stops_every_started_stage_in_reverse_and_keeps_the_first_error
     assert pipeline.started == []
     error = pipeline.report.error
     assert error is not None and error.message.startswith("stopping mount: RuntimeError")
+
+
+def test_a_run_gets_about_20_telemetry_samples_unless_the_interval_was_set() -> None:
+    """The default interval (1 s) is replaced by one giving ~20 snapshots over the expected
+    length (bytes at 1 GiB/s), 100 ms to 1 s; 250 ms when the length cannot be told; a set
+    interval is kept."""
+    from benchfs.config import load_config
+    from benchfs.pipeline.run import telemetry_interval_ms
+
+    def interval(spec: RunSpec, *sets: str) -> int | None:
+        return telemetry_interval_ms(load_config(None, list(sets), environment=False), spec)
+
+    assert interval(RunSpec()) == 100  # 2 x 2 x 64 MiB: a fraction of a second
+    assert interval(RunSpec(), "run.file_size=1G", "run.clients=4") == 400  # 8 GiB: 8 s
+    assert interval(RunSpec(), "run.file_size=64G") == 1000
+    assert interval(RunSpec(workload="ior", workload_args="-t 1m -b 1g")) == 250
+    assert interval(RunSpec(workload="mdtest")) == 250
+    assert interval(RunSpec(), "telemetry.interval_ms=500") is None

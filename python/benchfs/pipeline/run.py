@@ -74,6 +74,31 @@ def _signals_as_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+DEFAULT_INTERVAL_MS = 1000
+"""telemetry.interval_ms's built-in default: a run that keeps it gets one chosen for it."""
+TELEMETRY_SAMPLES = 20
+ASSUMED_MIB_S = 1024.0
+"""The rate a run's expected length is estimated at (a guess, on the fast side: a slower run
+only gets more samples)."""
+
+
+def telemetry_interval_ms(config: dict[str, Any], spec: RunSpec) -> int | None:
+    """The telemetry interval that gives a run about TELEMETRY_SAMPLES snapshots, from 100 ms
+    to 1 s, when the configuration keeps the default (None otherwise): the expected length of
+    the default workload (and of the built-in IOR without arguments) is its bytes at
+    ASSUMED_MIB_S; for any other workload, whose length cannot be told, 250 ms."""
+    if config["telemetry"]["interval_ms"] != DEFAULT_INTERVAL_MS:
+        return None
+    run = config["run"]
+    if spec.workload == "rw" or (spec.workload == "ior" and spec.workload_args is None):
+        moved = 2 * run["clients"] * run["file_size"] * run["repetitions"]
+        seconds = moved / (ASSUMED_MIB_S * (1 << 20))
+        ms = seconds * 1000 / TELEMETRY_SAMPLES
+    else:
+        ms = 250
+    return int(min(max(round(ms / 50) * 50, 100), DEFAULT_INTERVAL_MS))
+
+
 @contextlib.contextmanager
 def _signals_ignored() -> Iterator[None]:
     """Let teardown finish (it is bounded by grace periods) even if the user presses Ctrl-C."""
@@ -181,6 +206,12 @@ class Pipeline:
             # The one resolution of the run (file, BENCHFS_*, --set and flags); what the run
             # learns later is added to it with nothing else (with_overrides).
             resolved = resolve_config_text(spec.config, overrides)
+            interval = telemetry_interval_ms(parse_config(resolved), spec)
+            if interval is not None:
+                # Below every setting of the user's: a file, BENCHFS_* or --set still wins.
+                resolved = resolve_config_text(
+                    spec.config, [f"telemetry.interval_ms={interval}", *overrides]
+                )
         except (ValueError, FileNotFoundError) as e:
             raise RunError("EINVAL", f"configuration: {e}", EXIT_USAGE) from e
         run = parse_config(resolved)["run"]
