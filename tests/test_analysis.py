@@ -612,3 +612,20 @@ def test_thresholds_come_from_the_one_config() -> None:
     with pytest.raises(AttributeError, match="no key 'slow_op_msec'"):
         _ = th.slow_op_msec
     assert th.replace(slow_op_ms=1.0).slow_op_ms == 1.0 and th.slow_op_ms != 1.0
+
+
+def test_bandwidth_over_time_adds_up_to_the_bytes_moved(tmp_path: Path) -> None:
+    """Per node and in total, MiB/s per interval from the servers' byte counters: integrated
+    over the intervals, exactly the bytes the servers wrote and read."""
+    run = A.load_run(make_run(tmp_path, cluster(), snapshots=4))
+    b = A.bandwidth(run, interval_s=1.0)
+    assert set(b["node"]) == {"node-0", "node-1", "node-2", "node-3", "all"}
+    place = A.placement(run)
+    for op in ("write", "read"):
+        total = b[b["node"] == "all"][f"{op}_mib_s"].sum() * MIB
+        assert total == pytest.approx(place[f"{op}_bytes"].sum())
+        per_node = b[b["node"] != "all"].groupby("t_s")[f"{op}_mib_s"].sum()
+        assert per_node.to_numpy() == pytest.approx(
+            b[b["node"] == "all"].set_index("t_s")[f"{op}_mib_s"].reindex(per_node.index)
+        )
+    assert len(b[b["node"] == "all"]) >= 3  # one row per interval with traffic

@@ -36,6 +36,7 @@ from benchfs.analysis.run import (
 from benchfs.analysis.tables import (
     DEPTH_RANGES,
     OP_TIME_RANGES,
+    bandwidth,
     bimodal,
     io_depth,
     iostat_devices,
@@ -64,6 +65,7 @@ __all__ = [
     "Tables",
     "Thresholds",
     "analyze",
+    "bandwidth",
     "bimodal",
     "compute_tables",
     "evaluate",
@@ -103,6 +105,7 @@ def compute_tables(
         device_time=op_time_distribution(run, thresholds.bimodal_mode_share, "device_ns"),
         per_node=per_node(run, thresholds.slow_op_ms),
         timeseries=ts,
+        bandwidth=bandwidth(run, interval_s),
         slow_nodes=slow_nodes(run, judgment),
         placement=place,
         placement_summary=placement_summary(place),

@@ -32,6 +32,7 @@ class Tables:
     device_time: pd.DataFrame
     per_node: pd.DataFrame
     timeseries: pd.DataFrame
+    bandwidth: pd.DataFrame
     slow_nodes: pd.DataFrame
     placement: pd.DataFrame
     placement_summary: dict[str, Any]
@@ -47,6 +48,7 @@ class Tables:
             "device_time_distribution": self.device_time,
             "per_node": self.per_node,
             "timeseries": self.timeseries,
+            "bandwidth": self.bandwidth,
             "slow_nodes": self.slow_nodes,
             "placement": self.placement,
             "rpc_by_target": self.rpc_by_target,

@@ -20,6 +20,7 @@ from benchfs.analysis.tables import DEPTH_RANGES, OP_TIME_RANGES
 
 __all__ = [
     "ReportFigure",
+    "bandwidth_figure",
     "comparison_figure",
     "io_depth_figure",
     "iostat_figure",
@@ -233,4 +234,28 @@ def comparison_figure(comparison: pd.DataFrame) -> Figure | None:
     ax.minorticks_off()
     ax.set_xlabel("this run / baseline (log scale; 1 = the same)")
     ax.set_title("change against the baseline (green: better, red: worse)")
+    return fig
+
+
+def bandwidth_figure(tables: Tables) -> Figure | None:
+    """Write and read bandwidth over time: one line per node and the total (thick)."""
+    b = tables.bandwidth
+    if b.empty:
+        return None
+    fig = ReportFigure(figsize=(WIDTH, 4.6))
+    axs = fig.subplots(2, 1, sharex=True)
+    nodes = [n for n in b["node"].unique() if n != "all"]
+    for ax, op in zip(axs, ("write", "read"), strict=True):
+        for node in nodes:
+            g = b[b["node"] == node]
+            ax.plot(g["t_s"], g[f"{op}_mib_s"], marker=".", linewidth=1, label=str(node))
+        total = b[b["node"] == "all"]
+        ax.plot(total["t_s"], total[f"{op}_mib_s"], color="black", linewidth=2.2, label="total")
+        ax.set_ylabel(f"{op} MiB/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    if len(nodes) <= 16:
+        axs[0].legend(fontsize=7, ncol=min(len(nodes) + 1, 6))
+    axs[0].set_title("bandwidth over time, per node and in total (servers' byte counters)")
+    axs[1].set_xlabel("seconds since the run started")
     return fig

@@ -381,7 +381,8 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
         t.per_node, "per_node"
     )
     parts["timeseries"] = (
-        _img(P.timeseries_figure(t), "per-node time series")
+        _img(P.bandwidth_figure(t), "bandwidth over time")
+        + _img(P.timeseries_figure(t), "per-node time series")
         + "<h3>Which nodes slowed the run</h3>"
         + _table_html(t.slow_nodes, "slow_nodes")
     )

@@ -30,6 +30,7 @@ __all__ = [
     "DATA_OPS",
     "DEPTH_RANGES",
     "OP_TIME_RANGES",
+    "bandwidth",
     "bimodal",
     "io_depth",
     "iostat_devices",
@@ -48,6 +49,7 @@ __all__ = [
 DATA_OPS = ("write", "read")
 INF = math.inf
 MS = 1e6
+MIB = 1 << 20
 OP_TIME_RANGES: tuple[tuple[str, float, float], ...] = (
     ("0-100us", 0, 100e3),
     ("100-500us", 100e3, 500e3),
@@ -504,6 +506,41 @@ def _t0(run: LoadedRun) -> pd.Timestamp | None:
         first = run.trace["t"].min()
         start = first if start is None else min(start, first)
     return start
+
+
+BANDWIDTH_COLUMNS = ["node", "t_s", "write_mib_s", "read_mib_s"]
+
+
+def bandwidth(run: LoadedRun, interval_s: float | None = None) -> pd.DataFrame:
+    """Per node and interval, and in total (node "all"): MiB/s written and read, from the
+    servers' byte counters (each snapshot's bytes since the writer's previous one, put in the
+    interval it was taken in). `t_s` is the interval's start since the run started."""
+    t0 = _t0(run)
+    if run.telemetry is None or t0 is None:
+        return pd.DataFrame(columns=BANDWIDTH_COLUMNS)
+    step = _interval_s(run, interval_s)
+    r = run.telemetry.rates()
+    r = r[(r["metric"] == "bytes") & r["op"].isin(DATA_OPS)]
+    if r.empty:
+        return pd.DataFrame(columns=BANDWIDTH_COLUMNS)
+    rel = (pd.DatetimeIndex(r["t"]).asi8 - t0.value) / 1e9
+    frame = pd.DataFrame(
+        {
+            "node": r["node"].astype(str).to_numpy(),
+            "t_s": np.floor(np.clip(rel, 0, None) / step) * step,
+            "op": r["op"].astype(str).to_numpy(),
+            "mib_s": r["delta"].to_numpy() / MIB / step,
+        }
+    )
+    per_node = frame.pivot_table(
+        index=["node", "t_s"], columns="op", values="mib_s", aggfunc="sum", fill_value=0.0
+    )
+    total = per_node.groupby(level="t_s").sum()
+    total.index = pd.MultiIndex.from_product([["all"], total.index], names=["node", "t_s"])
+    out = pd.concat([per_node, total]).reset_index()
+    for op in DATA_OPS:
+        out[f"{op}_mib_s"] = out[op] if op in out else 0.0
+    return out[BANDWIDTH_COLUMNS].sort_values(["node", "t_s"], ignore_index=True)
 
 
 def timeseries(
