@@ -412,3 +412,33 @@ def test_repetitions_give_the_spread_of_every_figure(tmp_path: Path) -> None:
         cwd=tmp_path,
     )  # fmt: skip
     assert ior.returncode == 2 and "give -i 2 among the ior arguments" in ior.stderr
+
+
+def test_progress_gives_the_share_done_and_the_time_left_when_the_total_is_known() -> None:
+    """With the expected bytes known (the default workload), the lines say how much of the
+    total moved, the share done and the time left at the pace so far; the live panel too."""
+    import time
+
+    from rich.console import Console
+
+    from benchfs.cli.progress import LiveProgress, PlainProgress
+
+    out = Console(record=True, width=300)
+    p = PlainProgress(out)
+    p.phase("workload")
+    p.expect(1 << 30, 1 << 30)
+    p.moved(0, 0)
+    time.sleep(0.2)
+    p.moved(512 << 20, 0)
+    text = out.export_text()
+    assert "written 512MiB of 1GiB, read 0B of 1GiB (25% done, about " in text, text
+    eta = float(re.search(r"about (\d+) s left", text).group(1))  # type: ignore[union-attr]
+    assert eta <= 5  # 25% in ~0.2 s: about 0.6 s left
+    live = LiveProgress(Console(record=True, width=200, force_terminal=True))
+    live.expect(4 << 20, 4 << 20)
+    live.moved(2 << 20, 0)
+    rendered = Console(record=True, width=200)
+    rendered.print(live._render())
+    live.close()
+    panel = rendered.export_text()
+    assert "2MiB of 4MiB" in panel and "25% done" in panel

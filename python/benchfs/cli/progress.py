@@ -21,7 +21,8 @@ PLAIN_EVERY_S = 10.0
 
 
 class _Rates:
-    """Bytes moved so far and the bandwidth since the previous sample."""
+    """Bytes moved so far, the bandwidth since the previous sample, and, when the totals are
+    known, the share done and the time left."""
 
     def __init__(self) -> None:
         self.written = 0
@@ -31,6 +32,36 @@ class _Rates:
         self._last: tuple[float, int, int] | None = None
         self.window_s = 0.0
         """Seconds the bandwidths were measured over (since the previous sample)."""
+        self.expected: tuple[int, int] | None = None
+        self._began: float | None = None
+
+    def expect(self, written: int, read: int) -> None:
+        self.expected = (written, read)
+        self._began = time.monotonic()
+
+    def done(self) -> float | None:
+        """The share of the expected bytes moved (0 to 1), or None when not known."""
+        if not self.expected or sum(self.expected) == 0:
+            return None
+        return min(1.0, (self.written + self.read) / sum(self.expected))
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the pace so far (None until something moved)."""
+        done = self.done()
+        if done is None or done <= 0 or self._began is None:
+            return None
+        return (time.monotonic() - self._began) * (1 - done) / done
+
+    def of(self, moved: int, index: int) -> str:
+        """`moved` as people read it, with the total when known: "529MiB of 1GiB"."""
+        total = f" of {format_size(self.expected[index])}" if self.expected else ""
+        return format_size(moved) + total
+
+    def share(self) -> str:
+        done, eta = self.done(), self.eta_s()
+        if done is None:
+            return ""
+        return f"{done:.0%} done" + ("" if eta is None else f", about {eta:.0f} s left")
 
     def update(self, written: int, read: int) -> None:
         now = time.monotonic()
@@ -78,11 +109,15 @@ class PlainProgress(ProgressSink):
             self._next_line = now + PLAIN_EVERY_S
             r = self.rates
             # The current bandwidth, named as such: the summary's is each phase's average.
+            share = f" ({r.share()})" if r.share() else ""
             self._line(
-                f"{self.current}: written {format_size(r.written)}, read {format_size(r.read)}; "
+                f"{self.current}: written {r.of(r.written, 0)}, read {r.of(r.read, 1)}{share}; "
                 f"now {r.write_mib_s:.0f} MiB/s writing, {r.read_mib_s:.0f} MiB/s reading "
                 f"(last {r.window_s:.1f} s)"
             )
+
+    def expect(self, written: int, read: int) -> None:
+        self.rates.expect(written, read)
 
     def totals(self, written: int, read: int) -> None:
         self.rates.written, self.rates.read = written, read
@@ -119,10 +154,12 @@ class LiveProgress(ProgressSink):
         )
         table.add_row(
             Text("written", style="bold"),
-            Text(f"{format_size(r.written)}  {r.write_mib_s:8.1f} MiB/s"),
+            Text(f"{r.of(r.written, 0)}  {r.write_mib_s:8.1f} MiB/s"),
             Text("read", style="bold"),
-            Text(f"{format_size(r.read)}  {r.read_mib_s:8.1f} MiB/s"),
+            Text(f"{r.of(r.read, 1)}  {r.read_mib_s:8.1f} MiB/s"),
         )
+        if r.share():
+            table.add_row(Text("progress", style="bold"), Text(r.share()), Text(""), Text(""))
         return Group(table)
 
     def phase(self, name: str) -> None:
@@ -133,6 +170,9 @@ class LiveProgress(ProgressSink):
 
     def moved(self, written: int, read: int) -> None:
         self.rates.update(written, read)
+
+    def expect(self, written: int, read: int) -> None:
+        self.rates.expect(written, read)
 
     def totals(self, written: int, read: int) -> None:
         self.rates.written, self.rates.read = written, read

@@ -138,6 +138,11 @@ class ProgressSink:
 
     def moved(self, written: int, read: int) -> None: ...
 
+    def expect(self, written: int, read: int) -> None:
+        """The bytes the workload will write and read in all, when that is known before it
+        starts (the default workload, the built-in IOR without arguments): a display can give
+        the share done and the time left."""
+
     def totals(self, written: int, read: int) -> None:
         """The workload's own byte counts once it ended (the servers' telemetry, behind
         `moved`, lags by up to a snapshot)."""

@@ -159,6 +159,9 @@ class Workload:
         self.report.workload_line = what
         ctx.progress.phase("workload")
         ctx.progress.message(f"running {len(roles.clients)} clients: {what}")
+        expected = self.expected_bytes()
+        if expected is not None:
+            ctx.progress.expect(expected, expected)
         self.started = time.monotonic()
         io500_args = self.io500_args()
         if io500_args is not None and io500_args.ior_prefix is not None:
@@ -196,6 +199,16 @@ class Workload:
             raise RunError("EIO", f"workload wrote no summary ({run_dir.workload_summary})")
         if ctx.spec.workload == "rw" and not summary.get("verified"):
             raise RunError("EIO", "workload finished but did not verify every byte")
+
+    def expected_bytes(self) -> int | None:
+        """Bytes the workload will write (and read back) in all, when its options say so: the
+        default workload and the built-in IOR without arguments move run.file_size per client,
+        run.repetitions times; None for any other."""
+        spec, run = self.ctx.spec, self.config["run"]
+        if spec.workload == "rw" or (spec.workload == "ior" and spec.workload_args is None):
+            assert self.ctx.roles is not None
+            return len(self.ctx.roles.clients) * run["file_size"] * run["repetitions"]
+        return None
 
     def io500_args(self) -> argparse.Namespace | None:
         """An io500 run's options (checked before anything started); with --ior-prefix its
