@@ -4,6 +4,8 @@ with nbclient, and `benchfs-bench analysis --quick`."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import nbformat
 import pytest
 from click.testing import CliRunner
 from nbclient import NotebookClient
+from PIL import Image
 
 from benchfs import analysis as A
 from benchfs import schemas
@@ -346,8 +349,20 @@ def test_notebooks_run_against_the_real_run(real_run: Path, tmp_path: Path) -> N
             ), f"{path.name}: logic in a cell: {cell.source}"
             assert not any(o.get("output_type") == "error" for o in cell.outputs), path.name
         outputs = json.dumps([c.outputs for c in code])
-        assert "image/png" in outputs, f"{path.name} shows no figure"
         assert "local-0" in outputs or real_run.name in outputs, path.name
+        for cell in code:
+            if "plots." in cell.source and "figure(" in cell.source:
+                # Every figure cell draws a figure, and not a blank one.
+                pngs = [
+                    o["data"]["image/png"] for o in cell.outputs if "image/png" in o.get("data", {})
+                ]
+                assert pngs, f"{path.name}: {cell.source} shows no figure"
+                image = Image.open(io.BytesIO(base64.b64decode(pngs[0]))).convert("L")
+                colors = image.getcolors(maxcolors=1 << 16) or []
+                assert len(colors) > 8, f"{path.name}: {cell.source} is blank"
+            if "insights_table(" in cell.source:
+                html = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
+                assert "<table" in html and "BFS-" in html, f"{path.name}: no insights table"
 
 
 def test_bench_analysis_quick_json(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,18 @@ __all__ = [
     "slow_nodes",
     "summary",
     "timeseries",
+]
+
+
+INSIGHT_COLUMNS = [
+    "id",
+    "title",
+    "severity",
+    "fired",
+    "evaluated",
+    "evidence",
+    "reason",
+    "recommendation",
 ]
 
 
@@ -189,6 +202,28 @@ class Analysis:
     def summary(self) -> dict[str, Any]:
         return summary(self.run, self.tables)
 
+    def insights_table(self, ids: Iterable[str] | None = None) -> pd.DataFrame:
+        """The insights (those of `ids`, or all) as one table: id, title, severity, fired,
+        evaluated, evidence (one string), reason (why not evaluated), recommendation; the
+        fired first. What insights.csv holds, and what a notebook shows."""
+        wanted = None if ids is None else set(ids)
+        rows = [
+            {
+                "id": i.id,
+                "title": i.title,
+                "severity": i.severity,
+                "fired": i.fired,
+                "evaluated": i.evaluated,
+                "evidence": " | ".join(i.evidence),
+                "reason": i.reason,
+                "recommendation": i.recommendation,
+            }
+            for i in self.insights
+            if wanted is None or i.id in wanted
+        ]
+        frame = pd.DataFrame(rows, columns=INSIGHT_COLUMNS)
+        return frame.sort_values(["fired", "id"], ascending=[False, True], ignore_index=True)
+
     def write_csv(self, directory: str | os.PathLike[str]) -> list[Path]:
         """Every table as `<directory>/<name>.csv` (created if needed); returns the paths."""
         d = Path(directory)
@@ -199,19 +234,9 @@ class Analysis:
             frame.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
             paths.append(path)
         path = d / "insights.csv"
-        pd.DataFrame(
-            [
-                {
-                    "id": i.id,
-                    "title": i.title,
-                    "fired": i.fired,
-                    "evaluated": i.evaluated,
-                    "evidence": " | ".join(i.evidence),
-                    "reason": i.reason,
-                }
-                for i in self.insights
-            ]
-        ).to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
+        self.insights_table().sort_values("id").to_csv(
+            path, index=False, float_format=CSV_FLOAT_FORMAT
+        )
         paths.append(path)
         return paths
 
