@@ -390,3 +390,38 @@ def test_bench_analysis_quick_json(tmp_path: Path) -> None:
     assert report["overhead"]["raw"]["off"]["trace_records"] == 0
     assert list(tmp_path.iterdir()) == []  # scratch removed
     assert time.monotonic() - started < 120
+
+
+def _laid_out(html_path: Path, profile: Path, width: int, height: int) -> dict[str, str]:
+    """The report opened at width x height in headless Chromium: cells whose content is cut,
+    and tables or images that leave the window without a scrolling box
+    (tests/data/clipped_cells.html)."""
+    probe = html_path.with_name(html_path.stem + "-probe.html")
+    check = (REPO / "tests" / "data" / "clipped_cells.html").read_text()
+    probe.write_text(html_path.read_text().replace("</body>", check + "</body>"))
+    dom = _headless(probe.as_uri(), profile, f"--window-size={width},{height}", "--dump-dom")
+    return dict(re.findall(r'data-(clipped|clipped-text|offscreen)="([^"]*)"', dom.stdout))
+
+
+@pytest.mark.timeout(300)
+def test_a_5_s_run_reads_on_a_laptop_screen(baseline_run: Path, tmp_path: Path) -> None:
+    """A run of about 5 s, with the telemetry interval the pipeline picks: at least 10 points
+    per node in each time series (op time and bandwidth), and its report (with a baseline) at
+    1366x768 has no cut cell and nothing running off the window."""
+    argv = [*benchfs_run_command(), "launch", "--file-size", "1G", "--results-root",
+            str(tmp_path / "res"), "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=_clean_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = Path(json.loads(done.stdout)["results_dir"])
+    a = A.analyze(run)
+    summary = a.summary()
+    assert summary["duration_s"] >= 2.0, summary  # a few seconds even on a fast machine
+    for name, table in (("timeseries", a.tables.timeseries), ("bandwidth", a.tables.bandwidth)):
+        busy = table if name == "timeseries" else table[table["node"] != "all"]
+        points = busy.groupby("node").size()
+        assert len(points) == 2 and (points >= 10).all(), (name, points.to_dict())
+    html_path = tmp_path / "report.html"
+    analyze_cli(str(run), "--html", str(html_path), "--baseline", str(baseline_run))
+    seen = _laid_out(html_path, tmp_path / "profile", 1366, 768)
+    assert seen.get("clipped") == "0", seen
+    assert seen.get("offscreen") == "0", seen

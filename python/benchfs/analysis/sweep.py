@@ -110,9 +110,11 @@ def sweep_figures(s: Sweep) -> list[tuple[str, Figure]]:
     out = []
     for axis in s.varied:
         others = [a for a in s.varied if a != axis]
-        xs = sorted({_key(p["values"].get(axis)): p["values"].get(axis) for p in s.points}.values(),
-                    key=_order)  # fmt: skip
+        # Numbers in increasing order; anything else in the parameter file's order.
+        xs = list({_key(p["values"].get(axis)): p["values"].get(axis) for p in s.points}.values())
         numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
+        if numeric:
+            xs.sort()
         figs = s.figures or []
         if not figs:
             continue
@@ -128,7 +130,7 @@ def sweep_figures(s: Sweep) -> list[tuple[str, Figure]]:
                 std = stats["std"] if stats["std"] is not None else 0.0
                 series.setdefault(label, []).append((p["values"].get(axis), stats["mean"], std))
             for label, pts in series.items():
-                pts.sort(key=lambda t: _order(t[0]))
+                pts.sort(key=lambda t: xs.index(t[0]))
                 x = [v for v, _, _ in pts] if numeric else [xs.index(v) for v, _, _ in pts]
                 ax.errorbar(x, [m for _, m, _ in pts], yerr=[e for _, _, e in pts], marker="o",
                             capsize=4, label=label)  # fmt: skip
@@ -145,12 +147,6 @@ def sweep_figures(s: Sweep) -> list[tuple[str, Figure]]:
         fig.suptitle(f"against {axis} (mean of the repetitions, +-1 standard deviation)")
         out.append((axis, fig))
     return out
-
-
-def _order(value: Any) -> tuple[int, Any]:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return (0, value)
-    return (1, str(value))
 
 
 def _cell(axis: str, value: Any) -> str:
