@@ -366,8 +366,10 @@ def test_live_panel_on_a_real_terminal(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) == 0
     final = "\n".join(line.rstrip() for line in screen.display)
     assert any(re.search(r"^phase\s+workload\s", p, re.M) for p in panels), panels[-1:]
-    moving = r"^written\s+\d+(\.\d+)?[KMG]iB\s+\d+\.\d MiB/s"
-    assert any(re.search(moving, p, re.M) for p in panels)
+    # 2 clients x 128 MiB: the bytes so far of the known total, and the share done.
+    moving = r"^written\s+\d+(\.\d+)?[KMG]iB of 256MiB\s+\d+\.\d MiB/s"
+    assert any(re.search(moving, p, re.M) for p in panels), panels[-1:]
+    assert any(re.search(r"^progress\s+\d+% done", p, re.M) for p in panels), panels[-1:]
     # The panel is transient: the final screen holds the messages and the summary only.
     assert not re.search(r"^phase\s+\w+\s+elapsed", final, re.M), final
     # Its last frame shows the workload's own totals, not the servers' lagging telemetry.
