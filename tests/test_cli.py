@@ -401,6 +401,11 @@ def test_repetitions_give_the_spread_of_every_figure(tmp_path: Path) -> None:
     manifest = read_json(Path(data["results_dir"]) / "manifest.json")
     assert manifest["workload"]["spread"] == data["spread"]
     assert manifest["workload"]["repetitions"] == 3
+    from benchfs.analysis import analyze
+
+    summary = analyze(data["results_dir"]).summary()  # benchfs-analyze's summary too
+    assert summary["iterations"] == 3
+    assert summary["write_mib_s_std"] == pytest.approx(data["spread"]["write_mib_s"]["std"])
     table = run_cli(
         ["launch", "--repetitions", "2", "--file-size", "1M", "--no-analysis", "--results-root",
          str(tmp_path / "res")],

@@ -155,6 +155,10 @@ def summary(run: LoadedRun, tables: Tables) -> dict[str, Any]:
         "servers": len(run.servers()),
         "clients": w.get("ranks"),
         "write_mib_s": w.get("write_mib_s"),
+        # Several iterations: their count and spread (the workload's summary, docs/workloads.md).
+        "iterations": ((w.get("spread") or {}).get("write_mib_s") or {}).get("n"),
+        "write_mib_s_std": ((w.get("spread") or {}).get("write_mib_s") or {}).get("std"),
+        "read_mib_s_std": ((w.get("spread") or {}).get("read_mib_s") or {}).get("std"),
         "read_mib_s": w.get("read_mib_s"),
         "verified": w.get("verified"),
         "client_telemetry": run.has_clients,

@@ -202,6 +202,11 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _spread(s: dict[str, Any], op: str) -> str:
+    std = s.get(f"{op}_mib_s_std")
+    return "" if std is None else f" ± {_fmt(std, 1)}"
+
+
 def _rich_table(title: str, frame: pd.DataFrame, columns: list[str], digits: int = 2) -> Table:
     t = Table(
         title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
@@ -225,8 +230,9 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
         ("cluster", f"{s['servers']} servers, {s.get('clients') or '?'} clients"),
         (
             "bandwidth",
-            f"write {_fmt(s.get('write_mib_s'), 1)} MiB/s, "
-            f"read {_fmt(s.get('read_mib_s'), 1)} MiB/s",
+            f"write {_fmt(s.get('write_mib_s'), 1)}{_spread(s, 'write')} MiB/s, "
+            f"read {_fmt(s.get('read_mib_s'), 1)}{_spread(s, 'read')} MiB/s"
+            + (f" (mean of {s['iterations']} iterations)" if s.get("iterations") else ""),
         ),
         (
             "op time",
