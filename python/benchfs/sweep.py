@@ -32,7 +32,7 @@ from benchfs.errors import BenchfsError, InputError
 from benchfs.pipeline.spec import WORKLOADS
 from benchfs.results import csv_cell, write_json_atomic
 from benchfs.spread import spread
-from benchfs.units import format_size
+from benchfs.units import format_size, shown_value
 
 __all__ = [
     "INDEX_COLUMNS",
@@ -54,15 +54,17 @@ POINTS_NAME = "points.csv"
 INDEX_SCHEMA_VERSION = 3
 """Version of index.json's layout (benchfs/schemas/sweep-index.schema.json)."""
 PARAMS_COPY = "params.toml"
-RUN_AXES = {
-    "workload": 'a workload, with its arguments: "rw", "ior -t 1m -b 16m", "mdtest -n 100"',
-    "workload_args": "the arguments of the ior, mdtest or io500 workload",
-    "command": 'the command of workload "command"',
-    "server_nodes": "nodes that run servers",
-    "servers_per_node": "servers on each server node",
-    "clients_per_node": "client processes on each client node",
-}
-"""Axes that are not configuration keys: what the run is asked to do."""
+RUN_AXES = (
+    "workload",
+    "workload_args",
+    "command",
+    "server_nodes",
+    "servers_per_node",
+    "clients_per_node",
+)
+"""Axes that are not configuration keys but what the run is asked to do: a workload with its
+arguments ("ior -t 1m -b 16m"), the arguments alone, the command of workload "command", and
+the placement on a nodes file's nodes (docs/submit.md)."""
 OLD_KEYS = {
     "chunk_size": "layout.chunk_size",
     "transfer_size": "run.transfer_size",
@@ -433,10 +435,7 @@ def _describe(values: Mapping[str, Any]) -> str:
 
 
 def _show(key: str, value: Any) -> str:
-    """A value as people read it: sizes of size keys with units."""
-    if isinstance(value, int) and not isinstance(value, bool) and key.endswith("_size"):
-        return format_size(value)
-    return str(value)
+    return str(shown_value(key, value))
 
 
 def run_sweep(

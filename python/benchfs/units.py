@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from benchfs import _core
 
-__all__ = ["GIB", "KIB", "MIB", "format_size", "human_size", "parse_size"]
+__all__ = ["GIB", "KIB", "MIB", "format_size", "human_size", "parse_size", "shown_value"]
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -30,6 +30,14 @@ def format_size(value: int) -> str:
         if value and value % (1 << (10 * power)) == 0:
             return f"{value >> (10 * power)}{suffix}"
     return f"{value}B"
+
+
+def shown_value(key: str, value: object) -> object:
+    """A configuration value as people read it: the bytes of a size key (`..._size`,
+    `..._bytes`) with their unit, any other value as it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and key.endswith(("_size", "_bytes")):
+        return format_size(value)
+    return value
 
 
 def human_size(value: float) -> str:

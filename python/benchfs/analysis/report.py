@@ -20,7 +20,7 @@ from benchfs import __version__
 from benchfs.analysis import Analysis, _num
 from benchfs.analysis import plots as P
 from benchfs.analysis.insights import Insight
-from benchfs.units import format_size
+from benchfs.units import shown_value
 
 __all__ = [
     "SECTIONS",
@@ -63,19 +63,12 @@ RUN_PLACES = frozenset(
 """Keys that name where a run wrote: they differ between any two runs and say nothing."""
 
 
-def _shown_value(key: str, value: Any) -> Any:
-    """A config value as people read it: sizes (keys ending in _size or _bytes) with units."""
-    if isinstance(value, int) and not isinstance(value, bool) and key.endswith(("_size", "_bytes")):
-        return format_size(value)
-    return value
-
-
 def config_diff(a: Analysis, baseline: Analysis) -> pd.DataFrame:
     """Keys whose effective values differ between the two runs (config.toml of each), sizes
     with units, without the keys that only say where each run wrote (`RUN_PLACES`)."""
     mine, theirs = _flatten(a.run.config), _flatten(baseline.run.config)
     rows = [
-        {"key": k, "this": _shown_value(k, mine.get(k)), "baseline": _shown_value(k, theirs.get(k))}
+        {"key": k, "this": shown_value(k, mine.get(k)), "baseline": shown_value(k, theirs.get(k))}
         for k in sorted(set(mine) | set(theirs))
         if mine.get(k) != theirs.get(k) and k not in RUN_PLACES
     ]

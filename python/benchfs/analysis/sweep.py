@@ -24,7 +24,7 @@ from rich.table import Table
 from benchfs import schemas
 from benchfs.analysis.plots import WIDTH, ReportFigure, to_data_uri
 from benchfs.results import read_json
-from benchfs.units import format_size
+from benchfs.units import shown_value
 
 __all__ = [
     "Sweep",
@@ -99,9 +99,7 @@ def load_sweep(path: Path) -> Sweep:
 
 def show(axis: str, value: Any) -> str:
     """An axis value as people read it (sizes of size keys with units)."""
-    if isinstance(value, int) and not isinstance(value, bool) and axis.endswith("_size"):
-        return format_size(value)
-    return "-" if value is None else str(value)
+    return "-" if value is None else str(shown_value(axis, value))
 
 
 def sweep_figures(s: Sweep) -> list[tuple[str, Figure]]:
