@@ -1,7 +1,8 @@
 #!/bin/sh
 # The screenshots of the reports kept in docs/images/: a ~5 s run's report (with a baseline) and
 # a sweep's report (a config key x IOR arguments x 3 repetitions), as headless Chromium shows
-# them at 1366 pixels wide. Run from the repository after `make build`:
+# them at 1366 pixels wide, and a stamp of the report code they show (the tests check it). Run
+# from the repository after `make build`:
 #   contrib/report-screenshots.sh [WORK_DIR]
 set -eu
 cd "$(dirname "$0")/.."
@@ -30,4 +31,5 @@ TOML
 sweep=$(ls -d "$work"/sweeps/*-sweep-* | tail -1)
 "$bin/benchfs-analyze" "$sweep" --html "$work/sweep.html" >/dev/null
 shot "$work/sweep.html" docs/images/sweep-report.png 2200
+contrib/screenshots-stamp.py --write
 echo "docs/images/report.png docs/images/sweep-report.png from $work"

@@ -242,3 +242,11 @@ def test_every_example_is_run_or_says_why_not() -> None:
         assert e.code.strip(), e.id
         if e.lang == "c" and "int main" not in e.code:
             assert e.not_run, f"{e.id}: a C fragment must say where its whole program is"
+
+
+def test_the_report_screenshots_show_the_current_report_code() -> None:
+    """docs/images' screenshots were made from the report code as it is now (their stamp
+    names what changed otherwise); contrib/report-screenshots.sh makes them again."""
+    stamp = [sys.executable, str(ROOT / "contrib" / "screenshots-stamp.py"), "--check"]
+    result = subprocess.run(stamp, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -27,6 +27,8 @@ from benchfs.telemetry import TelemetryFollower
 from conftest import alive, benchfs_run_command, interrupt_once_the_workload_runs
 from tel_writer import TelWriter
 
+MIB = 1 << 20
+
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -102,6 +104,35 @@ def test_roles_reject_what_does_not_fit(kwargs: dict[str, int], message: str) ->
 def test_roles_need_nodes() -> None:
     with pytest.raises(ValueError, match="no nodes"):
         plan_roles([], None, None)
+
+
+@pytest.mark.parametrize(
+    ("workload", "args", "expected"),
+    [
+        ("rw", None, (48 * MIB, 48 * MIB)),  # run.file_size x repetitions per client
+        ("ior", None, (48 * MIB, 48 * MIB)),
+        ("ior", "-w -r -t 64k -b 1m -s 4 -i 2", (2 * 8 * MIB, 2 * 8 * MIB)),
+        ("ior", "-w -W -t 64k -b 1m", (2 * MIB, 2 * MIB)),  # a checked write reads back
+        ("ior", "-r -b 2m -t 1m -k", (0, 4 * MIB)),
+        ("ior", "-w -b 2m -t 1m -D 5", None),  # a stonewall may end the phase early
+        ("mdtest", None, None),
+        ("command", "true", None),
+    ],
+)
+def test_the_workloads_total_bytes_are_known_from_its_options(
+    workload: str, args: str | None, expected: tuple[int, int] | None
+) -> None:
+    """The progress's share done and time left rest on these totals (2 client ranks)."""
+    from types import SimpleNamespace
+
+    from benchfs.pipeline.workload import Workload
+
+    roles = SimpleNamespace(clients=["c0", "c1"])
+    spec = SimpleNamespace(workload=workload, workload_args=args)
+    run = {"file_size": 8 * MIB, "transfer_size": MIB, "repetitions": 3 if args is None else 1}
+    ctx = SimpleNamespace(spec=spec, roles=roles)
+    stage = Workload(ctx, {"run": run}, None, None)  # type: ignore[arg-type]
+    assert stage.expected_bytes() == expected
 
 
 def test_exclusions_match_host_short_host_or_node_name() -> None:

@@ -154,12 +154,12 @@ def summary(run: LoadedRun, tables: Tables) -> dict[str, Any]:
         else None,
         "servers": len(run.servers()),
         "clients": w.get("ranks"),
+        # Several iterations: the mean, its spread and their count (docs/workloads.md).
         "write_mib_s": w.get("write_mib_s"),
-        # Several iterations: their count and spread (the workload's summary, docs/workloads.md).
-        "iterations": ((w.get("spread") or {}).get("write_mib_s") or {}).get("n"),
         "write_mib_s_std": ((w.get("spread") or {}).get("write_mib_s") or {}).get("std"),
-        "read_mib_s_std": ((w.get("spread") or {}).get("read_mib_s") or {}).get("std"),
         "read_mib_s": w.get("read_mib_s"),
+        "read_mib_s_std": ((w.get("spread") or {}).get("read_mib_s") or {}).get("std"),
+        "iterations": ((w.get("spread") or {}).get("write_mib_s") or {}).get("n"),
         "verified": w.get("verified"),
         "client_telemetry": run.has_clients,
         "trace_records": 0 if run.trace is None else len(run.trace),

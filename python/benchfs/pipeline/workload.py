@@ -161,7 +161,7 @@ class Workload:
         ctx.progress.message(f"running {len(roles.clients)} clients: {what}")
         expected = self.expected_bytes()
         if expected is not None:
-            ctx.progress.expect(expected, expected)
+            ctx.progress.expect(*expected)
         self.started = time.monotonic()
         io500_args = self.io500_args()
         if io500_args is not None and io500_args.ior_prefix is not None:
@@ -200,14 +200,28 @@ class Workload:
         if ctx.spec.workload == "rw" and not summary.get("verified"):
             raise RunError("EIO", "workload finished but did not verify every byte")
 
-    def expected_bytes(self) -> int | None:
-        """Bytes the workload will write (and read back) in all, when its options say so: the
-        default workload and the built-in IOR without arguments move run.file_size per client,
-        run.repetitions times; None for any other."""
+    def expected_bytes(self) -> tuple[int, int] | None:
+        """Bytes the workload will write and read in all, when its options say so: the default
+        workload and the built-in IOR without arguments move run.file_size per client,
+        run.repetitions times; the built-in IOR with arguments its blocks x segments x
+        iterations per rank (none known under a stonewall); None for any other."""
         spec, run = self.ctx.spec, self.config["run"]
+        assert self.ctx.roles is not None
+        ranks = len(self.ctx.roles.clients)
         if spec.workload == "rw" or (spec.workload == "ior" and spec.workload_args is None):
-            assert self.ctx.roles is not None
-            return len(self.ctx.roles.clients) * run["file_size"] * run["repetitions"]
+            total = ranks * run["file_size"] * run["repetitions"]
+            return total, total
+        if spec.workload == "ior":
+            from benchfs.workloads import ior
+
+            o = ior.parse_options(
+                [*workload_options("ior", spec.workload_args, run), "--registry", "-"]
+            )
+            if o.stonewall_s:  # a stonewall may end a phase early
+                return None
+            phase = ranks * o.block_size * o.segments * o.iterations
+            # A checked write (-W) reads everything back once more.
+            return phase * o.write, phase * (o.read + o.check_write)
         return None
 
     def io500_args(self) -> argparse.Namespace | None:
