@@ -80,6 +80,9 @@ pub struct ClientConfig {
     pub max_retries: u32,
     /// First retry delay; doubles per retry, with full jitter.
     pub retry_backoff_ms: u64,
+    /// Bytes a client keeps in flight ahead of its sequential readers, in all (0: none). A
+    /// handle whose read starts where its previous read ended asks for the chunks after it.
+    pub read_ahead: u64,
 }
 
 impl Default for ClientConfig {
@@ -90,6 +93,7 @@ impl Default for ClientConfig {
             request_timeout_s: 30.0,
             max_retries: 2,
             retry_backoff_ms: 50,
+            read_ahead: 16 << 20,
         }
     }
 }
@@ -275,6 +279,9 @@ impl Config {
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");
         }
+        if self.client.read_ahead > (1 << 30) {
+            return bad("client.read_ahead must be at most 1 GiB");
+        }
         if self.client.max_retries > 10 {
             return bad("client.max_retries must be at most 10");
         }
@@ -364,7 +371,7 @@ pub const EFFECTIVE_HEADER: &str =
      (delete this line to use it as a base)";
 
 /// Keys whose values are byte sizes: integers, or strings such as "4M" ([`parse_size`]).
-pub const SIZE_KEYS: &[&str] = &["layout.chunk_size", "network.rndv_threshold"];
+pub const SIZE_KEYS: &[&str] = &["layout.chunk_size", "network.rndv_threshold", "client.read_ahead"];
 
 /// Sections of the configuration file that the tools own: the file system skips them.
 pub const TOOL_SECTIONS: &[&str] = &["run", "diagnose", "insights"];

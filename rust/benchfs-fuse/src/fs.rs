@@ -316,6 +316,7 @@ impl Worker {
                 inode.pool.clear();
                 inode.epoch += 1;
                 inode.local_end = 0;
+                inode.changes.fetch_add(1, Ordering::AcqRel);
             }
             self.client
                 .truncate(&path, size)
@@ -337,12 +338,13 @@ impl Worker {
     /// client wrote or truncated it): close-to-open for sizes as for bytes.
     fn open(&mut self, ino: u64, flags: i32) -> Res<(u64, FopenFlags)> {
         let path = self.path_of(ino)?;
-        let handle = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
+        let mut handle = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
         let stale = {
             let mut t = self.shared.table();
             let inode = t.get_mut(ino).ok_or(Errno::ENOENT)?;
             inode.opens += 1;
             let stale = handle.attr.size.max(inode.local_end) != inode.told_size.max(inode.local_end);
+            handle.share_changes(&inode.changes);
             inode.pool.push(handle);
             stale
         };
@@ -376,7 +378,7 @@ impl Worker {
         let _no_io = io
             .as_ref()
             .map(|l| l.write().unwrap_or_else(PoisonError::into_inner));
-        let handle = self
+        let mut handle = self
             .client
             .open(&path, how, mode & !umask & 0o7777)
             .map_err(|e| errno("create", e))?;
@@ -388,8 +390,10 @@ impl Worker {
                 inode.pool.clear();
                 inode.epoch += 1;
                 inode.local_end = 0;
+                inode.changes.fetch_add(1, Ordering::AcqRel);
             }
             inode.opens += 1;
+            handle.share_changes(&inode.changes);
             inode.pool.push(handle);
         }
         let fattr = file_attr(ino, &attr, &mut t, self.shared.uid, self.shared.gid);
@@ -413,9 +417,10 @@ impl Worker {
             }
             (inode.path.clone(), inode.epoch)
         };
-        let h = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
+        let mut h = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
         if let Some(inode) = self.shared.table().get(ino) {
             h.learn_size(inode.local_end);
+            h.share_changes(&inode.changes);
         }
         Ok((h, epoch))
     }

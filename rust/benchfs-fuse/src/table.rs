@@ -4,6 +4,7 @@
 //! their last release. Renames move numbers to their new paths.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 
 use benchfs_core::client::FileHandle;
@@ -42,6 +43,9 @@ pub struct Inode {
     pub epoch: u64,
     /// Idle core handles of this file (one per concurrent request at most).
     pub pool: Vec<FileHandle>,
+    /// Changes to the file's bytes through this mount, shared by every core handle of it:
+    /// a worker's client does not use what it read ahead from before another's write.
+    pub changes: Arc<AtomicU64>,
     /// Unlinked while open: `path` is the hidden name, removed at the last release.
     pub unlinked: bool,
     /// Gone from the namespace (removed, or replaced by a rename): no path any more.
@@ -61,6 +65,7 @@ impl Inode {
             io: Arc::default(),
             epoch: 0,
             pool: Vec::new(),
+            changes: Arc::default(),
             unlinked: false,
             detached: false,
         }

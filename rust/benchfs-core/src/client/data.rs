@@ -11,6 +11,7 @@ use crate::namespace::Attr;
 use crate::protocol::{Header, Op};
 use crate::telemetry::OpKind;
 
+use super::readahead::Part;
 use super::{Client, FileHandle};
 
 impl Client {
@@ -22,6 +23,7 @@ impl Client {
             .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
         let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
+        self.forget_read_ahead(attr.id.0);
         let written = self.run(async {
             let ready = Instant::now();
             let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| {
@@ -38,6 +40,7 @@ impl Client {
         })?;
         if !data.is_empty() {
             file.written_end.set(file.written_end.get().max(end));
+            file.changed();
         }
         Ok(written)
     }
@@ -57,20 +60,45 @@ impl Client {
             }
         }
         let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let end = offset + n as u64;
+        let sequential = offset == file.next_read.get();
+        file.next_read.set(end);
         let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
-        let pieces: Vec<_> = split(offset, n as u64, attr.layout.chunk_size).collect();
         self.run(async {
             let ready = Instant::now();
+            let ahead = self.take_read_ahead(file, offset, end);
+            if sequential {
+                // Before this read's own requests: the next chunks' device time overlaps it.
+                self.start_read_ahead(file, end);
+            }
             let mut rest = &mut buf[..n];
-            let mut calls = Vec::with_capacity(pieces.len());
-            for p in &pieces {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
+            let mut calls = Vec::new();
+            for (from, len, part) in self.read_parts(file, offset, n as u64, ahead) {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
                 rest = tail;
-                let header = Header::request(Op::ReadChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
                 calls.push(async move {
+                    let server = match part {
+                        Part::Server { chunk, in_chunk } => (chunk, in_chunk),
+                        Part::Ahead(mut p) => {
+                            if self.finish_read_ahead(&mut p).await.is_ok() {
+                                Self::copy_read_ahead(&p, from, head);
+                                if p.end() > end {
+                                    self.keep_read_ahead(file, p);
+                                } else {
+                                    self.release_read_ahead(p);
+                                }
+                                return Ok(());
+                            }
+                            // A lost hint: read these bytes as any others.
+                            self.release_read_ahead(p);
+                            let cs = attr.layout.chunk_size.max(1);
+                            (from / cs, from % cs)
+                        }
+                    };
+                    let header = Header::request(Op::ReadChunk, 0, attr.id.0, server.0, server.1, len);
                     let reply = self
-                        .call(self.route(attr, p.chunk), header, &[], Some(&mut *head), ready)
+                        .call(self.route(attr, server.0), header, &[], Some(&mut *head), ready)
                         .await?;
                     let got = (reply.length as usize).min(head.len());
                     // Never-written ranges inside the size are holes.
@@ -79,10 +107,14 @@ impl Client {
                 });
             }
             let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut failed = None;
             while let Some(r) = results.next().await {
-                r?;
+                // Every part runs to its end, so no read-ahead request is left half taken.
+                if let Err(e) = r {
+                    failed.get_or_insert(e);
+                }
             }
-            Ok(())
+            failed.map_or(Ok(()), Err)
         })?;
         Ok(n)
     }

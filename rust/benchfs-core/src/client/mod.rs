@@ -12,6 +12,7 @@ mod capacity;
 mod data;
 mod find;
 mod names;
+mod readahead;
 mod rpc;
 mod telemetry;
 mod window;
@@ -20,6 +21,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use benchfs_ucx::Worker;
@@ -33,6 +36,7 @@ use crate::telemetry::{ClientMetrics, OpKind};
 
 pub use self::capacity::{ClusterCapacity, ServerCapacity};
 pub use self::find::FindResult;
+use self::readahead::ReadAhead;
 use self::rpc::{make_worker, Probing, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
@@ -47,6 +51,11 @@ pub struct FileHandle {
     reported_end: Cell<u64>,
     /// The size as last seen from the owner.
     known_size: Cell<u64>,
+    /// Where this handle's last read ended: a read starting there is sequential.
+    next_read: Cell<u64>,
+    /// Counts changes to the file's bytes (this handle's writes and truncates, and those of
+    /// the handles it is shared with): read-ahead taken before a change is not used after it.
+    changes: Arc<AtomicU64>,
 }
 
 impl FileHandle {
@@ -60,6 +69,22 @@ impl FileHandle {
     /// are then clamped at no less; nothing is published by it.
     pub fn learn_size(&self, size: u64) {
         self.known_size.set(self.known_size.get().max(size));
+    }
+
+    /// Makes this handle count changes to the file's bytes in `changes`, shared with other
+    /// handles of the same file (a mount's, whose handles serve different clients), so that
+    /// no client reads ahead across another's write or truncate. Returns the counter.
+    pub fn share_changes(&mut self, changes: &Arc<AtomicU64>) {
+        self.changes = changes.clone();
+    }
+
+    /// Tells every handle sharing this one's counter that the file's bytes changed.
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn change_count(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 }
 
@@ -96,6 +121,7 @@ pub struct Client {
     telemetry: ClientTelemetry,
     /// `BENCHFS_CRASH_AT=op:step`: a test's crash point (see `Client::step_done`).
     crash_at: Option<(String, u32)>,
+    read_ahead: ReadAhead,
 }
 
 impl Client {
@@ -112,6 +138,7 @@ impl Client {
         let shared = Rc::new(Shared {
             pending: RefCell::new(HashMap::new()),
             orphans: RefCell::new(Vec::new()),
+            detached_orphans: RefCell::new(Vec::new()),
             late_replies: Cell::new(0),
             malformed_replies: Cell::new(0),
         });
@@ -162,6 +189,7 @@ impl Client {
             token,
             telemetry,
             crash_at: crash_point()?,
+            read_ahead: ReadAhead::default(),
         };
         let deadline = Instant::now() + timeout;
         for index in 0..client.server_count() {
@@ -221,6 +249,10 @@ impl Client {
         self.poll_probes();
         let result = self.runtime.block_on(fut)?;
         self.quiesce()?;
+        self.shared
+            .detached_orphans
+            .borrow_mut()
+            .retain(|(r, _)| !r.is_done());
         result
     }
 

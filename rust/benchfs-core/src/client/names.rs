@@ -2,6 +2,7 @@
 //! each a few requests to the owners of the paths involved (docs/namespace.md).
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
@@ -233,18 +234,23 @@ impl Client {
             self.free_data(&attr, attr.size, old).await?;
             Ok(attr)
         })?;
+        // Close-to-open: what was read ahead before this open may be stale.
+        self.forget_read_ahead(attr.id.0);
         Ok(FileHandle {
             path,
             attr,
             written_end: Cell::new(0),
             reported_end: Cell::new(0),
             known_size: Cell::new(attr.size),
+            next_read: Cell::new(0),
+            changes: Arc::default(),
         })
     }
 
     /// Publishes what this handle wrote (its size) so that later opens see it; with
     /// `storage.durability = "close"` a handle that wrote makes its data durable first.
     pub fn close(&self, file: &FileHandle) -> Result<()> {
+        self.forget_read_ahead(file.attr.id.0);
         if self.config.storage.durability == Durability::Close && file.written_end.get() > 0 {
             return self.fsync(file);
         }
@@ -302,6 +308,7 @@ impl Client {
             };
             self.step_done("unlink", 2);
             self.check_layout(&path, &attr)?;
+            self.forget_read_ahead(attr.id.0);
             let (freed, removed) = futures::join!(
                 self.free_data(&attr, 0, attr.size),
                 self.dir_remove("unlink", &path)
@@ -546,6 +553,7 @@ impl Client {
             req.flags = 1;
             let (attr, old) = self.meta_attr(Op::SetSize, "truncate", &req).await?;
             self.check_layout(&path, &attr)?;
+            self.forget_read_ahead(attr.id.0);
             self.free_data(&attr, size, old).await
         })
     }
@@ -576,6 +584,7 @@ impl Client {
         file.written_end.set(file.written_end.get().min(size));
         file.reported_end.set(file.reported_end.get().min(size));
         file.known_size.set(size);
+        file.changed();
         Ok(())
     }
 }

@@ -55,12 +55,19 @@ pub(super) struct PendingRpc {
     /// A rendezvous receive into `dest`, started by the reply handler.
     pub(super) data: Option<Request>,
     pub(super) waker: Option<Waker>,
+    /// A read-ahead request nobody wants any more: its reply is dropped on arrival.
+    pub(super) cancelled: bool,
+    /// When the reply arrived (read-ahead requests are timed from it).
+    pub(super) replied_at: Option<Instant>,
 }
 
 pub(super) struct Shared {
     pub(super) pending: RefCell<HashMap<u64, PendingRpc>>,
     /// UCX operations of abandoned requests that may still touch caller memory.
     pub(super) orphans: RefCell<Vec<Request>>,
+    /// Receives of cancelled read-ahead requests, with the client-owned buffers they fill:
+    /// kept until UCX is done with them (they never touch caller memory).
+    pub(super) detached_orphans: RefCell<Vec<(Request, Box<[u8]>)>>,
     pub(super) late_replies: Cell<u64>,
     pub(super) malformed_replies: Cell<u64>,
 }
@@ -143,6 +150,11 @@ impl Shared {
             self.late_replies.set(self.late_replies.get() + 1);
             return AmVerdict::Done;
         };
+        if p.cancelled {
+            pending.remove(&header.request_id);
+            return AmVerdict::Done;
+        }
+        p.replied_at = Some(Instant::now());
         match (msg.data, p.dest) {
             (AmData::Eager(d), Some(dest)) if !d.is_empty() => {
                 let n = d.len().min(dest.len);
@@ -691,6 +703,49 @@ impl Client {
         }
     }
 
+    /// Sends a read-ahead request whose reply lands in `dest`, a buffer the client owns and
+    /// keeps until UCX is done with it ([`Client::release_read_ahead`]). Not windowed and
+    /// never retried: the reads that need its bytes fall back to [`Client::call`]. Returns the
+    /// request id its reply is matched by.
+    pub(super) fn send_detached(
+        &self,
+        (index, worker): (usize, usize),
+        header: Header,
+        dest: Dest,
+    ) -> Result<u64> {
+        let links = self.links.borrow();
+        let link = &links[index];
+        let (None, Some(Link { endpoint: ep, down }), Some(&conn)) = (
+            &link.lost,
+            link.endpoints.get(worker).and_then(|e| e.as_ref()),
+            link.conns.get(worker),
+        ) else {
+            return Err(Error::ServerLost {
+                server: link.id,
+                reason: "lost or not connected".into(),
+            });
+        };
+        let id = self.request_id();
+        self.shared.pending.borrow_mut().insert(
+            id,
+            PendingRpc {
+                dest: Some(dest),
+                down: Some(down.clone()),
+                ..Default::default()
+            },
+        );
+        let header = Header {
+            request_id: id,
+            ..header
+        }
+        .with_token(self.token)
+        .on_connection(conn);
+        // SAFETY: a header-only send owns all it reads; a failed send marks the endpoint down,
+        // which the reply's waiter sees.
+        drop(unsafe { ep.send_am(AM_REQUEST, &header.encode(), &[], None) });
+        Ok(id)
+    }
+
     pub(super) fn request_id(&self) -> u64 {
         let id = self.next_request.get();
         self.next_request.set(id + 1);
@@ -752,11 +807,15 @@ impl Client {
             })
             .collect();
         drop(old);
-        self.shared.pending.borrow_mut().clear();
+        // Read-ahead buffers UCX may still fill go only after the old worker.
+        let pending = std::mem::take(&mut *self.shared.pending.borrow_mut());
+        let detached = std::mem::take(&mut *self.shared.detached_orphans.borrow_mut());
         self.shared.orphans.borrow_mut().clear();
+        let ahead = self.take_all_read_ahead();
         let (worker, address) = make_worker(&self.config, &self.runtime, &self.shared)?;
         // The old worker's last reference: ucp_worker_destroy runs here.
         drop(std::mem::replace(&mut *self.worker.borrow_mut(), worker));
+        drop((pending, detached, ahead));
         *self.address.borrow_mut() = address;
         for index in 0..self.server_count() {
             if self.links.borrow()[index].lost.is_some() {
