@@ -458,3 +458,75 @@ fn threads_take_turns_on_a_shared_client_and_file() -> Result<()> {
     }
     Ok(())
 }
+
+/// Requests this client sent to all servers so far.
+fn requests(client: &Client) -> u64 {
+    client.server_stats().iter().map(|s| s.requests).sum()
+}
+
+/// A sequential reader keeps the next chunks in flight: reading a file in quarter chunks takes
+/// about one request per chunk, not four, and every byte is right; writes through this client
+/// and through another client sharing the handle's change counter (as a mount's workers do)
+/// are seen by the reads after them; a reader that jumps about reads nothing ahead.
+#[test]
+fn sequential_reads_read_ahead_and_see_every_change() -> Result<()> {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    const CHUNK: usize = 64 * 1024;
+    const CHUNKS: usize = 40;
+    const STEP: usize = CHUNK / 4;
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let mut c = config(2, CHUNK as u64)?;
+    c.client.read_ahead = 4 * CHUNK as u64;
+    let mut servers = start(dir.path(), 2, &c)?;
+    let client = Client::connect(&dir.path().join("registry"), c.clone())?;
+    let other = Client::connect(&dir.path().join("registry"), c)?;
+    let mut data = pattern(7, CHUNKS * CHUNK);
+    let f = client.open("/seq", CREATE | EXCLUSIVE, 0o644)?;
+    client.write(&f, 0, &data)?;
+    client.close(&f)?;
+
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut reader = client.open("/seq", 0, 0)?;
+    reader.share_changes(&counter);
+    let mut writer = other.open("/seq", 0, 0)?;
+    writer.share_changes(&counter);
+    let same = client.open("/seq", 0, 0)?;
+    let before = requests(&client);
+    let mut back = vec![0u8; STEP];
+    for (i, at) in (0..data.len()).step_by(STEP).enumerate() {
+        // Each write lands in chunks the reader has in flight or arrived already.
+        if at == 20 * CHUNK {
+            let theirs = pattern(9, CHUNK);
+            other.write(&writer, (21 * CHUNK + 5) as u64, &theirs)?;
+            data[21 * CHUNK + 5..22 * CHUNK + 5].copy_from_slice(&theirs);
+        }
+        if at == 28 * CHUNK {
+            let mine = pattern(8, CHUNK);
+            client.write(&same, (30 * CHUNK) as u64, &mine)?;
+            data[30 * CHUNK..31 * CHUNK].copy_from_slice(&mine);
+        }
+        assert_eq!(client.read(&reader, at as u64, &mut back)?, STEP);
+        assert!(back[..] == data[at..at + STEP], "read {i} at {at}: bytes differ");
+    }
+    let sequential = requests(&client) - before;
+    // 160 reads: one request per chunk, plus what the writes made it ask again (up to 4
+    // chunks each) and the same-client open and write (without read-ahead: 162).
+    assert!(
+        sequential <= CHUNKS as u64 + 16,
+        "{sequential} requests for {CHUNKS} chunks"
+    );
+
+    // Backwards, a chunk at a time: nothing is read ahead, one request per read.
+    let before = requests(&client);
+    let mut whole = vec![0u8; CHUNK];
+    for k in (0..CHUNKS).rev() {
+        assert_eq!(client.read(&reader, (k * CHUNK) as u64, &mut whole)?, CHUNK);
+        assert!(whole[..] == data[k * CHUNK..(k + 1) * CHUNK], "chunk {k} differs");
+    }
+    assert_eq!(requests(&client) - before, CHUNKS as u64);
+    for s in &mut servers {
+        s.stop()?;
+    }
+    Ok(())
+}
