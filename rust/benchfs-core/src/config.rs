@@ -82,6 +82,7 @@ pub struct ClientConfig {
     pub retry_backoff_ms: u64,
     /// Bytes a client keeps in flight ahead of its sequential readers, in all (0: none). A
     /// handle whose read starts where its previous read ended asks for the chunks after it.
+    /// The default is studies/readahead's best (docs/storage.md).
     pub read_ahead: u64,
 }
 
@@ -93,7 +94,7 @@ impl Default for ClientConfig {
             request_timeout_s: 30.0,
             max_retries: 2,
             retry_backoff_ms: 50,
-            read_ahead: 16 << 20,
+            read_ahead: 32 << 20,
         }
     }
 }
