@@ -84,6 +84,9 @@ pub struct ClientConfig {
     /// handle whose read starts where its previous read ended asks for the chunks after it.
     /// The default is studies/readahead's best (docs/storage.md).
     pub read_ahead: u64,
+    /// Bytes of writes a client may have sent but not yet had answered, in all (0: every
+    /// write waits for its answer). Failures are returned by the file's fsync or close.
+    pub write_behind: u64,
 }
 
 impl Default for ClientConfig {
@@ -95,6 +98,7 @@ impl Default for ClientConfig {
             max_retries: 2,
             retry_backoff_ms: 50,
             read_ahead: 32 << 20,
+            write_behind: 0,
         }
     }
 }
@@ -280,8 +284,8 @@ impl Config {
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");
         }
-        if self.client.read_ahead > (1 << 30) {
-            return bad("client.read_ahead must be at most 1 GiB");
+        if self.client.read_ahead > (1 << 30) || self.client.write_behind > (1 << 30) {
+            return bad("client.read_ahead and client.write_behind must be at most 1 GiB");
         }
         if self.client.max_retries > 10 {
             return bad("client.max_retries must be at most 10");
@@ -372,7 +376,12 @@ pub const EFFECTIVE_HEADER: &str =
      (delete this line to use it as a base)";
 
 /// Keys whose values are byte sizes: integers, or strings such as "4M" ([`parse_size`]).
-pub const SIZE_KEYS: &[&str] = &["layout.chunk_size", "network.rndv_threshold", "client.read_ahead"];
+pub const SIZE_KEYS: &[&str] = &[
+    "layout.chunk_size",
+    "network.rndv_threshold",
+    "client.read_ahead",
+    "client.write_behind",
+];
 
 /// Sections of the configuration file that the tools own: the file system skips them.
 pub const TOOL_SECTIONS: &[&str] = &["run", "diagnose", "insights"];

@@ -530,3 +530,64 @@ fn sequential_reads_read_ahead_and_see_every_change() -> Result<()> {
     }
     Ok(())
 }
+
+/// Writes behind the caller: overlapping writes land in the caller's order, the client reads
+/// its own writes before any close, and another client reads every byte after it.
+#[test]
+fn writes_behind_keep_order_and_every_byte() -> Result<()> {
+    const CHUNK: usize = 64 * 1024;
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let mut c = config(2, CHUNK as u64)?;
+    c.client.write_behind = 4 * CHUNK as u64;
+    let mut servers = start(dir.path(), 2, &c)?;
+    let client = Client::connect(&dir.path().join("registry"), c.clone())?;
+    let other = Client::connect(&dir.path().join("registry"), c)?;
+    let mut expect = vec![0u8; 40 * CHUNK];
+    let f = client.open("/wb", CREATE | EXCLUSIVE, 0o644)?;
+    for (i, at) in (0..expect.len()).step_by(CHUNK / 4).enumerate() {
+        let data = pattern(i as u64, CHUNK / 4);
+        assert_eq!(client.write(&f, at as u64, &data)?, data.len());
+        expect[at..at + data.len()].copy_from_slice(&data);
+        if i % 7 == 3 {
+            // Over the last two writes, still unanswered: the later bytes must win.
+            let back = at.saturating_sub(CHUNK / 8);
+            let again = pattern(1000 + i as u64, CHUNK / 4);
+            client.write(&f, back as u64, &again)?;
+            expect[back..back + again.len()].copy_from_slice(&again);
+        }
+    }
+    let mut back = vec![0u8; expect.len()];
+    assert_eq!(client.read(&f, 0, &mut back)?, expect.len());
+    assert!(back == expect, "this client's own writes, read before close");
+    client.close(&f)?;
+    let g = other.open("/wb", 0, 0)?;
+    back.fill(0);
+    assert_eq!(other.read(&g, 0, &mut back)?, expect.len());
+    assert!(back == expect, "another client after close");
+    for s in &mut servers {
+        s.stop()?;
+    }
+    Ok(())
+}
+
+/// A write behind the caller that fails is never silent: the write or the file's close says so.
+#[test]
+fn a_failed_write_behind_is_reported() -> Result<()> {
+    const CHUNK: usize = 64 * 1024;
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let mut c = config(2, CHUNK as u64)?;
+    c.client.write_behind = 16 * CHUNK as u64;
+    c.client.request_timeout_s = 2.0;
+    let mut servers = start(dir.path(), 2, &c)?;
+    let client = Client::connect(&dir.path().join("registry"), c)?;
+    let f = client.open("/lost", CREATE | EXCLUSIVE, 0o644)?;
+    client.write(&f, 0, &pattern(1, 8 * CHUNK))?;
+    servers[1].stop()?;
+    let data = pattern(2, 8 * CHUNK);
+    let outcome = client
+        .write(&f, (8 * CHUNK) as u64, &data)
+        .and_then(|_| client.close(&f));
+    assert!(outcome.is_err(), "a write to a stopped server went unreported");
+    servers[0].stop()?;
+    Ok(())
+}

@@ -773,6 +773,11 @@ impl Pool {
         let rx = Arc::new(Mutex::new(rx));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let mut threads = Vec::with_capacity(n);
+        // Every write is answered before the kernel is told it is done: another worker's
+        // client may serve the next read, and could not wait for this one's writes.
+        let mut config = config.clone();
+        config.client.write_behind = 0;
+        let config = &config;
         for k in 0..n {
             let (rx, ready, registry, config, shared) = (
                 rx.clone(),

@@ -24,6 +24,14 @@ impl Client {
         let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
         self.forget_read_ahead(attr.id.0);
+        if self.config.client.write_behind > 0 {
+            self.run(self.write_behind(file, offset, data))?;
+            if !data.is_empty() {
+                file.written_end.set(file.written_end.get().max(end));
+                file.changed();
+            }
+            return Ok(data.len());
+        }
         let written = self.run(async {
             let ready = Instant::now();
             let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| {
@@ -58,6 +66,10 @@ impl Client {
                 file.known_size.set(file.known_size.get().max(attr.size));
                 size = file.size();
             }
+        }
+        if self.writes_behind(file.attr.id.0) {
+            // This client reads its own writes.
+            self.run(self.settle_file(file.attr.id.0, false))?;
         }
         let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
         let end = offset + n as u64;
@@ -122,6 +134,7 @@ impl Client {
     /// Makes this file's bytes durable on the servers holding them, then reports its size.
     pub fn fsync(&self, file: &FileHandle) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Fsync);
+        self.run(self.settle_file(file.attr.id.0, true))?;
         let targets = self.data_targets(&file.attr, 0, file.size());
         self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
         self.report_size(file)

@@ -16,6 +16,7 @@ mod readahead;
 mod rpc;
 mod telemetry;
 mod window;
+mod writebehind;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -40,6 +41,7 @@ use self::readahead::ReadAhead;
 use self::rpc::{make_worker, Probing, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
+use self::writebehind::WriteBehind;
 
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).
@@ -122,6 +124,8 @@ pub struct Client {
     /// `BENCHFS_CRASH_AT=op:step`: a test's crash point (see `Client::step_done`).
     crash_at: Option<(String, u32)>,
     read_ahead: ReadAhead,
+    /// Declared after `worker`: its buffers are freed only after the UCX worker is gone.
+    write_behind: WriteBehind,
 }
 
 impl Client {
@@ -190,6 +194,7 @@ impl Client {
             telemetry,
             crash_at: crash_point()?,
             read_ahead: ReadAhead::default(),
+            write_behind: WriteBehind::default(),
         };
         let deadline = Instant::now() + timeout;
         for index in 0..client.server_count() {
@@ -267,6 +272,11 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        if self.any_writes_behind() {
+            // Writes already returned to their callers go out before the endpoints close
+            // (bounded by the request timeout; a failure has nobody left to tell).
+            let _ = self.runtime.block_on(self.settle_all());
+        }
         // The last snapshot: everything this client did.
         self.telemetry.snapshot(Instant::now(), true);
         // Close endpoints (forcibly, bounded) before the worker goes away.

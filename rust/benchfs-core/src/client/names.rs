@@ -251,6 +251,8 @@ impl Client {
     /// `storage.durability = "close"` a handle that wrote makes its data durable first.
     pub fn close(&self, file: &FileHandle) -> Result<()> {
         self.forget_read_ahead(file.attr.id.0);
+        // The file's first failed write, if any, is this close's error (nothing published).
+        self.run(self.settle_file(file.attr.id.0, true))?;
         if self.config.storage.durability == Durability::Close && file.written_end.get() > 0 {
             return self.fsync(file);
         }
@@ -290,6 +292,8 @@ impl Client {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("unlink", path)?;
         self.run(async {
+            // No write of this client may land after the chunks are freed.
+            self.settle_all().await;
             self.dir_mark("unlink", &path).await?;
             self.step_done("unlink", 1);
             let attr = match self
@@ -477,6 +481,7 @@ impl Client {
             return Err(fail(libc::EINVAL));
         }
         self.run(async {
+            self.settle_all().await;
             let (attr, _) = self
                 .meta_attr(Op::Stat, "rename", &MetaRequest::new(&from))
                 .await?;
@@ -548,6 +553,7 @@ impl Client {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("truncate", path)?;
         self.run(async {
+            self.settle_all().await;
             let mut req = MetaRequest::new(&path);
             req.arg = size;
             req.flags = 1;

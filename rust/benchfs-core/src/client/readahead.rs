@@ -163,7 +163,10 @@ impl Client {
                 len: buf.len(),
             };
             let header = Header::request(Op::ReadChunk, 0, id, piece.chunk, piece.offset, piece.len);
-            let Ok(request) = self.send_detached(target, header, dest) else {
+            // SAFETY: the buffer lives in the Prefetch until `release_read_ahead` (or a
+            // transport reset) says UCX is done with it; a header-only send reads nothing else.
+            let Ok((request, _send)) = (unsafe { self.send_detached(target, header, &[], Some(dest)) })
+            else {
                 break; // a lost server: the reads ask it themselves
             };
             self.telemetry.metrics.attempt_sent(target.0, OpKind::Read, false);

@@ -703,16 +703,21 @@ impl Client {
         }
     }
 
-    /// Sends a read-ahead request whose reply lands in `dest`, a buffer the client owns and
-    /// keeps until UCX is done with it ([`Client::release_read_ahead`]). Not windowed and
-    /// never retried: the reads that need its bytes fall back to [`Client::call`]. Returns the
-    /// request id its reply is matched by.
-    pub(super) fn send_detached(
+    /// Sends a request that outlives the call making it (read-ahead, write-behind): its
+    /// payload and its reply's destination are buffers the client owns and keeps until UCX is
+    /// done with them. Not windowed and never retried here. Returns the request id its reply
+    /// is matched by, and the send (which reads `payload` until it completes).
+    ///
+    /// # Safety
+    /// `payload` and `dest` must stay valid until the send, and any receive the reply starts
+    /// into `dest`, have completed (or the UCX worker is destroyed).
+    pub(super) unsafe fn send_detached(
         &self,
         (index, worker): (usize, usize),
         header: Header,
-        dest: Dest,
-    ) -> Result<u64> {
+        payload: &[u8],
+        dest: Option<Dest>,
+    ) -> Result<(u64, Request)> {
         let links = self.links.borrow();
         let link = &links[index];
         let (None, Some(Link { endpoint: ep, down }), Some(&conn)) = (
@@ -729,7 +734,7 @@ impl Client {
         self.shared.pending.borrow_mut().insert(
             id,
             PendingRpc {
-                dest: Some(dest),
+                dest,
                 down: Some(down.clone()),
                 ..Default::default()
             },
@@ -740,10 +745,8 @@ impl Client {
         }
         .with_token(self.token)
         .on_connection(conn);
-        // SAFETY: a header-only send owns all it reads; a failed send marks the endpoint down,
-        // which the reply's waiter sees.
-        drop(unsafe { ep.send_am(AM_REQUEST, &header.encode(), &[], None) });
-        Ok(id)
+        // A failed send marks the endpoint down, which the reply's waiter sees.
+        Ok((id, ep.send_am(AM_REQUEST, &header.encode(), payload, None)))
     }
 
     pub(super) fn request_id(&self) -> u64 {
