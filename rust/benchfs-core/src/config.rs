@@ -98,7 +98,7 @@ impl Default for ClientConfig {
             max_retries: 2,
             retry_backoff_ms: 50,
             read_ahead: 32 << 20,
-            write_behind: 0,
+            write_behind: 32 << 20,
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Write-behind: with `client.write_behind` > 0 a write returns once its bytes are copied into
 //! buffers the client owns and their requests are sent, so the caller's next write (and its
-//! transfer) overlaps this one's device time. Bounded: at most `client.write_behind` bytes of a
-//! client are unanswered (a write waits for the oldest ones first), and never flushed by a
-//! timer. A write that overlaps an unanswered one waits for it first, so the servers apply
+//! transfer) overlaps this one's device time. Bounded: at most `client.write_behind` bytes and
+//! `client.max_inflight` requests of a client are unanswered (a write waits for the oldest ones
+//! first), and nothing is flushed by a timer. A write that overlaps an unanswered one waits for it first, so the servers apply
 //! overlapping writes in the caller's order.
 //!
 //! Errors: the first failure of a file's deferred writes is returned by its next `fsync` or
@@ -68,6 +68,8 @@ struct FileWrites {
 pub(super) struct WriteBehind {
     files: RefCell<HashMap<u128, FileWrites>>,
     bytes: Cell<u64>,
+    /// Unanswered requests (at most `client.max_inflight`).
+    count: Cell<usize>,
 }
 
 impl Client {
@@ -79,7 +81,10 @@ impl Client {
         for p in split(offset, data.len() as u64, attr.layout.chunk_size) {
             let from = offset + p.buf_offset;
             self.settle_overlapping(id, from, from + p.len).await;
-            while self.write_behind.bytes.get() + p.len > budget && self.settle_oldest(id).await {}
+            let most = self.config.client.max_inflight as usize;
+            while (self.write_behind.bytes.get() + p.len > budget || self.write_behind.count.get() >= most)
+                && self.settle_oldest(id).await
+            {}
             let buf: Box<[u8]> = data[p.buf_offset as usize..(p.buf_offset + p.len) as usize].into();
             let target = self.route(attr, p.chunk);
             let header = Header::request(Op::WriteChunk, 0, id, p.chunk, p.offset, p.len);
@@ -99,6 +104,7 @@ impl Client {
                 .attempt_sent(target.0, OpKind::Write, false);
             let wb = &self.write_behind;
             wb.bytes.set(wb.bytes.get() + p.len);
+            wb.count.set(wb.count.get() + 1);
             let d = Deferred {
                 chunk: p.chunk,
                 in_chunk: p.offset,
@@ -210,6 +216,7 @@ impl Client {
         let result = self.answer(&d).await;
         let wb = &self.write_behind;
         wb.bytes.set(wb.bytes.get() - d.buf.len() as u64);
+        wb.count.set(wb.count.get() - 1);
         let result = match result {
             Err(Error::Remote {
                 errno: libc::EAGAIN, ..
