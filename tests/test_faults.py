@@ -181,6 +181,34 @@ def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_clus
     assert outcome["at"] - killed_at < request_timeout + 3.0
 
 
+@pytest.mark.timeout(60)
+def test_a_write_that_fails_after_it_returned_is_raised_by_flush(daemon_cluster) -> None:
+    """Writes return once sent (client.write_behind); one that a stopped server never answers
+    is raised by the file's flush within the request timeout, never lost."""
+    request_timeout = 2.0
+    cluster = daemon_cluster(2, f"client.request_timeout_s={request_timeout}")
+    assert cluster.config_path is not None
+    client = Client(str(cluster.registry_dir), config=cluster.config_path.read_text())
+    try:
+        f = client.open("/behind.dat", "w")
+        f.pwrite(data_for(1, 0, 4 * MIB), 0)  # 64 KiB chunks on both servers
+        f.flush()
+        cluster.kill(1, signal.SIGSTOP)
+        try:
+            sent = time.monotonic()
+            # 8 chunks, within the client's budget: the write returns without their answers.
+            assert f.pwrite(data_for(2, 4 * MIB, 512 * 1024), 4 * MIB) == 512 * 1024
+            assert time.monotonic() - sent < request_timeout / 2
+            with pytest.raises(OSError) as raised:
+                f.flush()
+            assert time.monotonic() - sent < request_timeout + 3
+            assert raised.value.errno in (errno.ETIMEDOUT, errno.EHOSTDOWN), raised.value
+        finally:
+            cluster.kill(1, signal.SIGKILL)
+    finally:
+        client.close()
+
+
 def _run(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         benchfs_run_command() + args, capture_output=True, text=True, timeout=timeout, cwd=cwd

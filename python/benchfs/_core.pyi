@@ -224,6 +224,9 @@ class File:
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int: ...
     def fsync(self) -> None:
         """Return once every byte of the file is durable on its servers' devices."""
+    def flush(self) -> None:
+        """Return once every write of the file through this client is on its servers (writes
+        return earlier, see client.write_behind); raises the first that failed."""
     def truncate(self, size: int) -> None:
         """Set the size through this handle (ftruncate); shrinking frees chunks beyond it."""
     @property

@@ -238,9 +238,13 @@ class File(io.RawIOBase):
             return new_size
 
     def flush(self) -> None:
-        """Nothing to do: writes are on the servers when `write` returns (`fsync` makes them
-        durable and publishes the size)."""
+        """Waits until every write is on the servers (a write returns once it is sent, see
+        client.write_behind); raises the first that failed. `fsync` makes them durable and
+        publishes the size."""
         self._check_open()
+        with self._lock:
+            if not self._core.closed:  # io's close flushes after ours closed the handle
+                self._core.flush()
 
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a BenchFS file has no file descriptor (use the FUSE mount)")

@@ -82,7 +82,7 @@ pub struct ClientConfig {
     pub retry_backoff_ms: u64,
     /// Bytes a client keeps in flight ahead of its sequential readers, in all (0: none). A
     /// handle whose read starts where its previous read ended asks for the chunks after it.
-    /// The default is studies/readahead's best (docs/storage.md).
+    /// The default is studies/pipeline's best (docs/storage.md).
     pub read_ahead: u64,
     /// Bytes of writes a client may have sent but not yet had answered, in all (0: every
     /// write waits for its answer). Failures are returned by the file's fsync or close.

@@ -508,6 +508,12 @@ impl PyFile {
         self.with(py, |c, f| c.fsync(f))
     }
 
+    /// Waits until every write of this file through this client is on its servers (writes
+    /// return earlier, see client.write_behind); raises the first that failed.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |c, f| c.flush(f))
+    }
+
     /// Sets the file's size through this handle (`ftruncate`); shrinking frees the chunks
     /// beyond it.
     fn truncate(&self, py: Python<'_>, size: u64) -> PyResult<()> {

@@ -131,6 +131,16 @@ impl Client {
         Ok(n)
     }
 
+    /// Waits until every write of this file made through this client is on its servers
+    /// (write-behind, `client.write_behind`); returns the first of them that failed.
+    pub fn flush(&self, file: &FileHandle) -> Result<()> {
+        if !self.writes_behind(file.attr.id.0) {
+            return Ok(());
+        }
+        let _call = self.telemetry_call(OpKind::Write);
+        self.run(self.settle_file(file.attr.id.0, true))
+    }
+
     /// Makes this file's bytes durable on the servers holding them, then reports its size.
     pub fn fsync(&self, file: &FileHandle) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Fsync);
