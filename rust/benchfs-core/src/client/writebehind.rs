@@ -37,6 +37,7 @@ struct Deferred {
     target: Target,
     issued: Instant,
     buf: Box<[u8]>,
+    /// None once the UCX worker it went out on was replaced: then it is sent again.
     send: Option<Request>,
 }
 
@@ -201,6 +202,18 @@ impl Client {
         while self.settle_oldest(0).await {}
     }
 
+    /// After the UCX worker was replaced (its requests are gone, their buffers free to
+    /// reuse): every unanswered write is to be sent again when settled.
+    pub(super) fn resend_writes_behind(&self) {
+        let metrics = &self.telemetry.metrics;
+        for f in self.write_behind.files.borrow_mut().values_mut() {
+            for d in f.unanswered.iter_mut().filter(|d| d.send.is_some()) {
+                d.send = None;
+                metrics.attempt_done(d.target.0, OpKind::Write, ns(d.issued.elapsed()));
+            }
+        }
+    }
+
     /// Whether file `id` has writes not yet answered or a failure not yet reported.
     pub(super) fn writes_behind(&self, id: u128) -> bool {
         self.write_behind.files.borrow().contains_key(&id)
@@ -213,21 +226,27 @@ impl Client {
 
     /// Waits for one deferred write's answer; a failure is kept for the file.
     async fn settle(&self, id: u128, d: Deferred) {
-        let result = self.answer(&d).await;
+        let answered = match d.send {
+            Some(_) => Some(self.answer(&d).await),
+            None => None,
+        };
         let wb = &self.write_behind;
         wb.bytes.set(wb.bytes.get() - d.buf.len() as u64);
         wb.count.set(wb.count.get() - 1);
-        let result = match result {
-            Err(Error::Remote {
+        let result = match answered {
+            // Refused before execution (busy), or its transport replaced before the answer
+            // came: sent again as an ordinary request. The same bytes at the same place are
+            // the same write, and no later write overlapping it has been sent.
+            None
+            | Some(Err(Error::Remote {
                 errno: libc::EAGAIN, ..
-            }) => {
-                // Refused before execution: send it again as an ordinary request.
+            })) => {
                 let header = Header::request(Op::WriteChunk, 0, id, d.chunk, d.in_chunk, d.buf.len() as u64);
                 self.call(d.target, header, &d.buf, None, Instant::now())
                     .await
                     .map(drop)
             }
-            other => other,
+            Some(other) => other,
         };
         let mut d = d;
         if let Some(send) = d.send.take().filter(|s| !s.is_done()) {
