@@ -5,8 +5,8 @@
 //! first), and nothing is flushed by a timer. A write that overlaps an unanswered one waits for it first, so the servers apply
 //! overlapping writes in the caller's order.
 //!
-//! Errors: the first failure of a file's deferred writes is returned by its next `fsync` or
-//! `close` (which wait for every write of the file first); nothing fails silently. A write
+//! Errors: the first failure of a file's deferred writes is returned by its next write, `fsync`
+//! or `close` (the last two wait for every write of the file first); nothing fails silently. A write
 //! refused as busy (EAGAIN, before execution) is sent again as an ordinary request. Reads of
 //! the file through this client, and truncate, unlink and rename through it, wait for its
 //! writes first, so the client always reads its own writes.
@@ -60,7 +60,7 @@ impl Deferred {
 struct FileWrites {
     /// Oldest first.
     unanswered: VecDeque<Deferred>,
-    /// The first failure, kept for the file's next fsync or close.
+    /// The first failure, kept for the file's next write, fsync or close.
     failed: Option<Error>,
 }
 
@@ -79,6 +79,16 @@ impl Client {
         let attr = &file.attr;
         let id = attr.id.0;
         let budget = self.config.client.write_behind;
+        // An earlier write of the file failed: this one says so, rather than go on.
+        let failed = self
+            .write_behind
+            .files
+            .borrow_mut()
+            .get_mut(&id)
+            .and_then(|f| f.failed.take());
+        if let Some(e) = failed {
+            return Err(e);
+        }
         for p in split(offset, data.len() as u64, attr.layout.chunk_size) {
             let from = offset + p.buf_offset;
             self.settle_overlapping(id, from, from + p.len).await;
