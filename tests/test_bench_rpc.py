@@ -281,13 +281,19 @@ def load_run(mib_s: float, **extra: Any) -> dict[str, Any]:
         "pool_waits": 5,
         "client_mib_s": mib_s,
         "call_p99_us": 1e6,
+        "windows_mib_s": [mib_s, mib_s],
+        "steady_share": 1.0,
     }
     return {**base, **extra}
 
 
 def test_overload_summary_takes_the_best_window_as_peak() -> None:
     runs = {
-        "overload": [load_run(800), load_run(900, retries=2), load_run(700, timeouts=1)],
+        "overload": [
+            load_run(800),
+            load_run(900, retries=2, steady_share=0.7),
+            load_run(700, timeouts=1, steady_share=None),
+        ],
         "peak-w1": [load_run(500)] * 3,
         "peak-w2": [load_run(1000), load_run(950), load_run(1100)],
         "peak-w4": [load_run(990)] * 3,
@@ -299,6 +305,7 @@ def test_overload_summary_takes_the_best_window_as_peak() -> None:
     assert (over["timeouts"], over["retries"], over["pool_waits"]) == (1, 2, 15)
     assert over["peak_by_window"] == {"1": 500, "2": 1000, "4": 990}
     assert list(PEAK_WINDOWS) == over["peak_windows"] == [1, 2, 4]
+    assert over["steady_share"] == 0.7  # the worst load's worst second; None when too short
 
 
 def test_targets_are_checked() -> None:
@@ -309,7 +316,13 @@ def test_targets_are_checked() -> None:
         {"transport": "tcp", "name": "rtt-read-4k", "ratio": None, "p50_us": 30.0},
         {"transport": "tcp", "name": "rtt-null", "ratio": None, "p50_us": 500.0},
     ]
-    overload = {"timeouts": 0, "retries": 3, "ratio_to_peak": 0.95}
+    overload = {
+        "timeouts": 0,
+        "retries": 3,
+        "ratio_to_peak": 0.95,
+        "failed_calls": 0,
+        "steady_share": 0.85,
+    }
     met = {t["target"]: t["met"] for t in rpc.targets({"cases": cases, "overload": overload})}
     assert met == {
         "write-4m over tcp: ratio >= 0.8": True,
@@ -318,6 +331,8 @@ def test_targets_are_checked() -> None:
         "rtt-read-4k over tcp: p50 <= 60 µs": True,
         "overload: zero timeouts": True,
         "overload: zero retries": False,
+        "overload: zero failed calls": True,
+        "overload: every 1 s window >= 0.9 x the best": False,
         "overload: throughput >= 0.9 x peak": True,
     }
 

@@ -186,7 +186,9 @@ def test_a_write_that_fails_after_it_returned_is_raised_by_flush(daemon_cluster)
     """Writes return once sent (client.write_behind); one that a stopped server never answers
     is raised by the file's flush within the request timeout, never lost."""
     request_timeout = 2.0
-    cluster = daemon_cluster(2, f"client.request_timeout_s={request_timeout}")
+    cluster = daemon_cluster(
+        2, f"client.request_timeout_s={request_timeout}", "client.write_behind=32M"
+    )
     assert cluster.config_path is not None
     client = Client(str(cluster.registry_dir), config=cluster.config_path.read_text())
     try:
@@ -316,6 +318,7 @@ FAULT_OVERRIDES = (
     f"client.max_retries={FAULT_RETRIES}",
     "server.max_in_service=2",  # requests queue behind two in service...
     "server.max_queued=6",  # ...and beyond six the server answers EAGAIN (retried)
+    "client.write_behind=32M",  # and writes return before they are answered
 )
 FAULT_CLIENT = Path(__file__).with_name("fault_client.py")
 FAULT_ERRNOS = {errno.EHOSTDOWN, errno.ETIMEDOUT, errno.ECONNRESET}

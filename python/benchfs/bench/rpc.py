@@ -9,11 +9,13 @@ the RPC layer, not a disk. Three parts, in one invocation:
   (round trips timed one by one) beside `ucx_perftest -t ucp_am_lat` (whose one-way latency
   is doubled into a round trip). BenchFS and ucx_perftest alternate case by case, in
   interleaved repeats; the report gives medians.
-- **Overload**: 16 client processes x 64 chunk requests in flight against
-  2 servers with 8 buffers each, 1 MiB chunks, over TCP, for a fixed time; throughput and the
-  p99 chunk op time come from the servers' telemetry over the steady part of the load, timeouts
-  and retries from every client's per-server counters. **Peak** is the best throughput of the
-  same clients with windows of 1, 2 and 4 and 64 buffers per server.
+- **Overload**: 64 client processes x 64 chunk requests in flight against 4 servers with 8
+  buffers each, 512 KiB chunks (1 MiB up to 16 clients), over TCP, for a fixed time;
+  throughput and the p99 chunk op time come from the servers' telemetry over the steady part of
+  the load, timeouts and retries from every client's per-server counters, and the steadiness
+  (the worst 1 s window over the best, the first and last 2 s left out) from the same
+  telemetry. **Peak** is the best throughput of the same clients with windows of 1, 2 and 4
+  and 64 buffers per server.
 - **Rendezvous threshold study** (full mode): `write-4m` and `read-4m` over TCP with
   `network.rndv_threshold` at UCX's default, 64 KiB and 1 MiB.
 
@@ -33,7 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from benchfs import __version__
+from benchfs import __version__, telemetry
 from benchfs.bench.cluster import BenchCluster
 from benchfs.bench.render import duration, fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
@@ -71,12 +73,10 @@ BW_INFLIGHT = 8
 BW_CALL = BW_INFLIGHT * BW_CHUNK
 SMALL = 4 * KIB
 
-LOAD_SERVERS = 2
-LOAD_CHUNK = MIB
 LOAD_INFLIGHT = 64
-LOAD_CALL = 2 * LOAD_INFLIGHT * LOAD_CHUNK
-"""Each load call moves 128 MiB (64 transfers of 2 MiB, 128 chunk requests of 1 MiB), so a
-window of 64 stays full for most of the call."""
+LOAD_MEMORY = 4 << 30
+"""What the load's calls may hold in all (each client's buffer, and its file on tmpfs as much
+again): 64 clients would otherwise need 16 GiB of this machine's 24."""
 LOAD_BUFFERS = 8
 PEAK_BUFFERS = 64
 PEAK_WINDOWS = (1, 2, 4)
@@ -158,7 +158,26 @@ class RpcSettings:
     load_seconds: float
     load_ramp_s: float
     load_clients: int
+    load_servers: int
     rndv_study: bool
+
+    @property
+    def load_chunk(self) -> int:
+        """1 MiB chunks, smaller when the clients' calls would hold more than LOAD_MEMORY."""
+        chunk = MIB
+        while chunk > 64 * KIB and self.load_clients * self.load_call_of(chunk) > LOAD_MEMORY:
+            chunk //= 2
+        return chunk
+
+    @staticmethod
+    def load_call_of(chunk: int) -> int:
+        """A load call: 64 transfers of 2 chunks, so a window of 64 chunk requests stays full
+        for most of the call."""
+        return 2 * LOAD_INFLIGHT * chunk
+
+    @property
+    def load_call(self) -> int:
+        return self.load_call_of(self.load_chunk)
 
     @staticmethod
     def full(repeats: int = 3) -> RpcSettings:
@@ -174,7 +193,8 @@ class RpcSettings:
             perftest_p99=True,
             load_seconds=10.0,
             load_ramp_s=1.0,
-            load_clients=16,
+            load_clients=64,
+            load_servers=4,
             rndv_study=True,
         )
 
@@ -193,6 +213,7 @@ class RpcSettings:
             load_seconds=2.0,
             load_ramp_s=0.5,
             load_clients=4,
+            load_servers=2,
             rndv_study=False,
         )
 
@@ -248,6 +269,7 @@ def summarize_overload(
     by_window = {w: median(r["mib_s"] for r in runs[f"peak-w{w}"]) for w in PEAK_WINDOWS}
     best = max(by_window, key=lambda w: by_window[w])
     mib_s = median(r["mib_s"] for r in over)
+    steady = [r["steady_share"] for r in over if r["steady_share"] is not None]
     peak_counts = [r for w in PEAK_WINDOWS for r in runs[f"peak-w{w}"]]
     return {
         "mib_s": mib_s,
@@ -271,13 +293,15 @@ def summarize_overload(
         "transport": "tcp",
         "clients": settings.load_clients,
         "inflight_per_client": LOAD_INFLIGHT,
-        "servers": LOAD_SERVERS,
+        "servers": settings.load_servers,
+        "steady_share": min(steady) if steady else None,
+        "steady_windows_mib_s": [r["windows_mib_s"] for r in over],
         "buffer_count": LOAD_BUFFERS,
         "peak_buffer_count": PEAK_BUFFERS,
         "peak_windows": list(PEAK_WINDOWS),
-        "chunk_size": LOAD_CHUNK,
-        "transfer_size": 2 * LOAD_CHUNK,
-        "call_size": LOAD_CALL,
+        "chunk_size": settings.load_chunk,
+        "transfer_size": 2 * settings.load_chunk,
+        "call_size": settings.load_call,
         "duration_s": settings.load_seconds,
         "window_from_s": settings.load_ramp_s,
         "repeats": settings.repeats,
@@ -303,7 +327,7 @@ class RpcBench:
 
     def need_bytes(self) -> int:
         """tmpfs bytes the servers hold at most: the load files, the bandwidth files."""
-        load = 2 * self.settings.load_clients * LOAD_CALL
+        load = 2 * self.settings.load_clients * self.settings.load_call
         pairs = (len(TRANSPORTS) + (len(RNDV_THRESHOLDS) if self.settings.rndv_study else 0)) * (
             BW_CALL + SMALL
         )
@@ -497,19 +521,19 @@ class RpcBench:
     def _overload(self) -> dict[str, Any]:
         s = self.settings
         common = [
-            f"layout.chunk_size={LOAD_CHUNK}",
+            f"layout.chunk_size={s.load_chunk}",
             f"client.max_inflight_per_server={LOAD_INFLIGHT}",
             *TRANSPORTS[0].overrides(),
         ]
         self.progress(
-            f"overload: starting {LOAD_SERVERS} servers with {LOAD_BUFFERS} buffers each and "
-            f"{LOAD_SERVERS} with {PEAK_BUFFERS}"
+            f"overload: starting {s.load_servers} servers with {LOAD_BUFFERS} buffers each and "
+            f"{s.load_servers} with {PEAK_BUFFERS}"
         )
         over = self._cluster(
-            "overload", LOAD_SERVERS, [*common, f"storage.buffer_count={LOAD_BUFFERS}"], True
+            "overload", s.load_servers, [*common, f"storage.buffer_count={LOAD_BUFFERS}"], True
         )
         peak = self._cluster(
-            "peak", LOAD_SERVERS, [*common, f"storage.buffer_count={PEAK_BUFFERS}"], True
+            "peak", s.load_servers, [*common, f"storage.buffer_count={PEAK_BUFFERS}"], True
         )
         runs: dict[str, list[dict[str, Any]]] = {phase: [] for phase in LOAD_PHASES}
         for step in interleave(["load"], s.repeats, tools=LOAD_PHASES):
@@ -523,12 +547,22 @@ class RpcBench:
         config = over.settings([f"client.max_inflight={LOAD_INFLIGHT}"])
         return summarize_overload(runs, s, config)
 
+    @staticmethod
+    def _second(tel: telemetry.Telemetry, start: float) -> float:
+        """The servers' write MiB/s in the second from `start`: 0 when none completed."""
+        try:
+            return op_window(tel, start, start + 1.0, "write", enclose=False).mib_s
+        except BenchError as e:
+            if "no write operations" not in str(e):
+                raise
+            return 0.0
+
     def _load(self, cluster: BenchCluster, window: int) -> dict[str, Any]:
         """One timed write load of all clients against `cluster` with `window` in flight each."""
         s = self.settings
         extra = [f"client.max_inflight={window}"]
         client_config = cluster.settings(extra)["client"]
-        clients = cluster.start_clients(s.load_clients, LOAD_CALL, prepare=False, extra=extra)
+        clients = cluster.start_clients(s.load_clients, s.load_call, prepare=False, extra=extra)
         patience = (
             s.load_seconds
             + client_config["request_timeout_s"] * (client_config["max_retries"] + 1)
@@ -545,6 +579,9 @@ class RpcBench:
         end = go + s.load_seconds
         tel = wait_telemetry(cluster.telemetry_dir, end, TELEMETRY_WAIT_S)
         win = op_window(tel, go + s.load_ramp_s, end, "write", enclose=False)
+        # Steadiness: each second of the load but its first and last STEADY_EDGE_S.
+        starts = [go + STEADY_EDGE_S + k for k in range(int(s.load_seconds - 2 * STEADY_EDGE_S))]
+        windows = [self._second(tel, t) for t in starts]
         servers = [stat for a in answers for stat in a["servers"]]
         errors = [a["first_error"] for a in answers if a["first_error"]]
         total = sum(int(a["bytes"]) for a in answers)
@@ -565,12 +602,17 @@ class RpcBench:
             "call_p99_us": max(float(a.get("call_p99_us") or 0.0) for a in answers),
             "wall_s": wall,
             "server_window": win.to_json(),
+            "windows_mib_s": windows,
+            "steady_share": min(windows) / max(windows) if windows and max(windows) > 0 else None,
         }
 
 
 RPC_RATIO_TARGET = 0.8
 RPC_RTT_TARGET_US = {"shm": 25.0, "tcp": 60.0}
 RPC_PEAK_SHARE_TARGET = 0.9
+RPC_STEADY_TARGET = 0.9
+STEADY_EDGE_S = 2.0
+"""Seconds at either end of a load left out of its steadiness (ramp-up and wind-down)."""
 FULL_LOAD_CLIENTS = RpcSettings.full().load_clients
 
 
@@ -643,6 +685,22 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     found.append(
         {"target": "overload: zero retries", "value": over["retries"], "met": over["retries"] == 0}
     )
+    found.append(
+        {
+            "target": "overload: zero failed calls",
+            "value": over["failed_calls"],
+            "met": over["failed_calls"] == 0,
+        }
+    )
+    steady = over["steady_share"]
+    if steady is not None:
+        found.append(
+            {
+                "target": f"overload: every 1 s window >= {RPC_STEADY_TARGET} x the best",
+                "value": steady,
+                "met": steady >= RPC_STEADY_TARGET,
+            }
+        )
     share = over["ratio_to_peak"]
     found.append(
         {
@@ -714,6 +772,15 @@ def render(console: Console, report: dict[str, Any]) -> None:
             f"timeouts {over['timeouts']}, retries {over['retries']}, failures "
             f"{over['failures']}, failed calls {over['failed_calls']}, refused busy "
             f"{over['rejected_busy']}, buffer waits {over['pool_waits']}",
+        ),
+        (
+            "steadiness",
+            "worst 1 s window / best: "
+            + (
+                f"{fmt(over['steady_share'], 2)} (first and last {STEADY_EDGE_S:g} s left out)"
+                if over["steady_share"] is not None
+                else f"- (a load of {over['duration_s']:g} s has no second between its edges)"
+            ),
         ),
     ]
     study = report.get("rndv_threshold_study")

@@ -241,7 +241,7 @@ def storage(
 @click.option(
     "--clients",
     type=click.IntRange(min=1, max=64),
-    help="Client processes of the overload and peak loads [16; --quick: 4].",
+    help="Client processes of the overload and peak loads [64; --quick: 4].",
 )
 @click.option(
     "--rndv-study/--no-rndv-study",

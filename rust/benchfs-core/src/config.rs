@@ -85,7 +85,9 @@ pub struct ClientConfig {
     /// The default is studies/pipeline's best (docs/storage.md).
     pub read_ahead: u64,
     /// Bytes of writes a client may have sent but not yet had answered, in all (0: every
-    /// write waits for its answer). Failures are returned by the file's fsync or close.
+    /// write waits for its answer). Failures are returned by the file's next write, fsync or
+    /// close. Off by default: under `benchfs-bench rpc`'s overload it let requests time out
+    /// (docs/storage.md).
     pub write_behind: u64,
 }
 
@@ -98,7 +100,7 @@ impl Default for ClientConfig {
             max_retries: 2,
             retry_backoff_ms: 50,
             read_ahead: 32 << 20,
-            write_behind: 32 << 20,
+            write_behind: 0,
         }
     }
 }

@@ -317,6 +317,8 @@ mod tests {
         config.cluster.expected_servers = 2;
         config.layout.chunk_size = 64 * 1024;
         config.storage.buffer_count = 8;
+        // Writes behind the caller, unanswered when the transport is rebuilt, are sent again.
+        config.client.write_behind = 1 << 20;
         let servers = (0..2)
             .map(|id| {
                 ServerHandle::spawn(ServerOptions {
