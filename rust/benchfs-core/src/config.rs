@@ -286,8 +286,11 @@ impl Config {
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");
         }
-        if self.client.read_ahead > (1 << 30) || self.client.write_behind > (1 << 30) {
-            return bad("client.read_ahead and client.write_behind must be at most 1 GiB");
+        if self.client.read_ahead > (1 << 30) {
+            return bad("client.read_ahead must be at most 1 GiB");
+        }
+        if self.client.write_behind > (1 << 30) {
+            return bad("client.write_behind must be at most 1 GiB");
         }
         if self.client.max_retries > 10 {
             return bad("client.max_retries must be at most 10");
@@ -802,6 +805,9 @@ mod tests {
         assert!(e(Config::from_toml("[layout]\nchunk_size = \"big\"\n"))
             .contains("layout.chunk_size = \"big\" (from configuration text): expected a whole number"));
         assert!(over("client.max_inflight=1.5").contains("client.max_inflight"));
+        assert!(over("client.read_ahead=2G").contains("client.read_ahead must be at most 1 GiB"));
+        assert!(over("client.write_behind=2G").contains("client.write_behind must be at most 1 GiB"));
+        assert!(over("client.write_behind=lots").contains("client.write_behind = \"lots\""));
         assert!(e(Config::from_toml("[client\n")).contains("malformed TOML"));
         assert!(e(Config::from_toml("[layout]\nchunk_size = 0\n"))
             .contains("layout.chunk_size must be between 1 byte and 1 GiB (from configuration text)"));
