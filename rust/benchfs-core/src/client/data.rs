@@ -144,7 +144,7 @@ impl Client {
     /// Makes this file's bytes durable on the servers holding them, then reports its size.
     pub fn fsync(&self, file: &FileHandle) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Fsync);
-        self.run(self.settle_file(file.attr.id.0, true))?;
+        self.flush(file)?;
         let targets = self.data_targets(&file.attr, 0, file.size());
         self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
         self.report_size(file)

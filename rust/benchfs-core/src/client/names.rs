@@ -252,7 +252,7 @@ impl Client {
     pub fn close(&self, file: &FileHandle) -> Result<()> {
         self.forget_read_ahead(file.attr.id.0);
         // The file's first failed write, if any, is this close's error (nothing published).
-        self.run(self.settle_file(file.attr.id.0, true))?;
+        self.flush(file)?;
         if self.config.storage.durability == Durability::Close && file.written_end.get() > 0 {
             return self.fsync(file);
         }
