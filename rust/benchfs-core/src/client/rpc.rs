@@ -55,9 +55,12 @@ pub(super) struct PendingRpc {
     /// A rendezvous receive into `dest`, started by the reply handler.
     pub(super) data: Option<Request>,
     pub(super) waker: Option<Waker>,
+    /// A request that outlives its call (read-ahead, write-behind): its reply's arrival is
+    /// timed (`replied_at`), as no call is waiting to.
+    pub(super) detached: bool,
     /// A read-ahead request nobody wants any more: its reply is dropped on arrival.
     pub(super) cancelled: bool,
-    /// When the reply arrived (read-ahead requests are timed from it).
+    /// When a detached request's reply arrived.
     pub(super) replied_at: Option<Instant>,
 }
 
@@ -154,7 +157,9 @@ impl Shared {
             pending.remove(&header.request_id);
             return AmVerdict::Done;
         }
-        p.replied_at = Some(Instant::now());
+        if p.detached {
+            p.replied_at = Some(Instant::now());
+        }
         match (msg.data, p.dest) {
             (AmData::Eager(d), Some(dest)) if !d.is_empty() => {
                 let n = d.len().min(dest.len);
@@ -736,6 +741,7 @@ impl Client {
             PendingRpc {
                 dest,
                 down: Some(down.clone()),
+                detached: true,
                 ..Default::default()
             },
         );
