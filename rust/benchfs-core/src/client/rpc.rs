@@ -563,12 +563,7 @@ impl Client {
                     ready = Instant::now();
                 }
                 Err(e) => {
-                    metrics.count_error(index, kind);
-                    match &e {
-                        Error::ServerLost { reason, .. } => self.mark_lost(index, reason.clone()),
-                        Error::Timeout { .. } => self.mark_lost(index, e.to_string()),
-                        _ => {}
-                    }
+                    self.request_failed(index, kind, &e);
                     return Err(e);
                 }
                 Ok(reply) => {
@@ -581,6 +576,16 @@ impl Client {
                     return Ok(reply);
                 }
             }
+        }
+    }
+
+    /// Counts a request that failed for good; a lost or silent server is marked lost.
+    pub(super) fn request_failed(&self, index: usize, kind: OpKind, e: &Error) {
+        self.telemetry.metrics.count_error(index, kind);
+        match e {
+            Error::ServerLost { reason, .. } => self.mark_lost(index, reason.clone()),
+            Error::Timeout { .. } => self.mark_lost(index, e.to_string()),
+            _ => {}
         }
     }
 

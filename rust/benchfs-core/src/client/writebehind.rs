@@ -314,12 +314,7 @@ impl Client {
         let reply = match outcome {
             Ok(r) => r,
             Err(e) => {
-                metrics.count_error(index, OpKind::Write);
-                match &e {
-                    Error::ServerLost { reason, .. } => self.mark_lost(index, reason.clone()),
-                    Error::Timeout { .. } => self.mark_lost(index, e.to_string()),
-                    _ => {}
-                }
+                self.request_failed(index, OpKind::Write, &e);
                 return Err(e);
             }
         };
