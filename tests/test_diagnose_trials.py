@@ -65,15 +65,7 @@ def test_screen_finds_slow_device_and_slow_link(sim: Sim, tmp_path: Path) -> Non
     scratch = {n: sim.mount([disks[n]], n) for n in names}
     net = sim.network(names)
     sim.shape_pair(net["n1"], net["n2"], "100mbit")
-    nodes = [
-        node(
-            n,
-            scratch[n],
-            [disks[n]],
-            ["ip", "netns", "exec", net[n][0], "env", "UCX_NET_DEVICES=eth0"],
-        )
-        for n in names
-    ]
+    nodes = [node(n, scratch[n], [disks[n]], net[n].prefix()) for n in names]
     nodes_file = tmp_path / "nodes.toml"
     write_nodes(nodes_file, nodes)
     disks["n3"].fs.set_delay(SLOW_MS)

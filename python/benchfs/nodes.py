@@ -8,7 +8,8 @@ for several nodes in tests:
     host = "bnode045"                 # where it runs (a hostname; may repeat for simulated nodes)
     scratch = "/scr"                  # node-local scratch directory
     devices = ["nvme0n1", "nvme1n1"]  # optional: block devices behind the scratch directory
-    prefix = ["ip", "netns", "exec", "n1"]  # optional: command prefix of its processes
+    prefix = ["taskset", "-c", "1"]   # optional: command prefix of its processes
+    netns = "bfs-n1"                  # optional: its network namespace (benchfs-run nodes --netns)
 
 On a cluster it is generated from the allocation (`from_allocation`: SLURM_JOB_NODELIST through
 `scontrol show hostnames`, or PBS_NODEFILE). Exclusions are a list of `{host, reasons}`
@@ -47,7 +48,7 @@ __all__ = [
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
-_KEYS = {"name", "host", "scratch", "devices", "prefix"}
+_KEYS = {"name", "host", "scratch", "devices", "prefix", "netns"}
 
 
 class NodesFileError(InputError):
@@ -64,10 +65,18 @@ class Node:
     scratch: str
     devices: tuple[str, ...] = ()
     prefix: tuple[str, ...] = ()
+    netns: str = ""
+    """The node's network namespace: its processes run under `ip netns exec`, except MPI ranks,
+    whose BenchFS client enters it after MPI has started (`BENCHFS_NETNS`)."""
+
+    @property
+    def command_prefix(self) -> list[str]:
+        """What runs a command on this node: into its namespace, then under its prefix."""
+        return [*(("ip", "netns", "exec", self.netns) if self.netns else ()), *self.prefix]
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """`argv` as this node runs it: under its prefix (a network namespace, a cgroup...)."""
-        return [*self.prefix, *argv]
+        """`argv` as this node runs it: in its namespace, under its prefix (a cgroup...)."""
+        return [*self.command_prefix, *argv]
 
     def to_toml_table(self) -> dict[str, Any]:
         table: dict[str, Any] = {"name": self.name, "host": self.host, "scratch": self.scratch}
@@ -75,6 +84,8 @@ class Node:
             table["devices"] = list(self.devices)
         if self.prefix:
             table["prefix"] = list(self.prefix)
+        if self.netns:
+            table["netns"] = self.netns
         return table
 
 
@@ -110,7 +121,10 @@ def _node(entry: Any, where: str) -> Node:
         raise NodesFileError(f"{where}.scratch {values['scratch']!r} is not an absolute path")
     devices = _string_list(entry.get("devices", []), f"{where}.devices", _DEVICE_RE)
     prefix = _string_list(entry.get("prefix", []), f"{where}.prefix")
-    return Node(values["name"], values["host"], values["scratch"], devices, prefix)
+    netns = entry.get("netns", "")
+    if not isinstance(netns, str) or (netns and not _NAME_RE.match(netns)):
+        raise NodesFileError(f"{where}.netns {netns!r}: a namespace name (`ip netns list`)")
+    return Node(values["name"], values["host"], values["scratch"], devices, prefix, netns)
 
 
 def parse_nodes(text: str, source: str) -> list[Node]:

@@ -1,9 +1,10 @@
 """`python -m benchfs.rankexec PLAN -- ARGV...`: become one rank of a launched job.
 
-The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "cpus", "mount"}, ...]}`, one
-entry per rank) and launches every rank through this module with mpiexec or srun. Each rank
+The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "netns", "cpus", "mount"}]}`,
+one entry per rank) and launches every rank through this module with mpiexec or srun. Each rank
 finds its entry from the launcher's rank variable, sets BENCHFS_NODE_NAME (the node its
-telemetry and logs name), BENCHFS_MOUNT and the CPU affinity, replaces `{mount}`, `{rank}`,
+telemetry and logs name), BENCHFS_MOUNT, BENCHFS_NETNS (its node's namespace, which
+the client enters once MPI is up) and the CPU affinity, replaces `{mount}`, `{rank}`,
 `{node}`, `{registry}` and `{config}` in ARGV, and execs ARGV under the node's prefix: the rank
 keeps its pid, so the launcher's signals reach the real program.
 """
@@ -61,6 +62,9 @@ def main(args: Sequence[str]) -> int:
         print(f"benchfs.rankexec: cannot find this rank's entry in {args[0]}: {e}", file=sys.stderr)
         return 2
     os.environ["BENCHFS_NODE_NAME"] = entry["node"]
+    if entry.get("netns"):
+        # MPI starts here, outside the node's namespace; the BenchFS client enters it.
+        os.environ["BENCHFS_NETNS"] = entry["netns"]
     if entry.get("mount"):
         os.environ["BENCHFS_MOUNT"] = entry["mount"]
     cpus = entry.get("cpus")

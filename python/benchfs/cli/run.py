@@ -520,8 +520,21 @@ def submit(
 @click.option(
     "--from-allocation",
     is_flag=True,
-    required=True,
     help="Take the nodes of the current Slurm or PBS/NQSV allocation.",
+)
+@click.option(
+    "--netns",
+    type=int,
+    metavar="N",
+    help="Make N nodes on this host, each in its own network namespace with its own address "
+    "(root; TCP between them); --scratch/nI is each one's scratch.",
+)
+@click.option("--remove-netns", is_flag=True, help="Remove the namespaces an earlier --netns made.")
+@click.option(
+    "--netns-tag",
+    default="bfs",
+    show_default=True,
+    help="Namespace names: TAG-n1 ... and TAG-sw (letters and digits, at most 8).",
 )
 @click.option("--scratch", default="/tmp", show_default=True, help="Node-local scratch directory.")
 @click.option(
@@ -536,27 +549,49 @@ def submit(
 )
 def nodes(
     from_allocation: bool,
+    netns: int | None,
+    remove_netns: bool,
+    netns_tag: str,
     scratch: str,
     devices: tuple[str, ...],
     excludes: tuple[str, ...],
     exclude_from: str | None,
     output: str | None,
 ) -> None:
-    """Print (or write) the nodes file of the allocation this runs in (docs/nodes.md)."""
+    """Print (or write) a nodes file (docs/nodes.md): of the allocation this runs in, or of
+    nodes in network namespaces on this host."""
+    from pathlib import Path
+
+    from benchfs.errors import BenchfsError
     from benchfs.nodes import Exclusion, NodesFileError, dump_nodes, read_exclusions
     from benchfs.nodes import from_allocation as allocation_nodes
+    from benchfs.simnodes import netns_nodes, remove_netns_nodes
 
+    modes = [flag for flag, on in (("--from-allocation", from_allocation),
+             ("--netns", netns is not None), ("--remove-netns", remove_netns)) if on]  # fmt: skip
+    if len(modes) != 1:
+        _fail("EINVAL", "give one of --from-allocation, --netns N and --remove-netns", EXIT_USAGE)
     try:
+        if remove_netns:
+            removed = remove_netns_nodes(netns_tag)
+            click.echo(f"removed {', '.join(removed)}" if removed else "no namespaces to remove")
+            return
         left_out = [Exclusion(host) for host in excludes]
         if exclude_from:
             left_out += read_exclusions(exclude_from)
-        found = allocation_nodes(scratch, devices)
+        if netns is not None:
+            found = netns_nodes(netns, Path(scratch), netns_tag)
+        else:
+            found = allocation_nodes(scratch, devices)
     except (NodesFileError, FileNotFoundError) as e:
         _fail("EINVAL", str(e), EXIT_USAGE)
+    except BenchfsError as e:
+        _fail(e.code, e.message, e.exit_code)
     kept, _ = apply_exclusions(found, left_out)
     if not kept:
         hosts = ", ".join(sorted({e.host for e in left_out}))
-        _fail("EINVAL", f"every node of the allocation is excluded ({hosts})")
+        whose = " of the allocation" if from_allocation else ""
+        _fail("EINVAL", f"every node{whose} is excluded ({hosts})")
     text = dump_nodes(kept)
     if output:
         write_text_atomic(output, text)

@@ -117,7 +117,7 @@ def measure_pair(
             [server.name],
             READY_TIMEOUT_S,
             data_dirs=[data],
-            prefix=server.prefix,
+            prefix=server.command_prefix,
         )
         argv = client.command(
             [

@@ -208,17 +208,17 @@ def probe_node(
         if device.startswith(("loop", "zram", "ram")):
             continue
         try:
-            health, _command, out = smart.probe_health(device, node.prefix)
+            health, _command, out = smart.probe_health(device, node.command_prefix)
         except (ParseError, OSError, subprocess.TimeoutExpired) as e:
             probe.errors.append(f"health of {device}: {e}")
             continue
         (raw / f"health-{device}.json").write_text(out)
         if health is not None:
             probe.health.append(health.to_json())
-    probe.triage, problems = triage.run_triage(node.scratch, node.prefix, raw)
+    probe.triage, problems = triage.run_triage(node.scratch, node.command_prefix, raw)
     probe.notes.extend(f"triage: {p}" for p in problems)
     try:
-        probe.io_limits = iolimits.io_limits(node.prefix, watched)
+        probe.io_limits = iolimits.io_limits(node.command_prefix, watched)
     except (OSError, subprocess.TimeoutExpired) as e:
         probe.notes.append(f"I/O limits not read: {e}")
 
@@ -235,7 +235,9 @@ def probe_node(
         )
         return probe
     files = fioprobe.prepare_tree(work, settings.sizes)
-    cap = iostat.Capture(raw / "iostat.json", watched, 1.0, node.prefix) if watched else None
+    cap = (
+        iostat.Capture(raw / "iostat.json", watched, 1.0, node.command_prefix) if watched else None
+    )
     windows: dict[str, tuple[float, float]] = {}
     try:
         for name in fioprobe.PROBES:

@@ -23,10 +23,10 @@ NODE_COMMAND_TIMEOUT_S = 120.0
 
 
 def files_are_here(node: Node, launcher: str) -> bool:
-    """True when `node`'s files are this process's files: no prefix, and the local launcher
-    or the node is this host. Then its job directory is made and removed here, which also
-    works while a cancelled Slurm job can no longer start steps."""
-    if node.prefix:
+    """True when `node`'s files are this process's files: no prefix or namespace, and the
+    local launcher or the node is this host. Then its job directory is made and removed here,
+    which also works while a cancelled Slurm job can no longer start steps."""
+    if node.prefix or node.netns:
         return False
     return launcher == "local" or node.host.split(".", 1)[0] == this_host()
 
@@ -98,6 +98,7 @@ class RunContext:
                     "node": node.name,
                     "host": node.host,
                     "prefix": list(node.prefix),
+                    "netns": node.netns,
                     "cpus": self.cpus(node, index) if self.roles is not None else None,
                     "mount": None if mount is None else str(mount),
                 }
@@ -117,6 +118,7 @@ class RunContext:
                 "scratch": node.scratch,
                 "devices": list(node.devices),
                 "prefix": list(node.prefix),
+                "netns": node.netns,
                 "servers": [sid for sid, n in roles.servers if n.name == node.name],
                 "ranks": [r for r, n in enumerate(roles.clients) if n.name == node.name],
             }

@@ -6,7 +6,8 @@ measures the screen's accuracy on, and what the benchfs-diagnose tests build.
   `--direct-io=on` to a file inside it is a slow disk (high r_await, %util near 100), and the
   delay can change while it runs.
 - blkio cgroup v1 throttling of a loop device: slow above the device.
-- network namespaces joined by a bridge, one pair's traffic shaped with tc tbf.
+- network namespaces joined by a bridge (`build_network`; `benchfs-run nodes --netns` makes
+  them for a cluster of its own), one pair's traffic shaped with tc tbf.
 
 Everything is registered with `Sim`, which removes it in reverse order even when a test
 fails (unmount, detach, delete the namespace or cgroup, stop the FUSE daemon), with bounded
@@ -17,13 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from benchfs.errors import EXIT_USAGE, BenchfsError
 from benchfs.nodes import Node
 from benchfs.units import MIB
 
@@ -31,10 +35,16 @@ __all__ = [
     "MIB",
     "BlkioGroup",
     "Disk",
+    "NetNode",
     "Sim",
     "background_load",
     "build_delayfs",
+    "build_network",
+    "namespace_pids",
+    "namespaces",
+    "netns_nodes",
     "node",
+    "remove_netns_nodes",
     "requirements",
     "simulation",
 ]
@@ -253,32 +263,11 @@ class Sim:
 
     # --- network ----------------------------------------------------------------------------------
 
-    def network(self, names: list[str]) -> dict[str, tuple[str, str]]:
-        """One namespace per node on a bridge (in a namespace of its own); returns per node its
-        (namespace, address)."""
-        switch = f"{self.tag}-sw"
-        sh("ip", "netns", "add", switch)
-        self.on_close(f"netns {switch}", lambda: sh("ip", "netns", "del", switch))
-        sh("ip", "netns", "exec", switch, "ip", "link", "add", "br0", "type", "bridge")
-        sh("ip", "netns", "exec", switch, "ip", "link", "set", "br0", "up")
-        subnet = 10 + os.getpid() % 200
-        out = {}
-        for i, name in enumerate(names, start=1):
-            ns, port = f"{self.tag}-{name}", f"{self.tag}p{i}"
-            sh("ip", "netns", "add", ns)
-            self.on_close(f"netns {ns}", lambda ns=ns: sh("ip", "netns", "del", ns))
-            sh("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            sh("ip", "link", "set", port, "netns", switch)
-            sh("ip", "netns", "exec", switch, "ip", "link", "set", port, "master", "br0")
-            sh("ip", "netns", "exec", switch, "ip", "link", "set", port, "up")
-            addr = f"10.{subnet}.0.{i}"
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            out[name] = (ns, addr)
-        return out
+    def network(self, names: list[str]) -> dict[str, NetNode]:
+        """One namespace per node on a bridge (in a namespace of its own), removed in `close`."""
+        return build_network(self.tag, names, 10 + os.getpid() % 200, self.on_close)
 
-    def shape_pair(self, a: tuple[str, str], b: tuple[str, str], rate: str) -> None:
+    def shape_pair(self, a: NetNode, b: NetNode, rate: str) -> None:
         """tc tbf on the traffic between two namespaces only, both directions (an htb root
         sends the pair's packets, picked by a u32 filter, through the tbf; this kernel has
         neither prio nor netem)."""
@@ -292,6 +281,137 @@ class Sim:
                "rate", rate, "burst", "32kb", "latency", "100ms")  # fmt: skip
             sh(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
                "match", "ip", "dst", f"{dst}/32", "flowid", "1:20")  # fmt: skip
+
+
+class NetNode(NamedTuple):
+    """A simulated node's network namespace and its address on the nodes' bridge."""
+
+    namespace: str
+    address: str
+
+    def prefix(self) -> list[str]:
+        """The command prefix of the node's processes: inside its namespace, with UCX on its one
+        link and over TCP only (namespaces share the host's memory, and UCX would otherwise
+        take shared memory between them: they would not be apart)."""
+        return ["ip", "netns", "exec", self.namespace, "env", *UCX_APART]
+
+
+UCX_APART = ("UCX_NET_DEVICES=eth0", "UCX_TLS=tcp")
+
+
+def build_network(
+    tag: str,
+    names: Sequence[str],
+    subnet: int,
+    created: Callable[[str, Callable[[], None]], None],
+) -> dict[str, NetNode]:
+    """Namespaces `tag-NAME` with addresses 10.SUBNET.0.i on a bridge in namespace `tag-sw`;
+    `created(what, remove)` is told of each as it is made, so a failure part way removes them."""
+    switch = f"{tag}-sw"
+    sh("ip", "netns", "add", switch)
+    created(f"netns {switch}", lambda: delete_namespace(switch))
+    sh("ip", "netns", "exec", switch, "ip", "link", "add", "br0", "type", "bridge")
+    sh("ip", "netns", "exec", switch, "ip", "link", "set", "br0", "up")
+    out = {}
+    for i, name in enumerate(names, start=1):
+        ns, port = f"{tag}-{name}", f"{tag}p{i}"
+        sh("ip", "netns", "add", ns)
+        created(f"netns {ns}", lambda ns=ns: delete_namespace(ns))
+        sh("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "link", "set", port, "netns", switch)
+        sh("ip", "netns", "exec", switch, "ip", "link", "set", port, "master", "br0")
+        sh("ip", "netns", "exec", switch, "ip", "link", "set", port, "up")
+        addr = f"10.{subnet}.0.{i}"
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        out[name] = NetNode(ns, addr)
+    return out
+
+
+def delete_namespace(ns: str) -> None:
+    sh("ip", "netns", "del", ns)
+
+
+def namespaces(tag: str) -> list[str]:
+    """The network namespaces named `tag-*` (those `build_network` made with this tag)."""
+    out = sh("ip", "netns", "list")
+    names = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    return sorted(n for n in names if n.startswith(f"{tag}-"))
+
+
+def namespace_pids(ns: str) -> list[int]:
+    return [int(p) for p in sh("ip", "netns", "pids", ns).stdout.split()]
+
+
+NODES_TAG = "bfs"
+"""The namespaces of `netns_nodes` are `bfs-n1`, ... and the bridge's `bfs-sw`."""
+NODES_SUBNET = 250
+"""Their addresses are 10.250.0.i (a Sim's are 10.10-209.0.i)."""
+MAX_NODES = 250
+TAG_RE = re.compile(r"^[A-Za-z0-9]{1,8}$")
+"""Short enough for the bridge ports' names (`TAGpI`, at most 15 characters)."""
+
+
+def netns_nodes(count: int, scratch: Path, tag: str = NODES_TAG) -> list[Node]:
+    """Nodes n1..nCOUNT, each in its own network namespace with its own address on one bridge
+    and its scratch in `scratch/nI`: servers and clients on different nodes talk TCP between
+    distinct hosts. The namespaces outlive this call; `remove_netns_nodes` removes them.
+    BenchfsError if the host cannot (not root, no `ip`) or namespaces of `tag` exist already."""
+    if not TAG_RE.match(tag):
+        raise BenchfsError(
+            "EINVAL", f"namespace tag {tag!r}: 1 to 8 letters and digits", EXIT_USAGE
+        )
+    if not 1 <= count <= MAX_NODES:
+        raise BenchfsError(
+            "EINVAL", f"--netns takes 1 to {MAX_NODES} nodes, not {count}", EXIT_USAGE
+        )
+    if os.geteuid() != 0:
+        raise BenchfsError("EPERM", "network namespaces need root")
+    if shutil.which("ip") is None:
+        raise BenchfsError("ENOENT", "network namespaces need `ip` (Debian: iproute2)")
+    existing = namespaces(tag)
+    if existing:
+        raise BenchfsError(
+            "EEXIST",
+            f"network namespaces {', '.join(existing)} exist already; remove them first with "
+            "`benchfs-run nodes --remove-netns`",
+        )
+    names = [f"n{i}" for i in range(1, count + 1)]
+    made: list[Callable[[], None]] = []
+    try:
+        net = build_network(tag, names, NODES_SUBNET, lambda _what, remove: made.append(remove))
+    except RuntimeError as e:
+        for remove in reversed(made):
+            with contextlib.suppress(RuntimeError):
+                remove()
+        raise BenchfsError("EIO", str(e)) from e
+    nodes = []
+    for name in names:
+        directory = scratch / name
+        directory.mkdir(parents=True, exist_ok=True)
+        ns = net[name]
+        nodes.append(
+            Node(name, ns.namespace, str(directory), prefix=("env", *UCX_APART), netns=ns.namespace)
+        )
+    return nodes
+
+
+def remove_netns_nodes(tag: str = NODES_TAG) -> list[str]:
+    """Removes the namespaces `netns_nodes` made (none: nothing to do); returns their names.
+    BenchfsError, removing nothing, while a process still runs in one of them."""
+    if not TAG_RE.match(tag):
+        raise BenchfsError(
+            "EINVAL", f"namespace tag {tag!r}: 1 to 8 letters and digits", EXIT_USAGE
+        )
+    found = namespaces(tag)
+    busy = {ns: pids for ns in found if (pids := namespace_pids(ns))}
+    if busy:
+        shown = "; ".join(f"{ns}: {', '.join(map(str, pids))}" for ns, pids in busy.items())
+        raise BenchfsError("EBUSY", f"processes still run in the nodes' namespaces ({shown})")
+    for ns in found:
+        delete_namespace(ns)
+    return found
 
 
 @contextlib.contextmanager

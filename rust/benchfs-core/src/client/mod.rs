@@ -12,6 +12,7 @@ mod capacity;
 mod data;
 mod find;
 mod names;
+mod netns;
 mod readahead;
 mod rpc;
 mod telemetry;

@@ -245,6 +245,7 @@ pub(super) fn make_worker(
     runtime: &Runtime,
     shared: &Rc<Shared>,
 ) -> Result<(Worker, Rc<[u8]>)> {
+    super::netns::enter()?;
     // Serialized, not single-threaded: a client may move between threads (never used by two
     // at once; the front-ends serialize access).
     let options = benchfs_ucx::WorkerOptions {
@@ -271,6 +272,7 @@ impl Client {
     /// each (retiring `retire`, this client's earlier connections there). The hellos' replies
     /// (each carrying a connection id) arrive like any other; see [`Self::hello_outcome`].
     pub(super) fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<(Vec<Link>, Vec<u64>)> {
+        super::netns::enter()?;
         let entry = &self.membership[index];
         let worker = self.worker.borrow().clone();
         let address = self.address.borrow().clone();
