@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,22 @@ CASES = [
 
 
 @pytest.mark.timeout(300)
-def test_e2e_quick_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "netns",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+        ),
+    ],
+)
+def test_e2e_quick_json(tmp_path: Path, netns: bool) -> None:
+    """Also between nodes apart (--netns): the ranks on their own node reach the servers on
+    theirs, and the namespaces are gone afterwards."""
     bench = Path(sys.executable).with_name("benchfs-bench")
     out = subprocess.run(
-        [str(bench), "e2e", "--quick", "--json", "--dir", str(tmp_path)],
+        [str(bench), "e2e", "--quick", "--json", "--dir", str(tmp_path), *(["--netns"] * netns)],
         capture_output=True,
         text=True,
         timeout=280,
@@ -51,7 +64,12 @@ def test_e2e_quick_json(tmp_path: Path) -> None:
     text = rendered(e2e.render, report)
     assert "read-t2m-chunk1m" in text and "target write-t1m" in text
     assert report["ranks"] == 2 and report["block_size"] == 8 << 20
+    assert report["netns"] is netns
+    assert all(t["target"].endswith(">= 0.8" if netns else ">= 0.9") for t in report["targets"])
+    assert ("ranks on n3" in text) is netns
     assert descendants(os.getpid()) == []
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not re.search(r"^bb\d+-n\d", left, re.M)
 
 
 def test_e2e_rejects_bad_repeats() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -435,3 +436,36 @@ def test_rpc_quick_json_end_to_end() -> None:
     # Daemons and client processes name the data directory; ucx_perftest is found by name.
     assert processes_mentioning(report["data_dir"]) == []
     assert processes_mentioning("ucx_perftest") == []
+
+
+@needs_perftest
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_rpc_quick_between_nodes_apart() -> None:
+    """--netns: the cases over TCP between two nodes (ucx_perftest's initiator on n2 dials n1's
+    address), 1, 2 and 4 servers with clients on other nodes; everything removed afterwards."""
+    out = subprocess.run(
+        [*bench_command(), "rpc", "--quick", "--netns", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [(c["transport"], c["name"]) for c in report["cases"]] == [
+        ("tcp", n) for n in CASE_NAMES
+    ]
+    perftest = report["cases"][0]["raw"]["ucx_perftest"][0]["command"]
+    found = re.search(r"ip netns exec (bb\d+)-n2 .*ucx_perftest 10\.251\.0\.1 ", perftest)
+    assert found, perftest
+    assert report["overload"] is None and report["settings"]["netns"] is True
+    rows = report["scaling"]["rows"]
+    assert [r["servers"] for r in rows] == [1, 2, 4]
+    assert all(positive(r["write_mib_s"]) and positive(r["read_mib_s"]) for r in rows)
+    assert rows[0]["write_speedup"] == 1.0
+    text = rendered(rpc.render, report)
+    assert "4 servers" in text and "overload" not in text.split("note:")[0]
+    assert not any(t["target"].startswith("overload") for t in report["targets"])
+    assert processes_mentioning(report["data_dir"]) == []
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{found.group(1)}-" not in left

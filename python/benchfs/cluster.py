@@ -164,11 +164,13 @@ class LocalCluster:
         *,
         data_dirs: Sequence[Path] | None = None,
         prefix: Sequence[str] = (),
+        prefixes: Sequence[Sequence[str]] | None = None,
         benchfsd: str | None = None,
     ) -> LocalCluster:
         """The one way to bring up a cluster of its own in a directory: one daemon per name in
         `nodes`, all registered before it returns.
 
+        Every daemon runs under `prefix`, or daemon i under `prefixes[i]` (each its own node).
         `root` gets the registry (mode 0700), the effective configuration (`config.toml`:
         `config_text` with this cluster's size and registry) and one log per daemon; each
         daemon's data goes to `data_dirs[i]` (default `root/data-i`). If a daemon dies or the
@@ -189,7 +191,8 @@ class LocalCluster:
         try:
             for i, node in enumerate(nodes):
                 data = data_dirs[i] if data_dirs is not None else root / f"data-{i}"
-                cluster.start(i, data, root / f"server-{i}.log", node, prefix=prefix)
+                mine = prefixes[i] if prefixes is not None else prefix
+                cluster.start(i, data, root / f"server-{i}.log", node, prefix=mine)
             cluster.wait_ready(ready_timeout_s)
         except BaseException:
             cluster.stop(grace_s=5.0)

@@ -32,6 +32,8 @@ class BenchCluster:
     overrides: Sequence[str]
     benchfsd: str
     with_telemetry: bool = False
+    server_prefixes: Sequence[Sequence[str]] | None = None
+    """Daemon i runs under server_prefixes[i] (its node, e.g. a network namespace)."""
     cluster: LocalCluster | None = None
     clients: list[LineProcess] = field(default_factory=list)
     started_clients: int = 0
@@ -71,7 +73,12 @@ class BenchCluster:
         self.root.mkdir(parents=True)
         try:
             self.cluster = LocalCluster.start_in(
-                self.root, self.config_text(), nodes, SERVER_START_TIMEOUT_S, benchfsd=self.benchfsd
+                self.root,
+                self.config_text(),
+                nodes,
+                SERVER_START_TIMEOUT_S,
+                prefixes=self.server_prefixes,
+                benchfsd=self.benchfsd,
             )
         except (ServerExited, TimeoutError) as e:
             raise BenchError("EHOSTDOWN", f"benchfsd ({self.name}) did not start: {e}") from e
@@ -80,9 +87,15 @@ class BenchCluster:
         return parse_config(self.config_text(extra))
 
     def start_clients(
-        self, count: int, call_size: int, prepare: bool, extra: Sequence[str] = ()
+        self,
+        count: int,
+        call_size: int,
+        prepare: bool,
+        extra: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> list[LineProcess]:
-        """Start `count` client processes with this config plus `extra`; wait until ready."""
+        """Start `count` client processes with this config plus `extra`, under `prefix` (their
+        node's); wait until they are ready."""
         assert self.cluster is not None
         text = self.config_text(extra)
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -92,6 +105,7 @@ class BenchCluster:
         for i in range(count):
             self.started_clients += 1
             argv = [
+                *prefix,
                 sys.executable,
                 "-m",
                 "benchfs.clients.calls",

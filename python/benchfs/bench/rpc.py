@@ -24,7 +24,9 @@ Method and how to read the numbers: docs/bench.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +46,7 @@ from benchfs.errors import BenchError, errno_name
 from benchfs.probes.perftest import find_perftest, run_perftest
 from benchfs.probes.system import filesystem_type, free_bytes, remove_path, tool_version
 from benchfs.procs import LineProcess
+from benchfs.simnodes import ApartNodes, apart_nodes
 from benchfs.ucx import find_tool
 from benchfs.units import GIB, KIB, MIB, format_size
 
@@ -82,6 +85,11 @@ PEAK_BUFFERS = 64
 PEAK_WINDOWS = (1, 2, 4)
 LOAD_PHASES = ("overload", *(f"peak-w{w}" for w in PEAK_WINDOWS))
 TELEMETRY_WAIT_S = 10.0
+
+SCALING_SERVERS = (1, 2, 4)
+SCALING_CLIENTS = 2
+NETNS_NODES = max(SCALING_SERVERS) + SCALING_CLIENTS
+"""--netns: servers on n1..n4, the scaling's clients on n5 and n6 (the cases: n1 and n2)."""
 
 RNDV_THRESHOLDS = (0, 64 * KIB, MIB)
 """network.rndv_threshold values of the study; 0 keeps UCX's own threshold."""
@@ -160,6 +168,8 @@ class RpcSettings:
     load_clients: int
     load_servers: int
     rndv_study: bool
+    netns: bool = False
+    """Between nodes in network namespaces: the cases over TCP and the scaling, no overload."""
 
     @property
     def load_chunk(self) -> int:
@@ -324,9 +334,18 @@ class RpcBench:
     perftest: str = field(default_factory=find_perftest)
     workdir: Path | None = None
     clusters: list[BenchCluster] = field(default_factory=list)
+    nodes: ApartNodes | None = None
+
+    @property
+    def transports(self) -> tuple[Transport, ...]:
+        """Both, or TCP alone between nodes (shared memory does not cross nodes)."""
+        return TRANSPORTS[:1] if self.settings.netns else TRANSPORTS
 
     def need_bytes(self) -> int:
         """tmpfs bytes the servers hold at most: the load files, the bandwidth files."""
+        if self.settings.netns:
+            files = len(self.transports) + len(SCALING_SERVERS) * SCALING_CLIENTS
+            return files * (BW_CALL + SMALL) + HEADROOM
         load = 2 * self.settings.load_clients * self.settings.load_call
         pairs = (len(TRANSPORTS) + (len(RNDV_THRESHOLDS) if self.settings.rndv_study else 0)) * (
             BW_CALL + SMALL
@@ -363,21 +382,44 @@ class RpcBench:
             raise BenchError(errno_name(e), f"data directory under {self.root}: {e}") from e
         self.progress(f"working in {self.workdir} (tmpfs, buffered I/O)")
         try:
-            cases = self._cases()
-            study = self._rndv_study() if self.settings.rndv_study else None
-            overload = self._overload()
+            with contextlib.ExitStack() as stack:
+                if self.settings.netns:
+                    self.progress(f"making {NETNS_NODES} nodes in network namespaces")
+                    self.nodes = stack.enter_context(apart_nodes(NETNS_NODES))
+                try:
+                    return self._parts()
+                finally:
+                    # Before the namespaces go.
+                    for cluster in self.clusters:
+                        cluster.stop()
+                    self.clusters.clear()
         finally:
-            for cluster in self.clusters:
-                cluster.stop()
-            self.clusters.clear()
             remove_path(self.workdir)
-        return {"cases": cases, "overload": overload, "rndv_threshold_study": study}
+
+    def _parts(self) -> dict[str, Any]:
+        cases = self._cases()
+        if self.settings.netns:
+            scaling = self._scaling()
+            return {"cases": cases, "overload": None, "rndv_threshold_study": None,
+                    "scaling": scaling}  # fmt: skip
+        study = self._rndv_study() if self.settings.rndv_study else None
+        overload = self._overload()
+        return {"cases": cases, "overload": overload, "rndv_threshold_study": study,
+                "scaling": None}  # fmt: skip
 
     def _cluster(
-        self, name: str, servers: int, overrides: Sequence[str], tel: bool
+        self,
+        name: str,
+        servers: int,
+        overrides: Sequence[str],
+        tel: bool,
+        nodes: Sequence[str] = (),
     ) -> BenchCluster:
+        """`servers` daemons; between nodes, daemon i on nodes[i] (clients: a prefix each)."""
         assert self.workdir is not None
         cluster = BenchCluster(self.workdir / name, name, servers, overrides, self.benchfsd, tel)
+        if self.nodes is not None:
+            cluster.server_prefixes = [self.nodes.prefix(n) for n in nodes]
         self.clusters.append(cluster)
         cluster.start()
         return cluster
@@ -388,9 +430,12 @@ class RpcBench:
         remove_path(cluster.root)
 
     def _pair(self, name: str, overrides: Sequence[str]) -> Pair:
-        """One benchfsd and one client process with 32 MiB calls (its files written)."""
-        cluster = self._cluster(name, 1, [f"layout.chunk_size={BW_CHUNK}", *overrides], True)
-        (client,) = cluster.start_clients(1, BW_CALL, prepare=True)
+        """One benchfsd and one client process with 32 MiB calls (its files written); between
+        nodes, the server on n1 and the client on n2."""
+        chunk = [f"layout.chunk_size={BW_CHUNK}", *overrides]
+        cluster = self._cluster(name, 1, chunk, True, nodes=["n1"])
+        prefix = self.nodes.prefix("n2") if self.nodes is not None else ()
+        (client,) = cluster.start_clients(1, BW_CALL, prepare=True, prefix=prefix)
         return Pair(cluster, client)
 
     def _benchfs(self, case: Case, pair: Pair) -> dict[str, Any]:
@@ -422,6 +467,9 @@ class RpcBench:
             PERFTEST_TIMEOUT_S,
             extra,
             perftest=self.perftest,
+            apart=None
+            if self.nodes is None
+            else (self.nodes.prefix("n1"), self.nodes.prefix("n2"), self.nodes.address("n1")),
         )
 
     def _perftest(self, case: Case) -> dict[str, Any]:
@@ -455,10 +503,10 @@ class RpcBench:
     def _cases(self) -> list[dict[str, Any]]:
         s = self.settings
         pairs: dict[str, Pair] = {}
-        for transport in TRANSPORTS:
+        for transport in self.transports:
             self.progress(f"starting benchfsd and a client over {transport.name} ({transport.tls})")
             pairs[transport.name] = self._pair(f"pair-{transport.name}", transport.overrides())
-        cases = [Case(t, name) for t in TRANSPORTS for name in CASE_NAMES]
+        cases = [Case(t, name) for t in self.transports for name in CASE_NAMES]
         runs: dict[Case, dict[str, list[dict[str, Any]]]] = {
             c: {t: [] for t in TOOLS} for c in cases
         }
@@ -516,6 +564,56 @@ class RpcBench:
             "repeats": s.repeats,
             "rows": rows,
             "best": best,
+        }
+
+    def _scaling(self) -> dict[str, Any]:
+        """write-4m and read-4m of SCALING_CLIENTS client processes (each on a node of its own)
+        against 1, 2 and 4 servers on other nodes, interleaved over the repeats."""
+        assert self.nodes is not None
+        s = self.settings
+        first_client = max(SCALING_SERVERS) + 1
+        client_nodes = [f"n{first_client + i}" for i in range(SCALING_CLIENTS)]
+        setups: dict[int, list[LineProcess]] = {}
+        for n in SCALING_SERVERS:
+            self.progress(
+                f"scaling: {n} server(s) on n1..n{n}, clients on {', '.join(client_nodes)}"
+            )
+            cluster = self._cluster(
+                f"scale-{n}",
+                n,
+                [f"layout.chunk_size={BW_CHUNK}", *TRANSPORTS[0].overrides()],
+                False,
+                nodes=[f"n{i + 1}" for i in range(n)],
+            )
+            setups[n] = [
+                cluster.start_clients(1, BW_CALL, prepare=True, prefix=self.nodes.prefix(c))[0]
+                for c in client_nodes
+            ]
+        runs: dict[int, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in setups}
+        for step in interleave(["write", "read"], s.repeats, tools=[str(n) for n in setups]):
+            n = int(step.tool)
+            self.progress(
+                f"scaling: repeat {step.repeat + 1}/{s.repeats}, {n} server(s), {step.case}"
+            )
+            for client in setups[n]:
+                client.send(f"bw {step.case} {s.bw_seconds}")
+            answers = [c.receive(s.bw_seconds + ANSWER_MARGIN_S) for c in setups[n]]
+            runs[n][step.case].append(sum(a["bytes"] / MIB / a["seconds"] for a in answers))
+        rows = []
+        for n in setups:
+            row: dict[str, Any] = {"servers": n}
+            for op in ("write", "read"):
+                row[f"{op}_mib_s"] = median(runs[n][op])
+                row[f"{op}_speedup"] = ratio(row[f"{op}_mib_s"], median(runs[1][op]))
+                row[f"{op}_samples"] = runs[n][op]
+            rows.append(row)
+        return {
+            "clients": SCALING_CLIENTS,
+            "client_nodes": client_nodes,
+            "chunk_size": BW_CHUNK,
+            "call_size": BW_CALL,
+            "transport": "tcp",
+            "rows": rows,
         }
 
     def _overload(self) -> dict[str, Any]:
@@ -675,6 +773,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     over = report["overload"]
+    if over is None:
+        return found
     found.append(
         {
             "target": "overload: zero timeouts",
@@ -712,39 +812,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def render(console: Console, report: dict[str, Any]) -> None:
-    """The table of cases, the overload lines and the rendezvous study, for people."""
-    table = report_table(
-        "benchfs-bench rpc: medians (bandwidth in MiB/s, round trips in µs)",
-        [
-            "benchfs\nMiB/s",
-            "perftest\nMiB/s",
-            "ratio",
-            "benchfs\np50",
-            "benchfs\np99",
-            "perftest\np50",
-            "perftest\np99",
-            "perftest\nsleep p50",
-            "server\np50",
-        ],
-    )
-    for case in report["cases"]:
-        value = case["ratio"]
-        style = "" if value is None else ("green" if value >= RPC_RATIO_TARGET else "yellow")
-        table.add_row(
-            f"{case['transport']} {case['name']}",
-            fmt(case["mib_s"], 0),
-            fmt(case["perftest_mib_s"], 0),
-            f"[{style}]{fmt(value, 2)}[/]" if style else fmt(value, 2),
-            fmt(case["p50_us"], 1),
-            fmt(case["p99_us"], 1),
-            fmt(case["perftest_us"], 1),
-            fmt(case.get("perftest_p99_us"), 1),
-            fmt(case.get("perftest_sleep_us"), 1),
-            fmt(case.get("server_p50_us"), 1),
-        )
-    console.print(table)
-    over = report["overload"]
+def overload_lines(over: dict[str, Any]) -> list[tuple[str, str]]:
+    """The overload and peak, their op times, faults and steadiness."""
     peaks = ", ".join(f"w{w} {fmt(v, 0)}" for w, v in over["peak_by_window"].items())
     lines = [
         (
@@ -783,6 +852,64 @@ def render(console: Console, report: dict[str, Any]) -> None:
             ),
         ),
     ]
+    return lines
+
+
+def scaling_lines(scaling: dict[str, Any]) -> list[tuple[str, str]]:
+    """One line per cluster size: aggregate MiB/s and the speed-up over one server."""
+    lines = []
+    for row in scaling["rows"]:
+        figures = ", ".join(
+            f"{op} {fmt(row[f'{op}_mib_s'], 0)} MiB/s ({fmt(row[f'{op}_speedup'], 2)}x)"
+            for op in ("write", "read")
+        )
+        lines.append((f"{row['servers']} server{'s' if row['servers'] > 1 else ''}", figures))
+    lines.append(
+        (
+            "scaling",
+            f"{scaling['clients']} clients on {', '.join(scaling['client_nodes'])}, servers on "
+            f"n1.., each its own network namespace ({scaling['transport']}); "
+            f"{format_size(scaling['call_size'])} calls of {format_size(scaling['chunk_size'])} "
+            "chunks; (Nx) = over 1 server",
+        )
+    )
+    return lines
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    """The table of cases, the overload lines and the rendezvous study, for people."""
+    table = report_table(
+        "benchfs-bench rpc: medians (bandwidth in MiB/s, round trips in µs)",
+        [
+            "benchfs\nMiB/s",
+            "perftest\nMiB/s",
+            "ratio",
+            "benchfs\np50",
+            "benchfs\np99",
+            "perftest\np50",
+            "perftest\np99",
+            "perftest\nsleep p50",
+            "server\np50",
+        ],
+    )
+    for case in report["cases"]:
+        value = case["ratio"]
+        style = "" if value is None else ("green" if value >= RPC_RATIO_TARGET else "yellow")
+        table.add_row(
+            f"{case['transport']} {case['name']}",
+            fmt(case["mib_s"], 0),
+            fmt(case["perftest_mib_s"], 0),
+            f"[{style}]{fmt(value, 2)}[/]" if style else fmt(value, 2),
+            fmt(case["p50_us"], 1),
+            fmt(case["p99_us"], 1),
+            fmt(case["perftest_us"], 1),
+            fmt(case.get("perftest_p99_us"), 1),
+            fmt(case.get("perftest_sleep_us"), 1),
+            fmt(case.get("server_p50_us"), 1),
+        )
+    console.print(table)
+    over = report["overload"]
+    lines = overload_lines(over) if over is not None else scaling_lines(report["scaling"])
     study = report.get("rndv_threshold_study")
     if study:
         lines.append(
@@ -816,6 +943,16 @@ def method_notes(settings: RpcSettings, quick: bool) -> list[str]:
         "round trip to the metadata owner, no payload and no disk",
         "perftest RTT = 2 x ucx_perftest's ucp_am_lat latency, which is one-way (half the "
         "ping-pong round trip); ucx_perftest busy-polls, BenchFS sleeps in the kernel when idle",
+    ]
+    if settings.netns:
+        return [
+            *notes,
+            "between nodes: every process in a network namespace of its own with one veth link "
+            "to a bridge, UCX on that link over TCP (UCX_NET_DEVICES=eth0 UCX_TLS=tcp); the "
+            "cases' server and ucx_perftest's responder on n1, the client and initiator on n2",
+            "no overload and no rendezvous study between nodes (run without --netns)",
+        ]
+    notes += [
         "overload p50/p99_us are chunk write times at the servers (request arrival to reply "
         "ready, from telemetry) over the load minus its first "
         f"{settings.load_ramp_s:g} s; each client call moves 128 MiB (64 transfers of 2 MiB)",
@@ -836,4 +973,5 @@ def ucx_version() -> str | None:
         line = tool_version([find_tool("ucx_info"), "-v"])
     except FileNotFoundError:
         return None
-    return line.lstrip("# ").removeprefix("Version ").strip() if line else None
+    found = re.search(r"\d+(?:\.\d+)+", line or "")
+    return found.group(0) if found else None

@@ -248,6 +248,13 @@ def storage(
     default=None,
     help="Measure write-4m and read-4m at three rendezvous thresholds [on; --quick: off].",
 )
+@click.option(
+    "--netns",
+    is_flag=True,
+    help="Between nodes in network namespaces (root): the cases over TCP, server and client "
+    "(and ucx_perftest's two sides) on different nodes, then 1, 2 and 4 servers with clients "
+    "on other nodes; no overload.",
+)
 def rpc(
     root: Path,
     repeats: int | None,
@@ -256,6 +263,7 @@ def rpc(
     duration: float | None,
     clients: int | None,
     rndv_study: bool | None,
+    netns: bool,
 ) -> None:
     """The network layer vs ucx_perftest (tcp, shm), then overload vs peak, on tmpfs."""
     from benchfs.bench import rpc as bench
@@ -268,7 +276,8 @@ def rpc(
         repeats=repeats or base.repeats,
         load_seconds=duration or base.load_seconds,
         load_clients=clients or base.load_clients,
-        rndv_study=base.rndv_study if rndv_study is None else rndv_study,
+        rndv_study=(base.rndv_study if rndv_study is None else rndv_study) and not netns,
+        netns=netns,
     )
     with _failures_exit(err):
         report = bench.run_rpc(
@@ -442,7 +451,12 @@ def access(
 @click.option("--quick", is_flag=True, help="1 repeat, 8 MiB per rank (for tests).")
 @JSON_OPTION
 @click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
-def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> None:
+@click.option(
+    "--netns",
+    is_flag=True,
+    help="Servers and ranks on different nodes, each its own network namespace (root).",
+)
+def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None, netns: bool) -> None:
     """The built-in IOR workload (2 ranks, file per process) against fio on the same disk."""
     from benchfs.bench import e2e as bench
 
@@ -455,7 +469,9 @@ def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None) -> N
         report = _in_scratch(
             root if root is not None else default_root(),
             "benchfs-e2e-",
-            lambda work, benchfsd: bench.run_e2e(work, settings, benchfsd, report_to.progress),
+            lambda work, benchfsd: bench.run_e2e(
+                work, settings, benchfsd, report_to.progress, netns
+            ),
         )
     report["quick"] = quick
     _emit(report, as_json, bench.render)

@@ -175,11 +175,12 @@ def perftest_command(
     iterations: int,
     warmup: int,
     extra: Sequence[str] = (),
+    address: str = "127.0.0.1",
 ) -> list[str]:
     """The initiator's command line (the responder's is `[perftest, "-p", str(port)]`)."""
     return [
         perftest,
-        "127.0.0.1",
+        address,
         "-p",
         str(port),
         "-t",
@@ -194,10 +195,11 @@ def perftest_command(
     ]
 
 
-def listening(port: int) -> bool:
-    """True if some socket of this host listens on TCP `port` (from /proc/net/tcp and tcp6)."""
+def listening(port: int, pid: int | str = "self") -> bool:
+    """True if some socket listens on TCP `port` in the network namespace of process `pid`
+    (from its /proc/PID/net/tcp and tcp6)."""
     want = f":{port:04X}"
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 fields = line.split()
@@ -214,7 +216,7 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, deadline: float) -
     be taken for the initiator, so the kernel's socket table is asked instead.
     """
     while time.monotonic() < deadline:
-        if listening(port):
+        if listening(port, proc.pid):
             return True
         if proc.poll() is not None:
             return False
@@ -232,8 +234,11 @@ def run_perftest(
     timeout_s: float,
     extra: Sequence[str] = (),
     perftest: str | None = None,
+    apart: tuple[Sequence[str], Sequence[str], str] | None = None,
 ) -> PerftestResult:
     """One ucx_perftest measurement over `UCX_TLS=tls` on loopback; both processes always end.
+    `apart` = (responder's prefix, initiator's prefix, responder's address) runs the two on
+    different nodes (network namespaces; each prefix must exec, keeping the pid).
 
     The responder gets a free port and its output goes to a log in `workdir`; the initiator
     starts once the responder listens. A run that exceeds `timeout_s`, exits non-zero or prints
@@ -244,12 +249,16 @@ def run_perftest(
     last: PerftestError | None = None
     for _attempt in range(PORT_ATTEMPTS):
         port = free_port()
-        argv = perftest_command(perftest, port, test, size, iterations, warmup, extra)
+        there, here, address = apart or ((), (), "127.0.0.1")
+        argv = [
+            *here,
+            *perftest_command(perftest, port, test, size, iterations, warmup, extra, address),
+        ]
         shown = f"UCX_TLS={tls} {' '.join(argv)}"
         log = workdir / f"perftest-responder-{port}.log"
         with open(log, "wb") as out:
             responder = subprocess.Popen(
-                [perftest, "-p", str(port)],
+                [*there, perftest, "-p", str(port)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -33,10 +33,12 @@ from benchfs.units import MIB
 
 __all__ = [
     "MIB",
+    "ApartNodes",
     "BlkioGroup",
     "Disk",
     "NetNode",
     "Sim",
+    "apart_nodes",
     "background_load",
     "build_delayfs",
     "build_network",
@@ -412,6 +414,47 @@ def remove_netns_nodes(tag: str = NODES_TAG) -> list[str]:
     for ns in found:
         delete_namespace(ns)
     return found
+
+
+@dataclass(frozen=True)
+class ApartNodes:
+    """Nodes in network namespaces for the length of a block (`apart_nodes`)."""
+
+    nodes: dict[str, NetNode]
+
+    def prefix(self, name: str) -> list[str]:
+        """What runs a whole process on node `name`."""
+        return self.nodes[name].prefix()
+
+    def rank_env(self, name: str) -> dict[str, str]:
+        """The environment of an MPI rank on node `name`: MPI starts outside the namespace, the
+        BenchFS client enters it when it connects."""
+        settings = dict(item.split("=", 1) for item in UCX_APART)
+        return {"BENCHFS_NETNS": self.nodes[name].namespace, **settings}
+
+    def address(self, name: str) -> str:
+        return self.nodes[name].address
+
+
+@contextlib.contextmanager
+def apart_nodes(count: int) -> Iterator[ApartNodes]:
+    """Nodes n1..nCOUNT in namespaces of their own on a bridge (as `netns_nodes`, with a tag of
+    this process), all removed when the block ends, however it ends."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        raise BenchfsError("EPERM", "nodes in network namespaces need root and `ip` (iproute2)")
+    made: list[Callable[[], None]] = []
+    tag = f"bb{os.getpid() % 100000}"
+    try:
+        names = [f"n{i}" for i in range(1, count + 1)]
+        try:
+            net = build_network(tag, names, 251, lambda _what, remove: made.append(remove))
+        except RuntimeError as e:
+            raise BenchfsError("EIO", str(e)) from e
+        yield ApartNodes(net)
+    finally:
+        for remove in reversed(made):
+            with contextlib.suppress(RuntimeError):
+                remove()
 
 
 @contextlib.contextmanager
