@@ -478,13 +478,22 @@ impl PyFile {
 
     /// Reads up to `length` bytes from `offset` (short only at the end of the file).
     fn read<'py>(&self, py: Python<'py>, offset: u64, length: usize) -> PyResult<Bound<'py, PyBytes>> {
-        let mut buf = vec![0u8; length];
-        let target = OnThisThread(&mut buf[..]);
+        // Read straight into the bytes object returned (no copy out of a Rust buffer); only a
+        // short read (the end of the file) copies, into one of the right size.
+        let bytes = PyBytes::new_with(py, length, |_| Ok(()))?;
+        // SAFETY: a new bytes object nothing else refers to until it is returned, so its
+        // `length` bytes of storage are ours to fill, also with the GIL released.
+        let target = OnThisThread(unsafe {
+            std::slice::from_raw_parts_mut(pyo3::ffi::PyBytes_AsString(bytes.as_ptr()) as *mut u8, length)
+        });
         let n = self.with(py, move |c, f| {
             let t = target;
             c.read(f, offset, t.0)
         })?;
-        Ok(PyBytes::new(py, &buf[..n]))
+        if n == length {
+            return Ok(bytes);
+        }
+        Ok(PyBytes::new(py, &bytes.as_bytes()[..n]))
     }
 
     /// Reads into a writable buffer (bytearray, memoryview, numpy array) without an extra copy.
