@@ -61,6 +61,8 @@ def test_builtin_modes(client: Client) -> None:
         f.write(b"WORLD")
         f.seek(0)
         assert f.read(11) == b"hello WORLD"
+        assert f.read(100) == b"!?"  # short at the end of the file
+        assert f.pread(100, 11) == b"!?" and f.pread(1, 12) == b"?" and f.pread(5, 13) == b""
     with client.open("/m.dat", "w+") as f:  # truncates
         assert f.read() == b""
     assert client.stat("/m.dat").st_size == 0
