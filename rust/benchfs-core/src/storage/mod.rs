@@ -60,9 +60,49 @@ enum Layout {
     Packed(Packed),
 }
 
+/// Buffered reads and writes up to this size run inline, not on the ring, when the data
+/// directory is in memory (tmpfs): there they never wait for a device, while io_uring
+/// hands every one of them to a worker thread (tmpfs has no non-blocking I/O), which cost
+/// 18-37 µs of server time per 4 KiB request against about 1 µs for the copy itself. Larger
+/// ones stay on the ring, so that their copies overlap the loop's other work.
+const INLINE_MAX: usize = 64 * 1024;
+
+/// Whether `dir` is on tmpfs, which keeps its data in memory.
+fn in_memory(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a statfs buffer the call fills.
+    if unsafe { libc::statfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: filled by the successful call above.
+    let kind = unsafe { st.assume_init() }.f_type;
+    kind == libc::TMPFS_MAGIC
+}
+
+/// One buffered `pwrite` or `pread` on this thread, for the inline path; `n` bytes or the error.
+fn inline_io(write: bool, fd: i32, ptr: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
+    // SAFETY: `ptr..ptr+len` lies in a buffer the caller holds for the call.
+    let n = unsafe {
+        if write {
+            libc::pwrite(fd, ptr as *const libc::c_void, len, offset as libc::off_t)
+        } else {
+            libc::pread(fd, ptr as *mut libc::c_void, len, offset as libc::off_t)
+        }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 pub struct ChunkStore {
     layout: Layout,
     policy: IoPolicy,
+    /// The data directory is in memory: small buffered I/O runs inline (see INLINE_MAX).
+    inline_small: bool,
     reactor: Rc<Reactor>,
     /// Chunks written since their file's last fsync.
     dirty: RefCell<HashMap<FileId, HashSet<u64>>>,
@@ -139,6 +179,7 @@ impl ChunkStore {
         Ok(ChunkStore {
             layout,
             policy,
+            inline_small: in_memory(data_dir),
             reactor,
             dirty: RefCell::new(HashMap::new()),
             stored: RefCell::new(HashMap::new()),
@@ -230,6 +271,16 @@ impl ChunkStore {
         for (at, part_len, fd) in parts {
             let mut done = 0;
             while done < part_len {
+                if self.inline_small && fd == buffered_fd && part_len <= INLINE_MAX {
+                    // SAFETY: within the buffer, which this function holds.
+                    let ptr = unsafe { buf.as_ptr().add(start + at + done) } as *mut u8;
+                    match inline_io(true, fd, ptr, part_len - done, pos + (at + done) as u64) {
+                        Ok(0) => return (Err(io::Error::from_raw_os_error(libc::EIO)), buf),
+                        Ok(n) => done += n,
+                        Err(e) => return (Err(e), buf),
+                    }
+                    continue;
+                }
                 // Short writes to regular files are rare but legal: continue where it stopped.
                 let (res, b) = self
                     .reactor
@@ -306,7 +357,12 @@ impl ChunkStore {
         if want > buf.capacity() {
             return (Err(io::Error::from_raw_os_error(libc::EINVAL)), buf);
         }
-        let (res, buf) = self.reactor.read_at(fd, buf, want, file_start).await;
+        let (res, buf) = if self.inline_small && direct_fd.is_none() && want <= INLINE_MAX {
+            let mut buf = buf;
+            (inline_io(false, fd, buf.as_mut_ptr(), want, file_start), buf)
+        } else {
+            self.reactor.read_at(fd, buf, want, file_start).await
+        };
         drop(loc);
         let res = res.map(|n| (skip, n.saturating_sub(skip).min(len)));
         (res, buf)
@@ -452,4 +508,58 @@ fn open_handle(path: &Path, create: bool, direct: bool) -> io::Result<Option<Han
         None
     };
     Ok(Some(Handle::new(buffered, direct)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Runtime;
+
+    /// Small buffered I/O runs inline in a memory-backed directory and on the ring elsewhere,
+    /// with the same bytes either way: an unaligned write, a read past it (a hole reads as
+    /// zeros), a read of a chunk never written, and a large write that stays on the ring.
+    #[test]
+    fn small_io_inline_in_memory_and_on_the_ring_on_disk_keep_every_byte() -> Result<()> {
+        let memory = tempfile::tempdir_in("/dev/shm").map_err(|e| Error::io("tempdir", e))?;
+        let disk = tempfile::tempdir_in(std::env::temp_dir()).map_err(|e| Error::io("tempdir", e))?;
+        for (dir, inline) in [(memory.path(), true), (disk.path(), in_memory(disk.path()))] {
+            let runtime = Runtime::new(64)?;
+            let config = StorageConfig {
+                direct_write: false,
+                direct_read: false,
+                ..StorageConfig::default()
+            };
+            let store = ChunkStore::open(dir, &config, 1 << 20, 0, runtime.reactor().clone())?;
+            assert_eq!(store.inline_small, inline, "{}", dir.display());
+            let file = FileId(7);
+            let small: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+            let large: Vec<u8> = (0..(200 << 10) as u32).map(|i| (i % 241) as u8).collect();
+            runtime.block_on(async {
+                let (res, _) = store
+                    .write(file, 0, 4097, IoBuffer::Heap(small.clone()), 0, small.len())
+                    .await;
+                assert_eq!(res.expect("small write"), small.len());
+                let (res, _) = store
+                    .write(file, 1, 3, IoBuffer::Heap(large.clone()), 0, large.len())
+                    .await;
+                assert_eq!(res.expect("large write"), large.len());
+                let (res, buf) = store
+                    .read(file, 0, 0, IoBuffer::Heap(vec![1; 16 << 10]), 16 << 10)
+                    .await;
+                let (skip, n) = res.expect("small read");
+                assert_eq!(n, 4097 + small.len());
+                let got = &buf.as_slice(skip + n)[skip..];
+                assert!(got[..4097].iter().all(|&b| b == 0), "the hole reads as zeros");
+                assert_eq!(&got[4097..], &small[..]);
+                let (res, buf) = store
+                    .read(file, 1, 3, IoBuffer::Heap(vec![0; 256 << 10]), large.len())
+                    .await;
+                let (skip, n) = res.expect("large read");
+                assert_eq!(&buf.as_slice(skip + n)[skip..], &large[..]);
+                let (res, _) = store.read(file, 9, 0, IoBuffer::Heap(vec![0; 4096]), 4096).await;
+                assert_eq!(res.expect("unwritten chunk").1, 0);
+            })?;
+        }
+        Ok(())
+    }
 }
