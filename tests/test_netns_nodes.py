@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from benchfs.client import Client
 from benchfs.nodes import load_nodes
-from benchfs.simnodes import namespaces
+from benchfs.simnodes import namespace_pids, namespaces
 from benchfs.units import MIB
 from conftest import InProcessCluster, benchfs_run_command
 
@@ -89,6 +90,9 @@ def test_a_run_on_namespaced_nodes_moves_every_byte_over_their_links(
 def test_namespaces_in_use_stay_and_bad_requests_get_one_line(nodes_file: Path) -> None:
     sleeper = subprocess.Popen(["ip", "netns", "exec", f"{TAG}-n2", "sleep", "60"])
     try:
+        deadline = time.monotonic() + 10
+        while sleeper.pid not in namespace_pids(f"{TAG}-n2") and time.monotonic() < deadline:
+            time.sleep(0.01)
         refused = run("nodes", "--remove-netns", "--netns-tag", TAG)
         assert refused.returncode != 0
         assert "EBUSY" in refused.stderr and f"{TAG}-n2: {sleeper.pid}" in refused.stderr
