@@ -14,9 +14,10 @@ commands, `/<NAME>-4k.dat` of 4 KiB for the round trips; `--no-prepare` skips th
   round trip to the metadata owner, no payload and no disk), `write` and `read` move 4 KiB at
   offset 0 (one chunk request). Answer `{"count", "p50_us", "p99_us", "mean_us", "min_us"}`.
 - `load write|read SECONDS`: like `bw`, but a failed call is counted (`errors`, with the first
-  message in `first_error`) instead of ending the process, and the answer also has the per-call
-  latency (`call_p50_us`, `call_p99_us`) and this client's per-server counters (`servers`:
-  requests, retries, timeouts, failures).
+  message in `first_error`) instead of ending the process, and the load ends with a flush of
+  writes still behind (`client.write_behind`); the answer also has the per-call latency
+  (`call_p50_us`, `call_p99_us`) and this client's per-server counters (`servers`: requests,
+  retries, timeouts, failures).
 - `quit` (or end of input): exit.
 
 Errors other than those of `load` are answered as `{"error": "..."}` and end the process with
@@ -169,6 +170,14 @@ class Driver:
                 errors += 1
                 first_error = first_error or f"{type(e).__name__}: {e}"
             samples.append(time.perf_counter_ns() - t0)
+        try:
+            # Writes still behind (client.write_behind) end here, while this client runs its
+            # loop: an idle client never sends their bytes, and the servers would hold the
+            # buffers they took for them.
+            self.file.flush()
+        except OSError as e:
+            errors += 1
+            first_error = first_error or f"{type(e).__name__}: {e}"
         answer: dict[str, Any] = {
             "bytes": total,
             "calls": calls,
