@@ -476,12 +476,7 @@ impl Reactor {
                     self.was_active.set(true);
                     return Ok(());
                 }
-                // Not a pause: the peer this loop waits for may be runnable on this very CPU
-                // (two processes on one core); yielding lets it run (measured: a 4 KiB round
-                // trip between a client and a server sharing a CPU took 140-160 µs with a
-                // pause, the whole spin lost each time). With nothing else runnable it returns
-                // at once.
-                std::thread::yield_now();
+                std::hint::spin_loop();
             }
         }
         if let Some(w) = &ucx {
