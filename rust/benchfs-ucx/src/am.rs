@@ -117,7 +117,7 @@ impl Worker {
         data: &[u8],
         memh: Option<&MemHandle>,
     ) -> Request {
-        let state = RequestState::new(header.to_vec().into_boxed_slice());
+        let state = RequestState::new(header.to_vec().into_boxed_slice(), Some(self.inner.held.clone()));
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
             user_data: Rc::into_raw(state.clone()) as *mut c_void,
@@ -146,7 +146,7 @@ impl Worker {
     /// `desc` comes from a handler that returned [`AmVerdict::Keep`] (or is being used inside
     /// the handler) and is used once; `buf` stays valid until the request completes.
     pub unsafe fn recv_data(&self, desc: RndvDesc, buf: &mut [u8], memh: Option<&MemHandle>) -> Request {
-        let state = RequestState::new(Box::new([]));
+        let state = RequestState::new(Box::new([]), Some(self.inner.held.clone()));
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
                 | sys::UCP_OP_ATTR_FIELD_USER_DATA

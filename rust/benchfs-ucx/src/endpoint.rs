@@ -62,7 +62,7 @@ impl Endpoint {
     pub unsafe fn send_am(&self, id: u16, header: &[u8], data: &[u8], memh: Option<&MemHandle>) -> Request {
         let ep = self.ep.get();
         if ep.is_null() {
-            let state = RequestState::new(Box::new([]));
+            let state = RequestState::new(Box::new([]), None);
             state.complete(Err(UcxError::new("am_send", sys::UCS_ERR_NOT_CONNECTED)));
             return Request { state, op: "am_send" };
         }

@@ -19,16 +19,26 @@ pub(crate) struct RequestState {
     pub(crate) waker: Cell<Option<Waker>>,
     /// The header must outlive the request: UCX reads it lazily for rendezvous sends.
     pub(crate) header: Box<[u8]>,
+    /// The worker's count of requests UCX still holds (see [`WorkerInner`]'s drop).
+    pub(crate) held: Option<Rc<Cell<usize>>>,
 }
 
 impl RequestState {
-    pub(crate) fn new(header: Box<[u8]>) -> Rc<RequestState> {
+    pub(crate) fn new(header: Box<[u8]>, held: Option<Rc<Cell<usize>>>) -> Rc<RequestState> {
         Rc::new(RequestState {
             completed: Cell::new(false),
             done: Cell::new(None),
             waker: Cell::new(None),
             header,
+            held,
         })
+    }
+
+    /// UCX called back for the last time: it holds the request no more.
+    fn released(&self) {
+        if let Some(held) = &self.held {
+            held.set(held.get() - 1);
+        }
     }
 
     pub(crate) fn complete(&self, result: Result<usize>) {
@@ -49,6 +59,7 @@ pub(crate) unsafe extern "C" fn send_done(request: *mut c_void, status: i8, user
         Err(UcxError::new("am_send", status))
     };
     state.complete(result);
+    state.released();
     sys::ucp_request_free(request);
 }
 
@@ -66,6 +77,7 @@ pub(crate) unsafe extern "C" fn recv_done(
         Err(UcxError::new("am_recv_data", status))
     };
     state.complete(result);
+    state.released();
     sys::ucp_request_free(request);
 }
 
@@ -117,6 +129,9 @@ impl Worker {
         } else if sys::ucs_ptr_is_err(status_ptr) {
             drop(Rc::from_raw(user_data as *const RequestState));
             state.complete(Err(UcxError::new(op, sys::ucs_ptr_status(status_ptr))));
+        } else if let Some(held) = &state.held {
+            // In flight: its callback will run.
+            held.set(held.get() + 1);
         }
         Request { state, op }
     }

@@ -1,10 +1,11 @@
 //! The worker: one UCP context and worker per event loop, progressed by its owner and woken
 //! through its event fd.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::os::fd::RawFd;
 use std::ptr;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use benchfs_ucx_sys as sys;
 
@@ -16,10 +17,37 @@ pub(crate) struct WorkerInner {
     pub(crate) event_fd: RawFd,
     /// Boxed handlers whose addresses were given to UCX as callback arguments.
     pub(crate) handlers: RefCell<Vec<*mut AmHandlerBox>>,
+    /// Requests started on this worker whose completion callback has not run yet.
+    pub(crate) held: Rc<Cell<usize>>,
 }
+
+/// How long dropping a worker waits for UCX to finish the requests it still holds.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 impl Drop for WorkerInner {
     fn drop(&mut self) {
+        // A request can outlive its endpoint: UCX completes an aborted rendezvous send only
+        // once its registration cache lets go of the buffer, possibly later and from another
+        // thread's memory release, and the completion then queues work on this worker.
+        // Destroyed before that, the worker's freed memory is written to (UCX 1.22: heap
+        // corruption, seen with several workers on threads). So wait until UCX has called back
+        // for every request; if it has not in time, keep the worker rather than free it.
+        let deadline = Instant::now() + RELEASE_WAIT;
+        while self.held.get() > 0 && Instant::now() < deadline {
+            // SAFETY: the worker is alive and used from this thread only.
+            if unsafe { sys::ucp_worker_progress(self.worker) } == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if self.held.get() > 0 {
+            eprintln!(
+                "benchfs: UCX still held {} requests of a closed worker after {:?}; \
+                 its memory is kept",
+                self.held.get(),
+                RELEASE_WAIT
+            );
+            return;
+        }
         // SAFETY: handles were created by ucp_init/ucp_worker_create and are destroyed once;
         // the handler boxes are freed only after the worker that could call them is gone.
         unsafe {
@@ -158,6 +186,7 @@ impl Worker {
                     worker,
                     event_fd,
                     handlers: RefCell::new(Vec::new()),
+                    held: Rc::new(Cell::new(0)),
                 }),
             })
         }
