@@ -19,6 +19,8 @@ CASES = [
     "fio-psync-read",
     "fio-uring-write",
     "fio-uring-read",
+    "fio-psync-randwrite",
+    "fio-psync-randread",
     "python-readinto",
 ]
 
@@ -52,4 +54,5 @@ def test_access_quick_json() -> None:
     assert len(report["targets"]) == len(CASES)
     text = rendered(access.render, report)
     assert "python-readinto" in text and "target fio-psync-write" in text
+    assert "fio-psync-randread: ratio >= 0.5" in text and "bs 4k" in text
     assert _fuse_mounts() == before

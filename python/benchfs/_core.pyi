@@ -102,10 +102,12 @@ def bench_transfers(
     transfer_size: int,
     direction: str,
     fsync: bool = False,
+    random: bool = False,
 ) -> dict[str, float]:
     """Time the native client moving `file_size` bytes per path in `transfer_size` transfers,
     one thread and client per path; `direction` is "write" (create, write, optional fsync,
-    close) or "read". Returns bytes, seconds and mib_s."""
+    close) or "read"; `random` makes each transfer-sized block once in a shuffled order.
+    Returns bytes, seconds and mib_s."""
 
 def ior_phase(
     file: File,

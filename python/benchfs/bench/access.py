@@ -6,6 +6,8 @@ one FUSE mount of it, and per case two tools moving the same bytes in the same t
 - `fio-{psync,uring}-{write,read}`: fio through the mount, `--direct=1` (the kernel page cache
   serves nothing), bs=1M, 2 jobs each with its own file, iodepth 1; against the native client
   (`_core.bench_transfers`: one thread and one client per file, the loop in Rust).
+- `fio-psync-{randwrite,randread}`: the same at bs=4k, each 4 KiB block of the file once in a
+  random order (fio's random map; the native client shuffles its blocks likewise).
 - `python-readinto`: `benchfs.File.readinto` of one file in 4 MiB calls into one buffer;
   against the native client reading the same file in the same transfers.
 
@@ -32,11 +34,13 @@ from benchfs.units import MIB, format_size
 
 TOOLS = ("layer", "native")
 FIO_CASES = ("fio-psync-write", "fio-psync-read", "fio-uring-write", "fio-uring-read")
-CASES = (*FIO_CASES, "python-readinto")
+RANDOM_CASES = ("fio-psync-randwrite", "fio-psync-randread")
+CASES = (*FIO_CASES, *RANDOM_CASES, "python-readinto")
 FIO_JOBS = 2
 FIO_BLOCK = MIB
+RANDOM_BLOCK = 4096
 PY_TRANSFER = 4 * MIB
-TARGETS = {"fio": 0.5, "python-readinto": 0.9}
+TARGETS = {"fio": 0.9, "random": 0.5, "python-readinto": 0.95}
 
 
 @dataclass(frozen=True)
@@ -46,21 +50,26 @@ class AccessSettings:
     fio_file_size: int = 512 * MIB
     """Bytes per fio job (and per native thread)."""
     py_file_size: int = 1024 * MIB
+    random_file_size: int = 32 * MIB
+    """Bytes per job of the 4 KiB random cases."""
     mount_threads: int | None = None
 
     @classmethod
     def quick(cls) -> AccessSettings:
-        return cls(repeats=1, fio_file_size=16 * MIB, py_file_size=32 * MIB)
+        return cls(
+            repeats=1, fio_file_size=16 * MIB, py_file_size=32 * MIB, random_file_size=2 * MIB
+        )
 
 
 def _fio_argv(fio: str, mountpoint: Path, engine: str, direction: str, size: int) -> list[str]:
+    random = direction.startswith("rand")
     return [
         fio,
         "--output-format=json",
-        f"--name=access-{engine}",
+        f"--name=access-{engine}{'-random' if random else ''}",
         f"--directory={mountpoint}",
         f"--rw={direction}",
-        f"--bs={FIO_BLOCK}",
+        f"--bs={RANDOM_BLOCK if random else FIO_BLOCK}",
         f"--size={size}",
         f"--ioengine={'io_uring' if engine == 'uring' else 'psync'}",
         "--iodepth=1",
@@ -80,15 +89,25 @@ class AccessBench:
         self.config = cluster.config_text()
         self.fio = find_fio()
 
-    def native(self, paths: list[str], size: int, transfer: int, direction: str) -> float:
+    def native(
+        self, paths: list[str], size: int, transfer: int, direction: str, random: bool = False
+    ) -> float:
         r = _core.bench_transfers(
-            str(self.cluster.registry), self.config, paths, size, transfer, direction
+            str(self.cluster.registry), self.config, paths, size, transfer, direction,
+            random=random,
         )
         return float(r["mib_s"])
 
     def prepare(self) -> None:
-        """The file that both readinto tools read (written once, untimed)."""
+        """The files that the native readers read before any write case ran (written once,
+        untimed); fio lays out its own."""
         self.native(["/py.dat"], self.settings.py_file_size, PY_TRANSFER, "write")
+        size = self.settings.random_file_size
+        self.native(self.random_paths(), size, FIO_BLOCK, "write")
+
+    @staticmethod
+    def random_paths() -> list[str]:
+        return [f"/native-random.{j}" for j in range(FIO_JOBS)]
 
     def python_readinto(self, client: Client) -> float:
         size = self.settings.py_file_size
@@ -110,6 +129,13 @@ class AccessBench:
                 return self.python_readinto(client)
             return self.native(["/py.dat"], s.py_file_size, PY_TRANSFER, "read")
         _, engine, direction = case.split("-")
+        if case in RANDOM_CASES:
+            size = s.random_file_size
+            if tool == "layer":
+                argv = _fio_argv(self.fio, self.mountpoint, engine, direction, size)
+                return run_fio(argv, direction.removeprefix("rand"), timeout_s=600).mib_s
+            plain = direction.removeprefix("rand")
+            return self.native(self.random_paths(), size, RANDOM_BLOCK, plain, random=True)
         if tool == "layer":
             argv = _fio_argv(self.fio, self.mountpoint, engine, direction, s.fio_file_size)
             return run_fio(argv, direction, timeout_s=600).mib_s
@@ -120,7 +146,8 @@ class AccessBench:
 def access_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
     for c in cases:
-        limit = TARGETS["python-readinto" if c["name"] == "python-readinto" else "fio"]
+        kind = "random" if c["name"] in RANDOM_CASES else "fio"
+        limit = TARGETS["python-readinto" if c["name"] == "python-readinto" else kind]
         found.append(
             {
                 "target": f"{c['name']}: ratio >= {limit:g}",
@@ -185,6 +212,7 @@ def run_access(
         "fio_file_size": settings.fio_file_size,
         "fio_jobs": FIO_JOBS,
         "py_file_size": settings.py_file_size,
+        "random_file_size": settings.random_file_size,
     }
 
 
@@ -201,6 +229,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
     lines = [
         ("servers' data", f"{report['data_dir']} ({report['data_fs']})"),
         ("fio", fio),
+        ("fio random", f"{format_size(report['random_file_size'])} per job, bs 4k, direct"),
         ("readinto", f"{format_size(report['py_file_size'])} in 4 MiB calls"),
     ]
     print_lines_and_targets(console, lines, report["targets"])

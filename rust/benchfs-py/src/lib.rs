@@ -664,9 +664,10 @@ impl PyPlacementStudy {
 }
 
 /// Times the native client moving `file_size` bytes per path in `transfer_size` transfers,
-/// one thread and client per path (the baseline of `benchfs-bench access`).
+/// one thread and client per path (the baseline of `benchfs-bench access`); `random`: each
+/// block once in a shuffled order.
 #[pyfunction]
-#[pyo3(signature = (registry_dir, config, paths, file_size, transfer_size, direction, fsync=false))]
+#[pyo3(signature = (registry_dir, config, paths, file_size, transfer_size, direction, fsync=false, random=false))]
 #[allow(clippy::too_many_arguments)]
 fn bench_transfers<'py>(
     py: Python<'py>,
@@ -677,6 +678,7 @@ fn bench_transfers<'py>(
     transfer_size: u64,
     direction: &str,
     fsync: bool,
+    random: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let spec = TransferSpec {
         registry_dir,
@@ -686,6 +688,7 @@ fn bench_transfers<'py>(
         transfer_size,
         direction: Direction::parse(direction).map_err(to_py)?,
         fsync,
+        random,
     };
     let r = py.detach(|| run_transfers(&spec)).map_err(to_py)?;
     let d = PyDict::new(py);

@@ -42,6 +42,9 @@ pub struct TransferSpec {
     pub direction: Direction,
     /// Write only: fsync before close, as fio's `end_fsync` (counted in the time).
     pub fsync: bool,
+    /// Each transfer-sized block of the file once, in a shuffled order (fio's `randwrite` and
+    /// `randread` with its random map); else from offset 0 up.
+    pub random: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -113,18 +116,39 @@ pub fn run_transfers(spec: &TransferSpec) -> Result<TransferReport> {
     Ok(TransferReport { bytes, seconds })
 }
 
+/// The offsets of a job's transfers, in the order they are made.
+fn offsets(spec: &TransferSpec, path: &str) -> Vec<u64> {
+    let mut offsets: Vec<u64> = (0..spec.file_size.div_ceil(spec.transfer_size))
+        .map(|i| i * spec.transfer_size)
+        .collect();
+    if spec.random {
+        // Fisher-Yates with xorshift64, seeded by the path: the same order every run.
+        let mut state = path.bytes().fold(0x9e37_79b9_7f4a_7c15_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        }) | 1;
+        for i in (1..offsets.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            offsets.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+    }
+    offsets
+}
+
 fn job(client: &Client, spec: &TransferSpec, path: &str) -> Result<(Instant, Instant, u64)> {
     let transfer = spec.transfer_size as usize;
     // A non-constant pattern, so compression or zero detection anywhere would show.
     let mut buf: Vec<u8> = (0..transfer).map(|i| (i % 251) as u8).collect();
+    let offsets = offsets(spec, path);
+    let length = |offset: u64| (spec.file_size - offset).min(spec.transfer_size) as usize;
     let start = Instant::now();
     let mut moved = 0u64;
     match spec.direction {
         Direction::Write => {
             let file = client.open(path, protocol::meta::CREATE | protocol::meta::TRUNCATE, 0o644)?;
-            while moved < spec.file_size {
-                let n = (spec.file_size - moved).min(spec.transfer_size) as usize;
-                moved += client.write(&file, moved, &buf[..n])? as u64;
+            for &offset in &offsets {
+                moved += client.write(&file, offset, &buf[..length(offset)])? as u64;
             }
             if spec.fsync {
                 client.fsync(&file)?;
@@ -133,9 +157,8 @@ fn job(client: &Client, spec: &TransferSpec, path: &str) -> Result<(Instant, Ins
         }
         Direction::Read => {
             let file = client.open(path, 0, 0)?;
-            while moved < spec.file_size {
-                let n = (spec.file_size - moved).min(spec.transfer_size) as usize;
-                let got = client.read(&file, moved, &mut buf[..n])?;
+            for &offset in &offsets {
+                let got = client.read(&file, offset, &mut buf[..length(offset)])?;
                 if got == 0 {
                     return Err(Error::Path {
                         op: "read",
@@ -149,4 +172,42 @@ fn job(client: &Client, spec: &TransferSpec, path: &str) -> Result<(Instant, Ins
         }
     }
     Ok((start, Instant::now(), moved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(file_size: u64, random: bool) -> TransferSpec {
+        TransferSpec {
+            registry_dir: PathBuf::new(),
+            config: Config::default(),
+            paths: vec!["/f".into()],
+            file_size,
+            transfer_size: 4096,
+            direction: Direction::Read,
+            fsync: false,
+            random,
+        }
+    }
+
+    #[test]
+    fn random_order_covers_every_block_once_and_is_shuffled() {
+        let (sequential, random) = (
+            offsets(&spec(1 << 20, false), "/f"),
+            offsets(&spec(1 << 20, true), "/f"),
+        );
+        assert_eq!(sequential, (0..256).map(|i| i * 4096).collect::<Vec<u64>>());
+        assert_ne!(random, sequential);
+        let mut sorted = random.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, sequential);
+        assert_eq!(
+            random,
+            offsets(&spec(1 << 20, true), "/f"),
+            "not the same order each run"
+        );
+        // A tail shorter than a transfer is one block too.
+        assert_eq!(offsets(&spec(4096 * 3 + 5, true), "/f").len(), 4);
+    }
 }
