@@ -93,7 +93,12 @@ class AccessBench:
         self, paths: list[str], size: int, transfer: int, direction: str, random: bool = False
     ) -> float:
         r = _core.bench_transfers(
-            str(self.cluster.registry), self.config, paths, size, transfer, direction,
+            str(self.cluster.registry),
+            self.config,
+            paths,
+            size,
+            transfer,
+            direction,
             random=random,
         )
         return float(r["mib_s"])
