@@ -135,11 +135,10 @@ class AccessBench:
             return self.native(["/py.dat"], s.py_file_size, PY_TRANSFER, "read")
         _, engine, direction = case.split("-")
         if case in RANDOM_CASES:
-            size = s.random_file_size
+            size, plain = s.random_file_size, direction.removeprefix("rand")
             if tool == "layer":
                 argv = _fio_argv(self.fio, self.mountpoint, engine, direction, size)
-                return run_fio(argv, direction.removeprefix("rand"), timeout_s=600).mib_s
-            plain = direction.removeprefix("rand")
+                return run_fio(argv, plain, timeout_s=600).mib_s
             return self.native(self.random_paths(), size, RANDOM_BLOCK, plain, random=True)
         if tool == "layer":
             argv = _fio_argv(self.fio, self.mountpoint, engine, direction, s.fio_file_size)
@@ -151,8 +150,9 @@ class AccessBench:
 def access_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
     for c in cases:
-        kind = "random" if c["name"] in RANDOM_CASES else "fio"
-        limit = TARGETS["python-readinto" if c["name"] == "python-readinto" else kind]
+        name = c["name"]
+        kind = name if name == "python-readinto" else "random" if name in RANDOM_CASES else "fio"
+        limit = TARGETS[kind]
         found.append(
             {
                 "target": f"{c['name']}: ratio >= {limit:g}",

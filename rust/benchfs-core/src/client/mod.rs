@@ -339,7 +339,7 @@ mod tests {
         config.storage.buffer_count = 8;
         // Writes behind the caller, unanswered when the transport is rebuilt, are sent again.
         config.client.write_behind = 1 << 20;
-        // No spinning: the client's loop sleeps on the rebuilt worker's event fd.
+        // No spinning: after the rebuild the client's loop waits in the kernel, as idle ones do.
         config.network.spin_us = 0;
         let servers = (0..2)
             .map(|id| {
