@@ -353,6 +353,35 @@ def test_an_open_sees_sizes_another_mount_published(cluster: LocalCluster, tmp_p
                 pass
 
 
+def test_remove_right_after_close_from_several_threads(mount: Mounted) -> None:
+    """The kernel sends a file's RELEASE after close() returned, and the mount's event loops
+    run in parallel, so an unlink can be served before the RELEASE queued ahead of it (the
+    file is then hidden and removed a moment later). What a program sees must not change:
+    write, close, unlink and rmdir at once, from several threads, never fail, and nothing is
+    left behind."""
+    root = mount.mountpoint
+    failures: list[str] = []
+
+    def churn(worker: int) -> None:
+        try:
+            for i in range(150):
+                d = root / f"w{worker}-{i}"
+                d.mkdir()
+                (d / "f").write_bytes(data_for(i, 0, 4096 + worker))
+                os.unlink(d / "f")
+                os.rmdir(d)
+        except OSError as e:
+            failures.append(f"thread {worker}: {e}")
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    assert os.listdir(root) == []
+
+
 @needs_fio
 def test_a_healthy_fio_run_counts_no_server_errors(
     daemon_cluster: Callable[..., LocalCluster], tmp_path: Path

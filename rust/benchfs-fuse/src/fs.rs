@@ -1,20 +1,20 @@
-//! The FUSE file system. fuser's event loop only parses the kernel's requests and queues them
-//! (a bounded channel: a full queue blocks the loop, which is the backpressure the kernel
-//! sees); a fixed pool of worker threads serves them, each with its own core [`Client`]
-//! (the client is single-threaded by design), and replies from its own thread. Parallel
-//! requests (several jobs, readahead, async direct I/O) are therefore served in parallel, up
-//! to the number of workers.
+//! The FUSE file system. fuser runs a fixed number of event loops, each on its own thread
+//! with its own `/dev/fuse` descriptor; a loop serves the request it read on its own thread,
+//! with that thread's core [`Client`] (the client is single-threaded by design, so each
+//! thread connects its own at its first request), and replies. No request crosses a thread:
+//! a 4 KiB request through the kernel costs its round trip and nothing more. Parallel
+//! requests (several jobs, readahead, async direct I/O) are served in parallel, up to the
+//! number of threads; while all are busy the kernel queues further requests.
 
 use std::collections::hash_map::DefaultHasher;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use benchfs_core::client::{Client, ClusterCapacity, FileHandle as CoreHandle};
@@ -41,19 +41,17 @@ pub const TTL: Duration = Duration::from_secs(1);
 /// pages; fuser asks for `max_pages` from max_write).
 pub const MAX_IO: u32 = 1 << 20;
 
-/// Requests queued per worker before the event loop blocks.
-const QUEUE_PER_WORKER: usize = 2;
-
 /// statfs block size: capacities are reported in 4 KiB blocks.
 const STATFS_BSIZE: u64 = 4096;
 
 /// How long rmdir and rename wait for queued removals of hidden names.
 const REMOVAL_WAIT: Duration = Duration::from_secs(10);
 
-type Res<T> = Result<T, Errno>;
+/// How long an rmdir or rename refused for a non-empty directory waits for the hidden names
+/// in it to go before answering ENOTEMPTY (see [`Shared::wait_hidden_gone`]).
+const HIDDEN_WAIT: Duration = Duration::from_secs(1);
 
-/// A queued request: run on a worker, or (`None`) answered with an error at shutdown.
-pub type Job = Box<dyn FnOnce(Option<&mut Worker>) + Send>;
+type Res<T> = Result<T, Errno>;
 
 /// The core error as an errno for the kernel; failures of the servers are also logged,
 /// since the application only sees EIO-like codes.
@@ -69,7 +67,7 @@ fn no_support() -> Errno {
     Errno::from_i32(libc::EOPNOTSUPP)
 }
 
-/// State shared by the event loop and the workers.
+/// State shared by the event loops.
 pub struct Shared {
     table: Mutex<Table>,
     /// Directory listings of open directory handles, fetched at offset 0.
@@ -165,6 +163,30 @@ impl Shared {
         let _ = self.removed.wait_timeout_while(pending, REMOVAL_WAIT, |n| *n > 0);
     }
 
+    /// After a refusal for a non-empty directory `dir`: waits (bounded) until this mount has
+    /// no hidden name left in it, and says whether that happened (then the caller tries
+    /// again). Event loops run in parallel, so an unlink can be served before the RELEASE
+    /// the kernel queued ahead of it (the last close of the file): the unlink then hides the
+    /// file, which the RELEASE removes a moment later. A file really still open keeps its
+    /// hidden name, and the refusal stands after the wait.
+    fn wait_hidden_gone(&self, dir: &str) -> bool {
+        let hidden_in = |t: &Table| {
+            t.unlinked_paths()
+                .iter()
+                .any(|p| namespace::split_parent(p).is_some_and(|(d, _)| d == dir))
+        };
+        if !hidden_in(&self.table()) {
+            return false;
+        }
+        let pending = lock(&self.removals);
+        let (pending, waited) = self
+            .removed
+            .wait_timeout_while(pending, HIDDEN_WAIT, |_| hidden_in(&self.table()))
+            .unwrap_or_else(PoisonError::into_inner);
+        drop(pending);
+        !waited.timed_out()
+    }
+
     fn removal_done(&self) {
         let mut pending = lock(&self.removals);
         *pending = pending.saturating_sub(1);
@@ -242,7 +264,7 @@ fn synthetic_ino(path: &str) -> u64 {
     h.finish() | (1 << 63)
 }
 
-/// One worker: a core client and a reusable read buffer.
+/// One event loop's serving state: a core client and a reusable read buffer.
 pub struct Worker {
     client: Client,
     shared: Arc<Shared>,
@@ -250,6 +272,17 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// Connects a client (waiting for the configuration's expected servers).
+    pub fn connect(registry: &Path, config: Config, shared: Arc<Shared>) -> Result<Worker, String> {
+        let client = Client::connect(registry, config)
+            .map_err(|e| format!("cannot connect to the cluster in {}: {e}", registry.display()))?;
+        Ok(Worker {
+            client,
+            shared,
+            buf: Vec::new(),
+        })
+    }
+
     fn path_of(&self, ino: u64) -> Res<String> {
         self.shared.table().path(ino).ok_or(Errno::ENOENT)
     }
@@ -575,7 +608,11 @@ impl Worker {
     fn rmdir(&mut self, parent: u64, name: &OsStr) -> Res<()> {
         let path = self.child(parent, name)?;
         self.shared.wait_removals();
-        self.client.rmdir(&path).map_err(|e| errno("rmdir", e))?;
+        let mut removed = self.client.rmdir(&path);
+        if removed.as_ref().is_err_and(|e| e.errno() == libc::ENOTEMPTY) && self.shared.wait_hidden_gone(&path) {
+            removed = self.client.rmdir(&path);
+        }
+        removed.map_err(|e| errno("rmdir", e))?;
         self.shared.table().detach(&path);
         Ok(())
     }
@@ -604,9 +641,11 @@ impl Worker {
             }
         }
         let how = if noreplace { protocol::meta::NO_REPLACE } else { 0 };
-        self.client
-            .rename_with(&from, &to, how)
-            .map_err(|e| errno("rename", e))?;
+        let mut renamed = self.client.rename_with(&from, &to, how);
+        if renamed.as_ref().is_err_and(|e| e.errno() == libc::ENOTEMPTY) && self.shared.wait_hidden_gone(&to) {
+            renamed = self.client.rename_with(&from, &to, how);
+        }
+        renamed.map_err(|e| errno("rename", e))?;
         self.shared.table().rename(&from, &to);
         Ok(())
     }
@@ -679,7 +718,7 @@ impl Worker {
 }
 
 /// How a worker answers one kind of request.
-trait Respond<T>: Send + 'static {
+trait Respond<T> {
     fn send_ok(self, value: T);
     fn send_err(self, e: Errno);
 }
@@ -759,144 +798,63 @@ impl Respond<(FileAttr, u64, FopenFlags)> for ReplyCreate {
     }
 }
 
-/// The worker pool: threads, each connecting its own client, fed by one bounded queue.
-pub struct Pool {
-    tx: SyncSender<Job>,
-    threads: Vec<JoinHandle<()>>,
+thread_local! {
+    /// This event loop thread's worker, connected at its first request and dropped when
+    /// the thread ends with the session.
+    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
 }
 
-impl Pool {
-    /// Starts `n` workers and waits until every one is connected (Client::connect waits for
-    /// the expected membership); the first failure is returned.
-    pub fn start(n: usize, registry: PathBuf, config: &Config, shared: &Arc<Shared>) -> Result<Pool, String> {
-        let (tx, rx) = mpsc::sync_channel::<Job>(n * QUEUE_PER_WORKER);
-        let rx = Arc::new(Mutex::new(rx));
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-        let mut threads = Vec::with_capacity(n);
-        // Every write is answered before the kernel is told it is done: another worker's
-        // client may serve the next read, and could not wait for this one's writes.
-        let mut config = config.clone();
-        config.client.write_behind = 0;
-        let config = &config;
-        for k in 0..n {
-            let (rx, ready, registry, config, shared) = (
-                rx.clone(),
-                ready_tx.clone(),
-                registry.clone(),
-                config.clone(),
-                shared.clone(),
-            );
-            let spawned = std::thread::Builder::new()
-                .name(format!("benchfs-worker-{k}"))
-                .spawn(move || worker_main(&rx, &ready, &registry, config, shared));
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => return Err(format!("cannot start worker thread: {e}")),
-            }
-        }
-        drop(ready_tx);
-        let pool = Pool { tx, threads };
-        for _ in 0..n {
-            match ready_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    pool.shutdown();
-                    return Err(e);
-                }
-                Err(_) => {
-                    pool.shutdown();
-                    return Err("a worker thread exited before connecting".into());
-                }
-            }
-        }
-        Ok(pool)
-    }
-
-    pub fn sender(&self) -> SyncSender<Job> {
-        self.tx.clone()
-    }
-
-    /// Runs `job` on a worker, then stops the workers once the queue drains. Only when no
-    /// other sender is left (the session ended) do the threads exit and get joined.
-    pub fn shutdown_with(self, job: Job) {
-        let _ = self.tx.send(job);
-        self.shutdown();
-    }
-
-    fn shutdown(self) {
-        drop(self.tx);
-        for t in self.threads {
-            let _ = t.join();
-        }
-    }
-}
-
-fn worker_main(
-    rx: &Mutex<Receiver<Job>>,
-    ready: &mpsc::Sender<Result<(), String>>,
-    registry: &std::path::Path,
-    config: Config,
-    shared: Arc<Shared>,
-) {
-    let client = match Client::connect(registry, config) {
-        Ok(c) => {
-            let _ = ready.send(Ok(()));
-            c
-        }
-        Err(e) => {
-            let _ = ready.send(Err(format!(
-                "cannot connect to the cluster in {}: {e}",
-                registry.display()
-            )));
-            return;
-        }
-    };
-    let mut worker = Worker {
-        client,
-        shared,
-        buf: Vec::new(),
-    };
-    loop {
-        let job = lock(rx).recv();
-        let Ok(job) = job else { break };
-        // A bug in one request must not shrink the pool (the kernel would wait forever for
-        // replies once every worker died); the dropped reply answers EIO.
-        if catch_unwind(AssertUnwindSafe(|| job(Some(&mut worker)))).is_err() {
-            eprintln!("benchfs-mount: a request panicked; answered EIO");
-        }
-    }
-}
-
-/// The file system handed to fuser: parses requests and queues them for the workers.
+/// The file system handed to fuser: each request is served on the event loop thread that
+/// read it.
 pub struct BenchFs {
     shared: Arc<Shared>,
-    tx: SyncSender<Job>,
+    registry: PathBuf,
+    config: Config,
 }
 
 impl BenchFs {
-    pub fn new(shared: Arc<Shared>, tx: SyncSender<Job>) -> BenchFs {
-        BenchFs { shared, tx }
-    }
-
-    fn submit(&self, job: Job) {
-        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
-            job(None);
+    pub fn new(shared: Arc<Shared>, registry: PathBuf, config: &Config) -> BenchFs {
+        // Every write is answered only once it is done: another thread's client may serve
+        // the next read, and could not wait for this one's writes.
+        let mut config = config.clone();
+        config.client.write_behind = 0;
+        BenchFs {
+            shared,
+            registry,
+            config,
         }
     }
 
-    /// Queues `op` and answers with its result through `reply`.
+    /// Runs `serve` with this thread's worker, connecting it first if needed; a failed
+    /// connection is answered with EIO (and said once per attempt on stderr).
+    fn serve(&self, serve: impl FnOnce(Res<&mut Worker>)) {
+        WORKER.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            if slot.is_none() {
+                match Worker::connect(&self.registry, self.config.clone(), self.shared.clone()) {
+                    Ok(w) => *slot = Some(w),
+                    Err(e) => eprintln!("benchfs-mount: {e}"),
+                }
+            }
+            let worker = slot.as_mut().ok_or(Errno::EIO);
+            // A bug in one request must not end this event loop (the kernel would wait
+            // forever for its replies); the dropped reply answers EIO.
+            if catch_unwind(AssertUnwindSafe(|| serve(worker))).is_err() {
+                eprintln!("benchfs-mount: a request panicked; answered EIO");
+            }
+        });
+    }
+
+    /// Serves `op` and answers with its result through `reply`.
     fn dispatch<T, R, F>(&self, reply: R, op: F)
     where
         R: Respond<T>,
-        F: FnOnce(&mut Worker) -> Res<T> + Send + 'static,
+        F: FnOnce(&mut Worker) -> Res<T>,
     {
-        self.submit(Box::new(move |w| match w {
-            Some(w) => match op(w) {
-                Ok(v) => reply.send_ok(v),
-                Err(e) => reply.send_err(e),
-            },
-            None => reply.send_err(Errno::from_i32(libc::ESHUTDOWN)),
-        }));
+        self.serve(|w| match w.and_then(op) {
+            Ok(v) => reply.send_ok(v),
+            Err(e) => reply.send_err(e),
+        });
     }
 }
 
@@ -915,8 +873,7 @@ impl Filesystem for BenchFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let name = name.to_owned();
-        self.dispatch(reply, move |w| w.lookup(parent.0, &name));
+        self.dispatch(reply, |w| w.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -924,7 +881,7 @@ impl Filesystem for BenchFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.dispatch(reply, move |w| w.getattr(ino.0));
+        self.dispatch(reply, |w| w.getattr(ino.0));
     }
 
     fn setattr(
@@ -954,7 +911,7 @@ impl Filesystem for BenchFs {
             at.duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
-        self.dispatch(reply, move |w| w.setattr(ino.0, mode, uid, gid, size, mtime_ns));
+        self.dispatch(reply, |w| w.setattr(ino.0, mode, uid, gid, size, mtime_ns));
     }
 
     fn mknod(
@@ -967,23 +924,19 @@ impl Filesystem for BenchFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        let name = name.to_owned();
-        self.dispatch(reply, move |w| w.mknod(parent.0, &name, mode, umask));
+        self.dispatch(reply, |w| w.mknod(parent.0, name, mode, umask));
     }
 
     fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let name = name.to_owned();
-        self.dispatch(reply, move |w| w.mkdir(parent.0, &name, mode, umask));
+        self.dispatch(reply, |w| w.mkdir(parent.0, name, mode, umask));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.to_owned();
-        self.dispatch(reply, move |w| w.unlink(parent.0, &name));
+        self.dispatch(reply, |w| w.unlink(parent.0, name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.to_owned();
-        self.dispatch(reply, move |w| w.rmdir(parent.0, &name));
+        self.dispatch(reply, |w| w.rmdir(parent.0, name));
     }
 
     fn rename(
@@ -996,14 +949,11 @@ impl Filesystem for BenchFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (name, newname) = (name.to_owned(), newname.to_owned());
-        self.dispatch(reply, move |w| {
-            w.rename(parent.0, &name, newparent.0, &newname, flags)
-        });
+        self.dispatch(reply, |w| w.rename(parent.0, name, newparent.0, newname, flags));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.dispatch(reply, move |w| w.open(ino.0, flags.0));
+        self.dispatch(reply, |w| w.open(ino.0, flags.0));
     }
 
     fn read(
@@ -1018,10 +968,10 @@ impl Filesystem for BenchFs {
         reply: ReplyData,
     ) {
         self.shared.reads.add(size as usize);
-        self.submit(Box::new(move |w| match w {
-            Some(w) => w.read(ino.0, offset, size as usize, reply),
-            None => reply.error(Errno::from_i32(libc::ESHUTDOWN)),
-        }));
+        self.serve(|w| match w {
+            Ok(w) => w.read(ino.0, offset, size as usize, reply),
+            Err(e) => reply.error(e),
+        });
     }
 
     fn write(
@@ -1036,10 +986,8 @@ impl Filesystem for BenchFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // The request buffer belongs to the event loop: the worker gets a copy.
         self.shared.writes.add(data.len());
-        let data = data.to_vec();
-        self.dispatch(reply, move |w| w.write(ino.0, offset, &data));
+        self.dispatch(reply, |w| w.write(ino.0, offset, data));
     }
 
     fn flush(
@@ -1050,12 +998,13 @@ impl Filesystem for BenchFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.dispatch(reply, move |w| w.publish(ino.0, false));
+        self.dispatch(reply, |w| w.publish(ino.0, false));
     }
 
-    /// Done here, not on a worker: the kernel sends RELEASE asynchronously after close()
-    /// returned, and a later unlink or rmdir from the same program must already see the file
-    /// closed. Sizes were published by FLUSH (every close); idle handles are just dropped.
+    /// The kernel sends RELEASE asynchronously after close() returned, so a later unlink from
+    /// the same program may be served first, on another event loop (it then hides the file,
+    /// which this removes; rmdir and rename wait for that). Sizes were published by FLUSH
+    /// (every close); idle handles are just dropped.
     fn release(
         &self,
         _req: &Request,
@@ -1086,21 +1035,12 @@ impl Filesystem for BenchFs {
             return reply.ok();
         };
         *lock(&self.shared.removals) += 1;
-        let shared = self.shared.clone();
-        self.submit(Box::new(move |w| {
-            match w {
-                Some(w) => match w.remove_hidden(ino.0, &hidden) {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(e),
-                },
-                None => reply.error(Errno::from_i32(libc::ESHUTDOWN)),
-            }
-            shared.removal_done();
-        }));
+        self.dispatch(reply, |w| w.remove_hidden(ino.0, &hidden));
+        self.shared.removal_done();
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        self.dispatch(reply, move |w| w.publish(ino.0, true));
+        self.dispatch(reply, |w| w.publish(ino.0, true));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -1112,10 +1052,10 @@ impl Filesystem for BenchFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
-        self.submit(Box::new(move |w| match w {
-            Some(w) => w.readdir(ino.0, fh.0, offset, reply),
-            None => reply.error(Errno::from_i32(libc::ESHUTDOWN)),
-        }));
+        self.serve(|w| match w {
+            Ok(w) => w.readdir(ino.0, fh.0, offset, reply),
+            Err(e) => reply.error(e),
+        });
     }
 
     fn releasedir(
@@ -1149,7 +1089,6 @@ impl Filesystem for BenchFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let name = name.to_owned();
-        self.dispatch(reply, move |w| w.create(parent.0, &name, mode, umask, flags));
+        self.dispatch(reply, |w| w.create(parent.0, name, mode, umask, flags));
     }
 }

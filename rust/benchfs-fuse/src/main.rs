@@ -40,7 +40,7 @@ struct Args {
     /// Override a configuration key: section.key=value (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     overrides: Vec<String>,
-    /// Worker threads, each with its own connection: requests served in parallel.
+    /// Event loop threads, each with its own connection: requests served in parallel.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
     /// An existing, empty directory that is not a mount point yet.
@@ -162,7 +162,9 @@ fn run(args: Args) -> Result<(), String> {
     let servers = config.cluster.expected_servers;
 
     let shared = Arc::new(fs::Shared::new());
-    let pool = fs::Pool::start(threads, registry.clone(), &config, &shared)?;
+    // Connected here first, so that a cluster that cannot be reached fails the mount; kept
+    // for the clean-up at the end. Each event loop connects its own at its first request.
+    let mut first = fs::Worker::connect(&registry, config.clone(), shared.clone())?;
 
     // From here on a signal unmounts instead of killing the process (SIGUSR1 too: it is what
     // srun forwards to its tasks).
@@ -176,16 +178,12 @@ fn run(args: Args) -> Result<(), String> {
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
-    // One event loop only parses and queues; the workers do the I/O.
-    options.n_threads = Some(1);
-    let filesystem = fs::BenchFs::new(shared.clone(), pool.sender());
-    let mut session = match Session::new(filesystem, &mountpoint, &options) {
-        Ok(s) => s,
-        Err(e) => {
-            pool.shutdown_with(Box::new(|_| {}));
-            return Err(format!("cannot mount at {}: {e}", mountpoint.display()));
-        }
-    };
+    // Each event loop reads with its own descriptor and serves what it read.
+    options.n_threads = Some(threads);
+    options.clone_fd = true;
+    let filesystem = fs::BenchFs::new(shared.clone(), registry.clone(), &config);
+    let mut session = Session::new(filesystem, &mountpoint, &options)
+        .map_err(|e| format!("cannot mount at {}: {e}", mountpoint.display()))?;
     shared.set_notifier(session.notifier());
     let mut unmounter = session.unmount_callable();
     let (events_tx, events) = mpsc::channel::<Event>();
@@ -223,7 +221,6 @@ fn run(args: Args) -> Result<(), String> {
                         "benchfs-mount: files are still open in the detached mount; exiting (their requests now fail)"
                     );
                     signal_thread.close();
-                    // The session still holds a queue sender; the workers cannot be joined.
                     return Ok(());
                 }
             }
@@ -242,11 +239,7 @@ fn run(args: Args) -> Result<(), String> {
         shared.writes.summary()
     );
     // Files still open at the unmount were never released: remove their hidden names.
-    pool.shutdown_with(Box::new(|w| {
-        if let Some(w) = w {
-            w.cleanup();
-        }
-    }));
+    first.cleanup();
     outcome
 }
 
