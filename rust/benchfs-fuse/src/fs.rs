@@ -6,8 +6,8 @@
 //! requests (several jobs, readahead, async direct I/O) are served in parallel, up to the
 //! number of threads; while all are busy the kernel queues further requests.
 
-use std::collections::hash_map::DefaultHasher;
 use std::cell::RefCell;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::hash::{Hash, Hasher};
@@ -609,7 +609,9 @@ impl Worker {
         let path = self.child(parent, name)?;
         self.shared.wait_removals();
         let mut removed = self.client.rmdir(&path);
-        if removed.as_ref().is_err_and(|e| e.errno() == libc::ENOTEMPTY) && self.shared.wait_hidden_gone(&path) {
+        if removed.as_ref().is_err_and(|e| e.errno() == libc::ENOTEMPTY)
+            && self.shared.wait_hidden_gone(&path)
+        {
             removed = self.client.rmdir(&path);
         }
         removed.map_err(|e| errno("rmdir", e))?;
@@ -642,7 +644,8 @@ impl Worker {
         }
         let how = if noreplace { protocol::meta::NO_REPLACE } else { 0 };
         let mut renamed = self.client.rename_with(&from, &to, how);
-        if renamed.as_ref().is_err_and(|e| e.errno() == libc::ENOTEMPTY) && self.shared.wait_hidden_gone(&to) {
+        if renamed.as_ref().is_err_and(|e| e.errno() == libc::ENOTEMPTY) && self.shared.wait_hidden_gone(&to)
+        {
             renamed = self.client.rename_with(&from, &to, how);
         }
         renamed.map_err(|e| errno("rename", e))?;
