@@ -78,3 +78,13 @@ def test_e2e_rejects_bad_repeats() -> None:
         [str(bench), "e2e", "--repeats", "0"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2 and "--repeats" in out.stderr
+
+
+@pytest.mark.parametrize("size", ["5m", "0", "lots"])
+def test_e2e_rejects_bad_block_size(size: str) -> None:
+    bench = Path(sys.executable).with_name("benchfs-bench")
+    out = subprocess.run(
+        [str(bench), "e2e", "--block-size", size], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "--block-size" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -456,13 +456,29 @@ def access(
     is_flag=True,
     help="Servers and ranks on different nodes, each its own network namespace (root).",
 )
-def e2e(root: Path | None, quick: bool, as_json: bool, repeats: int | None, netns: bool) -> None:
+@click.option(
+    "--block-size",
+    type=SizeType(),
+    help="Bytes per rank and per fio job [64MiB; --quick: 8MiB]; a multiple of 4 MiB.",
+)
+def e2e(
+    root: Path | None,
+    quick: bool,
+    as_json: bool,
+    repeats: int | None,
+    netns: bool,
+    block_size: int | None,
+) -> None:
     """The built-in IOR workload (2 ranks, file per process) against fio on the same disk."""
     from benchfs.bench import e2e as bench
 
     settings = bench.E2ESettings.quick() if quick else bench.E2ESettings()
     if repeats:
         settings = dataclasses.replace(settings, repeats=repeats)
+    if block_size is not None:
+        if block_size <= 0 or block_size % (4 * 1024 * 1024):
+            raise click.BadParameter("must be a positive multiple of 4 MiB", param_hint="--block-size")
+        settings = dataclasses.replace(settings, block_size=block_size)
     err = console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
     with _failures_exit(err):
