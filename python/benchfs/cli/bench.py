@@ -477,7 +477,9 @@ def e2e(
         settings = dataclasses.replace(settings, repeats=repeats)
     if block_size is not None:
         if block_size <= 0 or block_size % (4 * 1024 * 1024):
-            raise click.BadParameter("must be a positive multiple of 4 MiB", param_hint="--block-size")
+            raise click.BadParameter(
+                "must be a positive multiple of 4 MiB", param_hint="--block-size"
+            )
         settings = dataclasses.replace(settings, block_size=block_size)
     err = console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
