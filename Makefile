@@ -31,12 +31,14 @@ native: bootstrap-build
 	cd $(CARGO_DIR) && cargo build --release --workspace --locked
 	$(call install_native,python/benchfs)
 
-# The C library (libbenchfs.so, benchfs.h, benchfs.pc; docs/capi.md) into a prefix: the .venv
+# The C library (libbenchfs.so, benchfs.h, benchfs.pc; docs/capi.md) and the interposition
+# library (libbenchfs_preload.so; docs/preload.md) into a prefix: the .venv
 # and the Python package by `make build`, elsewhere by `make install PREFIX=/opt/benchfs`.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(CARGO_DIR)/Cargo.toml | head -n 1)
 define install_capi
 	install -d $(1)/lib/pkgconfig $(1)/include
 	install -m 0755 target/release/libbenchfs.so $(1)/lib/libbenchfs.so
+	install -m 0755 target/release/libbenchfs_preload.so $(1)/lib/libbenchfs_preload.so
 	install -m 0644 include/benchfs.h $(1)/include/benchfs.h
 	sed -e 's|@VERSION@|$(VERSION)|' $(CARGO_DIR)/benchfs-capi/benchfs.pc.in > $(1)/lib/pkgconfig/benchfs.pc
 endef

@@ -17,6 +17,8 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 LIBEXEC_DIR = PACKAGE_DIR / "libexec"
 PKG_CONFIG_DIR = PACKAGE_DIR / "lib" / "pkgconfig"
+#: The interposition library (docs/preload.md): `LD_PRELOAD=$(benchfs-config --preload)`.
+PRELOAD_LIBRARY = PACKAGE_DIR / "lib" / "libbenchfs_preload.so"
 
 # UCX's default way of hooking mmap ("bistro") costs 0.4 s at every library load on machines
 # like ours, and its malloc hooks can deadlock or abort with libraries loaded after it

@@ -12,7 +12,7 @@ import sys
 import click
 
 from benchfs import __version__
-from benchfs.native import LIBEXEC_DIR, PACKAGE_DIR, PKG_CONFIG_DIR, UCX_SETTINGS
+from benchfs.native import LIBEXEC_DIR, PACKAGE_DIR, PKG_CONFIG_DIR, PRELOAD_LIBRARY, UCX_SETTINGS
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,6 +27,12 @@ from benchfs.native import LIBEXEC_DIR, PACKAGE_DIR, PKG_CONFIG_DIR, UCX_SETTING
 )
 @click.option(
     "--libexec", "what", flag_value="libexec", help="The directory of benchfsd and benchfs-mount."
+)
+@click.option(
+    "--preload",
+    "what",
+    flag_value="preload",
+    help="The interposition library, for LD_PRELOAD (docs/preload.md).",
 )
 @click.option(
     "--env",
@@ -45,7 +51,8 @@ def main(what: str | None) -> None:
     """Print where this BenchFS installation keeps its native parts."""
     if what is None:
         raise click.UsageError(
-            "say what to print: --pkg-config-path, --prefix, --libexec, --env or --modulefile"
+            "say what to print: --pkg-config-path, --prefix, --libexec, --preload, --env or "
+            "--modulefile"
         )
     if what == "modulefile":
         click.echo(modulefile(sys.prefix), nl=False)
@@ -54,8 +61,13 @@ def main(what: str | None) -> None:
         for key, value in UCX_SETTINGS.items():
             click.echo(f"export {key}={shlex.quote(value)}")
         return
-    path = {"pkg-config-path": PKG_CONFIG_DIR, "prefix": PACKAGE_DIR, "libexec": LIBEXEC_DIR}[what]
-    if not path.is_dir():
+    path = {
+        "pkg-config-path": PKG_CONFIG_DIR,
+        "prefix": PACKAGE_DIR,
+        "libexec": LIBEXEC_DIR,
+        "preload": PRELOAD_LIBRARY,
+    }[what]
+    if not path.exists():
         raise click.ClickException(
             f"{path} does not exist: this benchfs package was installed without its native "
             "parts (run `make build` in a source tree)"

@@ -4,23 +4,22 @@
 //! errno values, with a message kept per thread (`benchfs_last_error`).
 //!
 //! Threads. The core `Client` is single-threaded (an `Rc` and `Cell`s inside), so the library
-//! keeps a bounded pool of clients: a call leases one (creating it lazily, up to the limit given
-//! to `benchfs_init`), uses it alone, and returns it. Threads working on different files thus
-//! run in parallel on different clients. A file handle is a heap object with its own mutex: it
-//! holds only the file's identity, layout and written size, so any client may serve it.
+//! keeps a bounded pool of clients (`benchfs_core::shared::ClientPool`, up to the limit given
+//! to `benchfs_init`): a call leases one, uses it alone, and returns it. A file handle is a
+//! heap object with its own mutex, served by whichever client a call leases.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use benchfs_core::client::{Client, FileHandle};
-use benchfs_core::config::{self, Config};
+use benchfs_core::config;
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
 use benchfs_core::protocol::meta::FindRequest;
-use benchfs_core::shared::SendClient;
+use benchfs_core::shared::{ClientPool, Lease};
 use benchfs_core::Error;
 
 /// Clients in the pool when `benchfs_init` is given 0.
@@ -114,10 +113,12 @@ fn ffi<R: Ret>(op: &str, f: impl FnOnce() -> Result<R, Fail>) -> R {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The pool's state is a list and two counters updated in single steps: a panic elsewhere
-    // cannot leave them half-changed, so a poisoned lock is still consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+/// A client of `pool`; a closed pool (after `benchfs_finalize`) is ESHUTDOWN with its message.
+fn lease(pool: &Arc<ClientPool>) -> Result<Lease, Fail> {
+    pool.lease().map_err(|e| match e {
+        Error::Stopped => shutdown(),
+        other => other.into(),
+    })
 }
 
 /// A string argument: NULL and bad UTF-8 are EINVAL (no path can be either).
@@ -134,94 +135,9 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
         .map_err(|_| Fail::new(libc::EINVAL, format!("{what} is not valid UTF-8")))
 }
 
-/// The clients of one `benchfs_init`: idle ones, and how many exist (idle or leased).
-struct PoolState {
-    idle: Vec<SendClient>,
-    live: usize,
-    closed: bool,
-}
+static LIBRARY: RwLock<Option<Arc<ClientPool>>> = RwLock::new(None);
 
-struct Pool {
-    registry: PathBuf,
-    config: Config,
-    limit: usize,
-    state: Mutex<PoolState>,
-    /// Signalled when a client goes back to the pool or a slot frees up.
-    returned: Condvar,
-}
-
-/// One client, used by one thread until dropped; `client` is None while it is being created.
-struct Lease {
-    pool: Arc<Pool>,
-    client: Option<SendClient>,
-}
-
-impl Lease {
-    fn client(&self) -> Result<&Client, Fail> {
-        self.client
-            .as_ref()
-            .map(SendClient::client)
-            .ok_or_else(|| Fail::new(libc::EIO, "leased client missing"))
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let client = self.client.take();
-        let mut state = lock(&self.pool.state);
-        // After a panic the client's state is unknown, and after finalize it is not wanted:
-        // either way it is closed instead of going back to the pool.
-        let discard = match client {
-            Some(c) if !state.closed && !std::thread::panicking() => {
-                state.idle.push(c);
-                None
-            }
-            other => {
-                state.live -= 1;
-                other
-            }
-        };
-        drop(state);
-        self.pool.returned.notify_one();
-        // Closing endpoints takes a while: not under the lock.
-        drop(discard);
-    }
-}
-
-impl Pool {
-    /// An idle client, else a new one while fewer than `limit` exist, else waits for one.
-    fn lease(self: &Arc<Self>) -> Result<Lease, Fail> {
-        let mut state = lock(&self.state);
-        loop {
-            if state.closed {
-                return Err(shutdown());
-            }
-            if let Some(c) = state.idle.pop() {
-                return Ok(Lease {
-                    pool: self.clone(),
-                    client: Some(c),
-                });
-            }
-            if state.live < self.limit {
-                state.live += 1;
-                drop(state);
-                // Dropped on failure, which gives the slot back.
-                let mut lease = Lease {
-                    pool: self.clone(),
-                    client: None,
-                };
-                let client = Client::connect(&self.registry, self.config.clone())?;
-                lease.client = Some(SendClient::new(client));
-                return Ok(lease);
-            }
-            state = self.returned.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-static LIBRARY: RwLock<Option<Arc<Pool>>> = RwLock::new(None);
-
-fn current() -> Result<Arc<Pool>, Fail> {
+fn current() -> Result<Arc<ClientPool>, Fail> {
     LIBRARY
         .read()
         .unwrap_or_else(PoisonError::into_inner)
@@ -232,14 +148,14 @@ fn current() -> Result<Arc<Pool>, Fail> {
 /// Runs `f` on a leased client of the current library state.
 fn with_client<R>(f: impl FnOnce(&Client) -> Result<R, Error>) -> Result<R, Fail> {
     let pool = current()?;
-    let lease = pool.lease()?;
+    let lease = lease(&pool)?;
     Ok(f(lease.client()?)?)
 }
 
 /// An open file (`benchfs_file` in C). The pool is the one it was opened with, so a file
 /// outliving `benchfs_finalize` fails with ESHUTDOWN instead of reaching a newer pool.
 pub struct BenchfsFile {
-    pool: Arc<Pool>,
+    pool: Arc<ClientPool>,
     handle: Mutex<FileHandle>,
 }
 
@@ -257,7 +173,7 @@ unsafe fn with_file<R>(
         .handle
         .lock()
         .map_err(|_| Fail::new(libc::EIO, "file state unknown after an internal error; close it"))?;
-    let lease = file.pool.lease()?;
+    let lease = lease(&file.pool)?;
     Ok(f(lease.client()?, &handle)?)
 }
 
@@ -298,7 +214,7 @@ unsafe fn open_common(
         let ns = open_flags(flags, create)?;
         let pool = current()?;
         let handle = {
-            let lease = pool.lease()?;
+            let lease = lease(&pool)?;
             lease.client()?.open(path, ns, mode & 0o7777)?
         };
         let file = Box::new(BenchfsFile {
@@ -379,19 +295,9 @@ pub unsafe extern "C" fn benchfs_init(
                 "already initialized (call benchfs_finalize first)",
             ));
         }
-        let pool = Arc::new(Pool {
-            registry,
-            config,
-            limit,
-            state: Mutex::new(PoolState {
-                idle: Vec::new(),
-                live: 0,
-                closed: false,
-            }),
-            returned: Condvar::new(),
-        });
+        let pool = ClientPool::new(registry, config, limit);
         // One client now, so that a missing cluster fails here rather than at the first open.
-        drop(pool.lease()?);
+        drop(lease(&pool)?);
         *library = Some(pool);
         Ok(0)
     })
@@ -406,14 +312,7 @@ pub extern "C" fn benchfs_finalize() -> c_int {
             .unwrap_or_else(PoisonError::into_inner)
             .take()
             .ok_or_else(shutdown)?;
-        let idle = {
-            let mut state = lock(&pool.state);
-            state.closed = true;
-            state.live -= state.idle.len();
-            std::mem::take(&mut state.idle)
-        };
-        pool.returned.notify_all();
-        drop(idle);
+        pool.close();
         Ok(0)
     })
 }
@@ -457,7 +356,7 @@ pub unsafe extern "C" fn benchfs_close(file: *mut BenchfsFile) -> c_int {
             .handle
             .into_inner()
             .map_err(|_| Fail::new(libc::EIO, "file state unknown after an internal error"))?;
-        let lease = file.pool.lease()?;
+        let lease = lease(&file.pool)?;
         lease.client()?.close(&handle)?;
         Ok(0)
     })
@@ -887,7 +786,7 @@ mod tests {
 
     #[test]
     fn threads_share_a_bounded_pool_and_finalize_ends_open_files() -> Result<(), String> {
-        let _turn = lock(&GLOBAL);
+        let _turn = GLOBAL.lock().unwrap_or_else(PoisonError::into_inner);
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let registry = dir.path().join("registry");
         let overrides = [
@@ -935,15 +834,9 @@ mod tests {
             r?;
         }
         let pool = current().map_err(|f| f.message)?;
-        {
-            let state = lock(&pool.state);
-            assert!(
-                (1..=2).contains(&state.live),
-                "{} clients for a limit of 2",
-                state.live
-            );
-            assert_eq!(state.idle.len(), state.live, "every client came back");
-        }
+        let (live, idle) = pool.counts();
+        assert!((1..=2).contains(&live), "{live} clients for a limit of 2");
+        assert_eq!(idle, live, "every client came back");
         drop(pool);
 
         // A file open across finalize fails cleanly, and close still frees it.
@@ -982,7 +875,7 @@ mod tests {
 
     #[test]
     fn calls_before_init_fail_with_eshutdown_and_a_message() {
-        let _turn = lock(&GLOBAL);
+        let _turn = GLOBAL.lock().unwrap_or_else(PoisonError::into_inner);
         // SAFETY: a valid string and a writable out pointer.
         let rc = unsafe { benchfs_unlink(c"/x".as_ptr()) };
         assert_eq!(rc, -libc::ESHUTDOWN);

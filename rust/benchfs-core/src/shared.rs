@@ -1,11 +1,14 @@
 //! Using a client from more than one thread: the one place that argues why a [`Client`] and a
-//! [`FileHandle`] may move between threads, and [`SharedClient`]/[`SharedFile`], which threads
-//! take turns on. The Python module, the C library and (later) the interposition library
-//! build on these; a face keeps no `unsafe impl Send` of its own.
+//! [`FileHandle`] may move between threads; [`SharedClient`]/[`SharedFile`], which threads
+//! take turns on; and [`ClientPool`], whose clients threads lease. The Python module, the C
+//! library and the interposition library build on these; a face keeps no `unsafe impl Send`
+//! of its own.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::client::{Client, FileHandle};
+use crate::config::Config;
 use crate::error::{Error, Result};
 
 /// A [`Client`] that may move to another thread. Sound because (1) the `Rc`s inside it (its
@@ -91,6 +94,11 @@ impl SharedFile {
         lock(&self.handle).is_none()
     }
 
+    /// The size the handle knows (at least what was written through it); None once closed.
+    pub fn size(&self) -> Option<u64> {
+        lock(&self.handle).as_ref().map(|h| h.0.size())
+    }
+
     /// Runs `f` on the client and the file, taking the client first, then the file.
     pub fn with<R>(
         &self,
@@ -107,11 +115,167 @@ impl SharedFile {
     /// Publishes the size this handle wrote ([`Client::close`]), then closes it even if
     /// publishing failed (which is returned). Idempotent.
     pub fn close(&self, client: &SharedClient) -> Result<()> {
-        if self.is_closed() {
+        client.with(|c| self.close_on(c))
+    }
+
+    /// Runs `f` on the file with a client the caller holds alone (a [`Lease`]).
+    pub fn on<R>(&self, client: &Client, f: impl FnOnce(&Client, &FileHandle) -> Result<R>) -> Result<R> {
+        let guard = lock(&self.handle);
+        let handle = guard.as_ref().ok_or(Error::Closed("file"))?;
+        f(client, &handle.0)
+    }
+
+    /// [`SharedFile::close`] with a client the caller holds alone.
+    pub fn close_on(&self, client: &Client) -> Result<()> {
+        let mut guard = lock(&self.handle);
+        let Some(handle) = guard.take() else {
             return Ok(());
+        };
+        drop(guard);
+        client.close(&handle.0)
+    }
+}
+
+/// Takes a lock whose state stays consistent across a panic (updated in single steps).
+fn lock_state<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The clients of a pool: idle ones, and how many exist (idle or leased).
+struct PoolState {
+    idle: Vec<SendClient>,
+    live: usize,
+    closed: bool,
+}
+
+/// A bounded pool of clients of one cluster, for a process whose threads call in parallel: a
+/// call leases a client (an idle one, else a new one while fewer than the limit exist, else it
+/// waits), uses it alone, and gives it back when the lease drops. Threads working on different
+/// files thus run in parallel on different clients; a [`FileHandle`] holds only the file's
+/// identity, layout and written size, so any client may serve it.
+pub struct ClientPool {
+    registry: PathBuf,
+    config: Config,
+    limit: usize,
+    state: Mutex<PoolState>,
+    /// Signalled when a client goes back to the pool or a slot frees up.
+    returned: Condvar,
+}
+
+/// One client of a [`ClientPool`], used by one thread until dropped.
+pub struct Lease {
+    pool: Arc<ClientPool>,
+    /// None only while the client is being created.
+    client: Option<SendClient>,
+}
+
+impl Lease {
+    pub fn client(&self) -> Result<&Client> {
+        self.client
+            .as_ref()
+            .map(SendClient::client)
+            .ok_or(Error::Closed("client"))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let client = self.client.take();
+        let mut state = lock_state(&self.pool.state);
+        // After a panic the client's state is unknown, and after close it is not wanted:
+        // either way it is dropped instead of going back to the pool.
+        let discard = match client {
+            Some(c) if !state.closed && !std::thread::panicking() => {
+                state.idle.push(c);
+                None
+            }
+            other => {
+                state.live -= 1;
+                other
+            }
+        };
+        drop(state);
+        self.pool.returned.notify_one();
+        // Closing endpoints takes a while: not under the lock.
+        drop(discard);
+    }
+}
+
+impl ClientPool {
+    /// A pool of at most `limit` (at least 1) clients; none is connected yet.
+    pub fn new(registry: PathBuf, config: Config, limit: usize) -> Arc<ClientPool> {
+        Arc::new(ClientPool {
+            registry,
+            config,
+            limit: limit.max(1),
+            state: Mutex::new(PoolState {
+                idle: Vec::new(),
+                live: 0,
+                closed: false,
+            }),
+            returned: Condvar::new(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// An idle client, else a new one while fewer than the limit exist, else waits for one.
+    /// A closed pool answers [`Error::Stopped`].
+    pub fn lease(self: &Arc<Self>) -> Result<Lease> {
+        let mut state = lock_state(&self.state);
+        loop {
+            if state.closed {
+                return Err(Error::Stopped);
+            }
+            if let Some(c) = state.idle.pop() {
+                return Ok(Lease {
+                    pool: self.clone(),
+                    client: Some(c),
+                });
+            }
+            if state.live < self.limit {
+                state.live += 1;
+                drop(state);
+                // Dropped on failure, which gives the slot back.
+                let mut lease = Lease {
+                    pool: self.clone(),
+                    client: None,
+                };
+                let client = Client::connect(&self.registry, self.config.clone())?;
+                lease.client = Some(SendClient::new(client));
+                return Ok(lease);
+            }
+            state = self.returned.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
-        let result = self.with(client, |c, f| c.close(f));
-        lock(&self.handle).take();
-        result
+    }
+
+    /// Closes the pool: idle clients now, leased ones when their lease drops; later leases
+    /// fail with [`Error::Stopped`].
+    pub fn close(&self) {
+        let idle = {
+            let mut state = lock_state(&self.state);
+            state.closed = true;
+            state.live -= state.idle.len();
+            std::mem::take(&mut state.idle)
+        };
+        self.returned.notify_all();
+        drop(idle);
+    }
+
+    /// In the child of a `fork`: the clients are the parent's (its UCX workers and sockets,
+    /// its io_uring rings), which the child must neither use nor tear down. They are leaked
+    /// and the pool starts empty, so the child connects clients of its own.
+    pub fn forget_after_fork(&self) {
+        let mut state = lock_state(&self.state);
+        std::mem::forget(std::mem::take(&mut state.idle));
+        state.live = 0;
+    }
+
+    /// (clients that exist, idle ones), for tests and reports.
+    pub fn counts(&self) -> (usize, usize) {
+        let state = lock_state(&self.state);
+        (state.live, state.idle.len())
     }
 }

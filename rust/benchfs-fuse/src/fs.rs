@@ -555,10 +555,18 @@ impl Worker {
             .map_err(|e| errno("unlink", e))?;
         let mut t = self.shared.table();
         t.rename(path, &hidden);
-        if let Some(inode) = t.get_mut(ino) {
-            inode.unlinked = true;
+        match t.get_mut(ino) {
+            Some(inode) if inode.opens > 0 => {
+                inode.unlinked = true;
+                Ok(())
+            }
+            // The last RELEASE was served while the name was being moved (event loops run
+            // in parallel), and found nothing to remove: the hidden name goes now.
+            _ => {
+                drop(t);
+                self.remove_hidden(ino, &hidden)
+            }
         }
-        Ok(())
     }
 
     /// The number of an open regular file at `path`, if this mount has one.

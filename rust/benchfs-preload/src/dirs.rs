@@ -1,0 +1,226 @@
+//! Directory streams of BenchFS directories. glibc's `opendir` opens and reads with internal
+//! calls this library cannot see, so for a BenchFS directory the stream is ours: a `DIR *`
+//! that points at a [`Dir`], known by address to `readdir`, `closedir` and the rest, which
+//! pass any other stream to libc.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_long};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use benchfs_core::namespace::Kind;
+
+use crate::fds;
+use crate::names::Target;
+use crate::{entry, real, set_errno, with_client};
+
+/// An open stream: its descriptor, the entries read at open (or rewind), and the record
+/// `readdir` hands out (valid until the next call on the stream, as POSIX allows).
+struct Dir {
+    fd: c_int,
+    path: String,
+    entries: Vec<(String, Kind)>,
+    pos: usize,
+    record: libc::dirent64,
+}
+
+// The streams are addressed by the `DIR *` handed out (the address of a boxed `Dir`).
+static STREAMS: Mutex<Option<HashMap<usize, Box<Dir>>>> = Mutex::new(None);
+/// How many streams are ours: while 0, a stream call goes to libc without a lookup.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+fn streams() -> MutexGuard<'static, Option<HashMap<usize, Box<Dir>>>> {
+    STREAMS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn ours(dir: *mut libc::DIR) -> bool {
+    OPEN.load(Ordering::Acquire) > 0
+        && streams()
+            .as_ref()
+            .is_some_and(|m| m.contains_key(&(dir as usize)))
+}
+
+fn list(path: &str) -> Result<Vec<(String, Kind)>, c_int> {
+    let listed = with_client("readdir", path, |c| c.readdir(path))?;
+    let mut entries = vec![(".".to_string(), Kind::Dir), ("..".to_string(), Kind::Dir)];
+    entries.extend(listed.into_iter().map(|e| (e.name, e.kind)));
+    Ok(entries)
+}
+
+/// A stream over the directory open at our descriptor `fd`, which it now owns.
+fn stream(fd: c_int) -> Result<*mut libc::DIR, c_int> {
+    let f = fds::lookup(fd).ok_or(libc::EBADF)?;
+    if !f.is_dir() {
+        return Err(libc::ENOTDIR);
+    }
+    let entries = list(&f.path)?;
+    let mut dir = Box::new(Dir {
+        fd,
+        path: f.path.clone(),
+        entries,
+        pos: 0,
+        // SAFETY: all-zero is a valid dirent64.
+        record: unsafe { std::mem::zeroed() },
+    });
+    let key = (&mut *dir as *mut Dir) as usize;
+    streams().get_or_insert_with(HashMap::new).insert(key, dir);
+    OPEN.fetch_add(1, Ordering::AcqRel);
+    Ok(key as *mut libc::DIR)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
+    // SAFETY: forwarded contract.
+    match unsafe { crate::names::resolve(libc::AT_FDCWD, path) } {
+        Ok(Target::Local) => unsafe { real::opendir(path) },
+        // SAFETY: an absolute path of ours, alive for the call.
+        Ok(Target::LocalAt(abs)) => unsafe { real::opendir(abs.as_ptr()) },
+        Ok(Target::Ours(_)) => {
+            // SAFETY: as above; the open family decides again (the same answer).
+            let fd = unsafe {
+                crate::files::benchfs_preload_openat(
+                    libc::AT_FDCWD,
+                    path,
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    0,
+                )
+            };
+            if fd < 0 {
+                return std::ptr::null_mut();
+            }
+            let made = entry(std::ptr::null_mut(), || stream(fd));
+            if made.is_null() {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                // SAFETY: our descriptor.
+                unsafe { crate::files::close(fd) };
+                set_errno(e);
+            }
+            made
+        }
+        Err(e) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut libc::DIR {
+    if fds::lookup(fd).is_none() {
+        // SAFETY: forwarded.
+        return unsafe { real::fdopendir(fd) };
+    }
+    entry(std::ptr::null_mut(), || stream(fd))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readdir64(dirp: *mut libc::DIR) -> *mut libc::dirent64 {
+    if !ours(dirp) {
+        // SAFETY: forwarded.
+        return unsafe { real::readdir64(dirp) };
+    }
+    let mut map = streams();
+    let Some(dir) = map.as_mut().and_then(|m| m.get_mut(&(dirp as usize))) else {
+        set_errno(libc::EBADF);
+        return std::ptr::null_mut();
+    };
+    let Some((name, kind)) = dir.entries.get(dir.pos) else {
+        return std::ptr::null_mut(); // the end: errno unchanged
+    };
+    let bytes = name.as_bytes();
+    let r = &mut dir.record;
+    let len = bytes.len().min(r.d_name.len() - 1);
+    for (d, s) in r.d_name.iter_mut().zip(bytes[..len].iter()) {
+        *d = *s as c_char;
+    }
+    r.d_name[len] = 0;
+    r.d_ino = crate::names::ino_of(&crate::paths::join(&dir.path, name));
+    r.d_type = if *kind == Kind::Dir {
+        libc::DT_DIR
+    } else {
+        libc::DT_REG
+    };
+    r.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
+    dir.pos += 1;
+    r.d_off = dir.pos as i64;
+    &mut dir.record as *mut libc::dirent64
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readdir(dirp: *mut libc::DIR) -> *mut libc::dirent64 {
+    // SAFETY: forwarded (dirent and dirent64 are one layout on 64-bit Linux).
+    unsafe { readdir64(dirp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closedir(dirp: *mut libc::DIR) -> c_int {
+    if !ours(dirp) {
+        // SAFETY: forwarded.
+        return unsafe { real::closedir(dirp) };
+    }
+    let dir = streams().as_mut().and_then(|m| m.remove(&(dirp as usize)));
+    let Some(dir) = dir else {
+        set_errno(libc::EBADF);
+        return -1;
+    };
+    OPEN.fetch_sub(1, Ordering::AcqRel);
+    // SAFETY: the stream's own descriptor.
+    unsafe { crate::files::close(dir.fd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dirfd(dirp: *mut libc::DIR) -> c_int {
+    if !ours(dirp) {
+        // SAFETY: forwarded.
+        return unsafe { real::dirfd(dirp) };
+    }
+    streams()
+        .as_ref()
+        .and_then(|m| m.get(&(dirp as usize)))
+        .map_or(-1, |d| d.fd)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rewinddir(dirp: *mut libc::DIR) {
+    if !ours(dirp) {
+        // SAFETY: forwarded.
+        return unsafe { real::rewinddir(dirp) };
+    }
+    let path = streams()
+        .as_ref()
+        .and_then(|m| m.get(&(dirp as usize)))
+        .map(|d| d.path.clone());
+    let Some(path) = path else { return };
+    // Rewinding shows the directory as it is now (what a real rewinddir does).
+    if let Ok(entries) = list(&path) {
+        if let Some(d) = streams().as_mut().and_then(|m| m.get_mut(&(dirp as usize))) {
+            d.entries = entries;
+            d.pos = 0;
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn telldir(dirp: *mut libc::DIR) -> c_long {
+    if !ours(dirp) {
+        // SAFETY: forwarded.
+        return unsafe { real::telldir(dirp) };
+    }
+    streams()
+        .as_ref()
+        .and_then(|m| m.get(&(dirp as usize)))
+        .map_or(-1, |d| d.pos as c_long)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn seekdir(dirp: *mut libc::DIR, pos: c_long) {
+    if !ours(dirp) {
+        // SAFETY: forwarded.
+        return unsafe { real::seekdir(dirp, pos) };
+    }
+    if let Some(d) = streams().as_mut().and_then(|m| m.get_mut(&(dirp as usize))) {
+        d.pos = usize::try_from(pos).unwrap_or(0);
+    }
+}

@@ -1,0 +1,203 @@
+//! `libbenchfs_preload.so`: loaded with `LD_PRELOAD`, it serves every path under a prefix
+//! (`BENCHFS_PRELOAD_PREFIX`, else the mount point `benchfs start` exports as
+//! `BENCHFS_MOUNT`, else `/benchfs`) from BenchFS through the core client, in the calling
+//! process, and passes every other call on to libc untouched. docs/preload.md lists what is
+//! intercepted.
+//!
+//! How it fits together:
+//! - [`variadic`]: `open`, `openat`, `fcntl` and `ioctl`, whose C declarations are variadic;
+//!   everything else is defined with libc's signature where its call is handled.
+//! - [`real`]: the next definition of each function (libc's), for calls that are not ours.
+//! - [`fds`]: descriptor numbers of BenchFS files, each reserved with a real `O_PATH`
+//!   descriptor, so a call that bypasses this library (a raw system call, io_uring) fails
+//!   with EBADF and never touches another file.
+//! - [`files`], [`names`], [`dirs`], [`stdio`]: the calls on descriptors, on paths, on
+//!   directory streams and on `FILE` streams.
+//!
+//! A thread inside BenchFS (connecting, talking to servers) may make calls of its own (UCX
+//! opening its sockets, reading configuration files); those always go to libc.
+
+// The safety contracts of the exported functions are those of the libc functions they stand
+// in for.
+#![allow(clippy::missing_safety_doc)]
+
+mod dirs;
+mod fds;
+mod files;
+mod names;
+mod paths;
+mod real;
+mod stdio;
+mod variadic;
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use benchfs_core::config;
+use benchfs_core::posix;
+use benchfs_core::shared::{ClientPool, Lease};
+use benchfs_core::Error;
+
+use crate::paths::Prefix;
+
+/// Clients one process may have (each its own UCX worker): threads beyond it wait their turn.
+const MAX_CLIENTS: usize = 8;
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: errno is this thread's.
+    unsafe { *libc::__errno_location() = e };
+}
+
+thread_local! {
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while this thread is inside BenchFS (or its thread-local state is gone): every call
+/// then goes to libc.
+pub(crate) fn busy() -> bool {
+    BUSY.try_with(Cell::get).unwrap_or(true)
+}
+
+/// Marks this thread busy until dropped.
+pub(crate) struct Inside(bool);
+
+pub(crate) fn inside() -> Inside {
+    Inside(BUSY.try_with(|b| b.replace(true)).unwrap_or(true))
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let _ = BUSY.try_with(|b| b.set(self.0));
+    }
+}
+
+/// One line on stderr, written with libc's `write` (stderr may itself be a BenchFS file).
+pub(crate) fn say(message: &str) {
+    let line = format!("benchfs-preload: {message}\n");
+    // SAFETY: a valid buffer of its length.
+    let _ = unsafe { real::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+/// The prefix, from the environment at the first call that needs it; None when the
+/// environment names an unusable one (said once; nothing is intercepted then).
+pub(crate) fn prefix() -> Option<&'static Prefix> {
+    static PREFIX: OnceLock<Option<Prefix>> = OnceLock::new();
+    PREFIX
+        .get_or_init(|| {
+            let raw = std::env::var("BENCHFS_PRELOAD_PREFIX")
+                .ok()
+                .filter(|p| !p.is_empty())
+                .or_else(|| std::env::var("BENCHFS_MOUNT").ok().filter(|p| !p.is_empty()))
+                .unwrap_or_else(|| "/benchfs".into());
+            match Prefix::new(&raw) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    say(&format!("{e}; BenchFS paths are not intercepted"));
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// The clients of this process, set up at the first BenchFS call; the reason when the
+/// configuration cannot be used.
+fn pool() -> Result<&'static Arc<ClientPool>, c_int> {
+    static POOL: OnceLock<Result<Arc<ClientPool>, String>> = OnceLock::new();
+    let made = POOL.get_or_init(|| {
+        let _inside = inside();
+        let file = std::env::var_os("BENCHFS_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        let config =
+            config::resolve(file.as_deref(), &config::process_env(), &[]).map_err(|e| e.to_string())?;
+        if config.cluster.registry_dir.is_empty() {
+            return Err(
+                "no cluster: set BENCHFS_REGISTRY (or cluster.registry_dir in BENCHFS_CONFIG)".into(),
+            );
+        }
+        let registry = PathBuf::from(&config.cluster.registry_dir);
+        Ok(ClientPool::new(registry, config, MAX_CLIENTS))
+    });
+    match made {
+        Ok(pool) => Ok(pool),
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| say(&format!("{e}; calls on BenchFS paths fail with ENOTCONN")));
+            Err(libc::ENOTCONN)
+        }
+    }
+}
+
+/// A failure of a BenchFS call: its errno, said on stderr when it is not an ordinary answer
+/// about a path (a server lost, a timeout).
+pub(crate) fn errno_of(op: &str, path: &str, e: &Error) -> c_int {
+    let code = e.errno();
+    if !posix::is_path_answer(code) {
+        say(&format!("{op} {path}: {e}"));
+    }
+    if code > 0 {
+        code
+    } else {
+        libc::EIO
+    }
+}
+
+/// Runs `f` with a leased client, this thread marked busy; errors become errnos.
+pub(crate) fn with_client<R>(
+    op: &str,
+    path: &str,
+    f: impl FnOnce(&benchfs_core::client::Client) -> Result<R, Error>,
+) -> Result<R, c_int> {
+    let pool = pool()?;
+    let _inside = inside();
+    let lease: Lease = pool.lease().map_err(|e| errno_of(op, path, &e))?;
+    let client = lease.client().map_err(|e| errno_of(op, path, &e))?;
+    f(client).map_err(|e| errno_of(op, path, &e))
+}
+
+/// The pool, for files that keep it.
+pub(crate) fn the_pool() -> Result<Arc<ClientPool>, c_int> {
+    pool().cloned()
+}
+
+/// The process's umask as the `umask` wrapper last set it; `u32::MAX` until first read.
+pub(crate) static UMASK: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// The process's umask (read once from the kernel, then kept by the `umask` wrapper).
+pub(crate) fn current_umask() -> u32 {
+    let m = UMASK.load(Ordering::Relaxed);
+    if m != u32::MAX {
+        return m;
+    }
+    // SAFETY: umask cannot fail; set back at once (a race with another thread's umask is
+    // the caller's, as with any umask read).
+    let old = unsafe {
+        let old = real::umask(0o022);
+        real::umask(old);
+        old
+    };
+    UMASK.store(old, Ordering::Relaxed);
+    old
+}
+
+/// Runs one exported call: a panic is EIO (never unwinds into C), `Err(errno)` sets errno
+/// and returns `fail`.
+pub(crate) fn entry<R: Copy>(fail: R, f: impl FnOnce() -> Result<R, c_int>) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            set_errno(e);
+            fail
+        }
+        Err(_) => {
+            say("internal error (a panic); answered EIO");
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}

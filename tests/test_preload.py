@@ -1,0 +1,266 @@
+"""The interposition library (docs/preload.md) under unmodified programs: coreutils, tar,
+bash and Python do the same operations on a directory under the preload's prefix and on a
+local directory, and must agree byte for byte. The prefix is a real, empty local directory:
+a call that slipped past the library would land there, so it must still be empty after."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from benchfs.cluster import LocalCluster
+from benchfs.native import PRELOAD_LIBRARY, UCX_SETTINGS
+
+pytestmark = pytest.mark.skipif(
+    not PRELOAD_LIBRARY.exists(), reason=f"{PRELOAD_LIBRARY} is not built (make build)"
+)
+
+
+class Preloaded:
+    """Runs commands with the library preloaded against one cluster, prefix `root`."""
+
+    def __init__(self, cluster: LocalCluster, root: Path) -> None:
+        self.root = root
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
+            **UCX_SETTINGS,
+            "LD_PRELOAD": str(PRELOAD_LIBRARY),
+            "BENCHFS_PRELOAD_PREFIX": str(root),
+            "BENCHFS_CONFIG": str(cluster.config_path),
+        }
+
+    def run(self, script: str, env: dict[str, str] | None = None) -> str:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{script}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+        assert "benchfs-preload" not in done.stderr, done.stderr
+        return done.stdout
+
+
+@pytest.fixture
+def preloaded(daemon_cluster: Callable[..., LocalCluster], tmp_path: Path) -> Iterator[Preloaded]:
+    root = tmp_path / "bfs"
+    root.mkdir()
+    yield Preloaded(daemon_cluster(2), root)
+    assert os.listdir(root) == [], "a call reached the local directory under the prefix"
+
+
+def source_tree(base: Path) -> Path:
+    """A local tree to copy in: files of several sizes (one over a chunk), a nested dir."""
+    src = base / "src"
+    (src / "nested" / "deeper").mkdir(parents=True)
+    sizes = {"empty": 0, "small.txt": 13, "odd.bin": 1_000_003, "big.bin": 5 * 1024 * 1024 + 7}
+    for i, (name, size) in enumerate(sizes.items()):
+        (src / name).write_bytes(os.urandom(size) if size > 100 else b"hello world\n"[:size])
+        (src / "nested" / f"n{i}").write_bytes(os.urandom(4096 * (i + 1)))
+    (src / "nested" / "deeper" / "leaf").write_text("leaf\n")
+    return src
+
+
+# One script, run once on a local directory and once under the prefix; its transcript (with
+# the root's name taken out) must be the same. Each line is a tool from the peers' bug lists.
+COREUTILS = r"""
+R=$ROOT
+mkdir -p $R/d/sub
+cp $SRC/big.bin $R/d/big.bin
+cp $SRC/odd.bin $R/d/odd.bin
+cat $R/d/odd.bin | sha256sum | cut -c1-64
+sha256sum $R/d/big.bin | cut -c1-64
+cmp $SRC/big.bin $R/d/big.bin && echo cmp-ok
+dd if=$SRC/big.bin of=$R/d/direct.bin bs=1M count=4 oflag=direct status=none
+sha256sum $R/d/direct.bin | cut -c1-64
+truncate -s 1000 $R/d/direct.bin
+truncate -s +24 $R/d/direct.bin
+stat -c '%s %F %a' $R/d/direct.bin
+stat -c '%F %a' $R/d/sub
+mv $R/d/odd.bin $R/d/sub/moved.bin
+touch $R/d/empty
+echo 'written by bash' > $R/d/sub/bash.txt
+echo 'appended' >> $R/d/sub/bash.txt
+cat $R/d/sub/bash.txt
+while read -r line; do echo "read: $line"; done < $R/d/sub/bash.txt
+head -c 100 $R/d/big.bin | od -An -tx1 | head -2
+tail -c 5 $R/d/sub/moved.bin | od -An -tx1
+ls $R/d $R/d/sub
+ls -l $R/d | awk 'NR>1 && $1 !~ /^d/ {print $1, $5, $NF}'
+du -s --apparent-size --block-size=1 $R/d/big.bin | cut -f1
+[ "$(du -s $R/d/big.bin | cut -f1)" -ge 5120 ] && echo du-counts-blocks
+find $R/d -printf '%P %y %s\n' | awk '$2 == "f"' | sort
+find $R/d -name '*.bin' | sed "s|$R||" | sort
+cp -r $SRC $R/tree
+diff -r $SRC $R/tree && echo tree-same
+tar -C $R -cf $OUT/t.tar tree
+mkdir $R/x
+tar -C $R/x --no-same-owner -xf $OUT/t.tar
+diff -r $SRC $R/x/tree && echo untar-same
+tar -C $R -cf - tree | tar -tf - | sort
+rm -r $R/x $R/tree
+rm $R/d/empty
+[ ! -e $R/d/empty ] && echo removed
+rmdir $R/d/sub 2>/dev/null || echo not-empty
+rm -r $R/d
+ls -A $R | wc -l
+"""
+
+
+def test_coreutils_agree_with_a_local_directory(preloaded: Preloaded, tmp_path: Path) -> None:
+    src = source_tree(tmp_path)
+    transcripts = []
+    for name, root in (("local", tmp_path / "local"), ("benchfs", preloaded.root)):
+        root.mkdir(exist_ok=True)
+        out = tmp_path / f"out-{name}"
+        out.mkdir()
+        env = {**preloaded.env, "ROOT": str(root), "SRC": str(src), "OUT": str(out)}
+        transcripts.append(preloaded.run(COREUTILS, env).replace(str(root), "ROOT"))
+    local, ours = transcripts
+    assert ours == local
+    assert "tree-same" in ours and "untar-same" in ours and "cmp-ok" in ours
+
+
+PYTHON = r"""
+import os, shutil, sys, hashlib
+root, src = sys.argv[1], sys.argv[2]
+d = os.path.join(root, "py")
+os.mkdir(d)
+with open(os.path.join(d, "f.bin"), "wb") as f:
+    f.write(b"x" * 100_000)
+    f.seek(10)
+    f.write(b"hello")
+with open(os.path.join(d, "f.bin"), "r+b") as f:
+    f.seek(0, os.SEEK_END)
+    print("end", f.tell())
+    f.seek(5)
+    print(f.read(12))
+    f.truncate(50)
+print("size", os.path.getsize(os.path.join(d, "f.bin")))
+with open(os.path.join(d, "t.txt"), "w") as f:
+    print("line one", file=f)
+    f.write("line two\n")
+with open(os.path.join(d, "t.txt")) as f:
+    print(f.readlines())
+with open(os.path.join(d, "t.txt"), "a") as f:
+    f.write("three\n")
+print(open(os.path.join(d, "t.txt")).read().splitlines())
+shutil.copytree(src, os.path.join(d, "tree"))
+back = os.path.join(sys.argv[3], "back")
+shutil.copytree(os.path.join(d, "tree"), back)
+for top, dirs, files in os.walk(src):
+    for name in files:
+        a = os.path.join(top, name)
+        b = os.path.join(back, os.path.relpath(a, src))
+        assert open(a, "rb").read() == open(b, "rb").read(), b
+print(sorted((e.name, e.is_dir(), e.stat().st_size if not e.is_dir() else 0)
+             for e in os.scandir(os.path.join(d, "tree"))))
+os.rename(os.path.join(d, "t.txt"), os.path.join(d, "u.txt"))
+print(sorted(os.listdir(d)))
+fd = os.open(os.path.join(d, "v.bin"), os.O_CREAT | os.O_RDWR, 0o600)
+os.pwrite(fd, b"abc", 4096)
+print(os.pread(fd, 10, 4094), os.fstat(fd).st_size, oct(os.fstat(fd).st_mode))
+fd2 = os.dup(fd)
+os.close(fd)
+os.lseek(fd2, 0, os.SEEK_SET)
+print(len(os.read(fd2, 10000)))
+os.close(fd2)
+shutil.rmtree(d)
+print(os.listdir(root))
+"""
+
+
+def test_python_file_api_agrees_with_a_local_directory(
+    preloaded: Preloaded, tmp_path: Path
+) -> None:
+    src = source_tree(tmp_path)
+    outputs = []
+    for name, root in (("local", tmp_path / "local"), ("benchfs", preloaded.root)):
+        root.mkdir(exist_ok=True)
+        scratch = tmp_path / f"scratch-{name}"
+        scratch.mkdir()
+        script = tmp_path / "files.py"
+        script.write_text(PYTHON)
+        outputs.append(preloaded.run(f"{sys.executable} {script} {root} {src} {scratch}"))
+    assert outputs[1] == outputs[0]
+
+
+def test_a_reserved_descriptor_refuses_calls_that_bypass_the_library(
+    preloaded: Preloaded, tmp_path: Path
+) -> None:
+    """Raw system calls on a BenchFS descriptor fail with EBADF: the number is an O_PATH
+    descriptor of /, never another file (and never /dev/null)."""
+    script = textwrap.dedent(
+        f"""
+        import ctypes, errno, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open("{preloaded.root}/f", os.O_CREAT | os.O_WRONLY)
+        print(os.readlink(f"/proc/self/fd/{{fd}}"))
+        SYS_write = 1
+        r = libc.syscall(SYS_write, fd, b"zz", 2)
+        print(r, errno.errorcode[ctypes.get_errno()])
+        print(os.write(fd, b"ok"))
+        os.close(fd)
+        print(open("{preloaded.root}/f", "rb").read())
+        os.unlink("{preloaded.root}/f")
+        """
+    )
+    path = tmp_path / "raw.py"
+    path.write_text(script)
+    out = preloaded.run(f"{sys.executable} {path}")
+    assert out.split("\n")[:4] == ["/", "-1 EBADF", "2", "b'ok'"], out
+
+
+def test_without_a_cluster_calls_fail_with_one_clear_line(tmp_path: Path) -> None:
+    root = tmp_path / "bfs"
+    root.mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
+        **UCX_SETTINGS,
+        "LD_PRELOAD": str(PRELOAD_LIBRARY),
+        "BENCHFS_PRELOAD_PREFIX": str(root),
+    }
+    # One process, several calls on BenchFS paths and one local: one line says why.
+    done = subprocess.run(
+        ["ls", f"{root}/x", f"{root}/y", str(root), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.startswith("benchfs-preload:")]
+    assert len(lines) == 1, done.stderr
+    assert "BENCHFS_REGISTRY" in lines[0], lines
+    assert done.stderr.count("Transport endpoint is not connected") == 3, done.stderr
+    assert "bfs" in done.stdout  # the local listing still works
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "panicked" not in done.stderr
+
+
+def test_a_bad_prefix_is_said_once_and_nothing_is_intercepted(tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
+        **UCX_SETTINGS,
+        "LD_PRELOAD": str(PRELOAD_LIBRARY),
+        "BENCHFS_PRELOAD_PREFIX": "relative/dir",
+    }
+    (tmp_path / "f").write_text("local\n")
+    done = subprocess.run(
+        ["cat", str(tmp_path / "f")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout == "local\n"
+    assert done.stderr.count("benchfs-preload:") == 1 and "relative/dir" in done.stderr, done.stderr
