@@ -193,6 +193,51 @@ def test_python_file_api_agrees_with_a_local_directory(
     assert outputs[1] == outputs[0]
 
 
+# Shell redirections hand descriptors to the programs a shell starts (fork, then execve):
+# they keep working there, and processes sharing one description share its offset.
+SHELL = r"""
+R=$ROOT
+cat $SRC/small.txt > $R/one
+{ cat $SRC/small.txt; sh -c 'echo from-sh'; python3 -c 'print("from-python")'; echo last; } > $R/group
+cat $R/group
+sort -r < $R/group
+exec 3> $R/fd3
+echo a >&3
+sh -c 'echo b >&3'
+echo c >&3
+exec 3>&-
+cat $R/fd3
+python3 -c 'import os; fd = os.open("'$R'/unclosed", os.O_CREAT | os.O_WRONLY); os.write(fd, b"kept at exit\n")'
+cat $R/unclosed
+mkdir $R/wd
+cd $R/wd
+pwd | sed "s|$R|ROOT|"
+echo relative > rel.txt
+ls
+cat ../wd/rel.txt
+python3 -c 'import os; print(os.getcwd().endswith("/wd"), open("rel.txt").read().strip())'
+cd $OUT
+cat $R/wd/rel.txt
+rm -r $R/wd $R/one $R/group $R/fd3 $R/unclosed
+"""
+
+
+def test_shell_redirections_reach_the_programs_a_shell_starts(
+    preloaded: Preloaded, tmp_path: Path
+) -> None:
+    src = source_tree(tmp_path)
+    transcripts = []
+    for name, root in (("local", tmp_path / "local"), ("benchfs", preloaded.root)):
+        root.mkdir(exist_ok=True)
+        out = tmp_path / f"out-{name}"
+        out.mkdir()
+        env = {**preloaded.env, "ROOT": str(root), "SRC": str(src), "OUT": str(out)}
+        transcripts.append(preloaded.run(SHELL, env))
+    local, ours = transcripts
+    assert ours == local
+    assert "from-sh\nfrom-python\nlast" in ours and "a\nb\nc" in ours
+
+
 def test_a_reserved_descriptor_refuses_calls_that_bypass_the_library(
     preloaded: Preloaded, tmp_path: Path
 ) -> None:

@@ -125,6 +125,17 @@ impl SharedFile {
         f(client, &handle.0)
     }
 
+    /// True when the handle wrote past what it last published (see [`FileHandle::unpublished`]).
+    pub fn unpublished(&self) -> bool {
+        lock(&self.handle).as_ref().is_some_and(|h| h.0.unpublished())
+    }
+
+    /// Drops the handle without telling the owner anything (for a handle with nothing to
+    /// publish); later calls fail with EBADF.
+    pub fn take(&self) -> bool {
+        lock(&self.handle).take().is_some()
+    }
+
     /// [`SharedFile::close`] with a client the caller holds alone.
     pub fn close_on(&self, client: &Client) -> Result<()> {
         let mut guard = lock(&self.handle);
@@ -157,6 +168,8 @@ pub struct ClientPool {
     registry: PathBuf,
     config: Config,
     limit: usize,
+    /// New clients take descriptor numbers from here up (0: wherever the kernel puts them).
+    fd_floor: i32,
     state: Mutex<PoolState>,
     /// Signalled when a client goes back to the pool or a slot frees up.
     returned: Condvar,
@@ -204,10 +217,18 @@ impl Drop for Lease {
 impl ClientPool {
     /// A pool of at most `limit` (at least 1) clients; none is connected yet.
     pub fn new(registry: PathBuf, config: Config, limit: usize) -> Arc<ClientPool> {
+        ClientPool::with_fd_floor(registry, config, limit, 0)
+    }
+
+    /// A pool whose clients open their descriptors (sockets, event descriptors, rings) at
+    /// `floor` or above, out of the way of a program that picks its own low numbers (a shell's
+    /// `exec 3>file` would otherwise replace a client's socket).
+    pub fn with_fd_floor(registry: PathBuf, config: Config, limit: usize, floor: i32) -> Arc<ClientPool> {
         Arc::new(ClientPool {
             registry,
             config,
             limit: limit.max(1),
+            fd_floor: floor,
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
                 live: 0,
@@ -243,7 +264,10 @@ impl ClientPool {
                     pool: self.clone(),
                     client: None,
                 };
-                let client = Client::connect(&self.registry, self.config.clone())?;
+                let client = {
+                    let _below = Occupied::below(self.fd_floor);
+                    Client::connect(&self.registry, self.config.clone())?
+                };
                 lease.client = Some(SendClient::new(client));
                 return Ok(lease);
             }
@@ -277,5 +301,51 @@ impl ClientPool {
     pub fn counts(&self) -> (usize, usize) {
         let state = lock_state(&self.state);
         (state.live, state.idle.len())
+    }
+}
+
+/// Every free descriptor number below a floor, held (as duplicates of one `O_PATH`
+/// descriptor of `/`) so that descriptors opened meanwhile get numbers at the floor or above;
+/// given back when dropped. Descriptors a client opens later (a reconnection) may still land
+/// below it.
+struct Occupied(Vec<i32>);
+
+impl Occupied {
+    fn below(floor: i32) -> Occupied {
+        let mut held = Vec::new();
+        if floor <= 0 {
+            return Occupied(held);
+        }
+        // SAFETY: a valid path; O_PATH opens nothing for I/O.
+        let first = unsafe { libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        if first < 0 {
+            return Occupied(held);
+        }
+        held.push(first);
+        while let Some(&last) = held.last() {
+            if last >= floor - 1 {
+                break;
+            }
+            // SAFETY: duplicates our own descriptor at the lowest free number.
+            let fd = unsafe { libc::fcntl(first, libc::F_DUPFD_CLOEXEC, 0) };
+            if fd < 0 || fd >= floor {
+                if fd >= 0 {
+                    // SAFETY: ours, just made.
+                    unsafe { libc::close(fd) };
+                }
+                break;
+            }
+            held.push(fd);
+        }
+        Occupied(held)
+    }
+}
+
+impl Drop for Occupied {
+    fn drop(&mut self) {
+        for &fd in &self.0 {
+            // SAFETY: descriptors this value made.
+            unsafe { libc::close(fd) };
+        }
     }
 }

@@ -6,34 +6,105 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use benchfs_core::shared::{ClientPool, SharedFile};
 
+use crate::offsets::{Held, Position};
 use crate::real;
 
 /// An open BenchFS file or directory: what the kernel calls an open file description.
 pub struct OpenFile {
     /// The BenchFS path it was opened at.
     pub path: String,
-    /// The file (None for a directory).
-    pub file: Option<SharedFile>,
+    pub dir: bool,
+    /// The file's handle (never for a directory); opened at the first use when the
+    /// description was inherited from the program before an `execve`.
+    file: OnceLock<SharedFile>,
     /// The status flags: access mode, O_APPEND, O_NONBLOCK, O_DIRECT... (F_GETFL/F_SETFL).
     pub flags: AtomicI32,
-    /// The file offset of read, write and lseek; held for the whole call that moves it, so
-    /// threads sharing the description see each call whole, as POSIX asks.
-    pub offset: Mutex<u64>,
+    /// The file offset of read, write and lseek, shared with other processes holding the
+    /// description; held for the whole call that moves it.
+    pub position: Position,
     /// The pool whose clients serve it.
     pub pool: Arc<ClientPool>,
 }
 
 impl OpenFile {
-    pub fn is_dir(&self) -> bool {
-        self.file.is_none()
+    pub fn new(
+        path: String,
+        file: Option<SharedFile>,
+        flags: c_int,
+        pool: Arc<ClientPool>,
+    ) -> Result<OpenFile, c_int> {
+        let dir = file.is_none();
+        let cell = OnceLock::new();
+        if let Some(f) = file {
+            let _ = cell.set(f);
+        }
+        Ok(OpenFile {
+            path,
+            dir,
+            file: cell,
+            flags: AtomicI32::new(flags),
+            position: Position::new(0)?,
+            pool,
+        })
     }
 
-    pub fn offset(&self) -> MutexGuard<'_, u64> {
-        self.offset.lock().unwrap_or_else(PoisonError::into_inner)
+    /// A description a previous program of this process left open across `execve`.
+    pub fn inherited(
+        path: String,
+        dir: bool,
+        flags: c_int,
+        position: Position,
+        pool: Arc<ClientPool>,
+    ) -> OpenFile {
+        OpenFile {
+            path,
+            dir,
+            file: OnceLock::new(),
+            flags: AtomicI32::new(flags),
+            position,
+            pool,
+        }
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.dir
+    }
+
+    /// The handle if it was opened.
+    pub fn opened(&self) -> Option<&SharedFile> {
+        self.file.get()
+    }
+
+    /// The handle, opened now if the description was inherited; EISDIR for a directory.
+    pub fn file(&self) -> Result<&SharedFile, c_int> {
+        if self.dir {
+            return Err(libc::EISDIR);
+        }
+        if let Some(f) = self.file.get() {
+            return Ok(f);
+        }
+        let _inside = crate::inside();
+        let lease = self
+            .pool
+            .lease()
+            .map_err(|e| crate::errno_of("open", &self.path, &e))?;
+        let client = lease
+            .client()
+            .map_err(|e| crate::errno_of("open", &self.path, &e))?;
+        let handle = client
+            .open(&self.path, 0, 0)
+            .map_err(|e| crate::errno_of("open", &self.path, &e))?;
+        // Two threads may race here; one handle is kept, the other was only opened.
+        let _ = self.file.set(SharedFile::new(handle));
+        self.file.get().ok_or(libc::EIO)
+    }
+
+    pub fn offset(&self) -> Held<'_> {
+        self.position.hold()
     }
 
     pub fn readable(&self) -> bool {
@@ -44,10 +115,35 @@ impl OpenFile {
         self.flags.load(Ordering::Relaxed) & libc::O_ACCMODE != libc::O_RDONLY
     }
 
+    /// Tells the owner the size written through this description (if it wrote past what it
+    /// last told), keeping the file open.
+    pub fn publish(&self) -> Result<(), c_int> {
+        let Some(file) = self.opened() else { return Ok(()) };
+        if !file.unpublished() {
+            return Ok(());
+        }
+        let _inside = crate::inside();
+        let lease = self
+            .pool
+            .lease()
+            .map_err(|e| crate::errno_of("close", &self.path, &e))?;
+        let client = lease
+            .client()
+            .map_err(|e| crate::errno_of("close", &self.path, &e))?;
+        file.on(client, |c, h| c.close(h))
+            .map_err(|e| crate::errno_of("close", &self.path, &e))
+    }
+
     /// Closes the file, publishing the size written through it; the first error is returned.
     pub fn close(&self) -> Result<(), c_int> {
-        let Some(file) = &self.file else { return Ok(()) };
+        let Some(file) = self.opened() else { return Ok(()) };
         if file.is_closed() {
+            return Ok(());
+        }
+        if !file.unpublished() {
+            // Nothing to tell the owner: no client is needed (a forked child that only
+            // inherited the file need not connect to close it).
+            let _ = file.take();
             return Ok(());
         }
         let _inside = crate::inside();
@@ -134,6 +230,7 @@ pub fn reserve(cloexec: bool) -> Result<c_int, c_int> {
 
 /// Takes `file` under a new number (open, dup): reserved, recorded, returned.
 pub fn install(file: Arc<OpenFile>, cloexec: bool) -> Result<c_int, c_int> {
+    crate::process::setup();
     let fd = reserve(cloexec)?;
     insert(fd, file);
     Ok(fd)
@@ -147,6 +244,14 @@ pub fn written_size(path: &str) -> Option<u64> {
         .as_ref()?
         .values()
         .filter(|f| f.path == path)
-        .filter_map(|f| f.file.as_ref().and_then(|s| s.size()))
+        .filter_map(|f| f.opened().and_then(SharedFile::size))
         .max()
+}
+
+/// Every descriptor and what it stands for (for exit and exec).
+pub fn all() -> Vec<(c_int, Arc<OpenFile>)> {
+    let table = TABLE.read().unwrap_or_else(PoisonError::into_inner);
+    table
+        .as_ref()
+        .map_or_else(Vec::new, |t| t.iter().map(|(fd, f)| (*fd, f.clone())).collect())
 }

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use benchfs_core::client::{Client, FileHandle};
 use benchfs_core::namespace::{Attr, Kind};
@@ -25,7 +25,7 @@ pub fn with_file<R>(
     op: &str,
     run: impl FnOnce(&Client, &FileHandle) -> Result<R, Error>,
 ) -> Result<R, c_int> {
-    let file = f.file.as_ref().ok_or(libc::EISDIR)?;
+    let file = f.file()?;
     let _inside = inside();
     let lease = f.pool.lease().map_err(|e| errno_of(op, &f.path, &e))?;
     let client = lease.client().map_err(|e| errno_of(op, &f.path, &e))?;
@@ -45,22 +45,14 @@ fn open_ours(path: String, flags: c_int, mode: mode_t) -> Result<c_int, c_int> {
     let access = flags & libc::O_ACCMODE;
     let cloexec = flags & libc::O_CLOEXEC != 0;
     let kept = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC);
-    let as_dir = |pool| {
-        Arc::new(OpenFile {
-            path: path.clone(),
-            file: None,
-            flags: kept.into(),
-            offset: Mutex::new(0),
-            pool,
-        })
-    };
+    let as_dir = |pool| OpenFile::new(path.clone(), None, kept, pool).map(Arc::new);
     if flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 {
         let attr = stat_of(&path)?;
         if attr.kind == Kind::Dir {
             if access != libc::O_RDONLY && flags & libc::O_PATH == 0 {
                 return Err(libc::EISDIR);
             }
-            return fds::install(as_dir(pool), cloexec);
+            return fds::install(as_dir(pool)?, cloexec);
         }
         if flags & libc::O_DIRECTORY != 0 {
             return Err(libc::ENOTDIR);
@@ -72,18 +64,12 @@ fn open_ours(path: String, flags: c_int, mode: mode_t) -> Result<c_int, c_int> {
     let handle = match opened {
         Ok(h) => h,
         Err(libc::EISDIR) if access == libc::O_RDONLY && flags & libc::O_CREAT == 0 => {
-            return fds::install(as_dir(pool), cloexec);
+            return fds::install(as_dir(pool)?, cloexec);
         }
         Err(e) => return Err(e),
     };
-    let file = Arc::new(OpenFile {
-        path: path.clone(),
-        file: Some(SharedFile::new(handle)),
-        flags: kept.into(),
-        offset: Mutex::new(0),
-        pool,
-    });
-    fds::install(file, cloexec)
+    let file = OpenFile::new(path.clone(), Some(SharedFile::new(handle)), kept, pool)?;
+    fds::install(Arc::new(file), cloexec)
 }
 
 /// The open family (variadic.rs) lands here.
@@ -209,9 +195,7 @@ fn write_at(f: &OpenFile, data: &[u8], off: u64) -> Result<usize, c_int> {
 /// The file's end as this process knows it: the servers' size or what it wrote, if larger.
 fn end_of(f: &OpenFile) -> Result<u64, c_int> {
     let attr = attr_of(f)?;
-    Ok(attr
-        .size
-        .max(f.file.as_ref().and_then(SharedFile::size).unwrap_or(0)))
+    Ok(attr.size.max(f.opened().and_then(SharedFile::size).unwrap_or(0)))
 }
 
 /// Reads or writes at the description's offset, moving it; O_APPEND writes at the end.

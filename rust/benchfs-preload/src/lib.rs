@@ -25,7 +25,9 @@ mod dirs;
 mod fds;
 mod files;
 mod names;
+mod offsets;
 mod paths;
+mod process;
 mod real;
 mod stdio;
 mod variadic;
@@ -46,6 +48,21 @@ use crate::paths::Prefix;
 
 /// Clients one process may have (each its own UCX worker): threads beyond it wait their turn.
 const MAX_CLIENTS: usize = 8;
+
+/// Where the clients' own descriptors start: above what shells and programs pick by number
+/// (`exec 3>file`, bash's saved descriptors from 10, its script at 255), within half the
+/// descriptor limit.
+pub(crate) fn fd_floor() -> i32 {
+    // SAFETY: all-zero is a valid rlimit; getrlimit fills it.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out pointer.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    (soft / 2).min(256) as i32
+}
 
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: errno is this thread's.
@@ -106,22 +123,37 @@ pub(crate) fn prefix() -> Option<&'static Prefix> {
 
 /// The clients of this process, set up at the first BenchFS call; the reason when the
 /// configuration cannot be used.
+static POOL: OnceLock<Result<Arc<ClientPool>, String>> = OnceLock::new();
+
+/// The pool if this process made one (for fork).
+pub(crate) fn pool_if_made() -> Option<&'static Arc<ClientPool>> {
+    POOL.get().and_then(|p| p.as_ref().ok())
+}
+
 fn pool() -> Result<&'static Arc<ClientPool>, c_int> {
-    static POOL: OnceLock<Result<Arc<ClientPool>, String>> = OnceLock::new();
     let made = POOL.get_or_init(|| {
         let _inside = inside();
+        process::setup();
         let file = std::env::var_os("BENCHFS_CONFIG")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
-        let config =
+        let mut config =
             config::resolve(file.as_deref(), &config::process_env(), &[]).map_err(|e| e.to_string())?;
+        // Writes behind move only while the program is inside a BenchFS call; a program
+        // does not know it holds any, so each write here is answered before it returns.
+        config.client.write_behind = 0;
         if config.cluster.registry_dir.is_empty() {
             return Err(
                 "no cluster: set BENCHFS_REGISTRY (or cluster.registry_dir in BENCHFS_CONFIG)".into(),
             );
         }
         let registry = PathBuf::from(&config.cluster.registry_dir);
-        Ok(ClientPool::new(registry, config, MAX_CLIENTS))
+        Ok(ClientPool::with_fd_floor(
+            registry,
+            config,
+            MAX_CLIENTS,
+            fd_floor(),
+        ))
     });
     match made {
         Ok(pool) => Ok(pool),

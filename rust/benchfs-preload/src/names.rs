@@ -30,7 +30,7 @@ pub fn bfs_cwd() -> Option<String> {
     CWD.read().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-fn set_bfs_cwd(dir: Option<String>) {
+pub fn set_bfs_cwd(dir: Option<String>) {
     *CWD.write().unwrap_or_else(PoisonError::into_inner) = dir;
 }
 

@@ -105,6 +105,11 @@ real! {
     seekdir(dir: *mut libc::DIR, pos: libc::c_long) -> () = ();
     umask(mask: mode_t) -> mode_t = 0o022;
     chdir(path: *const c_char) -> c_int = -1;
+    execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
+    execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
+    fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
+    posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
+    posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
     fchdir(fd: c_int) -> c_int = -1;
     getcwd(buf: *mut c_char, size: size_t) -> *mut c_char = std::ptr::null_mut();
     fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();

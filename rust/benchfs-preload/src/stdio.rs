@@ -310,12 +310,16 @@ pub fn after_std_change(fd: c_int) {
             if fd == 2 {
                 libc::setvbuf(fp, std::ptr::null_mut(), libc::_IONBF, 0);
             }
+            streams().get_or_insert_with(HashMap::new).insert(fp as usize, fd);
             *slot = *var as usize;
             *var = fp;
         } else if !ours && *slot != 0 {
             let mine = *var;
             *var = *slot as *mut libc::FILE;
             *slot = 0;
+            if let Some(m) = streams().as_mut() {
+                m.remove(&(mine as usize));
+            }
             libc::fclose(mine); // flushed before the change; leaves the descriptor alone
         }
     }

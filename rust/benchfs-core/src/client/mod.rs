@@ -67,6 +67,12 @@ impl FileHandle {
         self.known_size.get().max(self.written_end.get())
     }
 
+    /// True when this handle wrote past what it last published (its close would tell the
+    /// owner a new size).
+    pub fn unpublished(&self) -> bool {
+        self.written_end.get() > self.reported_end.get()
+    }
+
     /// Tells the handle the file is at least `size` long: what other handles of the same
     /// caller wrote and have not published (a mount shares one size among its handles). Reads
     /// are then clamped at no less; nothing is published by it.
