@@ -198,7 +198,8 @@ def test_python_file_api_agrees_with_a_local_directory(
 SHELL = r"""
 R=$ROOT
 cat $SRC/small.txt > $R/one
-{ cat $SRC/small.txt; sh -c 'echo from-sh'; python3 -c 'print("from-python")'; echo last; } > $R/group
+{ cat $SRC/small.txt; sh -c 'echo from-sh'; python3 -c 'print("from-python")'; echo last; } \
+    > $R/group
 cat $R/group
 sort -r < $R/group
 exec 3> $R/fd3
@@ -207,7 +208,8 @@ sh -c 'echo b >&3'
 echo c >&3
 exec 3>&-
 cat $R/fd3
-python3 -c 'import os; fd = os.open("'$R'/unclosed", os.O_CREAT | os.O_WRONLY); os.write(fd, b"kept at exit\n")'
+python3 -c 'import os; fd = os.open("'$R'/unclosed", os.O_CREAT | os.O_WRONLY)
+os.write(fd, b"kept at exit\n")'
 cat $R/unclosed
 mkdir $R/wd
 cd $R/wd
