@@ -5,6 +5,7 @@ a call that slipped past the library would land there, so it must still be empty
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.native import PRELOAD_LIBRARY, UCX_SETTINGS
+from conftest import benchfs_run_command, run_bounded
 
 pytestmark = pytest.mark.skipif(
     not PRELOAD_LIBRARY.exists(), reason=f"{PRELOAD_LIBRARY} is not built (make build)"
@@ -311,3 +313,36 @@ def test_a_bad_prefix_is_said_once_and_nothing_is_intercepted(tmp_path: Path) ->
     )
     assert done.returncode == 0 and done.stdout == "local\n"
     assert done.stderr.count("benchfs-preload:") == 1 and "relative/dir" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(150)
+def test_benchfs_run_via_preload(tmp_path: Path) -> None:
+    """`benchfs-run launch --workload command --via preload`: each rank's program gets the
+    library and the cluster, and `{mount}` is where BenchFS is (nothing is mounted)."""
+    command = (
+        "sh -c 'head -c 3000000 /dev/urandom > {mount}/r{rank} && cp {mount}/r{rank} "
+        "{mount}/c{rank} && cmp {mount}/r{rank} {mount}/c{rank} && ls {mount} && "
+        "grep -c benchfs-offsets /proc/self/maps >/dev/null; echo rank-{rank}-ok'"
+    )
+    result = run_bounded(
+        [
+            *benchfs_run_command(),
+            "launch",
+            "--clients=2",
+            "--workload=command",
+            "--via=preload",
+            f"--command={command}",
+            f"--results-root={tmp_path}",
+            "--no-analysis",
+            "--json",
+        ],
+        timeout=140,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "ok", report
+    log = (Path(report["results_dir"]) / "workload" / "output.log").read_text()
+    assert "rank-0-ok" in log and "rank-1-ok" in log, log
+    assert "panicked" not in log and "benchfs-preload" not in log, log
+    assert "c0" in log and "r1" in log, log  # ls shows every rank's files: one namespace

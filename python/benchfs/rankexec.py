@@ -1,10 +1,11 @@
 """`python -m benchfs.rankexec PLAN -- ARGV...`: become one rank of a launched job.
 
-The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "netns", "cpus", "mount"}]}`,
-one entry per rank) and launches every rank through this module with mpiexec or srun. Each rank
+The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "netns", "cpus", "mount",
+"preload"}]}`, one entry per rank) and launches every rank through this module with mpiexec or srun. Each rank
 finds its entry from the launcher's rank variable, sets BENCHFS_NODE_NAME (the node its
 telemetry and logs name), BENCHFS_MOUNT, BENCHFS_NETNS (its node's namespace, which
-the client enters once MPI is up) and the CPU affinity, replaces `{mount}`, `{rank}`,
+the client enters once MPI is up), LD_PRELOAD and BENCHFS_PRELOAD_PREFIX with `--via preload`
+(the interposition library, serving paths under the mount's path) and the CPU affinity, replaces `{mount}`, `{rank}`,
 `{node}`, `{registry}` and `{config}` in ARGV, and execs ARGV under the node's prefix: the rank
 keeps its pid, so the launcher's signals reach the real program.
 """
@@ -67,6 +68,14 @@ def main(args: Sequence[str]) -> int:
         os.environ["BENCHFS_NETNS"] = entry["netns"]
     if entry.get("mount"):
         os.environ["BENCHFS_MOUNT"] = entry["mount"]
+    if entry.get("preload"):
+        # Only the program gets the library (not MPI's launcher, nor this Python).
+        from benchfs.native import use_ucx_settings
+
+        use_ucx_settings()
+        os.environ["BENCHFS_PRELOAD_PREFIX"] = entry["mount"]
+        preloads = [entry["preload"], *filter(None, [os.environ.get("LD_PRELOAD")])]
+        os.environ["LD_PRELOAD"] = ":".join(preloads)
     cpus = entry.get("cpus")
     if cpus:
         try:

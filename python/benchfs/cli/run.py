@@ -227,7 +227,8 @@ def main() -> None:
     type=click.Choice(VIA),
     default="mount",
     show_default=True,
-    help="How --command reaches BenchFS: the FUSE mount ({mount}) or the C library.",
+    help="How --command reaches BenchFS: the FUSE mount ({mount}), the C library, or the "
+    "interposition library (LD_PRELOAD; paths under {mount}, nothing mounted).",
 )
 @click.option(
     "--nodes-file",

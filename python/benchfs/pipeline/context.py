@@ -13,6 +13,7 @@ from typing import Any
 
 from benchfs.errors import RunError, errno_name
 from benchfs.launch import Launcher, this_host
+from benchfs.native import PRELOAD_LIBRARY
 from benchfs.nodes import Node
 from benchfs.pipeline.roles import NodeRoles
 from benchfs.pipeline.spec import ProgressSink, RunSpec
@@ -92,7 +93,8 @@ class RunContext:
         for node in nodes:
             index = per_node_servers.get(node.name, 0) + seen.get(node.name, 0)
             seen[node.name] = seen.get(node.name, 0) + 1
-            mount = self.mountpoint(node) if self.mounted else None
+            preload = self.spec.workload == "command" and self.spec.via == "preload"
+            mount = self.mountpoint(node) if self.mounted or preload else None
             ranks.append(
                 {
                     "node": node.name,
@@ -101,6 +103,7 @@ class RunContext:
                     "netns": node.netns,
                     "cpus": self.cpus(node, index) if self.roles is not None else None,
                     "mount": None if mount is None else str(mount),
+                    "preload": str(PRELOAD_LIBRARY) if preload else None,
                 }
             )
         path = self.run_dir.path / f"{name}.ranks.json"

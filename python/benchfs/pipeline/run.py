@@ -341,7 +341,7 @@ class Pipeline:
         if self.spec.workload not in WORKLOADS:
             problems.append(f"unknown workload {self.spec.workload!r}")
         if self.spec.via not in VIA:
-            problems.append(f"--via {self.spec.via!r}: choose mount or capi")
+            problems.append(f"--via {self.spec.via!r}: choose mount, capi or preload")
         try:  # before the results directory is made: a run that cannot start leaves none
             find_benchfsd()
         except FileNotFoundError as e:

@@ -11,7 +11,7 @@ from benchfs.errors import BenchfsError
 from benchfs.results import Manifest, RunDir
 
 WORKLOADS = ("rw", "ior", "mdtest", "io500", "command")
-VIA = ("mount", "capi")
+VIA = ("mount", "capi", "preload")
 
 
 @dataclass
@@ -36,7 +36,8 @@ class RunSpec:
     command: str | None = None
     """The user-named command of workload "command" (shell-quoted; `{mount}` is replaced)."""
     via: str = "mount"
-    """How the user command reaches BenchFS: "mount" (FUSE, per client node) or "capi"."""
+    """How the user command reaches BenchFS: "mount" (FUSE, per client node), "capi" (the C
+    library) or "preload" (the interposition library, paths under `{mount}`)."""
     nodes_file: str | None = None
     exclude_from: str | None = None
     screen: bool = False

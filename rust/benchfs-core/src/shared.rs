@@ -40,6 +40,16 @@ pub struct SendHandle(FileHandle);
 // SAFETY: as for SendClient.
 unsafe impl Send for SendHandle {}
 
+impl SendHandle {
+    pub fn new(handle: FileHandle) -> SendHandle {
+        SendHandle(handle)
+    }
+
+    pub fn into_inner(self) -> FileHandle {
+        self.0
+    }
+}
+
 /// Takes the lock; after a panic in another holder the state is unknown, so the value is
 /// dropped and the caller sees it closed.
 fn lock<T>(m: &Mutex<Option<T>>) -> MutexGuard<'_, Option<T>> {

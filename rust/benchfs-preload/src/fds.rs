@@ -8,7 +8,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
-use benchfs_core::shared::{ClientPool, SharedFile};
+use benchfs_core::shared::{ClientPool, SendHandle, SharedFile};
 
 use crate::offsets::{Held, Position};
 use crate::real;
@@ -87,17 +87,10 @@ impl OpenFile {
         if let Some(f) = self.file.get() {
             return Ok(f);
         }
-        let _inside = crate::inside();
-        let lease = self
-            .pool
-            .lease()
-            .map_err(|e| crate::errno_of("open", &self.path, &e))?;
-        let client = lease
-            .client()
-            .map_err(|e| crate::errno_of("open", &self.path, &e))?;
-        let handle = client
-            .open(&self.path, 0, 0)
-            .map_err(|e| crate::errno_of("open", &self.path, &e))?;
+        let handle = crate::leased(&self.pool, "open", &self.path, |c| {
+            c.open(&self.path, 0, 0).map(SendHandle::new)
+        })?
+        .into_inner();
         // Two threads may race here; one handle is kept, the other was only opened.
         let _ = self.file.set(SharedFile::new(handle));
         self.file.get().ok_or(libc::EIO)
@@ -122,16 +115,7 @@ impl OpenFile {
         if !file.unpublished() {
             return Ok(());
         }
-        let _inside = crate::inside();
-        let lease = self
-            .pool
-            .lease()
-            .map_err(|e| crate::errno_of("close", &self.path, &e))?;
-        let client = lease
-            .client()
-            .map_err(|e| crate::errno_of("close", &self.path, &e))?;
-        file.on(client, |c, h| c.close(h))
-            .map_err(|e| crate::errno_of("close", &self.path, &e))
+        crate::leased(&self.pool, "close", &self.path, |c| file.on(c, |c, h| c.close(h)))
     }
 
     /// Closes the file, publishing the size written through it; the first error is returned.
@@ -146,16 +130,7 @@ impl OpenFile {
             let _ = file.take();
             return Ok(());
         }
-        let _inside = crate::inside();
-        let lease = self
-            .pool
-            .lease()
-            .map_err(|e| crate::errno_of("close", &self.path, &e))?;
-        let client = lease
-            .client()
-            .map_err(|e| crate::errno_of("close", &self.path, &e))?;
-        file.close_on(client)
-            .map_err(|e| crate::errno_of("close", &self.path, &e))
+        crate::leased(&self.pool, "close", &self.path, |c| file.close_on(c))
     }
 }
 

@@ -14,22 +14,19 @@ use libc::{mode_t, off64_t, size_t, ssize_t};
 
 use crate::fds::{self, OpenFile};
 use crate::names::{self, fill_stat, route, stat_of};
-use crate::{entry, errno_of, inside, real, set_errno, stdio, the_pool, with_client};
+use crate::{entry, real, set_errno, stdio, the_pool, with_client};
 
 /// Status flags F_SETFL may change (Linux's list, less O_ASYNC, which needs signals).
 const SETFL_MASK: c_int = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME;
 
 /// Runs `f` on an open file with a leased client.
-pub fn with_file<R>(
+pub fn with_file<R: Send>(
     f: &OpenFile,
     op: &str,
-    run: impl FnOnce(&Client, &FileHandle) -> Result<R, Error>,
+    run: impl FnOnce(&Client, &FileHandle) -> Result<R, Error> + Send,
 ) -> Result<R, c_int> {
     let file = f.file()?;
-    let _inside = inside();
-    let lease = f.pool.lease().map_err(|e| errno_of(op, &f.path, &e))?;
-    let client = lease.client().map_err(|e| errno_of(op, &f.path, &e))?;
-    file.on(client, run).map_err(|e| errno_of(op, &f.path, &e))
+    crate::leased(&f.pool, op, &f.path, |c| file.on(c, run))
 }
 
 /// The attributes of an open file (its size at least what this process wrote through it).

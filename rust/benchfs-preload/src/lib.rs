@@ -179,17 +179,65 @@ pub(crate) fn errno_of(op: &str, path: &str, e: &Error) -> c_int {
     }
 }
 
-/// Runs `f` with a leased client, this thread marked busy; errors become errnos.
-pub(crate) fn with_client<R>(
+thread_local! {
+    /// Set when this thread's thread-local state is being destroyed (at thread exit, and for
+    /// the main thread when the process exits, before exit handlers and stdio's last flush).
+    static GONE: Cell<bool> = const { Cell::new(false) };
+    /// Touched after each call on a client: its destructor is registered after the client
+    /// event loop's thread-locals, so it runs before theirs are destroyed and sets GONE.
+    static SENTINEL: Sentinel = const { Sentinel };
+}
+
+struct Sentinel;
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = GONE.try_with(|g| g.set(true));
+    }
+}
+
+/// Runs `f` here, or on a short-lived thread of its own once this thread's thread-local
+/// state is gone (a program's exit handler writing a last line to a BenchFS file).
+fn on_live_thread<R: Send>(f: impl FnOnce() -> Result<R, c_int> + Send) -> Result<R, c_int> {
+    if !GONE.try_with(Cell::get).unwrap_or(true) {
+        let r = f();
+        let _ = SENTINEL.try_with(|_| ());
+        return r;
+    }
+    std::thread::scope(|s| {
+        match std::thread::Builder::new()
+            .name("benchfs-late".into())
+            .spawn_scoped(s, f)
+        {
+            Ok(t) => t.join().unwrap_or(Err(libc::EIO)),
+            Err(_) => Err(libc::EAGAIN),
+        }
+    })
+}
+
+/// Runs `f` with a client leased from `pool`, this thread marked busy; errors become
+/// errnos (and a line on stderr when they are not ordinary answers about a path).
+pub(crate) fn leased<R: Send>(
+    pool: &Arc<ClientPool>,
     op: &str,
     path: &str,
-    f: impl FnOnce(&benchfs_core::client::Client) -> Result<R, Error>,
+    f: impl FnOnce(&benchfs_core::client::Client) -> Result<R, Error> + Send,
 ) -> Result<R, c_int> {
-    let pool = pool()?;
-    let _inside = inside();
-    let lease: Lease = pool.lease().map_err(|e| errno_of(op, path, &e))?;
-    let client = lease.client().map_err(|e| errno_of(op, path, &e))?;
-    f(client).map_err(|e| errno_of(op, path, &e))
+    on_live_thread(|| {
+        let _inside = inside();
+        let lease: Lease = pool.lease().map_err(|e| errno_of(op, path, &e))?;
+        let client = lease.client().map_err(|e| errno_of(op, path, &e))?;
+        f(client).map_err(|e| errno_of(op, path, &e))
+    })
+}
+
+/// [`leased`] from this process's pool.
+pub(crate) fn with_client<R: Send>(
+    op: &str,
+    path: &str,
+    f: impl FnOnce(&benchfs_core::client::Client) -> Result<R, Error> + Send,
+) -> Result<R, c_int> {
+    leased(pool()?, op, path, f)
 }
 
 /// The pool, for files that keep it.
