@@ -22,6 +22,11 @@ CASES = [
     "fio-psync-randwrite",
     "fio-psync-randread",
     "python-readinto",
+    *(
+        f"preload-{engine}-{direction}"
+        for engine in ("psync", "pvsync2")
+        for direction in ("write", "read", "randwrite", "randread")
+    ),
 ]
 
 
@@ -51,8 +56,10 @@ def test_access_quick_json() -> None:
         assert case["ratio"] == pytest.approx(case["mib_s"] / case["native_mib_s"])
     assert report["data_dir"].startswith("/dev/shm/") and report["data_fs"] == "tmpfs"
     assert not Path(report["data_dir"]).exists()
-    assert len(report["targets"]) == len(CASES)
+    # one per case, and the preload's 4 KiB random cases against the mount's
+    assert len(report["targets"]) == len(CASES) + 2
     text = rendered(access.render, report)
     assert "python-readinto" in text and "target fio-psync-write" in text
     assert "fio-psync-randread: ratio >= 0.5" in text and "bs 4k" in text
+    assert "preload-psync-randwrite over the mount >= 1.5" in text
     assert _fuse_mounts() == before

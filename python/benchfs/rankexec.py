@@ -1,13 +1,14 @@
 """`python -m benchfs.rankexec PLAN -- ARGV...`: become one rank of a launched job.
 
 The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "netns", "cpus", "mount",
-"preload"}]}`, one entry per rank) and launches every rank through this module with mpiexec or srun. Each rank
-finds its entry from the launcher's rank variable, sets BENCHFS_NODE_NAME (the node its
-telemetry and logs name), BENCHFS_MOUNT, BENCHFS_NETNS (its node's namespace, which
-the client enters once MPI is up), LD_PRELOAD and BENCHFS_PRELOAD_PREFIX with `--via preload`
-(the interposition library, serving paths under the mount's path) and the CPU affinity, replaces `{mount}`, `{rank}`,
-`{node}`, `{registry}` and `{config}` in ARGV, and execs ARGV under the node's prefix: the rank
-keeps its pid, so the launcher's signals reach the real program.
+"preload"}]}`, one entry per rank) and launches every rank through this module with mpiexec
+or srun. Each rank finds its entry from the launcher's rank variable, sets BENCHFS_NODE_NAME
+(the node its telemetry and logs name), BENCHFS_MOUNT, BENCHFS_NETNS (its node's namespace,
+which the client enters once MPI is up), with `--via preload` LD_PRELOAD and
+BENCHFS_PRELOAD_PREFIX (the interposition library, serving paths under the mount's path), and
+the CPU affinity, replaces `{mount}`, `{rank}`, `{node}`, `{registry}` and `{config}` in ARGV,
+and execs ARGV under the node's prefix: the rank keeps its pid, so the launcher's signals
+reach the real program.
 """
 
 from __future__ import annotations

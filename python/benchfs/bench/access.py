@@ -10,12 +10,17 @@ one FUSE mount of it, and per case two tools moving the same bytes in the same t
   random order (fio's random map; the native client shuffles its blocks likewise).
 - `python-readinto`: `benchfs.File.readinto` of one file in 4 MiB calls into one buffer;
   against the native client reading the same file in the same transfers.
+- `preload-{psync,pvsync2}-{write,read,randwrite,randread}`: the same fio runs under
+  `LD_PRELOAD` of the interposition library (docs/preload.md), files under its prefix (a real,
+  empty local directory, which must still be empty afterwards); against the native client,
+  and at 4 KiB random also against the mount (`fio-psync-rand*`).
 
 Repeats are interleaved (`benchfs.bench.stats.interleave`) and the report gives medians.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,18 +34,26 @@ from benchfs.bench.cluster import BenchCluster
 from benchfs.bench.render import print_lines_and_targets, print_ratio_cases
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.errors import BenchError
+from benchfs.native import PRELOAD_LIBRARY, UCX_SETTINGS
 from benchfs.probes.fio import find_fio, run_fio
 from benchfs.units import MIB, format_size
 
 TOOLS = ("layer", "native")
 FIO_CASES = ("fio-psync-write", "fio-psync-read", "fio-uring-write", "fio-uring-read")
 RANDOM_CASES = ("fio-psync-randwrite", "fio-psync-randread")
-CASES = (*FIO_CASES, *RANDOM_CASES, "python-readinto")
+PRELOAD_CASES = tuple(
+    f"preload-{engine}-{direction}"
+    for engine in ("psync", "pvsync2")
+    for direction in ("write", "read", "randwrite", "randread")
+)
+CASES = (*FIO_CASES, *RANDOM_CASES, "python-readinto", *PRELOAD_CASES)
 FIO_JOBS = 2
 FIO_BLOCK = MIB
 RANDOM_BLOCK = 4096
 PY_TRANSFER = 4 * MIB
-TARGETS = {"fio": 0.9, "random": 0.5, "python-readinto": 0.95}
+TARGETS = {"fio": 0.9, "random": 0.5, "python-readinto": 0.95, "preload": 0.9}
+PRELOAD_OVER_MOUNT = 1.5
+"""4 KiB random through the preload against the same through the mount."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,9 @@ class AccessSettings:
         )
 
 
+ENGINES = {"psync": "psync", "uring": "io_uring", "pvsync2": "pvsync2"}
+
+
 def _fio_argv(fio: str, mountpoint: Path, engine: str, direction: str, size: int) -> list[str]:
     random = direction.startswith("rand")
     return [
@@ -71,7 +87,7 @@ def _fio_argv(fio: str, mountpoint: Path, engine: str, direction: str, size: int
         f"--rw={direction}",
         f"--bs={RANDOM_BLOCK if random else FIO_BLOCK}",
         f"--size={size}",
-        f"--ioengine={'io_uring' if engine == 'uring' else 'psync'}",
+        f"--ioengine={ENGINES[engine]}",
         "--iodepth=1",
         "--direct=1",
         f"--numjobs={FIO_JOBS}",
@@ -82,12 +98,22 @@ def _fio_argv(fio: str, mountpoint: Path, engine: str, direction: str, size: int
 class AccessBench:
     """The cluster, the mount and the clients of one run; `measure` runs one step."""
 
-    def __init__(self, settings: AccessSettings, cluster: BenchCluster, mountpoint: Path) -> None:
+    def __init__(
+        self, settings: AccessSettings, cluster: BenchCluster, mountpoint: Path, prefix: Path
+    ) -> None:
         self.settings = settings
         self.cluster = cluster
         self.mountpoint = mountpoint
+        self.prefix = prefix
         self.config = cluster.config_text()
         self.fio = find_fio()
+        self.preload_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
+            **UCX_SETTINGS,
+            "LD_PRELOAD": str(PRELOAD_LIBRARY),
+            "BENCHFS_PRELOAD_PREFIX": str(prefix),
+            "BENCHFS_CONFIG": str(cluster.config_path),
+        }
 
     def native(
         self, paths: list[str], size: int, transfer: int, direction: str, random: bool = False
@@ -133,7 +159,18 @@ class AccessBench:
             if tool == "layer":
                 return self.python_readinto(client)
             return self.native(["/py.dat"], s.py_file_size, PY_TRANSFER, "read")
-        _, engine, direction = case.split("-")
+        layer, engine, direction = case.split("-")
+        if layer == "preload":
+            random = direction.startswith("rand")
+            size = s.random_file_size if random else s.fio_file_size
+            plain = direction.removeprefix("rand")
+            if tool == "layer":
+                argv = _fio_argv(self.fio, self.prefix, engine, direction, size)
+                return run_fio(argv, plain, timeout_s=600, env=self.preload_env).mib_s
+            if random:
+                return self.native(self.random_paths(), size, RANDOM_BLOCK, plain, random=True)
+            paths = [f"/native-{engine}.{j}" for j in range(FIO_JOBS)]
+            return self.native(paths, size, FIO_BLOCK, direction)
         if case in RANDOM_CASES:
             size, plain = s.random_file_size, direction.removeprefix("rand")
             if tool == "layer":
@@ -147,17 +184,39 @@ class AccessBench:
         return self.native(paths, s.fio_file_size, FIO_BLOCK, direction)
 
 
+def _kind(name: str) -> str:
+    if name == "python-readinto":
+        return name
+    if name in PRELOAD_CASES:
+        return "preload"
+    return "random" if name in RANDOM_CASES else "fio"
+
+
 def access_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
+    by_name = {c["name"]: c for c in cases}
     for c in cases:
-        name = c["name"]
-        kind = name if name == "python-readinto" else "random" if name in RANDOM_CASES else "fio"
-        limit = TARGETS[kind]
+        limit = TARGETS[_kind(c["name"])]
         found.append(
             {
                 "target": f"{c['name']}: ratio >= {limit:g}",
                 "value": c["ratio"],
                 "met": None if c["ratio"] is None else c["ratio"] >= limit,
+            }
+        )
+    for direction in ("randwrite", "randread"):
+        preload, mount = (
+            by_name.get(f"preload-psync-{direction}"),
+            by_name.get(f"fio-psync-{direction}"),
+        )
+        if preload is None or mount is None:
+            continue
+        value = ratio(preload["mib_s"], mount["mib_s"])
+        found.append(
+            {
+                "target": f"preload-psync-{direction} over the mount >= {PRELOAD_OVER_MOUNT:g}",
+                "value": value,
+                "met": None if value is None else value >= PRELOAD_OVER_MOUNT,
             }
         )
     return found
@@ -175,6 +234,8 @@ def run_access(
     cluster = BenchCluster(root / "access", "access", settings.servers, [], benchfsd)
     mountpoint = root / "mnt"
     mountpoint.mkdir()
+    prefix = root / "preload"
+    prefix.mkdir()
     samples: dict[tuple[str, str], list[float]] = {}
     cluster.start()
     try:
@@ -184,7 +245,7 @@ def run_access(
             config_path=cluster.config_path,
             threads=settings.mount_threads,
         ):
-            bench = AccessBench(settings, cluster, mountpoint)
+            bench = AccessBench(settings, cluster, mountpoint, prefix)
             with Client(cluster.registry, config=bench.config) as client:
                 bench.prepare()
                 steps = interleave(list(CASES), settings.repeats, TOOLS)
@@ -194,6 +255,8 @@ def run_access(
                     samples.setdefault((step.case, step.tool), []).append(value)
     finally:
         cluster.stop()
+    if any(prefix.iterdir()):
+        raise BenchError("EIO", f"the preload's prefix {prefix} is not empty: a call escaped it")
     cases = []
     for name in CASES:
         layer = median(samples[(name, "layer")])
@@ -236,5 +299,6 @@ def render(console: Console, report: dict[str, Any]) -> None:
         ("fio", fio),
         ("fio random", f"{format_size(report['random_file_size'])} per job, bs 4k, direct"),
         ("readinto", f"{format_size(report['py_file_size'])} in 4 MiB calls"),
+        ("preload", "the fio cases under LD_PRELOAD, psync and pvsync2"),
     ]
     print_lines_and_targets(console, lines, report["targets"])

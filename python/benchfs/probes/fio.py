@@ -195,12 +195,23 @@ def parse_fio_json(text: str, source: str, direction: str | None = None) -> FioR
     raise FioError(f"{source}: fio moved no bytes in either direction")
 
 
-def run_fio(argv: Sequence[str], direction: str, timeout_s: float = 3600) -> FioResult:
-    """Run one fio command and parse its JSON; FioError names the command on any failure."""
+def run_fio(
+    argv: Sequence[str],
+    direction: str,
+    timeout_s: float = 3600,
+    env: Mapping[str, str] | None = None,
+) -> FioResult:
+    """Run one fio command (in `env`, else this environment) and parse its JSON; FioError
+    names the command on any failure."""
     command = shlex.join(argv)
     try:
         out = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=None if env is None else dict(env),
         )
     except subprocess.TimeoutExpired as e:
         raise FioError(f"`{command}` did not finish within {timeout_s:.0f} s") from e
