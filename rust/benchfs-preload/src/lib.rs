@@ -142,12 +142,18 @@ fn pool() -> Result<&'static Arc<ClientPool>, c_int> {
         // Writes behind move only while the program is inside a BenchFS call; a program
         // does not know it holds any, so each write here is answered before it returns.
         config.client.write_behind = 0;
-        if config.cluster.registry_dir.is_empty() {
+        // As for the C library and the mount: BENCHFS_REGISTRY (their argument), else the
+        // configuration's (an effective configuration file ignores BENCHFS_* variables).
+        let registry = std::env::var("BENCHFS_REGISTRY")
+            .ok()
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| config.cluster.registry_dir.clone());
+        if registry.is_empty() {
             return Err(
                 "no cluster: set BENCHFS_REGISTRY (or cluster.registry_dir in BENCHFS_CONFIG)".into(),
             );
         }
-        let registry = PathBuf::from(&config.cluster.registry_dir);
+        let registry = PathBuf::from(registry);
         Ok(ClientPool::with_fd_floor(
             registry,
             config,
