@@ -165,6 +165,12 @@ for top, dirs, files in os.walk(src):
         assert open(a, "rb").read() == open(b, "rb").read(), b
 print(sorted((e.name, e.is_dir(), e.stat().st_size if not e.is_dir() else 0)
              for e in os.scandir(os.path.join(d, "tree"))))
+import ctypes  # glibc's scandir (it reads directories with calls of its own)
+libc = ctypes.CDLL(None, use_errno=True)
+found = ctypes.POINTER(ctypes.c_char_p)()
+count = libc.scandir(os.path.join(d, "tree").encode(), ctypes.byref(found), None, None)
+entries = ctypes.cast(found, ctypes.POINTER(ctypes.c_void_p))
+print("scandir", count, sorted(ctypes.string_at(entries[i] + 19).decode() for i in range(count)))
 os.rename(os.path.join(d, "t.txt"), os.path.join(d, "u.txt"))
 print(sorted(os.listdir(d)))
 fd = os.open(os.path.join(d, "v.bin"), os.O_CREAT | os.O_RDWR, 0o600)

@@ -1,7 +1,7 @@
 //! Directory streams of BenchFS directories. glibc's `opendir` opens and reads with internal
 //! calls this library cannot see, so for a BenchFS directory the stream is ours: a `DIR *`
 //! that points at a [`Dir`], known by address to `readdir`, `closedir` and the rest, which
-//! pass any other stream to libc.
+//! pass any other stream to libc. `scandir` is done here over those streams likewise.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_long};
@@ -223,4 +223,108 @@ pub unsafe extern "C" fn seekdir(dirp: *mut libc::DIR, pos: c_long) {
     if let Some(d) = streams().as_mut().and_then(|m| m.get_mut(&(dirp as usize))) {
         d.pos = usize::try_from(pos).unwrap_or(0);
     }
+}
+
+/// glibc's `scandir` reads with internal calls this library cannot see: for a BenchFS
+/// directory it is done here, with this library's streams (the same contract: an array and
+/// its entries from malloc, filtered, sorted, the count returned).
+#[no_mangle]
+pub unsafe extern "C" fn scandir64(
+    path: *const c_char,
+    list: *mut *mut *mut libc::dirent64,
+    filter: Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>,
+    compar: Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    match unsafe { crate::names::resolve(libc::AT_FDCWD, path) } {
+        Ok(Target::Local) => unsafe { real::scandir64(path, list, filter, compar) },
+        // SAFETY: an absolute path of ours, alive for the call.
+        Ok(Target::LocalAt(abs)) => unsafe { real::scandir64(abs.as_ptr(), list, filter, compar) },
+        Ok(Target::Ours(_)) => unsafe { scan_ours(path, list, filter, compar) },
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn scandir(
+    path: *const c_char,
+    list: *mut *mut *mut libc::dirent64,
+    filter: Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>,
+    compar: Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>,
+) -> c_int {
+    // SAFETY: forwarded (dirent and dirent64 are one layout on 64-bit Linux).
+    unsafe { scandir64(path, list, filter, compar) }
+}
+
+unsafe fn scan_ours(
+    path: *const c_char,
+    list: *mut *mut *mut libc::dirent64,
+    filter: Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>,
+    compar: Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>,
+) -> c_int {
+    if list.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    // SAFETY: forwarded.
+    let dir = unsafe { opendir(path) };
+    if dir.is_null() {
+        return -1;
+    }
+    let mut found: Vec<*mut libc::dirent64> = Vec::new();
+    let size = std::mem::size_of::<libc::dirent64>();
+    let fail = |found: &[*mut libc::dirent64], e: c_int| {
+        for &p in found {
+            // SAFETY: entries this call malloc'ed.
+            unsafe { libc::free(p.cast()) };
+        }
+        set_errno(e);
+        -1
+    };
+    loop {
+        // SAFETY: our stream.
+        let ent = unsafe { readdir64(dir) };
+        if ent.is_null() {
+            break;
+        }
+        // SAFETY: the filter is the caller's; the entry is valid until the next readdir.
+        if let Some(f) = filter {
+            if unsafe { f(ent) } == 0 {
+                continue;
+            }
+        }
+        // SAFETY: a copy the caller frees with free(), as glibc's scandir hands out.
+        let copy = unsafe { libc::malloc(size) }.cast::<libc::dirent64>();
+        if copy.is_null() {
+            unsafe { closedir(dir) };
+            return fail(&found, libc::ENOMEM);
+        }
+        // SAFETY: both are one dirent64 long.
+        unsafe { std::ptr::copy_nonoverlapping(ent, copy, 1) };
+        found.push(copy);
+    }
+    // SAFETY: our stream.
+    unsafe { closedir(dir) };
+    if let Some(c) = compar {
+        // SAFETY: the comparator is the caller's, called with pointers to two entries.
+        found.sort_by(|a, b| {
+            let (mut a, mut b) = (*a as *const libc::dirent64, *b as *const libc::dirent64);
+            unsafe { c(&mut a, &mut b) }.cmp(&0)
+        });
+    }
+    // SAFETY: an array the caller frees with free().
+    let array = unsafe { libc::malloc(found.len().max(1) * std::mem::size_of::<*mut libc::dirent64>()) }
+        .cast::<*mut libc::dirent64>();
+    if array.is_null() {
+        return fail(&found, libc::ENOMEM);
+    }
+    // SAFETY: `array` holds found.len() pointers; `list` is writable by contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(found.as_ptr(), array, found.len());
+        *list = array;
+    }
+    found.len() as c_int
 }

@@ -98,6 +98,7 @@ real! {
     opendir(path: *const c_char) -> *mut libc::DIR = std::ptr::null_mut();
     fdopendir(fd: c_int) -> *mut libc::DIR = std::ptr::null_mut();
     readdir64(dir: *mut libc::DIR) -> *mut libc::dirent64 = std::ptr::null_mut();
+    scandir64(path: *const c_char, list: *mut *mut *mut libc::dirent64, filter: Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>, compar: Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>) -> c_int = -1;
     closedir(dir: *mut libc::DIR) -> c_int = -1;
     dirfd(dir: *mut libc::DIR) -> c_int = -1;
     rewinddir(dir: *mut libc::DIR) -> () = ();
