@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -246,6 +247,49 @@ def test_shell_redirections_reach_the_programs_a_shell_starts(
     local, ours = transcripts
     assert ours == local
     assert "from-sh\nfrom-python\nlast" in ours and "a\nb\nc" in ours
+
+
+FIO = shutil.which("fio")
+
+
+@pytest.mark.skipif(FIO is None, reason="fio is not installed")
+@pytest.mark.parametrize("engine", ["psync", "pvsync", "pvsync2"])
+def test_fio_verifies_its_data_through_the_library(preloaded: Preloaded, engine: str) -> None:
+    """fio writes with a checksum in every block and reads it all back, 2 jobs, 4 KiB random
+    and 1 MiB sequential; any mismatch fails fio."""
+    for rw, bs in (("randwrite", "4k"), ("write", "1m")):
+        preloaded.run(
+            f"{FIO} --name=v-{engine}-{rw} --directory={preloaded.root} --rw={rw} --bs={bs} "
+            f"--size=4m --numjobs=2 --ioengine={engine} --direct=1 --verify=crc32c "
+            "--verify_fatal=1 --do_verify=1 --output-format=terse > /dev/null"
+        )
+    preloaded.run(f"rm {preloaded.root}/v-*")
+
+
+@pytest.mark.skipif(FIO is None, reason="fio is not installed")
+def test_fio_libaio_fails_with_ebadf_and_touches_nothing(preloaded: Preloaded) -> None:
+    """libaio submits with io_submit, which the library does not see: on a BenchFS file
+    descriptor the kernel refuses it (EBADF) and no local file is written."""
+    done = subprocess.run(
+        [
+            str(FIO),
+            "--name=aio",
+            f"--directory={preloaded.root}",
+            "--rw=write",
+            "--bs=4k",
+            "--size=1m",
+            "--ioengine=libaio",
+            "--direct=1",
+        ],
+        env=preloaded.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Bad file descriptor" in done.stdout + done.stderr, done.stdout + done.stderr
+    preloaded.run(f"rm -f {preloaded.root}/aio.0.0")
 
 
 def test_a_reserved_descriptor_refuses_calls_that_bypass_the_library(
