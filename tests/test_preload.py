@@ -292,6 +292,45 @@ def test_fio_libaio_fails_with_ebadf_and_touches_nothing(preloaded: Preloaded) -
     preloaded.run(f"rm -f {preloaded.root}/aio.0.0")
 
 
+MPI_IO = Path(__file__).with_name("mpi_io_shared_file.py")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mpi", ["openmpi-ompio", "openmpi-romio", "mpich-romio"])
+def test_mpi_io_writes_one_shared_file(preloaded: Preloaded, tmp_path: Path, mpi: str) -> None:
+    """MPI-IO through the library under Open MPI's two implementations (OMPIO, ROMIO) and
+    MPICH's ROMIO: the same program on a local directory and under the prefix writes the same
+    bytes (digest printed by rank 0)."""
+    pytest.importorskip("mpi4py")
+    from benchfs.mpi import MpiLauncher, find_mpich
+
+    try:
+        launcher = MpiLauncher(find_mpich()) if mpi.startswith("mpich") else MpiLauncher()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    digests = []
+    for root, preload in ((tmp_path / "local", False), (preloaded.root, True)):
+        root.mkdir(exist_ok=True)
+        cmd = launcher.command(2, [sys.executable, str(MPI_IO), str(root / "shared")])
+        if mpi.startswith("openmpi"):
+            cmd[1:1] = ["--mca", "io", "ompio" if mpi.endswith("ompio") else "romio321"]
+        base = (
+            dict(preloaded.env)
+            if preload
+            else {k: v for k, v in preloaded.env.items() if k != "LD_PRELOAD"}
+        )
+        env = launcher.env(base)
+        if preload:
+            env["LD_PRELOAD"] = ":".join(
+                p for p in (str(PRELOAD_LIBRARY), env.get("LD_PRELOAD")) if p
+            )
+        done = run_bounded(cmd, timeout=150, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        digests.append(done.stdout.strip().splitlines()[-1])
+    assert digests[0] == digests[1] and digests[0].startswith("3145728 "), digests
+    preloaded.run(f"rm {preloaded.root}/shared")
+
+
 def test_a_reserved_descriptor_refuses_calls_that_bypass_the_library(
     preloaded: Preloaded, tmp_path: Path
 ) -> None:
