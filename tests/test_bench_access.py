@@ -27,6 +27,7 @@ CASES = [
         for engine in ("psync", "pvsync2")
         for direction in ("write", "read", "randwrite", "randread")
     ),
+    "preload-cp",
 ]
 
 
@@ -56,10 +57,16 @@ def test_access_quick_json() -> None:
         assert case["ratio"] == pytest.approx(case["mib_s"] / case["native_mib_s"])
     assert report["data_dir"].startswith("/dev/shm/") and report["data_fs"] == "tmpfs"
     assert not Path(report["data_dir"]).exists()
-    # one per case, and the preload's 4 KiB random cases against the mount's
-    assert len(report["targets"]) == len(CASES) + 2
+    # one per case, the preload's 4 KiB random cases against the mount's, and one per
+    # operation of the metadata loop
+    assert len(report["targets"]) == len(CASES) + 2 + 3
+    meta = report["metadata"]
+    assert meta["files"] == 100 and [o["op"] for o in meta["ops"]] == ["create", "stat", "unlink"]
+    for o in meta["ops"]:
+        assert o["preload_ops_s"] > 0 and o["capi_ops_s"] > 0, o
     text = rendered(access.render, report)
     assert "python-readinto" in text and "target fio-psync-write" in text
     assert "fio-psync-randread: ratio >= 0.5" in text and "bs 4k" in text
     assert "preload-psync-randwrite over the mount >= 1.5" in text
+    assert "metadata stat" in text and "preload-cp" in text
     assert _fuse_mounts() == before

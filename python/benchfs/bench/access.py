@@ -14,13 +14,21 @@ one FUSE mount of it, and per case two tools moving the same bytes in the same t
   `LD_PRELOAD` of the interposition library (docs/preload.md), files under its prefix (a real,
   empty local directory, which must still be empty afterwards); against the native client,
   and at 4 KiB random also against the mount (`fio-psync-rand*`).
+- `preload-cp`: `cp` of one large BenchFS file to another under the library, against the
+  Python client copying it in 4 MiB reads and writes.
+- `metadata` (a section of its own, in operations per second): a small C loop creating,
+  stat-ing and unlinking files (`metaloop.c` beside this module, built with `cc`), through
+  the library against the same loop over the C library.
 
 Repeats are interleaved (`benchfs.bench.stats.interleave`) and the report gives medians.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +42,7 @@ from benchfs.bench.cluster import BenchCluster
 from benchfs.bench.render import print_lines_and_targets, print_ratio_cases
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.errors import BenchError
-from benchfs.native import PRELOAD_LIBRARY, UCX_SETTINGS
+from benchfs.native import PACKAGE_DIR, PRELOAD_LIBRARY, UCX_SETTINGS
 from benchfs.probes.fio import find_fio, run_fio
 from benchfs.units import MIB, format_size
 
@@ -46,7 +54,9 @@ PRELOAD_CASES = tuple(
     for engine in ("psync", "pvsync2")
     for direction in ("write", "read", "randwrite", "randread")
 )
-CASES = (*FIO_CASES, *RANDOM_CASES, "python-readinto", *PRELOAD_CASES)
+CASES = (*FIO_CASES, *RANDOM_CASES, "python-readinto", *PRELOAD_CASES, "preload-cp")
+META_OPS = ("create", "stat", "unlink")
+METALOOP = Path(__file__).with_name("metaloop.c")
 FIO_JOBS = 2
 FIO_BLOCK = MIB
 RANDOM_BLOCK = 4096
@@ -65,12 +75,18 @@ class AccessSettings:
     py_file_size: int = 1024 * MIB
     random_file_size: int = 32 * MIB
     """Bytes per job of the 4 KiB random cases."""
+    meta_files: int = 2000
+    """Files of each pass of the metadata loop."""
     mount_threads: int | None = None
 
     @classmethod
     def quick(cls) -> AccessSettings:
         return cls(
-            repeats=1, fio_file_size=16 * MIB, py_file_size=32 * MIB, random_file_size=2 * MIB
+            repeats=1,
+            fio_file_size=16 * MIB,
+            py_file_size=32 * MIB,
+            random_file_size=2 * MIB,
+            meta_files=100,
         )
 
 
@@ -133,6 +149,7 @@ class AccessBench:
         """The files that the native readers read before any write case ran (written once,
         untimed); fio lays out its own."""
         self.native(["/py.dat"], self.settings.py_file_size, PY_TRANSFER, "write")
+        self.native(["/cp-src.bin"], self.settings.py_file_size, PY_TRANSFER, "write")
         size = self.settings.random_file_size
         self.native(self.random_paths(), size, FIO_BLOCK, "write")
 
@@ -153,8 +170,37 @@ class AccessBench:
             raise BenchError("EIO", f"python readinto read {moved} bytes of {size}")
         return moved / MIB / seconds
 
+    def copy(self, tool: str, client: Client) -> float:
+        """`cp` under the library, or the Python client, from /cp-src.bin to /cp-dst.bin."""
+        size = self.settings.py_file_size
+        start = time.perf_counter()
+        if tool == "layer":
+            done = subprocess.run(
+                ["cp", f"{self.prefix}/cp-src.bin", f"{self.prefix}/cp-dst.bin"],
+                env=self.preload_env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise BenchError("EIO", f"cp under the preload failed: {done.stderr.strip()}")
+        else:
+            buf = memoryview(bytearray(PY_TRANSFER))
+            with client.open("/cp-src.bin") as src, client.open("/cp-dst.bin", "wb") as dst:
+                while n := src.readinto(buf):
+                    dst.write(buf[:n])
+        seconds = time.perf_counter() - start
+        copied = client.stat("/cp-dst.bin").st_size
+        if copied != size:
+            raise BenchError("EIO", f"the copy has {copied} bytes of {size}")
+        client.unlink("/cp-dst.bin")
+        return size / MIB / seconds
+
     def measure(self, case: str, tool: str, client: Client) -> float:
         s = self.settings
+        if case == "preload-cp":
+            return self.copy(tool, client)
         if case == "python-readinto":
             if tool == "layer":
                 return self.python_readinto(client)
@@ -187,7 +233,7 @@ class AccessBench:
 def _kind(name: str) -> str:
     if name == "python-readinto":
         return name
-    if name in PRELOAD_CASES:
+    if name in PRELOAD_CASES or name == "preload-cp":
         return "preload"
     return "random" if name in RANDOM_CASES else "fio"
 
@@ -222,6 +268,93 @@ def access_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
+class MetaLoop:
+    """The metadata loop built twice (through the library, over the C library)."""
+
+    def __init__(self, root: Path) -> None:
+        self.posix = root / "metaloop-posix"
+        self.capi = root / "metaloop-capi"
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            raise BenchError("ENOENT", "no C compiler (cc) for the metadata loop")
+        lib = PACKAGE_DIR / "lib"
+        include = PACKAGE_DIR / "include"
+        for out, extra in (
+            (self.posix, []),
+            (
+                self.capi,
+                ["-DVIA_CAPI", f"-I{include}", f"-L{lib}", f"-Wl,-rpath,{lib}", "-lbenchfs"],
+            ),
+        ):
+            done = subprocess.run(
+                [cc, "-O2", "-o", str(out), str(METALOOP), *extra],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise BenchError("EIO", f"cannot build {out.name}: {done.stderr.strip()}")
+
+    def run(self, tool: str, bench: AccessBench, count: int) -> dict[str, float]:
+        if tool == "preload":
+            argv, env = [str(self.posix), f"{bench.prefix}/meta", str(count)], bench.preload_env
+        else:
+            env = {
+                **{k: v for k, v in bench.preload_env.items() if k != "LD_PRELOAD"},
+                "BENCHFS_REGISTRY": str(bench.cluster.registry),
+            }
+            argv = [str(self.capi), "/meta", str(count)]
+        done = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        if done.returncode != 0:
+            raise BenchError("EIO", f"the metadata loop ({tool}) failed: {done.stderr.strip()}")
+        rates = json.loads(done.stdout)
+        return {op: float(rates[op]) for op in META_OPS}
+
+
+def metadata_targets(metadata: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "target": f"metadata {o['op']} through the preload: ratio to the C library >= "
+            f"{TARGETS['preload']:g}",
+            "value": o["ratio"],
+            "met": None if o["ratio"] is None else o["ratio"] >= TARGETS["preload"],
+        }
+        for o in metadata["ops"]
+    ]
+
+
+def run_metadata(
+    root: Path, bench: AccessBench, client: Client, settings: AccessSettings
+) -> dict[str, Any]:
+    """Interleaved repeats of the metadata loop; medians per operation and their ratio."""
+    loop = MetaLoop(root)
+    client.mkdir("/meta")
+    samples: dict[str, dict[str, list[float]]] = {
+        t: {op: [] for op in META_OPS} for t in ("preload", "capi")
+    }
+    for step in interleave(["metadata"], settings.repeats, ("preload", "capi")):
+        for op, rate in loop.run(step.tool, bench, settings.meta_files).items():
+            samples[step.tool][op].append(rate)
+    client.rmdir("/meta")
+    ops = []
+    for op in META_OPS:
+        preload, capi = median(samples["preload"][op]), median(samples["capi"][op])
+        ops.append(
+            {
+                "op": op,
+                "preload_ops_s": preload,
+                "capi_ops_s": capi,
+                "ratio": ratio(preload, capi),
+                "samples": samples["preload"][op],
+                "capi_samples": samples["capi"][op],
+            }
+        )
+    return {"files": settings.meta_files, "ops": ops}
+
+
 def run_access(
     root: Path,
     settings: AccessSettings,
@@ -253,6 +386,8 @@ def run_access(
                     progress(f"[{i}/{len(steps)}] {step.case} {step.tool}")
                     value = bench.measure(step.case, step.tool, client)
                     samples.setdefault((step.case, step.tool), []).append(value)
+                progress("metadata loop: preload against the C library")
+                metadata = run_metadata(root, bench, client, settings)
     finally:
         cluster.stop()
     if any(prefix.iterdir()):
@@ -273,7 +408,8 @@ def run_access(
         )
     return {
         "cases": cases,
-        "targets": access_targets(cases),
+        "metadata": metadata,
+        "targets": access_targets(cases) + metadata_targets(metadata),
         "data_dir": str(root),
         "servers": settings.servers,
         "repeats": settings.repeats,
@@ -299,6 +435,15 @@ def render(console: Console, report: dict[str, Any]) -> None:
         ("fio", fio),
         ("fio random", f"{format_size(report['random_file_size'])} per job, bs 4k, direct"),
         ("readinto", f"{format_size(report['py_file_size'])} in 4 MiB calls"),
-        ("preload", "the fio cases under LD_PRELOAD, psync and pvsync2"),
+        ("preload", "the fio cases under LD_PRELOAD, psync and pvsync2; cp of the readinto file"),
     ]
+    meta = report["metadata"]
+    for o in meta["ops"]:
+        r = "-" if o["ratio"] is None else f"{o['ratio']:.2f}"
+        lines.append(
+            (
+                f"metadata {o['op']}",
+                f"preload {o['preload_ops_s']:.0f}/s, C library {o['capi_ops_s']:.0f}/s, ratio {r}",
+            )
+        )
     print_lines_and_targets(console, lines, report["targets"])
