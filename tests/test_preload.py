@@ -60,6 +60,21 @@ def preloaded(daemon_cluster: Callable[..., LocalCluster], tmp_path: Path) -> It
     assert os.listdir(root) == [], "a call reached the local directory under the prefix"
 
 
+def local_and_ours(preloaded: Preloaded, tmp_path: Path, script: str) -> tuple[str, str]:
+    """`script` (bash) run once with ROOT a local directory and once with ROOT the prefix,
+    both preloaded, each with SRC (a local source tree) and OUT (a local scratch directory);
+    the two outputs, ROOT's name taken out."""
+    src = source_tree(tmp_path)
+    outputs = []
+    for name, root in (("local", tmp_path / "local"), ("benchfs", preloaded.root)):
+        root.mkdir(exist_ok=True)
+        out = tmp_path / f"out-{name}"
+        out.mkdir()
+        env = {**preloaded.env, "ROOT": str(root), "SRC": str(src), "OUT": str(out)}
+        outputs.append(preloaded.run(script, env).replace(str(root), "ROOT"))
+    return outputs[0], outputs[1]
+
+
 def source_tree(base: Path) -> Path:
     """A local tree to copy in: files of several sizes (one over a chunk), a nested dir."""
     src = base / "src"
@@ -119,15 +134,7 @@ ls -A $R | wc -l
 
 
 def test_coreutils_agree_with_a_local_directory(preloaded: Preloaded, tmp_path: Path) -> None:
-    src = source_tree(tmp_path)
-    transcripts = []
-    for name, root in (("local", tmp_path / "local"), ("benchfs", preloaded.root)):
-        root.mkdir(exist_ok=True)
-        out = tmp_path / f"out-{name}"
-        out.mkdir()
-        env = {**preloaded.env, "ROOT": str(root), "SRC": str(src), "OUT": str(out)}
-        transcripts.append(preloaded.run(COREUTILS, env).replace(str(root), "ROOT"))
-    local, ours = transcripts
+    local, ours = local_and_ours(preloaded, tmp_path, COREUTILS)
     assert ours == local
     assert "tree-same" in ours and "untar-same" in ours and "cmp-ok" in ours
 
@@ -236,15 +243,7 @@ rm -r $R/wd $R/one $R/group $R/fd3 $R/unclosed
 def test_shell_redirections_reach_the_programs_a_shell_starts(
     preloaded: Preloaded, tmp_path: Path
 ) -> None:
-    src = source_tree(tmp_path)
-    transcripts = []
-    for name, root in (("local", tmp_path / "local"), ("benchfs", preloaded.root)):
-        root.mkdir(exist_ok=True)
-        out = tmp_path / f"out-{name}"
-        out.mkdir()
-        env = {**preloaded.env, "ROOT": str(root), "SRC": str(src), "OUT": str(out)}
-        transcripts.append(preloaded.run(SHELL, env))
-    local, ours = transcripts
+    local, ours = local_and_ours(preloaded, tmp_path, SHELL)
     assert ours == local
     assert "from-sh\nfrom-python\nlast" in ours and "a\nb\nc" in ours
 
