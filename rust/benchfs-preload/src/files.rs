@@ -429,11 +429,7 @@ pub unsafe extern "C" fn preadv64v2(
             &f,
             false,
             unsafe { iovecs(iov, n) }?,
-            if off == -1 {
-                -1
-            } else {
-                offset_arg(off)? as off64_t
-            },
+            off, // -1: the description's offset
         )
     })
 }
@@ -479,14 +475,7 @@ pub unsafe extern "C" fn pwritev64v2(
             .map(|n| n as ssize_t);
         }
         vectored(
-            &f,
-            true,
-            iov,
-            if off == -1 {
-                -1
-            } else {
-                offset_arg(off)? as off64_t
-            },
+            &f, true, iov, off, // -1: the description's offset
         )
     })
 }
