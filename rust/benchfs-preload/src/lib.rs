@@ -13,6 +13,8 @@
 //!   with EBADF and never touches another file.
 //! - [`files`], [`names`], [`dirs`], [`stdio`]: the calls on descriptors, on paths, on
 //!   directory streams and on `FILE` streams.
+//! - [`offsets`]: file offsets in shared memory, so processes sharing a description share
+//!   its offset; [`process`]: exit, fork, and the hand-over of descriptors across `execve`.
 //!
 //! A thread inside BenchFS (connecting, talking to servers) may make calls of its own (UCX
 //! opening its sockets, reading configuration files); those always go to libc.
