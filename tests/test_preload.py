@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchfs.cluster import LocalCluster
-from benchfs.native import PRELOAD_LIBRARY, UCX_SETTINGS
+from benchfs.native import PRELOAD_LIBRARY, preload_env
 from conftest import benchfs_run_command, run_bounded
 
 pytestmark = pytest.mark.skipif(
@@ -25,18 +25,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def own_env() -> dict[str, str]:
+    """This environment without BenchFS's variables (each test names its cluster)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+
+
 class Preloaded:
     """Runs commands with the library preloaded against one cluster, prefix `root`."""
 
     def __init__(self, cluster: LocalCluster, root: Path) -> None:
         self.root = root
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
-            **UCX_SETTINGS,
-            "LD_PRELOAD": str(PRELOAD_LIBRARY),
-            "BENCHFS_PRELOAD_PREFIX": str(root),
-            "BENCHFS_CONFIG": str(cluster.config_path),
-        }
+        self.env = preload_env({**own_env(), "BENCHFS_CONFIG": str(cluster.config_path)}, root)
 
     def run(self, script: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
@@ -313,16 +312,10 @@ def test_mpi_io_writes_one_shared_file(preloaded: Preloaded, tmp_path: Path, mpi
         cmd = launcher.command(2, [sys.executable, str(MPI_IO), str(root / "shared")])
         if mpi.startswith("openmpi"):
             cmd[1:1] = ["--mca", "io", "ompio" if mpi.endswith("ompio") else "romio321"]
-        base = (
-            dict(preloaded.env)
-            if preload
-            else {k: v for k, v in preloaded.env.items() if k != "LD_PRELOAD"}
-        )
+        base = {k: v for k, v in preloaded.env.items() if k != "LD_PRELOAD"}
         env = launcher.env(base)
         if preload:
-            env["LD_PRELOAD"] = ":".join(
-                p for p in (str(PRELOAD_LIBRARY), env.get("LD_PRELOAD")) if p
-            )
+            env = preload_env(env, preloaded.root)
         done = run_bounded(cmd, timeout=150, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         digests.append(done.stdout.strip().splitlines()[-1])
@@ -359,12 +352,7 @@ def test_a_reserved_descriptor_refuses_calls_that_bypass_the_library(
 def test_without_a_cluster_calls_fail_with_one_clear_line(tmp_path: Path) -> None:
     root = tmp_path / "bfs"
     root.mkdir()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
-        **UCX_SETTINGS,
-        "LD_PRELOAD": str(PRELOAD_LIBRARY),
-        "BENCHFS_PRELOAD_PREFIX": str(root),
-    }
+    env = preload_env(own_env(), root)
     # One process, several calls on BenchFS paths and one local: one line says why.
     done = subprocess.run(
         ["ls", f"{root}/x", f"{root}/y", str(root), str(tmp_path)],
@@ -384,12 +372,7 @@ def test_without_a_cluster_calls_fail_with_one_clear_line(tmp_path: Path) -> Non
 
 
 def test_a_bad_prefix_is_said_once_and_nothing_is_intercepted(tmp_path: Path) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
-        **UCX_SETTINGS,
-        "LD_PRELOAD": str(PRELOAD_LIBRARY),
-        "BENCHFS_PRELOAD_PREFIX": "relative/dir",
-    }
+    env = preload_env(own_env(), "relative/dir")
     (tmp_path / "f").write_text("local\n")
     done = subprocess.run(
         ["cat", str(tmp_path / "f")],

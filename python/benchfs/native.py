@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -37,6 +38,16 @@ def use_ucx_settings() -> None:
     """Sets [`UCX_SETTINGS`] in this process's environment where the user has not."""
     for key, value in UCX_SETTINGS.items():
         os.environ.setdefault(key, value)
+
+
+def preload_env(base: Mapping[str, str], prefix: str | os.PathLike[str]) -> dict[str, str]:
+    """`base` for a program run with the interposition library (docs/preload.md): the library
+    first in LD_PRELOAD (other preloads kept), its prefix, and the UCX settings where `base`
+    has none."""
+    env = {**UCX_SETTINGS, **base}
+    env["BENCHFS_PRELOAD_PREFIX"] = str(prefix)
+    env["LD_PRELOAD"] = ":".join(filter(None, [str(PRELOAD_LIBRARY), base.get("LD_PRELOAD")]))
+    return env
 
 
 def find_binary(name: str) -> str:

@@ -71,12 +71,9 @@ def main(args: Sequence[str]) -> int:
         os.environ["BENCHFS_MOUNT"] = entry["mount"]
     if entry.get("preload"):
         # Only the program gets the library (not MPI's launcher, nor this Python).
-        from benchfs.native import use_ucx_settings
+        from benchfs.native import preload_env
 
-        use_ucx_settings()
-        os.environ["BENCHFS_PRELOAD_PREFIX"] = entry["mount"]
-        preloads = [entry["preload"], *filter(None, [os.environ.get("LD_PRELOAD")])]
-        os.environ["LD_PRELOAD"] = ":".join(preloads)
+        os.environ.update(preload_env(os.environ, entry["mount"]))
     cpus = entry.get("cpus")
     if cpus:
         try:

@@ -42,7 +42,7 @@ from benchfs.bench.cluster import BenchCluster
 from benchfs.bench.render import print_lines_and_targets, print_ratio_cases
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.errors import BenchError
-from benchfs.native import PACKAGE_DIR, PRELOAD_LIBRARY, UCX_SETTINGS
+from benchfs.native import PACKAGE_DIR, preload_env
 from benchfs.probes.fio import find_fio, run_fio
 from benchfs.units import MIB, format_size
 
@@ -123,13 +123,8 @@ class AccessBench:
         self.prefix = prefix
         self.config = cluster.config_text()
         self.fio = find_fio()
-        self.preload_env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")},
-            **UCX_SETTINGS,
-            "LD_PRELOAD": str(PRELOAD_LIBRARY),
-            "BENCHFS_PRELOAD_PREFIX": str(prefix),
-            "BENCHFS_CONFIG": str(cluster.config_path),
-        }
+        own = {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+        self.preload_env = preload_env({**own, "BENCHFS_CONFIG": str(cluster.config_path)}, prefix)
 
     def native(
         self, paths: list[str], size: int, transfer: int, direction: str, random: bool = False
