@@ -54,6 +54,8 @@ pub enum Error {
     Stopped,
     #[error("I/O operation on a closed {0}")]
     Closed(&'static str),
+    #[error("this client was made before the fork that made this process: a forked child connects clients of its own")]
+    Forked,
 }
 
 impl Error {
@@ -69,6 +71,7 @@ impl Error {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Stopped => libc::ESHUTDOWN,
             Error::Closed(_) => libc::EBADF,
+            Error::Forked => libc::EBADFD,
         }
     }
 

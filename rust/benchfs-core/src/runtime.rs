@@ -711,6 +711,8 @@ pub struct Runtime {
     pool: RefCell<LocalPool>,
     spawner: LocalSpawner,
     reactor: Rc<Reactor>,
+    /// `benchfs_ucx::fork_generation` when made: a forked child must not run its parent's loop.
+    generation: u64,
 }
 
 impl Runtime {
@@ -723,11 +725,22 @@ impl Runtime {
     pub fn with_submit_hold(ring_entries: u32, hold: Option<Duration>) -> Result<Runtime> {
         let pool = LocalPool::new();
         let spawner = pool.spawner();
+        benchfs_ucx::watch_forks();
         Ok(Runtime {
             pool: RefCell::new(pool),
             spawner,
             reactor: Reactor::new(ring_entries, hold)?,
+            generation: benchfs_ucx::fork_generation(),
         })
+    }
+
+    /// [`Error::Forked`] in the child of a fork: the ring (its memory shared with the parent)
+    /// and everything the loop drives are the parent's.
+    fn check_not_forked(&self) -> Result<()> {
+        if self.generation != benchfs_ucx::fork_generation() {
+            return Err(Error::Forked);
+        }
+        Ok(())
     }
 
     pub fn reactor(&self) -> &Rc<Reactor> {
@@ -742,6 +755,7 @@ impl Runtime {
     /// Turns the loop until no data operation is in the kernel (bounded by `timeout`), so that
     /// dropping the ring never leaves the kernel holding files or buffers.
     pub fn quiesce(&self, timeout: Duration) -> Result<()> {
+        self.check_not_forked()?;
         let deadline = Instant::now() + timeout;
         while self.reactor.inflight() > 0 {
             if Instant::now() >= deadline {
@@ -764,6 +778,7 @@ impl Runtime {
 
     /// Runs the loop until `fut` completes; spawned tasks run alongside it.
     pub fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
+        self.check_not_forked()?;
         let flag = Arc::new(FlagWaker(AtomicBool::new(true)));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);

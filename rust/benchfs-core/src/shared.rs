@@ -167,6 +167,8 @@ struct PoolState {
     idle: Vec<SendClient>,
     live: usize,
     closed: bool,
+    /// `benchfs_ucx::fork_generation` of the clients counted here.
+    generation: u64,
 }
 
 /// A bounded pool of clients of one cluster, for a process whose threads call in parallel: a
@@ -243,6 +245,10 @@ impl ClientPool {
                 idle: Vec::new(),
                 live: 0,
                 closed: false,
+                generation: {
+                    benchfs_ucx::watch_forks();
+                    benchfs_ucx::fork_generation()
+                },
             }),
             returned: Condvar::new(),
         })
@@ -256,6 +262,14 @@ impl ClientPool {
     /// A closed pool answers [`Error::Stopped`].
     pub fn lease(self: &Arc<Self>) -> Result<Lease> {
         let mut state = lock_state(&self.state);
+        if state.generation != benchfs_ucx::fork_generation() {
+            // In the child of a fork: the clients are the parent's (its UCX workers and
+            // sockets, its io_uring rings), which the child must neither use nor tear down.
+            // They are leaked and the pool starts empty, so the child connects its own.
+            std::mem::forget(std::mem::take(&mut state.idle));
+            state.live = 0;
+            state.generation = benchfs_ucx::fork_generation();
+        }
         loop {
             if state.closed {
                 return Err(Error::Stopped);
@@ -296,15 +310,6 @@ impl ClientPool {
         };
         self.returned.notify_all();
         drop(idle);
-    }
-
-    /// In the child of a `fork`: the clients are the parent's (its UCX workers and sockets,
-    /// its io_uring rings), which the child must neither use nor tear down. They are leaked
-    /// and the pool starts empty, so the child connects clients of its own.
-    pub fn forget_after_fork(&self) {
-        let mut state = lock_state(&self.state);
-        std::mem::forget(std::mem::take(&mut state.idle));
-        state.live = 0;
     }
 
     /// (clients that exist, idle ones), for tests and reports.

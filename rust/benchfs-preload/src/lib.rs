@@ -127,11 +127,6 @@ pub(crate) fn prefix() -> Option<&'static Prefix> {
 /// configuration cannot be used.
 static POOL: OnceLock<Result<Arc<ClientPool>, String>> = OnceLock::new();
 
-/// The pool if this process made one (for fork).
-pub(crate) fn pool_if_made() -> Option<&'static Arc<ClientPool>> {
-    POOL.get().and_then(|p| p.as_ref().ok())
-}
-
 fn pool() -> Result<&'static Arc<ClientPool>, c_int> {
     let made = POOL.get_or_init(|| {
         let _inside = inside();

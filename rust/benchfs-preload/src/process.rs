@@ -1,6 +1,6 @@
 //! A process's life around BenchFS files: `exit` publishes what was written (sizes are
-//! published at close, and a program may exit without closing); `fork` gives the child
-//! clients of its own; `execve` and `posix_spawn` hand the descriptors that stay open (and a
+//! published at close, and a program may exit without closing); `fork` seals the shared
+//! offset regions (the child's clients are its own: the pool notices the fork); `execve` and `posix_spawn` hand the descriptors that stay open (and a
 //! working directory inside BenchFS) to the new program, which takes them up when this
 //! library loads in it.
 //!
@@ -33,7 +33,7 @@ pub fn setup() {
         // SAFETY: handlers with the C signatures; registration cannot corrupt anything.
         unsafe {
             libc::atexit(at_exit);
-            libc::pthread_atfork(Some(before_fork), None, Some(in_child));
+            libc::pthread_atfork(Some(before_fork), None, None);
         }
     });
 }
@@ -68,13 +68,6 @@ extern "C" fn at_exit() {
 
 extern "C" fn before_fork() {
     offsets::seal();
-}
-
-extern "C" fn in_child() {
-    // The parent's clients (its UCX workers, sockets and rings) are not the child's to use.
-    if let Some(pool) = crate::pool_if_made() {
-        pool.forget_after_fork();
-    }
 }
 
 fn hex(s: &str) -> String {

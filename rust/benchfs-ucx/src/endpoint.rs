@@ -73,7 +73,7 @@ impl Endpoint {
     /// Bounded (forced close needs no peer); idempotent.
     pub fn close(&self) {
         let ep = self.ep.replace(ptr::null_mut());
-        if ep.is_null() {
+        if ep.is_null() || self.worker.inner.forked_away() {
             return;
         }
         let param = sys::ucp_request_param_t {

@@ -11,12 +11,14 @@
 
 mod am;
 mod endpoint;
+mod fork;
 mod memory;
 mod request;
 mod worker;
 
 pub use am::{AmData, AmMessage, AmVerdict, RndvDesc};
 pub use endpoint::Endpoint;
+pub use fork::{fork_generation, watch_forks};
 pub use memory::MemHandle;
 pub use request::Request;
 pub use worker::{WeakWorker, Worker, WorkerOptions};

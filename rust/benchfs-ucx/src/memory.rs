@@ -15,6 +15,9 @@ pub struct MemHandle {
 
 impl Drop for MemHandle {
     fn drop(&mut self) {
+        if self.worker.inner.forked_away() {
+            return;
+        }
         // SAFETY: mapped once in `mem_map` with this context; unmapped once.
         unsafe {
             sys::ucp_mem_unmap(self.worker.inner.context, self.memh);

@@ -19,6 +19,17 @@ pub(crate) struct WorkerInner {
     pub(crate) handlers: RefCell<Vec<*mut AmHandlerBox>>,
     /// Requests started on this worker whose completion callback has not run yet.
     pub(crate) held: Rc<Cell<usize>>,
+    /// [`fork_generation`] when made: in a forked child the worker is the parent's.
+    pub(crate) generation: u64,
+}
+
+impl WorkerInner {
+    /// Made by an ancestor before a fork: its sockets and shared memory are the parent's, so
+    /// this process must not use them, nor close them (a destroyed worker unlinks its shared
+    /// memory and says goodbye on the parent's connections). It is leaked instead.
+    pub(crate) fn forked_away(&self) -> bool {
+        self.generation != fork_generation()
+    }
 }
 
 /// How long dropping a worker waits for UCX to finish the requests it still holds.
@@ -26,6 +37,9 @@ const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 impl Drop for WorkerInner {
     fn drop(&mut self) {
+        if self.forked_away() {
+            return;
+        }
         // A request can outlive its endpoint: UCX completes an aborted rendezvous send only
         // once its registration cache lets go of the buffer, possibly later and from another
         // thread's memory release, and the completion then queues work on this worker.
@@ -127,6 +141,8 @@ impl Worker {
                 std::ffi::CString::new(value.as_str()).map_err(|_| bad())?,
             ));
         }
+        crate::fork::check_usable()?;
+        crate::fork::made_worker();
         // SAFETY: plain FFI initialisation with zeroed, masked parameter structs.
         unsafe {
             let mut config: *mut sys::ucp_config_t = ptr::null_mut();
@@ -187,6 +203,7 @@ impl Worker {
                     event_fd,
                     handlers: RefCell::new(Vec::new()),
                     held: Rc::new(Cell::new(0)),
+                    generation: fork_generation(),
                 }),
             })
         }
