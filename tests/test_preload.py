@@ -265,7 +265,9 @@ rm -r $ROOT/wd
 """
 
 
-def test_forked_children_use_benchfs_after_their_parent(preloaded: Preloaded, tmp_path: Path) -> None:
+def test_forked_children_use_benchfs_after_their_parent(
+    preloaded: Preloaded, tmp_path: Path
+) -> None:
     # Before each child reset UCX's event thread (copied, not running), about half of these
     # shells waited for the servers' answer to a hello and failed.
     local, ours = local_and_ours(preloaded, tmp_path, FORKS)

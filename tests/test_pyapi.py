@@ -358,7 +358,9 @@ with parent.open("/by-child", "rb") as f:
 """
 
 
-def test_a_forked_child_connects_its_own_client(daemon_cluster: Callable[..., LocalCluster]) -> None:
+def test_a_forked_child_connects_its_own_client(
+    daemon_cluster: Callable[..., LocalCluster],
+) -> None:
     """After fork the parent's client (its ring, sockets and UCX worker) stays the parent's:
     the child gets one clear error from it and connects its own. UCX's event thread is not
     copied by fork while its description is: before the child reset it, the child's
