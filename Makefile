@@ -59,7 +59,7 @@ wheel: native
 # analysis extra), the commands in PREFIX/bin, the C library, header and pkg-config file in
 # PREFIX/{lib,include}, the UCX they run on at PREFIX/ucx, and a module file.
 PYTHON ?= python3
-EXTRAS ?= analysis
+EXTRAS ?= analysis,fsspec
 install: wheel
 	@test -n "$(PREFIX)" || { echo "usage: make install PREFIX=/path" >&2; exit 2; }
 	./scripts/install-prefix "$(abspath $(PREFIX))" "$(PYTHON)" $(VERSION) "$(EXTRAS)"
