@@ -160,6 +160,32 @@ def test_the_protocol_is_registered_and_finds_the_cluster_from_the_environment(
     assert (out.returncode, out.stdout) == (0, "benchfs.fsspec from the environment\n"), out.stderr
 
 
+def test_pickled_and_forked_instances_connect_their_own_client(
+    benchfs_fs: BenchFileSystem,
+) -> None:
+    """Dask and multiprocessing ship file systems to workers by pickling or by fork."""
+    import multiprocessing
+    import pickle
+
+    benchfs_fs.pipe_file("/shipped/a.txt", b"shipped")
+    again = pickle.loads(pickle.dumps(benchfs_fs))
+    assert again.cat_file("/shipped/a.txt") == b"shipped"
+    fork = multiprocessing.get_context("fork")
+    answers = fork.SimpleQueue()
+
+    def read() -> None:  # in the child, on the object it inherited
+        try:
+            answers.put(benchfs_fs.cat_file("/shipped/a.txt"))
+        except OSError as e:
+            answers.put(str(e))
+
+    child = fork.Process(target=read)
+    child.start()
+    child.join(30)
+    assert (child.exitcode, answers.get()) == (0, b"shipped")
+    benchfs_fs.rm("/shipped", recursive=True)
+
+
 def test_no_cluster_is_one_clear_error(tmp_path: Path) -> None:
     fs = BenchFileSystem(
         registry=str(tmp_path / "none"),

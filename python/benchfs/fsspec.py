@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import errno
 import io
+import os
 import posixpath
 import threading
 from typing import Any
@@ -55,15 +56,18 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
         self._options = (registry, config, expected_servers)
         self.auto_mkdir = auto_mkdir
         self._client: Client | None = None
+        self._client_pid = 0
         self._connecting = threading.Lock()
 
     @property
     def client(self) -> Client:
-        """The client, connected on first use (and so only in the process that uses it)."""
+        """The client, connected on first use in each process (a forked child that inherited
+        this object connects its own: the parent's is the parent's)."""
         with self._connecting:
-            if self._client is None:
+            if self._client is None or self._client_pid != os.getpid():
                 registry, config, expected = self._options
                 self._client = Client(registry, config=config, expected_servers=expected)
+                self._client_pid = os.getpid()
             return self._client
 
     @classmethod
