@@ -206,8 +206,7 @@ class AccessBench:
             size = s.random_file_size if random else s.fio_file_size
             plain = direction.removeprefix("rand")
             if tool == "layer":
-                # Jobs as threads of one process, as the native client's: a forked job's UCX
-                # would share its parent's event thread (docs/preload.md, "fork").
+                # Jobs as threads of one process, like the native client's threads.
                 argv = [*_fio_argv(self.fio, self.prefix, engine, direction, size), "--thread"]
                 return run_fio(argv, plain, timeout_s=600, env=self.preload_env).mib_s
             if random:

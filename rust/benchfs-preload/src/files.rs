@@ -907,10 +907,43 @@ unsafe fn copy_through(
     off_out: *mut off64_t,
     len: size_t,
 ) -> Result<ssize_t, c_int> {
-    let mut buf = vec![0u8; len.min(COPY_STEP)];
-    if buf.is_empty() {
+    if len == 0 {
         return Ok(0);
     }
+    // The thread's buffer, kept between calls (cp calls once per 4 MiB: a new zeroed buffer
+    // each time cost a page fault per 4 KiB); a fresh one if the thread's state is gone.
+    let mut kept = COPY_BUFFER.try_with(|b| b.take()).ok();
+    // SAFETY: offsets are NULL or valid by the caller's contract.
+    let result = unsafe {
+        match kept.as_mut() {
+            Some(buf) => {
+                buf.resize(COPY_STEP, 0);
+                copy_with(buf, fd_in, off_in, fd_out, off_out, len)
+            }
+            None => copy_with(&mut vec![0u8; len.min(COPY_STEP)], fd_in, off_in, fd_out, off_out, len),
+        }
+    };
+    if let Some(buf) = kept {
+        let _ = COPY_BUFFER.try_with(|b| b.replace(buf));
+    }
+    result
+}
+
+thread_local! {
+    static COPY_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`copy_through`] with `buf` (at least 1 byte).
+unsafe fn copy_with(
+    buf: &mut [u8],
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+) -> Result<ssize_t, c_int> {
+    let take = len.min(buf.len());
+    let buf = &mut buf[..take];
     // SAFETY: our own buffer; offsets are NULL or valid by the caller's contract.
     let got = unsafe {
         match off_in.as_mut() {
