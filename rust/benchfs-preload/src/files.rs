@@ -920,7 +920,14 @@ unsafe fn copy_through(
                 buf.resize(COPY_STEP, 0);
                 copy_with(buf, fd_in, off_in, fd_out, off_out, len)
             }
-            None => copy_with(&mut vec![0u8; len.min(COPY_STEP)], fd_in, off_in, fd_out, off_out, len),
+            None => copy_with(
+                &mut vec![0u8; len.min(COPY_STEP)],
+                fd_in,
+                off_in,
+                fd_out,
+                off_out,
+                len,
+            ),
         }
     };
     if let Some(buf) = kept {
