@@ -188,6 +188,18 @@ with open("sub/../sub/rel.txt", "w") as f:
     f.write("relative\n")
 os.chdir("sub")
 print(open("rel.txt").read(), os.path.exists("../u.txt"), os.stat(".").st_mode & 0o170000)
+sys.stdout.flush()
+# system() and popen() start sh inside glibc: the working directory and an inherited
+# descriptor must reach it too.
+keep = os.open("rel.txt", os.O_RDONLY)
+os.set_inheritable(keep, True)
+print(os.system(f"cat rel.txt; cat <&{keep}; echo from-system > made.txt"))
+libc.popen.restype = ctypes.c_void_p
+pipe = libc.popen(b"cat made.txt ../u.txt | head -c 30", b"r")
+line = ctypes.create_string_buffer(64)
+libc.fgets(line, 64, ctypes.c_void_p(pipe))
+print(line.value, libc.pclose(ctypes.c_void_p(pipe)))
+os.close(keep)
 os.chdir(home)
 fd = os.open(os.path.join(d, "v.bin"), os.O_CREAT | os.O_RDWR, 0o600)
 os.pwrite(fd, b"abc", 4096)

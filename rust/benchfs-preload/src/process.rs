@@ -23,7 +23,7 @@ const FDS_VAR: &str = "BENCHFS_PRELOAD_FDS";
 const CWD_VAR: &str = "BENCHFS_PRELOAD_CWD";
 
 extern "C" {
-    static environ: *const *const c_char;
+    static mut environ: *const *const c_char;
 }
 
 /// Registers the exit and fork handlers, once per process.
@@ -315,6 +315,41 @@ pub unsafe extern "C" fn execvpe(
         let h = handoff(envp);
         real::execvpe(file, argv, h.as_ref().map_or(envp, Handoff::envp))
     }
+}
+
+/// `system` and `popen` start `sh -c` with glibc's internal `posix_spawn`, past this
+/// library's wrappers: the hand-over goes through the environment they pass, the process's
+/// own, which is swapped for the call (a thread calling `getenv` meanwhile sees the same
+/// variables and the two hand-over ones).
+unsafe fn with_handoff_environ<R>(start: impl FnOnce() -> R) -> R {
+    // SAFETY: `environ` is the process's environment; restored before returning.
+    unsafe {
+        let original = environ;
+        let h = handoff(original);
+        if let Some(h) = &h {
+            environ = h.envp();
+        }
+        let r = start();
+        environ = original;
+        r
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    // SAFETY: forwarded; NULL asks whether a shell exists and hands nothing over.
+    unsafe {
+        if command.is_null() {
+            return real::system(command);
+        }
+        with_handoff_environ(|| real::system(command))
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    // SAFETY: forwarded.
+    unsafe { with_handoff_environ(|| real::popen(command, mode)) }
 }
 
 #[no_mangle]

@@ -111,6 +111,8 @@ real! {
     fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
     posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
     posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
+    system(command: *const c_char) -> c_int = -1;
+    popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fchdir(fd: c_int) -> c_int = -1;
     getcwd(buf: *mut c_char, size: size_t) -> *mut c_char = std::ptr::null_mut();
     fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
