@@ -21,6 +21,7 @@ import pytest
 
 from benchfs.cluster import LocalCluster
 from benchfs.mpi import MpiLauncher
+from benchfs.native import preload_env
 from benchfs.parsers import parse_ior, parse_mdtest
 from conftest import benchfs_run_command, run_bounded
 
@@ -33,17 +34,19 @@ pytestmark = pytest.mark.skipif(
 RANKS = 2
 
 
-def run_tool(cluster: LocalCluster, tool: str, args: str, cwd: Path) -> str:
-    """`tool` (ior or mdtest) as RANKS MPI ranks against `cluster`; its output, after checking
-    that it succeeded without an error or a warning."""
+def run_tool(
+    cluster: LocalCluster, tool: str, args: str, cwd: Path, preload: Path | None = None
+) -> str:
+    """`tool` (ior or mdtest) as RANKS MPI ranks against `cluster` (with `preload`, under the
+    interposition library with that prefix); its output, after checking that it succeeded
+    without an error or a warning."""
     launcher = MpiLauncher()
-    env = launcher.env(
-        {
-            **os.environ,
-            "BENCHFS_REGISTRY": str(cluster.registry_dir),
-            "BENCHFS_CONFIG": str(cluster.config_path),
-        }
-    )
+    base = {
+        **os.environ,
+        "BENCHFS_REGISTRY": str(cluster.registry_dir),
+        "BENCHFS_CONFIG": str(cluster.config_path),
+    }
+    env = launcher.env(base if preload is None else preload_env(base, preload))
     argv = launcher.command(RANKS, [f"{PREFIX}/bin/{tool}", *shlex.split(args)])
     out = run_bounded(argv, timeout=120, env=env, cwd=cwd)
     text = out.stdout + out.stderr
@@ -137,3 +140,36 @@ def test_io500_with_real_ior_and_mdtest(tmp_path: Path) -> None:
     check_io500_run(report)
     log = (Path(report["results_dir"]) / "workload" / "output.log").read_text()
     assert log.count("IOR-") >= 4 and log.count("mdtest-") >= 7  # the real programs' banners
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("ior", "-a POSIX -F -w -r -W -R -C -e -t 1m -b 8m -o {p}/fpp"),
+        ("ior", "-a POSIX -w -r -W -R -C -e -t 47008 -b 47008 -s 200 -o {p}/hard"),
+        ("ior", "-a MPIIO -w -r -W -R -C -t 1m -b 8m -o {p}/mpiio"),
+        ("mdtest", "-a POSIX -d {p}/md -n 200 -u -F -w 3901 -e 3901"),
+    ],
+    ids=["ior-posix-fpp", "ior-posix-hard", "ior-mpiio-shared", "mdtest-posix"],
+)
+def test_ior_and_mdtest_through_the_interposition_library(
+    daemon_cluster: Callable[..., LocalCluster], tmp_path: Path, tool: str, args: str
+) -> None:
+    """Unmodified IOR and mdtest with their POSIX and MPI-IO backends on the preload's prefix
+    (a real, empty local directory, still empty afterwards): their own data checks pass."""
+    cluster = daemon_cluster(2)
+    prefix = tmp_path / "bfs"
+    prefix.mkdir()
+    out = run_tool(cluster, tool, args.format(p=prefix), tmp_path, preload=prefix)
+    if tool == "ior":
+        rows = parse_ior(out, "ior")
+        assert {(r.operation, r.kind) for r in rows} >= {("write", "summary"), ("read", "summary")}
+    else:
+        assert {r.operation for r in parse_mdtest(out, "mdtest")} >= {
+            "create",
+            "stat",
+            "read",
+            "remove",
+        }
+    assert os.listdir(prefix) == [], "a call reached the local directory under the prefix"
