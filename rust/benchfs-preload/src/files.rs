@@ -898,6 +898,28 @@ pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off64_t, len: off64_t) 
 /// The most one emulated copy call moves (callers loop, as they must for the real calls).
 const COPY_STEP: usize = 4 << 20;
 
+/// Runs `f` with a buffer of `len` bytes (at most [`COPY_STEP`]): the thread's own, kept
+/// between calls (cp calls once per 4 MiB: a new zeroed buffer each time cost a page fault
+/// per 4 KiB), or a fresh one if the thread's state is gone.
+fn with_copy_buffer<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static KEPT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let len = len.min(COPY_STEP);
+    let mut kept = KEPT.try_with(|b| b.take()).ok();
+    let r = match kept.as_mut() {
+        Some(buf) => {
+            buf.resize(COPY_STEP, 0);
+            f(&mut buf[..len])
+        }
+        None => f(&mut vec![0u8; len]),
+    };
+    if let Some(buf) = kept {
+        let _ = KEPT.try_with(|b| b.replace(buf));
+    }
+    r
+}
+
 /// Copies up to `len` bytes from `fd_in` to `fd_out`, either of which may be BenchFS's,
 /// through a buffer, with each side's offset given or its descriptor's own.
 unsafe fn copy_through(
@@ -910,86 +932,47 @@ unsafe fn copy_through(
     if len == 0 {
         return Ok(0);
     }
-    // The thread's buffer, kept between calls (cp calls once per 4 MiB: a new zeroed buffer
-    // each time cost a page fault per 4 KiB); a fresh one if the thread's state is gone.
-    let mut kept = COPY_BUFFER.try_with(|b| b.take()).ok();
-    // SAFETY: offsets are NULL or valid by the caller's contract.
-    let result = unsafe {
-        match kept.as_mut() {
-            Some(buf) => {
-                buf.resize(COPY_STEP, 0);
-                copy_with(buf, fd_in, off_in, fd_out, off_out, len)
-            }
-            None => copy_with(
-                &mut vec![0u8; len.min(COPY_STEP)],
-                fd_in,
-                off_in,
-                fd_out,
-                off_out,
-                len,
-            ),
-        }
-    };
-    if let Some(buf) = kept {
-        let _ = COPY_BUFFER.try_with(|b| b.replace(buf));
-    }
-    result
-}
-
-thread_local! {
-    static COPY_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// [`copy_through`] with `buf` (at least 1 byte).
-unsafe fn copy_with(
-    buf: &mut [u8],
-    fd_in: c_int,
-    off_in: *mut off64_t,
-    fd_out: c_int,
-    off_out: *mut off64_t,
-    len: size_t,
-) -> Result<ssize_t, c_int> {
-    let take = len.min(buf.len());
-    let buf = &mut buf[..take];
-    // SAFETY: our own buffer; offsets are NULL or valid by the caller's contract.
-    let got = unsafe {
-        match off_in.as_mut() {
-            Some(o) => pread64(fd_in, buf.as_mut_ptr().cast(), buf.len(), *o),
-            None => read(fd_in, buf.as_mut_ptr().cast(), buf.len()),
-        }
-    };
-    if got < 0 {
-        return Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO));
-    }
-    let got = got as usize;
-    let mut put = 0usize;
-    while put < got {
-        // SAFETY: as above.
-        let n = unsafe {
-            match off_out.as_mut() {
-                Some(o) => pwrite64(fd_out, buf[put..].as_ptr().cast(), got - put, *o + put as off64_t),
-                None => write(fd_out, buf[put..].as_ptr().cast(), got - put),
+    with_copy_buffer(len, |buf| {
+        // SAFETY: our own buffer; offsets are NULL or valid by the caller's contract.
+        let got = unsafe {
+            match off_in.as_mut() {
+                Some(o) => pread64(fd_in, buf.as_mut_ptr().cast(), buf.len(), *o),
+                None => read(fd_in, buf.as_mut_ptr().cast(), buf.len()),
             }
         };
-        if n <= 0 {
+        if got < 0 {
             return Err(std::io::Error::last_os_error()
                 .raw_os_error()
                 .unwrap_or(libc::EIO));
         }
-        put += n as usize;
-    }
-    // SAFETY: as above.
-    unsafe {
-        if let Some(o) = off_in.as_mut() {
-            *o += got as off64_t;
+        let got = got as usize;
+        let mut put = 0usize;
+        while put < got {
+            // SAFETY: as above.
+            let n = unsafe {
+                match off_out.as_mut() {
+                    Some(o) => pwrite64(fd_out, buf[put..].as_ptr().cast(), got - put, *o + put as off64_t),
+                    None => write(fd_out, buf[put..].as_ptr().cast(), got - put),
+                }
+            };
+            if n <= 0 {
+                return Err(std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO));
+            }
+            put += n as usize;
         }
-        if let Some(o) = off_out.as_mut() {
-            *o += got as off64_t;
+        // SAFETY: as above.
+        unsafe {
+            if let Some(o) = off_in.as_mut() {
+                *o += got as off64_t;
+            }
+            if let Some(o) = off_out.as_mut() {
+                *o += got as off64_t;
+            }
         }
-    }
-    Ok(got as ssize_t)
+        Ok(got as ssize_t)
+    })
 }
 
 #[no_mangle]
