@@ -199,6 +199,19 @@ pipe = libc.popen(b"cat made.txt ../u.txt | head -c 30", b"r")
 line = ctypes.create_string_buffer(64)
 libc.fgets(line, 64, ctypes.c_void_p(pipe))
 print(line.value, libc.pclose(ctypes.c_void_p(pipe)))
+# glibc's execl, execlp and execle call its internal execve: the library defines them.
+environ = [f"{k}={v}".encode() for k, v in os.environ.items()] + [None]
+for name in ("execl", "execlp", "execle"):
+    os.lseek(keep, 0, os.SEEK_SET)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        shell = b"sh" if name == "execlp" else b"/bin/sh"
+        script = f"echo {name}; cat <&{keep}; cat rel.txt".encode()
+        envp = [(ctypes.c_char_p * len(environ))(*environ)] if name == "execle" else []
+        getattr(libc, name)(shell, b"sh", b"-c", script, None, *envp)
+        os._exit(127)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 os.close(keep)
 os.chdir(home)
 fd = os.open(os.path.join(d, "v.bin"), os.O_CREAT | os.O_RDWR, 0o600)

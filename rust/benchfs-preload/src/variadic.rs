@@ -69,3 +69,95 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
     // SAFETY: forwarded.
     unsafe { benchfs_preload_ioctl(fd, request, arg) }
 }
+
+// `execl(path, arg0, ..., NULL)`, `execlp(file, arg0, ..., NULL)` and
+// `execle(path, arg0, ..., NULL, envp)`: glibc's own call its internal execve, past the
+// wrappers that hand descriptors over, so they are defined here. Their arguments are all
+// pointers, as many as the caller passed; a naked entry saves the six register arguments
+// next to the caller's stack arguments, and `exec_list` reads them in order up to the NULL
+// (and the envp after it), exactly as many as were passed. x86-64 only (elsewhere glibc's
+// own run, and inherited BenchFS descriptors fail with EBADF in the new program).
+
+/// Which exec function an `exec_list` call stands for.
+#[cfg(target_arch = "x86_64")]
+const EXECL: c_int = 0;
+#[cfg(target_arch = "x86_64")]
+const EXECLP: c_int = 1;
+#[cfg(target_arch = "x86_64")]
+const EXECLE: c_int = 2;
+
+/// The arguments of an execl-style call: `regs` the six saved register arguments (System V
+/// x86-64: rdi, rsi, rdx, rcx, r8, r9), `stack` the caller's stack arguments after them.
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn exec_list(
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+    kind: c_int,
+) -> c_int {
+    const IN_REGISTERS: usize = 6;
+    // SAFETY: argument i exists for every i up to the terminating NULL (and the envp after it
+    // for execle): the caller's contract.
+    let arg = |i: usize| unsafe {
+        if i < IN_REGISTERS {
+            *regs.add(i)
+        } else {
+            *stack.add(i - IN_REGISTERS)
+        }
+    };
+    let mut argv = Vec::new();
+    let mut i = 1;
+    loop {
+        let a = arg(i);
+        argv.push(a);
+        i += 1;
+        if a.is_null() {
+            break;
+        }
+    }
+    // SAFETY: forwarded to the wrappers, argv NULL-terminated.
+    unsafe {
+        match kind {
+            EXECL => crate::process::execv(arg(0), argv.as_ptr()),
+            EXECLP => crate::process::execvp(arg(0), argv.as_ptr()),
+            _ => crate::process::execve(arg(0), argv.as_ptr(), arg(i).cast()),
+        }
+    }
+}
+
+/// The naked entry of an execl-style function: saves the register arguments, passes them and
+/// the caller's stack arguments to `exec_list` with `kind`, returns what it returns.
+#[cfg(target_arch = "x86_64")]
+macro_rules! exec_list_entry {
+    ($name:ident, $kind:expr) => {
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, arg: *const c_char) -> c_int {
+            core::arch::naked_asm!(
+                "push rbp",
+                "mov rbp, rsp",
+                "sub rsp, 48",
+                "mov [rsp], rdi",
+                "mov [rsp + 8], rsi",
+                "mov [rsp + 16], rdx",
+                "mov [rsp + 24], rcx",
+                "mov [rsp + 32], r8",
+                "mov [rsp + 40], r9",
+                "mov rdi, rsp",
+                "lea rsi, [rbp + 16]",
+                "mov edx, {kind}",
+                "call {list}",
+                "leave",
+                "ret",
+                kind = const $kind,
+                list = sym exec_list,
+            )
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+exec_list_entry!(execl, EXECL);
+#[cfg(target_arch = "x86_64")]
+exec_list_entry!(execlp, EXECLP);
+#[cfg(target_arch = "x86_64")]
+exec_list_entry!(execle, EXECLE);
