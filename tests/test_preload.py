@@ -178,6 +178,14 @@ found = ctypes.POINTER(ctypes.c_char_p)()
 count = libc.scandir(os.path.join(d, "tree").encode(), ctypes.byref(found), None, None)
 entries = ctypes.cast(found, ctypes.POINTER(ctypes.c_void_p))
 print("scandir", count, sorted(ctypes.string_at(entries[i] + 19).decode() for i in range(count)))
+class Glob(ctypes.Structure):  # glibc's glob_t
+    _fields_ = [("pathc", ctypes.c_size_t), ("pathv", ctypes.POINTER(ctypes.c_char_p)),
+                ("offs", ctypes.c_size_t), ("flags", ctypes.c_int)] + [
+                (f"f{i}", ctypes.c_void_p) for i in range(5)]
+found = Glob()  # GLOB_MARK (a "/" after directories: glob stats each name)
+count = libc.glob(os.path.join(d, "tree", "*").encode(), 1 << 1, None, ctypes.byref(found))
+print("glob", count, sorted(os.path.relpath(found.pathv[i].decode(), d) for i in range(found.pathc)))
+libc.globfree(ctypes.byref(found))
 os.rename(os.path.join(d, "t.txt"), os.path.join(d, "u.txt"))
 print(sorted(os.listdir(d)))
 home = os.getcwd()

@@ -4,7 +4,7 @@
 //! pass any other stream to libc. `scandir` is done here over those streams likewise.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_long};
+use std::ffi::{c_char, c_int, c_long, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -327,4 +327,74 @@ unsafe fn scan_ours(
         *list = array;
     }
     found.len() as c_int
+}
+
+/// glibc's `glob_t` (posix/glob.h, the same layout for `glob64_t` on 64-bit Linux), whose GNU
+/// extension `GLOB_ALTDIRFUNC` makes `glob` read directories and stat names through the
+/// functions in it instead of glibc's internal calls, which pass by this library.
+#[repr(C)]
+pub struct GlobT {
+    pathc: libc::size_t,
+    pathv: *mut *mut c_char,
+    offs: libc::size_t,
+    flags: c_int,
+    closedir: Option<unsafe extern "C" fn(*mut c_void)>,
+    readdir: Option<unsafe extern "C" fn(*mut c_void) -> *mut libc::dirent64>,
+    opendir: Option<unsafe extern "C" fn(*const c_char) -> *mut c_void>,
+    lstat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat64) -> c_int>,
+    stat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat64) -> c_int>,
+}
+
+/// posix/glob.h.
+const GLOB_ALTDIRFUNC: c_int = 1 << 9;
+
+unsafe extern "C" fn glob_closedir(d: *mut c_void) {
+    // SAFETY: a stream glob opened with glob_opendir.
+    unsafe { closedir(d.cast()) };
+}
+
+unsafe extern "C" fn glob_readdir(d: *mut c_void) -> *mut libc::dirent64 {
+    // SAFETY: as above.
+    unsafe { readdir64(d.cast()) }
+}
+
+unsafe extern "C" fn glob_opendir(path: *const c_char) -> *mut c_void {
+    // SAFETY: glob passes a NUL-terminated name.
+    unsafe { opendir(path).cast() }
+}
+
+/// `glob` with this library's directory streams and stat (each serves local names from libc),
+/// unless the caller brought its own (`GLOB_ALTDIRFUNC` already set).
+#[no_mangle]
+pub unsafe extern "C" fn glob(
+    pattern: *const c_char,
+    flags: c_int,
+    errfunc: Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>,
+    pglob: *mut GlobT,
+) -> c_int {
+    let mut flags = flags;
+    // SAFETY: the caller's glob_t, valid by contract.
+    if let Some(g) = unsafe { pglob.as_mut() } {
+        if flags & GLOB_ALTDIRFUNC == 0 {
+            g.closedir = Some(glob_closedir);
+            g.readdir = Some(glob_readdir);
+            g.opendir = Some(glob_opendir);
+            g.lstat = Some(crate::names::lstat);
+            g.stat = Some(crate::names::stat);
+            flags |= GLOB_ALTDIRFUNC;
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { real::glob(pattern, flags, errfunc, pglob) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn glob64(
+    pattern: *const c_char,
+    flags: c_int,
+    errfunc: Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>,
+    pglob: *mut GlobT,
+) -> c_int {
+    // SAFETY: the same structure and call on 64-bit Linux.
+    unsafe { glob(pattern, flags, errfunc, pglob) }
 }
