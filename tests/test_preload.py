@@ -184,7 +184,8 @@ class Glob(ctypes.Structure):  # glibc's glob_t
                 (f"f{i}", ctypes.c_void_p) for i in range(5)]
 found = Glob()  # GLOB_MARK (a "/" after directories: glob stats each name)
 count = libc.glob(os.path.join(d, "tree", "*").encode(), 1 << 1, None, ctypes.byref(found))
-print("glob", count, sorted(os.path.relpath(found.pathv[i].decode(), d) for i in range(found.pathc)))
+paths = [found.pathv[i].decode() for i in range(found.pathc)]
+print("glob", count, sorted(os.path.relpath(p, d) for p in paths))
 libc.globfree(ctypes.byref(found))
 os.rename(os.path.join(d, "t.txt"), os.path.join(d, "u.txt"))
 print(sorted(os.listdir(d)))
