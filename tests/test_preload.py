@@ -187,6 +187,17 @@ count = libc.glob(os.path.join(d, "tree", "*").encode(), 1 << 1, None, ctypes.by
 paths = [found.pathv[i].decode() for i in range(found.pathc)]
 print("glob", count, sorted(os.path.relpath(p, d) for p in paths))
 libc.globfree(ctypes.byref(found))
+class Ftw(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_int), ("level", ctypes.c_int)]
+walked = []
+@ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Ftw))
+def visit(path, st, kind, ftw):
+    walked.append((os.path.relpath(path.decode(), d), kind, ftw.contents.level,
+                   path[ftw.contents.base:].decode()))
+    return 0
+for flags in (1, 1 | 8):  # FTW_PHYS, then FTW_DEPTH as well (directories after their entries)
+    walked.clear()
+    print("nftw", libc.nftw(d.encode(), visit, 8, flags), sorted(walked)[:4], len(walked))
 os.rename(os.path.join(d, "t.txt"), os.path.join(d, "u.txt"))
 print(sorted(os.listdir(d)))
 home = os.getcwd()

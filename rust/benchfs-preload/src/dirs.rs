@@ -4,7 +4,7 @@
 //! pass any other stream to libc. `scandir` is done here over those streams likewise.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_long, c_void};
+use std::ffi::{c_char, c_int, c_long, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -397,4 +397,178 @@ pub unsafe extern "C" fn glob64(
 ) -> c_int {
     // SAFETY: the same structure and call on 64-bit Linux.
     unsafe { glob(pattern, flags, errfunc, pglob) }
+}
+
+/// `nftw`'s `struct FTW` (ftw.h).
+#[repr(C)]
+pub struct Ftw {
+    base: c_int,
+    level: c_int,
+}
+
+pub type NftwFn = unsafe extern "C" fn(*const c_char, *const libc::stat64, c_int, *mut Ftw) -> c_int;
+pub type FtwFn = unsafe extern "C" fn(*const c_char, *const libc::stat64, c_int) -> c_int;
+
+// ftw.h.
+const FTW_F: c_int = 0;
+const FTW_D: c_int = 1;
+const FTW_DNR: c_int = 2;
+const FTW_NS: c_int = 3;
+const FTW_DP: c_int = 5;
+const FTW_CHDIR: c_int = 4;
+const FTW_DEPTH: c_int = 8;
+const FTW_ACTIONRETVAL: c_int = 16;
+const FTW_CONTINUE: c_int = 0;
+const FTW_SKIP_SUBTREE: c_int = 2;
+const FTW_SKIP_SIBLINGS: c_int = 3;
+
+/// A walk of a BenchFS tree in `nftw`'s order: `visit(path, stat, type, base, level)` for
+/// every name, directories before their entries (after them with `depth`). Names come from
+/// this library's streams and stat, so relative roots resolve from the emulated working
+/// directory. A non-zero answer stops the walk and is returned, except with `actions`
+/// (`FTW_ACTIONRETVAL`), where FTW_SKIP_SUBTREE and FTW_SKIP_SIBLINGS skip.
+struct Walk<'a> {
+    depth: bool,
+    actions: bool,
+    visit: &'a mut dyn FnMut(&CStr, *const libc::stat64, c_int, c_int, c_int) -> c_int,
+}
+
+impl Walk<'_> {
+    fn go(&mut self, path: &CStr, base: usize, level: c_int) -> c_int {
+        // SAFETY: zeroed stat is plain data; path is NUL-terminated.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        if unsafe { crate::names::stat(path.as_ptr(), &mut st) } != 0 {
+            return (self.visit)(path, &st, FTW_NS, base as c_int, level);
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return (self.visit)(path, &st, FTW_F, base as c_int, level);
+        }
+        // SAFETY: as above.
+        let dir = unsafe { opendir(path.as_ptr()) };
+        if dir.is_null() {
+            return (self.visit)(path, &st, FTW_DNR, base as c_int, level);
+        }
+        let mut names = Vec::new();
+        loop {
+            // SAFETY: our open stream.
+            let e = unsafe { readdir64(dir) };
+            if e.is_null() {
+                break;
+            }
+            // SAFETY: readdir's entry holds a NUL-terminated name.
+            let name = unsafe { CStr::from_ptr((*e).d_name.as_ptr()) };
+            if name.to_bytes() != b"." && name.to_bytes() != b".." {
+                names.push(name.to_owned());
+            }
+        }
+        // SAFETY: opened above, closed once.
+        unsafe { closedir(dir) };
+        if !self.depth {
+            match (self.visit)(path, &st, FTW_D, base as c_int, level) {
+                FTW_CONTINUE => {}
+                FTW_SKIP_SUBTREE if self.actions => return FTW_CONTINUE,
+                r => return r,
+            }
+        }
+        let slash = if path.to_bytes().ends_with(b"/") { "" } else { "/" };
+        for name in names {
+            let mut child = path.to_bytes().to_vec();
+            child.extend_from_slice(slash.as_bytes());
+            let child_base = child.len();
+            child.extend_from_slice(name.to_bytes());
+            let Ok(child) = std::ffi::CString::new(child) else {
+                continue;
+            };
+            match self.go(&child, child_base, level + 1) {
+                FTW_CONTINUE => {}
+                FTW_SKIP_SIBLINGS if self.actions => break,
+                r => return r,
+            }
+        }
+        if self.depth {
+            return (self.visit)(path, &st, FTW_DP, base as c_int, level);
+        }
+        FTW_CONTINUE
+    }
+}
+
+/// Where the last component of `path` starts.
+fn base_of(path: &CStr) -> usize {
+    let b = path.to_bytes();
+    let trimmed = b.len() - b.iter().rev().take_while(|&&c| c == b'/').count();
+    b[..trimmed].iter().rposition(|&c| c == b'/').map_or(0, |i| i + 1)
+}
+
+fn path_is_ours(path: *const c_char) -> bool {
+    // SAFETY: the caller's NUL-terminated path.
+    matches!(
+        unsafe { crate::names::resolve(libc::AT_FDCWD, path) },
+        Ok(Target::Ours(_))
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nftw64(path: *const c_char, f: Option<NftwFn>, fds: c_int, flags: c_int) -> c_int {
+    if path.is_null() || !path_is_ours(path) {
+        // SAFETY: forwarded.
+        return unsafe { real::nftw64(path, f, fds, flags) };
+    }
+    let Some(f) = f else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if flags & FTW_CHDIR != 0 {
+        // The walk would have to change the emulated working directory for the callback.
+        set_errno(libc::ENOTSUP);
+        return -1;
+    }
+    // SAFETY: the caller's NUL-terminated path.
+    let root = unsafe { CStr::from_ptr(path) };
+    let mut visit = |p: &CStr, st: *const libc::stat64, kind: c_int, base: c_int, level: c_int| {
+        let mut ftw = Ftw { base, level };
+        // SAFETY: the caller's callback with what nftw passes.
+        unsafe { f(p.as_ptr(), st, kind, &mut ftw) }
+    };
+    let mut walk = Walk {
+        depth: flags & FTW_DEPTH != 0,
+        actions: flags & FTW_ACTIONRETVAL != 0,
+        visit: &mut visit,
+    };
+    walk.go(root, base_of(root), 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nftw(path: *const c_char, f: Option<NftwFn>, fds: c_int, flags: c_int) -> c_int {
+    // SAFETY: the same structures on 64-bit Linux.
+    unsafe { nftw64(path, f, fds, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftw64(path: *const c_char, f: Option<FtwFn>, fds: c_int) -> c_int {
+    if path.is_null() || !path_is_ours(path) {
+        // SAFETY: forwarded.
+        return unsafe { real::ftw64(path, f, fds) };
+    }
+    let Some(f) = f else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: the caller's NUL-terminated path.
+    let root = unsafe { CStr::from_ptr(path) };
+    // SAFETY: the caller's callback with what ftw passes.
+    let mut visit = |p: &CStr, st: *const libc::stat64, kind: c_int, _: c_int, _: c_int| unsafe {
+        f(p.as_ptr(), st, kind)
+    };
+    let mut walk = Walk {
+        depth: false,
+        actions: false,
+        visit: &mut visit,
+    };
+    walk.go(root, base_of(root), 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftw(path: *const c_char, f: Option<FtwFn>, fds: c_int) -> c_int {
+    // SAFETY: the same structures on 64-bit Linux.
+    unsafe { ftw64(path, f, fds) }
 }

@@ -112,6 +112,8 @@ real! {
     posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
     posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
     system(command: *const c_char) -> c_int = -1;
+    nftw64(path: *const c_char, f: Option<crate::dirs::NftwFn>, fds: c_int, flags: c_int) -> c_int = -1;
+    ftw64(path: *const c_char, f: Option<crate::dirs::FtwFn>, fds: c_int) -> c_int = -1;
     glob(pattern: *const c_char, flags: c_int, errfunc: Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>, pglob: *mut crate::dirs::GlobT) -> c_int = libc::GLOB_ABORTED;
     popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fchdir(fd: c_int) -> c_int = -1;
