@@ -19,6 +19,7 @@ import io
 import os
 import posixpath
 import threading
+import time
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -325,8 +326,6 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
             with self.client.open(path, "wb"):
                 pass
         else:
-            import time
-
             self.client.utime(path, time.time_ns())
 
     def sign(self, path: str, expiration: int = 100, **kwargs: Any) -> str:

@@ -107,7 +107,7 @@ pub(crate) fn check_usable() -> Result<(), UcxError> {
     Ok(())
 }
 
-/// libucs's statics, or None (with the reason on stderr only when UCX's debug log asks).
+/// libucs's statics, or None when its symbol table lacks them or their sizes differ.
 fn locate() -> Option<Statics> {
     // SAFETY: Dl_info is plain data; all zeroes is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
