@@ -80,8 +80,7 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
             path = path[len("benchfs://") :]
         elif path.startswith("benchfs:"):
             path = path[len("benchfs:") :]
-        path = posixpath.normpath("/" + path.lstrip("/"))
-        return "/" if path in ("/", "//") else path
+        return posixpath.normpath("/" + path.lstrip("/"))
 
     def unstrip_protocol(self, name: str) -> str:
         return "benchfs://" + self._strip_protocol(name)

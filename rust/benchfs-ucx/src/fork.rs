@@ -68,12 +68,13 @@ static MADE_WORKER: AtomicBool = AtomicBool::new(false);
 /// Forks between the process that first watched and this one (see [`fork_generation`]).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// Registers the fork handlers (once per process) and finds libucs's statics. Called before
-/// each worker is made, and by anything else that must know it was made before a fork.
+/// Registers the fork handlers (once per process). Called before each worker is made, and by
+/// anything else that must know it was made before a fork. libucs's statics are looked up at
+/// the first fork (reading its symbol table takes milliseconds, which a program that never
+/// forks should not pay at start).
 pub fn watch_forks() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        STATICS.get_or_init(locate);
         // SAFETY: handlers with the C signatures, registered once.
         unsafe { libc::pthread_atfork(Some(before), Some(in_parent), Some(in_child)) };
     });
@@ -136,9 +137,11 @@ fn locate() -> Option<Statics> {
     })
 }
 
-/// Before the fork: nobody changes the handler table while the address space is copied.
+/// Before the fork (in the parent, still free to read files and allocate): finds the statics
+/// if not yet, then holds the handler table so nobody changes it while the address space is
+/// copied.
 extern "C" fn before() {
-    if let Some(Some(s)) = STATICS.get() {
+    if let Some(s) = STATICS.get_or_init(locate) {
         // SAFETY: UCX's initialised rwlock; released in both processes right after.
         unsafe { libc::pthread_rwlock_wrlock(&mut (*s.handlers).handlers_lock) };
     }
