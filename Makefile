@@ -7,8 +7,16 @@ CARGO_DIR := rust
 export CARGO_TARGET_DIR := $(CURDIR)/target
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# What building and testing leave in the checkout, and all they may leave (make test checks):
+# the virtual environment, target/ (cargo, maturin, the tools' caches) and the native parts
+# inside the Python package.
+BUILD_OUTPUTS := $(VENV) target python/benchfs/*.so python/benchfs/libexec python/benchfs/lib \
+	python/benchfs/include
+export PYTHONPYCACHEPREFIX := $(CURDIR)/target/pycache
+export MYPY_CACHE_DIR := $(CURDIR)/target/mypy-cache
 
-.PHONY: bootstrap bootstrap-build native build wheel install lint test test-rust test-python test-long demo clean
+.PHONY: bootstrap bootstrap-build native build wheel install lint test test-steps test-rust \
+	test-python test-long demo clean
 
 # What testing needs (everything); bootstrap-build: only what building and running need.
 bootstrap:
@@ -71,7 +79,8 @@ lint: bootstrap build
 	$(VENV)/bin/ruff check python tests studies
 	$(VENV)/bin/ruff format --check python tests studies
 	cd python && ../$(PY) -m mypy.stubtest benchfs._core
-	cd python && ../$(VENV)/bin/lint-imports ../pyproject.toml
+	cd python && PYTHONPATH=../tests ../$(VENV)/bin/lint-imports ../pyproject.toml \
+		--cache-dir ../target/import-linter-cache
 
 test-rust: bootstrap build
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked
@@ -79,7 +88,11 @@ test-rust: bootstrap build
 test-python: bootstrap build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q
 
-test: bootstrap build lint test-rust test-python
+# Every step, then a check that they left nothing in the checkout but BUILD_OUTPUTS.
+test:
+	@./scripts/check-leftovers $(foreach o,$(BUILD_OUTPUTS),'$(o)') -- $(MAKE) --no-print-directory test-steps
+
+test-steps: bootstrap build lint test-rust test-python
 
 test-long: bootstrap build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m long
@@ -88,4 +101,4 @@ demo: bootstrap build
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/benchfs-run launch
 
 clean:
-	rm -rf target $(VENV) python/benchfs/*.so python/benchfs/libexec python/benchfs/lib python/benchfs/include
+	rm -rf $(BUILD_OUTPUTS)

@@ -31,16 +31,19 @@ def own_env() -> dict[str, str]:
 
 
 class Preloaded:
-    """Runs commands with the library preloaded against one cluster, prefix `root`."""
+    """Runs commands with the library preloaded against one cluster, prefix `root`, in the
+    working directory `cwd` (fio leaves its verify state files there)."""
 
-    def __init__(self, cluster: LocalCluster, root: Path) -> None:
+    def __init__(self, cluster: LocalCluster, root: Path, cwd: Path) -> None:
         self.root = root
+        self.cwd = cwd
         self.env = preload_env({**own_env(), "BENCHFS_CONFIG": str(cluster.config_path)}, root)
 
     def run(self, script: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
             env=env or self.env,
+            cwd=self.cwd,
             capture_output=True,
             text=True,
             timeout=120,
@@ -55,7 +58,7 @@ class Preloaded:
 def preloaded(daemon_cluster: Callable[..., LocalCluster], tmp_path: Path) -> Iterator[Preloaded]:
     root = tmp_path / "bfs"
     root.mkdir()
-    yield Preloaded(daemon_cluster(2), root)
+    yield Preloaded(daemon_cluster(2), root, tmp_path)
     assert os.listdir(root) == [], "a call reached the local directory under the prefix"
 
 
@@ -317,7 +320,6 @@ def test_forked_children_use_benchfs_after_their_parent(
     # now and then (half the time against servers that had served many clients), waiting for
     # the answer to a hello; test_pyapi's fork test shows the cause every time.
     local, ours = local_and_ours(preloaded, tmp_path, FORKS)
-    open("/tmp/pl/ours.txt", "w").write(ours + repr(preloaded.env))
     assert ours == local
     assert ours.count("sub hi\ncmd hi\nyes\n") == 5 and "w5\na5\nb5\n" in ours
 
@@ -357,6 +359,7 @@ def test_fio_libaio_fails_with_ebadf_and_touches_nothing(preloaded: Preloaded) -
             "--direct=1",
         ],
         env=preloaded.env,
+        cwd=preloaded.cwd,
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from benchfs import __version__
 from benchfs.cli.consoles import console
-from benchfs.cli.run import SizeType
+from benchfs.cli.options import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config
 from benchfs.errors import EXIT_INTERRUPTED, BenchError, BenchfsError

@@ -24,8 +24,8 @@ from rich.table import Table
 
 from benchfs import __version__
 from benchfs.cli.consoles import console
+from benchfs.cli.options import cluster_options
 from benchfs.cli.progress import make_progress
-from benchfs.cli.run import launch
 from benchfs.client import Client
 from benchfs.errors import EXIT_FAILED, BenchfsError
 from benchfs.lifecycle.stage import BenchfsSide, LocalSide, manifest_path_for, stage
@@ -35,13 +35,6 @@ from benchfs.lifecycle.status import job_status
 from benchfs.lifecycle.stop import stop_job
 from benchfs.pipeline import RunSpec
 from benchfs.units import human_size
-
-#: The options `start` shares with `benchfs-run launch` (the same definitions).
-_SHARED = (
-    "servers", "clients", "config_path", "sets", "keep_data", "results_root", "nodes_file",
-    "exclude_from", "screen", "screen_args", "launcher", "mpiexec", "server_nodes",
-    "servers_per_node", "clients_per_node", "pin_cpus",
-)  # fmt: skip
 
 
 def _fail(e: BenchfsError) -> NoReturn:
@@ -61,7 +54,15 @@ def main() -> None:
     """Start a BenchFS cluster for a job, stage data in and out, stop it."""
 
 
-def _start(mount: str | None, stage_in: str | None, **options: Any) -> None:
+@main.command(short_help="Start a cluster and leave it running.")
+@cluster_options
+@click.option(
+    "--mount",
+    metavar="DIR",
+    help="Mount BenchFS at DIR on every client host (exported as BENCHFS_MOUNT).",
+)
+@click.option("--stage-in", metavar="DIR", help="Stage DIR into BenchFS's / once it is up.")
+def start(mount: str | None, stage_in: str | None, **options: Any) -> None:
     """Start the servers (and mounts) and leave them running; print `export` lines.
 
     Use as `eval "$(benchfs start ...)"`: stdout carries only the exports (also written to
@@ -101,26 +102,6 @@ def _start(mount: str | None, stage_in: str | None, **options: Any) -> None:
             _fail(e)
     click.echo(job.env_text(), nl=False)
 
-
-main.add_command(
-    click.Command(
-        "start",
-        callback=_start,
-        params=[
-            *(p for p in launch.params if p.name in _SHARED),
-            click.Option(
-                ["--mount"],
-                metavar="DIR",
-                help="Mount BenchFS at DIR on every client host (exported as BENCHFS_MOUNT).",
-            ),
-            click.Option(
-                ["--stage-in"], metavar="DIR", help="Stage DIR into BenchFS's / once it is up."
-            ),
-        ],
-        help=_start.__doc__,
-        short_help="Start a cluster and leave it running.",
-    )
-)
 
 _job_option = click.option(
     "--job",

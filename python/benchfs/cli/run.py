@@ -13,7 +13,7 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -22,30 +22,14 @@ from rich.table import Table
 
 from benchfs import __version__
 from benchfs.cli.consoles import console
+from benchfs.cli.options import RUN_DEFAULTS, SizeType, cluster_options
 from benchfs.cli.progress import make_progress
 from benchfs.config import load_config
 from benchfs.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, errno_name
-from benchfs.launch import LAUNCHERS
 from benchfs.parsers import MDTEST_OPERATIONS
 from benchfs.pipeline import VIA, WORKLOADS, Pipeline, RunReport, RunSpec, apply_exclusions
 from benchfs.results import write_text_atomic
-from benchfs.units import format_size, parse_size
-
-
-class SizeType(click.ParamType):
-    """Byte sizes with binary suffixes: 64M, 1MiB, 4k, 4096."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        try:
-            return parse_size(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-#: The built-in `[run]` defaults, shown in --help (the configuration or a flag may change them).
-_DEFAULTS = load_config(None, environment=False)["run"]
+from benchfs.units import format_size
 
 
 def _plural(n: int, word: str) -> str:
@@ -135,25 +119,17 @@ def main() -> None:
 
 
 @main.command(name="launch")
-@click.option(
-    "--servers",
-    type=click.IntRange(min=1),
-    help=f"Servers to start [default: {_DEFAULTS['servers']}, run.servers].",
-)
-@click.option(
-    "--clients",
-    type=click.IntRange(min=1),
-    help=f"MPI client ranks [default: {_DEFAULTS['clients']}, run.clients].",
-)
+@cluster_options
 @click.option(
     "--file-size",
     type=SizeType(),
-    help=f"Bytes per client [default: {format_size(_DEFAULTS['file_size'])}, run.file_size].",
+    help=f"Bytes per client [default: {format_size(RUN_DEFAULTS['file_size'])}, run.file_size].",
 )
 @click.option(
     "--transfer-size",
     type=SizeType(),
-    help=f"Bytes per call [default: {format_size(_DEFAULTS['transfer_size'])}, run.transfer_size].",
+    help=f"Bytes per call [default: {format_size(RUN_DEFAULTS['transfer_size'])}, "
+    "run.transfer_size].",
 )
 @click.option(
     "--repetitions",
@@ -161,26 +137,7 @@ def main() -> None:
     help="Iterations of the workload; the summary gives their mean ± std, min, max "
     "[default: 1, run.repetitions].",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help="Configuration file [$BENCHFS_CONFIG].",
-)
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="SECTION.KEY=VALUE",
-    help="Override one configuration key (repeatable; wins over file and environment).",
-)
-@click.option("--keep-data", is_flag=True, help="Keep the servers' data directories.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option(
-    "--results-root",
-    type=click.Path(file_okay=False),
-    help="Where results directories go [run.results_root, $BENCHFS_RESULTS].",
-)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -230,38 +187,6 @@ def main() -> None:
     help="How --command reaches BenchFS: the FUSE mount ({mount}), the C library, or the "
     "interposition library (LD_PRELOAD; paths under {mount}, nothing mounted).",
 )
-@click.option(
-    "--nodes-file",
-    type=click.Path(dir_okay=False),
-    help="Nodes file (docs/nodes.md); default: one simulated node per server on this host.",
-)
-@click.option(
-    "--exclude-from",
-    type=click.Path(),
-    help="excluded.json / excluded.txt (or a screen directory) of nodes to leave out.",
-)
-@click.option("--screen", is_flag=True, help="Screen the nodes with benchfs-diagnose first.")
-@click.option(
-    "--screen-args", metavar="OPTIONS", help='benchfs-diagnose screen options, e.g. "--quick".'
-)
-@click.option(
-    "--launcher",
-    type=click.Choice(LAUNCHERS),
-    default="local",
-    show_default=True,
-    help="How processes reach the nodes: local processes, mpiexec, or srun (in Slurm).",
-)
-@click.option("--mpiexec", metavar="PATH", help="The mpiexec to use (Open MPI or MPICH).")
-@click.option(
-    "--server-nodes",
-    type=click.IntRange(min=1),
-    help="Servers on the first K nodes, clients on the others [all nodes run both].",
-)
-@click.option("--servers-per-node", type=click.IntRange(min=1), help="Servers on each server node.")
-@click.option(
-    "--clients-per-node", type=click.IntRange(min=1), help="Client ranks on each client node."
-)
-@click.option("--pin-cpus", is_flag=True, help="Pin each server and rank to one CPU of its node.")
 @click.option("--no-analysis", is_flag=True, help="Do not run benchfs-analyze at the end.")
 def launch(
     servers: int | None,

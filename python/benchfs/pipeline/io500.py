@@ -15,20 +15,33 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from benchfs.parsers import ParseError, parse_ior, parse_mdtest
+from benchfs.pipeline.context import RunContext
 from benchfs.results import read_json
 from benchfs.workloads import io500
 
-if TYPE_CHECKING:
-    from benchfs.pipeline.workload import Workload
+
+class JobRunner(Protocol):
+    """What the phases need of the workload stage (benchfs.pipeline.workload.Workload, which
+    imports this module, so it is named here by what it does)."""
+
+    ctx: RunContext
+
+    def job(self, what: str, argv: list[str], env: dict[str, str] | None) -> tuple[int, str | None]:
+        """One MPI job on the client slots: (exit status, a dead server or None)."""
+        ...
+
+    def command_env(self) -> dict[str, str]:
+        """The environment a real ior or mdtest needs to find the cluster."""
+        ...
 
 
 class Io500Jobs:
     """The phases of one io500 run as a sequence of jobs of the workload stage."""
 
-    def __init__(self, workload: Workload, args: argparse.Namespace) -> None:
+    def __init__(self, workload: JobRunner, args: argparse.Namespace) -> None:
         self.workload = workload
         self.ior_prefix: Path = args.ior_prefix
         self.preset: str = args.preset
