@@ -13,7 +13,6 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 BUILD_OUTPUTS := $(VENV) target python/benchfs/*.so python/benchfs/libexec python/benchfs/lib \
 	python/benchfs/include
 export PYTHONPYCACHEPREFIX := $(CURDIR)/target/pycache
-export MYPY_CACHE_DIR := $(CURDIR)/target/mypy-cache
 
 .PHONY: bootstrap bootstrap-build native build wheel install lint test test-steps test-rust \
 	test-python test-long demo clean
@@ -35,8 +34,10 @@ build: native
 	install -m 0755 target/release/benchfs-mount $(VENV)/bin/benchfs-mount
 	$(call install_capi,$(CURDIR)/$(VENV))
 
+# benchfs-py is maturin's to build (with the extension-module feature): built here as well,
+# each build would make the other's artifact stale and compile it again.
 native: bootstrap-build
-	cd $(CARGO_DIR) && cargo build --release --workspace --locked
+	cd $(CARGO_DIR) && cargo build --release --workspace --exclude benchfs-py --locked
 	$(call install_native,python/benchfs)
 
 # The C library (libbenchfs.so, benchfs.h, benchfs.pc; docs/capi.md) and the interposition
@@ -78,7 +79,7 @@ lint: bootstrap build
 	cd $(CARGO_DIR) && cargo clippy --release --workspace --all-targets --locked -- -D warnings
 	$(VENV)/bin/ruff check python tests studies
 	$(VENV)/bin/ruff format --check python tests studies
-	cd python && ../$(PY) -m mypy.stubtest benchfs._core
+	$(PY) -m mypy.stubtest benchfs._core --mypy-config-file pyproject.toml
 	cd python && PYTHONPATH=../tests ../$(VENV)/bin/lint-imports ../pyproject.toml \
 		--cache-dir ../target/import-linter-cache
 
