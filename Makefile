@@ -14,6 +14,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 BUILD_OUTPUTS := $(VENV) target python/benchfs/*.so python/benchfs/libexec python/benchfs/lib \
 	python/benchfs/include
 BYTECODE := */__pycache__
+# Hypothesis's examples and caches with the other tools' (ruff, pytest, mypy: pyproject.toml).
+export HYPOTHESIS_STORAGE_DIRECTORY := $(CURDIR)/target/hypothesis
 
 .PHONY: bootstrap bootstrap-build native build wheel install lint test test-steps test-rust \
 	test-python test-long demo clean

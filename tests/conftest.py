@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 from rich.console import Console
 
 from benchfs import Server, _core
@@ -30,14 +28,6 @@ from benchfs.config import resolve_config_text
 from benchfs.mount import Mounted, is_mounted, mounted
 from benchfs.procs import pid_alive
 from benchfs.workloads.rw import Pattern
-
-# Hypothesis keeps the examples it found under target/ (as the other tools' caches), not in the
-# working directory: a test run leaves nothing in the checkout but the build outputs.
-settings.register_profile(
-    "benchfs",
-    database=DirectoryBasedExampleDatabase(Path(__file__).parents[1] / "target" / "hypothesis"),
-)
-settings.load_profile("benchfs")
 
 # Small chunks so that modest test files span many chunks and every server; short timeouts
 # so that fault tests fail fast.
