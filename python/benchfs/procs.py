@@ -113,7 +113,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
+def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(proc.pid, sig)
@@ -122,7 +122,7 @@ def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
 
 
 def stop_process(
-    proc: subprocess.Popen[bytes],
+    proc: subprocess.Popen[Any],
     grace_s: float,
     group: bool = False,
     sig: int | None = signal.SIGTERM,

@@ -9,12 +9,15 @@ header names (LC_ALL=C), so column order and the columns a version adds do not m
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchfs.errors import ParseError
+from benchfs.procs import stop_process
 
 __all__ = [
     "TRIAGE_COMMANDS",
@@ -188,27 +191,45 @@ def run_triage(
     timeout_s: float = 30.0,
 ) -> tuple[dict[str, Any], list[str]]:
     """Run every triage command under `prefix`; (summary, problems). Raw outputs go to
-    `raw_dir/triage-<name>.txt`. A missing tool is a problem noted, not a failure."""
+    `raw_dir/triage-<name>.txt`. A missing tool is a problem noted, not a failure.
+
+    The commands run all at once: vmstat and mpstat then sample the same second (one after
+    the other they took two), and the whole triage is bounded by `timeout_s`."""
     env = {**os.environ, "LC_ALL": "C"}
     summary: dict[str, Any] = {}
     problems: list[str] = []
     commands = dict(TRIAGE_COMMANDS)
     commands["df"] = (["df", "-PT", scratch], parse_df)
-    for name, (argv, parse) in commands.items():
+    running: dict[str, subprocess.Popen[str]] = {}
+    for name, (argv, _) in commands.items():
+        try:
+            running[name] = subprocess.Popen(
+                [*prefix, *argv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                start_new_session=True,  # a hung command is killed with what it started
+            )
+        except OSError as e:
+            problems.append(f"{name}: {e}")
+    deadline = time.monotonic() + timeout_s
+    for name, proc in running.items():
+        argv, parse = commands[name]
         path = raw_dir / f"triage-{name}.txt"
         try:
-            out = subprocess.run(
-                [*prefix, *argv], capture_output=True, text=True, timeout=timeout_s, env=env
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            problems.append(f"{name}: {e}")
+            stdout, stderr = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stop_process(proc, 0, group=True, sig=signal.SIGKILL)
+            proc.communicate()
+            problems.append(f"{name}: `{' '.join(argv)}` took over {timeout_s:g} s")
             continue
-        path.write_text(out.stdout + (f"\n# stderr:\n{out.stderr}" if out.stderr else ""))
-        if out.returncode != 0:
-            problems.append(f"{name}: `{' '.join(argv)}` exited {out.returncode}")
+        path.write_text(stdout + (f"\n# stderr:\n{stderr}" if stderr else ""))
+        if proc.returncode != 0:
+            problems.append(f"{name}: `{' '.join(argv)}` exited {proc.returncode}")
             continue
         try:
-            summary.update(parse(out.stdout, str(path)) if parse else parse_dmesg(out.stdout))
+            summary.update(parse(stdout, str(path)) if parse else parse_dmesg(stdout))
         except ParseError as e:
             problems.append(str(e))
     tasks = d_state_tasks()
