@@ -14,8 +14,9 @@ placeholders are replaced by real things made here:
 The workspace also holds `my.toml`, `job.toml`, `benchfs.toml`, `config.toml` (the cluster's
 configuration), `nodes.toml` (three simulated nodes on this host), `app.c` and `mpi_app.c` (the
 program of docs/capi.md), `ior.out` (a real IOR 4.0 output) and `fio.json` (from a real fio run),
-and links to the repository's `.venv` and `jobs`. Examples marked `not run` are skipped with
-their reason, so `pytest -rs` lists them.
+and links to the repository's `.venv` and `jobs`; `BENCHFS_DIAGNOSE_QUICK_SECONDS=2` shortens
+the screens' workload probe. Examples marked `not run` are skipped with their reason, so
+`pytest -rs` lists them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class Workspace:
         # The docs' `mpiexec -n 4` is for a node with 4 cores or more; Open MPI refuses more
         # ranks than cores otherwise (MPICH does not), and CI machines may have 2.
         env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        # The screens' workload probe for 2 s, not 10 (diagnose.quick_seconds): what they
+        # measure is not what an example shows, and each `--quick` screen probes twice.
+        env["BENCHFS_DIAGNOSE_QUICK_SECONDS"] = "2"
         return env
 
     def _once(self, key: str, make: Callable[[], str]) -> str:

@@ -368,8 +368,9 @@ def test_screen_first_then_run_on_the_nodes_it_kept(tmp_path: Path) -> None:
             "launch",
             f"--nodes-file={nodes_file}",
             "--screen",
-            # One shared disk under two nodes' probes is slow for both: no absolute flag.
-            "--screen-args=--quick --no-network --set diagnose.r_await_ms=100000",
+            # One shared disk under two nodes' probes is slow for both: no absolute flag. A 2 s
+            # workload probe: what the screen measures is not what this test checks.
+            "--screen-args=--quick --seconds 2 --no-network --set diagnose.r_await_ms=100000",
             "--file-size=1M",
             f"--results-root={tmp_path / 'results'}",
             "--no-analysis",
