@@ -254,23 +254,20 @@ def test_triage_on_this_machine(tmp_path: Path) -> None:
 def test_triage_commands_that_hang_or_are_missing_are_problems_not_failures(
     tmp_path: Path,
 ) -> None:
-    """The commands run at once, bounded together: ones that hang past the timeout are
-    killed and named; a prefix that does not exist names every command."""
-    hang = ["sh", "-c", 'sleep 30; exec "$@"', "sh"]
+    """The commands are bounded together: ones that hang past the timeout are killed (with
+    what they started) and named; a prefix that does not exist names every command."""
+    hang = ["sh", "-c", 'sleep 31.7; exec "$@"', "sh"]
     began = time.monotonic()
     summary, problems = run_triage(str(tmp_path), hang, tmp_path, timeout_s=0.5)
     assert time.monotonic() - began < 10
     assert len(problems) == 6 and all("took over 0.5 s" in p for p in problems), problems
+    left = subprocess.run(["pgrep", "-fx", "sleep 31.7"], capture_output=True, check=False)
+    assert left.returncode == 1, f"sleepers left: {left.stdout!r}"
     assert "load1" not in summary and isinstance(summary["d_state_tasks"], int)
     _, problems = run_triage(str(tmp_path), [str(tmp_path / "no-such-tool")], tmp_path)
-    assert [p.split(":")[0] for p in problems] == [
-        "loadavg",
-        "vmstat",
-        "mpstat",
-        "free",
-        "dmesg",
-        "df",
-    ]
+    # The snapshots one at a time, then the samplers together.
+    order = ["loadavg", "free", "dmesg", "df", "vmstat", "mpstat"]
+    assert [p.split(":")[0] for p in problems] == order
 
 
 def test_triage_parsers_other_versions_and_garbage() -> None:

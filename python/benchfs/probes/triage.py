@@ -182,6 +182,8 @@ TRIAGE_COMMANDS: dict[str, tuple[list[str], Callable[[str, str], dict[str, Any]]
     "free": (["free", "-b"], parse_free),
     "dmesg": (["dmesg", "--level=emerg,alert,crit,err"], None),
 }
+#: The commands that sample over a second (the others read a snapshot).
+SAMPLERS = frozenset({"vmstat", "mpstat"})
 
 
 def run_triage(
@@ -193,45 +195,48 @@ def run_triage(
     """Run every triage command under `prefix`; (summary, problems). Raw outputs go to
     `raw_dir/triage-<name>.txt`. A missing tool is a problem noted, not a failure.
 
-    The commands run all at once: vmstat and mpstat then sample the same second (one after
-    the other they took two), and the whole triage is bounded by `timeout_s`."""
+    The snapshots (load, memory, disk, kernel log) run one at a time, so none counts another
+    as runnable; then the samplers run together: vmstat and mpstat sample the same second
+    (one after the other they took two). The whole triage is bounded by `timeout_s`."""
     env = {**os.environ, "LC_ALL": "C"}
     summary: dict[str, Any] = {}
     problems: list[str] = []
     commands = dict(TRIAGE_COMMANDS)
     commands["df"] = (["df", "-PT", scratch], parse_df)
-    running: dict[str, subprocess.Popen[str]] = {}
-    for name, (argv, _) in commands.items():
-        try:
-            running[name] = subprocess.Popen(
-                [*prefix, *argv],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-                start_new_session=True,  # a hung command is killed with what it started
-            )
-        except OSError as e:
-            problems.append(f"{name}: {e}")
     deadline = time.monotonic() + timeout_s
-    for name, proc in running.items():
-        argv, parse = commands[name]
-        path = raw_dir / f"triage-{name}.txt"
-        try:
-            stdout, stderr = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            stop_process(proc, 0, group=True, sig=signal.SIGKILL)
-            proc.communicate()
-            problems.append(f"{name}: `{' '.join(argv)}` took over {timeout_s:g} s")
-            continue
-        path.write_text(stdout + (f"\n# stderr:\n{stderr}" if stderr else ""))
-        if proc.returncode != 0:
-            problems.append(f"{name}: `{' '.join(argv)}` exited {proc.returncode}")
-            continue
-        try:
-            summary.update(parse(stdout, str(path)) if parse else parse_dmesg(stdout))
-        except ParseError as e:
-            problems.append(str(e))
+    snapshots = [[name] for name in commands if name not in SAMPLERS]
+    for wave in [*snapshots, [name for name in commands if name in SAMPLERS]]:
+        running: dict[str, subprocess.Popen[str]] = {}
+        for name in wave:
+            try:
+                running[name] = subprocess.Popen(
+                    [*prefix, *commands[name][0]],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    start_new_session=True,  # a hung command is killed with what it started
+                )
+            except OSError as e:
+                problems.append(f"{name}: {e}")
+        for name, proc in running.items():
+            argv, parse = commands[name]
+            path = raw_dir / f"triage-{name}.txt"
+            try:
+                stdout, stderr = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stop_process(proc, 0, group=True, sig=signal.SIGKILL)
+                proc.communicate()
+                problems.append(f"{name}: `{' '.join(argv)}` took over {timeout_s:g} s")
+                continue
+            path.write_text(stdout + (f"\n# stderr:\n{stderr}" if stderr else ""))
+            if proc.returncode != 0:
+                problems.append(f"{name}: `{' '.join(argv)}` exited {proc.returncode}")
+                continue
+            try:
+                summary.update(parse(stdout, str(path)) if parse else parse_dmesg(stdout))
+            except ParseError as e:
+                problems.append(str(e))
     tasks = d_state_tasks()
     summary["d_state_tasks"] = len(tasks)
     summary["d_state_names"] = tasks[:10]
