@@ -44,10 +44,10 @@ class AcyclicModulesContract(Contract):
         return ContractCheck(kept=not cycles, metadata={"cycles": described})
 
     def render_broken_contract(self, check: ContractCheck) -> None:
-        for lines in check.metadata["cycles"]:
+        for steps in check.metadata["cycles"]:
             output.print_error("Import cycle:")
-            for line in lines:
-                output.print_error(f"  {line}", bold=False)
+            for step in steps:
+                output.print_error(f"  {step}", bold=False)
             output.new_line()
 
 
