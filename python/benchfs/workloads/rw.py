@@ -165,6 +165,8 @@ class PhaseResult:
     end: float = 0.0
     bytes: int = 0
     pattern_s: float = 0.0
+    first_s: float | None = None
+    """Seconds from the phase's start (its open included) to its first transfer's return."""
 
 
 def transfers(file_size: int, transfer_size: int) -> list[tuple[int, int]]:
@@ -178,6 +180,7 @@ def write_file(
     client: Client, path: str, pattern: PatternBuffer, file_size: int, transfer_size: int
 ) -> PhaseResult:
     result = PhaseResult()
+    began = time.perf_counter()
     with client.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC) as f:
         for offset, length in transfers(file_size, transfer_size):
             t0 = time.perf_counter()
@@ -190,6 +193,8 @@ def write_file(
                     f"short write of {path} at offset {offset}: {written} of {length} bytes",
                 )
             result.bytes += written
+            if result.first_s is None:
+                result.first_s = time.perf_counter() - began
     return result
 
 
@@ -199,10 +204,13 @@ def read_and_verify(
     """Read the file and compare every byte; raises VerificationError at the first mismatch."""
     result = PhaseResult()
     buffers: dict[int, bytearray] = {}
+    began = time.perf_counter()
     with client.open(path) as f:
         for offset, length in transfers(file_size, transfer_size):
             buf = buffers.setdefault(length, bytearray(length))
             got = f.preadinto(buf, offset)
+            if result.first_s is None:
+                result.first_s = time.perf_counter() - began
             result.bytes += got
             if got != length:
                 raise VerificationError(
@@ -256,10 +264,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def process_start_time() -> float | None:
+    """When this process was created (Unix time, from /proc; None where that cannot be read):
+    what the launcher and Python start-up took shows against the later timestamps."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the workload on MPI.COMM_WORLD; return 0 only if every rank verified every byte."""
     args = parse_args(argv)
+    main_at = time.time()
     from mpi4py import MPI  # imported late so that --help works without an MPI runtime
+
+    mpi_at = time.time()
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -270,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": socket.gethostname(),
         "node": os.environ.get("BENCHFS_NODE_NAME"),
         "pid": os.getpid(),
+        "timeline": {"process_start": process_start_time(), "main": main_at, "mpi_ready": mpi_at},
         "wrote": file_path(rank),
         "read": file_path(peer),
         "file_size": args.file_size,
@@ -305,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def connect() -> None:
         nonlocal client
+        started = time.time()
         client = Client(str(args.registry), config=resolve_config_text(args.config))
+        record["connect"] = {"start": started, "end": time.time()}
 
     def prepare_write() -> None:
         nonlocal pattern

@@ -36,8 +36,11 @@ pub struct ClusterConfig {
     pub registry_dir: String,
     /// Servers a client waits for before starting; 0 means "not set".
     pub expected_servers: u32,
-    /// How long a client waits for the expected membership.
+    /// How long a client waits for the expected membership, and then for its servers'
+    /// answers to its hellos.
     pub connect_timeout_s: f64,
+    /// Servers a client greets at once while connecting (the rest wait for a slot).
+    pub connect_parallel: u32,
 }
 
 impl Default for ClusterConfig {
@@ -46,6 +49,7 @@ impl Default for ClusterConfig {
             registry_dir: String::new(),
             expected_servers: 0,
             connect_timeout_s: 30.0,
+            connect_parallel: 64,
         }
     }
 }
@@ -294,6 +298,9 @@ impl Config {
         }
         if self.client.max_retries > 10 {
             return bad("client.max_retries must be at most 10");
+        }
+        if self.cluster.connect_parallel == 0 {
+            return bad("cluster.connect_parallel must be at least 1");
         }
         if self.network.spin_us > 10_000 {
             return bad("network.spin_us must be at most 10000");

@@ -10,6 +10,7 @@ pub mod metadb;
 pub mod namespace;
 pub mod placement;
 pub mod posix;
+pub mod process;
 pub mod protocol;
 pub mod registry;
 pub mod runtime;

@@ -35,6 +35,11 @@ use crate::telemetry::SubmitStats;
 const TOKEN_UCX: u64 = 1 << 62;
 const TOKEN_NOTIFY: u64 = u64::MAX;
 
+/// The first and the longest pause of a loop whose UCX wakes it with nothing to do (see
+/// `Reactor::fruitless_wakes`).
+const BUSY_PAUSE_FIRST: Duration = Duration::from_micros(100);
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(10);
+
 enum OpSlot {
     Free,
     /// In flight; the buffer stays here until the kernel is done with it.
@@ -85,6 +90,18 @@ pub struct Reactor {
     spin: Cell<Duration>,
     /// Whether the last turn did work (only then does the loop spin before sleeping).
     was_active: Cell<bool>,
+    /// Set when the poll on UCX's event descriptor completed.
+    ucx_fired: Cell<bool>,
+    /// UCX wake-ups in a row after which progress found nothing to do. UCX's TCP transport
+    /// can leave its event descriptor readable with nothing for progress to consume (while
+    /// peers connect); polling it again at once spins, and hundreds of processes spinning so on
+    /// two cores (25-40 thousand turns a second each, measured) left none for the peers they
+    /// waited for. From the second such wake-up on, the loop pauses before polling UCX again,
+    /// from BUSY_PAUSE_FIRST doubling to BUSY_PAUSE_MAX; other events (completions, timers,
+    /// notifications) still wake it at once.
+    fruitless_wakes: Cell<u32>,
+    /// Whether the last turn paused instead of polling UCX (the next one polls it again).
+    paused: Cell<bool>,
 }
 
 /// A cloneable, `Send` handle that wakes a sleeping loop from another thread.
@@ -136,6 +153,9 @@ impl Reactor {
             fixed_pool: Cell::new(None),
             spin: Cell::new(Duration::ZERO),
             was_active: Cell::new(false),
+            ucx_fired: Cell::new(false),
+            fruitless_wakes: Cell::new(0),
+            paused: Cell::new(false),
         }))
     }
 
@@ -386,8 +406,10 @@ impl Reactor {
                 }
                 t if t & TOKEN_UCX != 0 => {
                     if t == self.ucx_token() {
+                        // Not a wake-up by itself: the next turn progresses UCX, and whatever
+                        // that delivers wakes its tasks (see `fruitless_wakes`).
                         self.ucx_poll_armed.set(false);
-                        self.woke.set(true);
+                        self.ucx_fired.set(true);
                     }
                 }
                 slot => self.complete(slot as usize, result),
@@ -444,6 +466,13 @@ impl Reactor {
                 self.woke.set(true);
             }
         }
+        if self.woke.get() {
+            self.fruitless_wakes.set(0);
+        } else if self.ucx_fired.get() {
+            self.fruitless_wakes
+                .set(self.fruitless_wakes.get().saturating_add(1));
+        }
+        self.ucx_fired.set(false);
         self.flush_backlog();
         self.reap();
         let next_deadline = self.fire_timers();
@@ -503,8 +532,17 @@ impl Reactor {
                 std::thread::yield_now();
             }
         }
-        if let Some(w) = &ucx {
+        let fruitless = self.fruitless_wakes.get();
+        let pause = (fruitless >= 2 && !self.paused.get())
+            .then(|| (BUSY_PAUSE_FIRST * (1 << (fruitless - 2).min(16))).min(BUSY_PAUSE_MAX));
+        self.paused.set(pause.is_some());
+        if let (Some(w), None) = (&ucx, pause) {
             if !w.arm()? {
+                if fruitless == 0 {
+                    return submit(0, None);
+                }
+                // Events pending again with nothing done: counted as a fruitless wake-up.
+                self.ucx_fired.set(true);
                 return submit(0, None);
             }
             if !self.ucx_poll_armed.get() {
@@ -523,6 +561,9 @@ impl Reactor {
             self.notify_armed.set(true);
         }
         let mut timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if let Some(p) = pause {
+            timeout = Some(timeout.map_or(p, |t| t.min(p)));
+        }
         if let (Some(hold), false) = (self.hold, self.backlog.borrow().is_empty()) {
             let left = hold.saturating_sub(self.last_flush.get().elapsed());
             timeout = Some(timeout.map_or(left, |t| t.min(left)));

@@ -171,6 +171,11 @@ impl Future for PopRequest {
 #[derive(Default)]
 struct Connections {
     open: RefCell<std::collections::HashMap<u32, Rc<Endpoint>>>,
+    /// The connection opened for each greeting (a hash of the client's worker address, and the
+    /// greeting its hellos carry), so that a hello sent again is answered with the same one.
+    greeted: RefCell<std::collections::HashMap<(u64, u64), u32>>,
+    /// The greeting of each connection opened for one (to forget it with the connection).
+    greeting_of: RefCell<std::collections::HashMap<u32, (u64, u64)>>,
     next_id: Cell<u32>,
     /// Connections to drop (failed, retired or timed out), filled from UCX callbacks.
     closing: RefCell<Vec<u32>>,
@@ -196,7 +201,19 @@ impl Connections {
     fn take_closing(&self) -> Vec<Rc<Endpoint>> {
         let ids = std::mem::take(&mut *self.closing.borrow_mut());
         let mut open = self.open.borrow_mut();
+        let (mut greeted, mut greeting_of) = (self.greeted.borrow_mut(), self.greeting_of.borrow_mut());
+        for id in &ids {
+            if let Some(key) = greeting_of.remove(id) {
+                greeted.remove(&key);
+            }
+        }
         ids.into_iter().filter_map(|id| open.remove(&id)).collect()
+    }
+
+    /// The open connection made for `greeting`, if any (and not failed).
+    fn greeted(&self, greeting: (u64, u64)) -> Option<(u32, Rc<Endpoint>)> {
+        let id = *self.greeted.borrow().get(&greeting)?;
+        Some((id, self.get(id)?))
     }
 }
 
@@ -252,6 +269,12 @@ struct ServerState {
     /// This job's token; requests carrying another are refused.
     token: u64,
     refusal_logged: Cell<bool>,
+}
+
+/// A hash of a client's worker address (64 bits: addresses of one job's clients do not collide
+/// in practice, and a collision also needs the same greeting).
+fn address_hash(address: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(address)
 }
 
 /// Sends a header-only reply without waiting for it (no payload memory to keep alive).
@@ -335,6 +358,8 @@ impl ServerState {
     /// Opens a connection back to the client whose worker address the hello carries, and
     /// answers on it with the connection's id. Any job may say hello: the token is checked on
     /// every later request, which is answered on this connection (EACCES for another job).
+    /// A hello sent again (the same address and greeting, `offset`) is answered on the
+    /// connection opened for the first one.
     fn hello(&self, header: &Header, data: &AmData<'_>, payload_len: usize) {
         let address = match data {
             AmData::Eager(a) if check_request(header, payload_len, self.chunk_size).is_ok() => *a,
@@ -345,6 +370,15 @@ impl ServerState {
                 return;
             }
         };
+        let greeting = (header.offset != 0).then(|| (address_hash(address), header.offset));
+        if let Some((id, conn)) = greeting.and_then(|g| self.conns.greeted(g)) {
+            let reply = header
+                .reply(0, 0)
+                .on_connection(id)
+                .with_value(ReplyValue::Connection(id));
+            reply_now(&conn, reply);
+            return;
+        }
         if self.conns.open.borrow().len() >= MAX_CONNECTIONS {
             self.metrics.count_undelivered();
             if !self.conns.full_logged.replace(true) {
@@ -380,6 +414,10 @@ impl ServerState {
             .with_value(ReplyValue::Connection(id));
         reply_now(&conn, reply);
         self.conns.open.borrow_mut().insert(id, conn);
+        if let Some(g) = greeting {
+            self.conns.greeted.borrow_mut().insert(g, id);
+            self.conns.greeting_of.borrow_mut().insert(id, g);
+        }
     }
 
     /// Waits for `op` (a transfer between this server's memory and client `conn`), at most
@@ -756,7 +794,14 @@ impl ServerState {
             self.queue.items.borrow().len(),
             self.in_service.get() as usize,
             self.pool.available(),
+            self.conns.open.borrow().len(),
         );
+        if self.worker_index == 0 {
+            self.metrics.set_process_gauges(
+                crate::process::open_descriptors(),
+                crate::process::resident_bytes(),
+            );
+        }
     }
 }
 
@@ -1082,6 +1127,20 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHand
         )));
     }
     let workers = opts.config.server.workers;
+    // Each client holds about two sockets per server worker.
+    match crate::process::raise_descriptor_limit() {
+        Ok(limit) if limit < 4096 => eprintln!(
+            "benchfs: server {}: the descriptor limit is {limit} (its hard limit): about {} clients \
+             fit; raise the hard limit (ulimit -Hn) for more",
+            opts.id,
+            limit / 2 / u64::from(workers.max(1))
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "benchfs: server {}: cannot read the descriptor limit: {e}",
+            opts.id
+        ),
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(workers as usize);
     for w in 0..workers {

@@ -9,6 +9,7 @@
 //! error) and waits until no UCX operation refers to the caller's memory.
 
 mod capacity;
+mod connect;
 mod data;
 mod find;
 mod names;
@@ -37,9 +38,10 @@ use crate::runtime::Runtime;
 use crate::telemetry::{ClientMetrics, OpKind};
 
 pub use self::capacity::{ClusterCapacity, ServerCapacity};
+use self::connect::Probing;
 pub use self::find::FindResult;
 use self::readahead::ReadAhead;
-use self::rpc::{make_worker, Probing, ServerLink, Shared};
+use self::rpc::{make_worker, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
 use self::writebehind::WriteBehind;
@@ -205,11 +207,23 @@ impl Client {
             read_ahead: ReadAhead::default(),
             write_behind: WriteBehind::default(),
         };
-        let deadline = Instant::now() + timeout;
-        for index in 0..client.server_count() {
-            client.reconnect(index, deadline)?;
+        let all: Vec<usize> = (0..client.server_count()).collect();
+        let failed = client.connect_servers(&all, Instant::now() + timeout);
+        let mut failed = failed.into_iter();
+        match failed.next() {
+            None => Ok(client),
+            Some((_, Error::ServerLost { server, reason })) if failed.len() > 0 => {
+                let others: Vec<String> = failed.map(|(i, _)| client.membership[i].id.to_string()).collect();
+                Err(Error::ServerLost {
+                    server,
+                    reason: format!(
+                        "{reason} (servers {} could not be reached either)",
+                        others.join(", ")
+                    ),
+                })
+            }
+            Some((_, e)) => Err(e),
         }
-        Ok(client)
     }
 
     /// This client's telemetry counters and histograms (per target in membership order).

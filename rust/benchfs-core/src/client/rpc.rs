@@ -14,10 +14,11 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::Attr;
 use crate::placement::{chunk_target, metadata_target, Target};
-use crate::protocol::{Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
+use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
 use crate::runtime::{with_timeout, Runtime};
 use crate::telemetry::OpKind;
 
+use super::connect::{Probing, PROBE_FIRST};
 use super::telemetry::{ns, Attempt};
 use super::Client;
 
@@ -86,34 +87,12 @@ pub(super) struct ServerLink {
     pub(super) probe: Probing,
 }
 
-/// Probing a lost server: hellos at intervals doubling from [`PROBE_FIRST`] to [`PROBE_MAX`].
-pub(super) struct Probing {
-    pub(super) next_at: Instant,
-    pub(super) interval: Duration,
-    /// A probe in flight: its endpoints and hello request ids, one per server worker.
-    pub(super) inflight: Option<(Vec<Link>, Vec<u64>, Instant)>,
-}
-
-pub(super) const PROBE_FIRST: Duration = Duration::from_millis(100);
-
-pub(super) const PROBE_MAX: Duration = Duration::from_secs(5);
-
 /// How long `quiesce` waits for UCX to release caller memory after closing endpoints, before
 /// it tears the UCX worker down (which releases it for certain) and reconnects.
 pub(super) const RELEASE_WAIT: Duration = Duration::from_millis(500);
 
-/// How long reconnecting after such a teardown may take per server.
+/// How long reconnecting after such a teardown may take (all servers at once).
 pub(super) const RECONNECT_WAIT: Duration = Duration::from_secs(1);
-
-impl Probing {
-    pub(super) fn idle() -> Probing {
-        Probing {
-            next_at: Instant::now(),
-            interval: PROBE_FIRST,
-            inflight: None,
-        }
-    }
-}
 
 impl Shared {
     /// UCX reported the peer of the endpoint with flag `down` failed: requests waiting on it
@@ -268,187 +247,6 @@ pub(super) fn make_worker(
 }
 
 impl Client {
-    /// Starts connecting to every worker of the server at `index`: endpoints, then a hello on
-    /// each (retiring `retire`, this client's earlier connections there). The hellos' replies
-    /// (each carrying a connection id) arrive like any other; see [`Self::hello_outcome`].
-    pub(super) fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<(Vec<Link>, Vec<u64>)> {
-        super::netns::enter()?;
-        let entry = &self.membership[index];
-        let worker = self.worker.borrow().clone();
-        let address = self.address.borrow().clone();
-        let (mut endpoints, mut ids) = (Vec::new(), Vec::new());
-        for (w, server_address) in entry.addresses()?.iter().enumerate() {
-            let endpoint = worker
-                .connect(server_address, self.config.network.peer_error_handling)
-                .map_err(|e| Error::ServerLost {
-                    server: entry.id,
-                    reason: format!("cannot connect: {e}"),
-                })?;
-            let down: Down = Rc::default();
-            let (shared, flag) = (Rc::downgrade(&self.shared), down.clone());
-            endpoint.on_failure(move |e| {
-                if let Some(s) = shared.upgrade() {
-                    s.endpoint_failed(&flag, e.to_string());
-                }
-            });
-            let id = self.request_id();
-            let old = retire.get(w).copied().unwrap_or(0);
-            let header = Header::request(Op::Hello, id, 0, u64::from(old), 0, address.len() as u64)
-                .with_token(self.token);
-            self.shared.pending.borrow_mut().insert(
-                id,
-                PendingRpc {
-                    down: Some(down.clone()),
-                    ..Default::default()
-                },
-            );
-            // SAFETY: the address is owned by `self.address`, replaced only after every
-            // endpoint (and so every send on one) is closed.
-            drop(unsafe { endpoint.send_am(AM_REQUEST, &header.encode(), &address, None) });
-            endpoints.push(Link { endpoint, down });
-            ids.push(id);
-        }
-        Ok((endpoints, ids))
-    }
-
-    /// The outcome of hellos `ids` once every one is answered or any failed: the connection
-    /// ids, or why not. Their pending entries are removed then; `None` while waiting.
-    pub(super) fn hello_outcome(&self, ids: &[u64]) -> Option<std::result::Result<Vec<u32>, String>> {
-        let mut pending = self.shared.pending.borrow_mut();
-        let mut conns = Vec::with_capacity(ids.len());
-        let mut failure = None;
-        for id in ids {
-            match pending.get(id).map(|p| &p.reply) {
-                Some(Some(Ok(h))) if h.status == 0 => match h.value() {
-                    ReplyValue::Connection(id) => conns.push(id),
-                    other => failure = Some(format!("hello answered with {other:?}")),
-                },
-                Some(Some(Ok(h))) => {
-                    failure = Some(format!(
-                        "hello answered with {}",
-                        std::io::Error::from_raw_os_error(-h.status)
-                    ))
-                }
-                Some(Some(Err(ReplyFailure::Lost(r) | ReplyFailure::Malformed(r)))) => {
-                    failure = Some(r.clone())
-                }
-                Some(None) => {
-                    let down = pending.get(id).and_then(|p| p.down.as_ref());
-                    match down.and_then(|d| d.borrow().clone()) {
-                        Some(r) => failure = Some(r),
-                        None => return None,
-                    }
-                }
-                None => failure = Some("hello vanished".into()),
-            }
-        }
-        for id in ids {
-            pending.remove(id);
-        }
-        Some(failure.map_or(Ok(conns), Err))
-    }
-
-    /// (Re)connects to the server at `index`, waiting for its hellos until `deadline`.
-    pub(super) fn reconnect(&self, index: usize, deadline: Instant) -> Result<()> {
-        let server = self.membership[index].id;
-        let (endpoints, ids) = self.start_hellos(index, &[])?;
-        let reactor = self.runtime.reactor().clone();
-        let outcome = self.runtime.block_on(async {
-            loop {
-                if let Some(outcome) = self.hello_outcome(&ids) {
-                    return outcome;
-                }
-                if Instant::now() >= deadline {
-                    for id in &ids {
-                        self.shared.pending.borrow_mut().remove(id);
-                    }
-                    return Err("no answer to hello".into());
-                }
-                reactor.sleep(Duration::from_millis(1)).await;
-            }
-        })?;
-        match outcome {
-            Ok(conns) => {
-                self.admit(index, endpoints, conns);
-                Ok(())
-            }
-            Err(reason) => Err(Error::ServerLost { server, reason }),
-        }
-    }
-
-    /// Installs connections to the server at `index` and clears its lost state.
-    pub(super) fn admit(&self, index: usize, endpoints: Vec<Link>, conns: Vec<u32>) {
-        let old = {
-            let mut links = self.links.borrow_mut();
-            let link = &mut links[index];
-            link.conns = conns;
-            link.probe = Probing::idle();
-            if link.lost.take().is_some() {
-                eprintln!("benchfs: server {} answers again: re-admitted", link.id);
-            }
-            std::mem::replace(&mut link.endpoints, endpoints.into_iter().map(Some).collect())
-        };
-        // Closing progresses UCX: done with no borrow held.
-        drop(old);
-    }
-
-    /// Advances the probes of lost servers (called as each public call starts; a client has
-    /// no thread of its own): starts a hello when one is due, re-admits a server on its answer.
-    pub(super) fn poll_probes(&self) {
-        let lost: Vec<usize> = self
-            .links
-            .borrow()
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.lost.is_some())
-            .map(|(i, _)| i)
-            .collect();
-        if lost.is_empty() {
-            return;
-        }
-        self.worker.borrow().progress();
-        let now = Instant::now();
-        for index in lost {
-            let inflight = self.links.borrow_mut()[index].probe.inflight.take();
-            let retry = match inflight {
-                Some((endpoints, ids, started)) => match self.hello_outcome(&ids) {
-                    Some(Ok(conns)) => {
-                        self.admit(index, endpoints, conns);
-                        continue;
-                    }
-                    None if now.saturating_duration_since(started) < PROBE_MAX => {
-                        self.links.borrow_mut()[index].probe.inflight = Some((endpoints, ids, started));
-                        continue;
-                    }
-                    _ => {
-                        for id in &ids {
-                            self.shared.pending.borrow_mut().remove(id);
-                        }
-                        drop(endpoints);
-                        true
-                    }
-                },
-                None if now >= self.links.borrow()[index].probe.next_at => {
-                    let retire = self.links.borrow()[index].conns.clone();
-                    match self.start_hellos(index, &retire) {
-                        Ok((endpoints, ids)) => {
-                            self.links.borrow_mut()[index].probe.inflight = Some((endpoints, ids, now));
-                            false
-                        }
-                        Err(_) => true,
-                    }
-                }
-                None => false,
-            };
-            if retry {
-                let mut links = self.links.borrow_mut();
-                let probe = &mut links[index].probe;
-                probe.next_at = now + probe.interval;
-                probe.interval = (probe.interval * 2).min(PROBE_MAX);
-            }
-        }
-    }
-
     pub(super) fn server_count(&self) -> usize {
         self.membership.len()
     }
@@ -816,8 +614,8 @@ impl Client {
             .iter_mut()
             .flat_map(|l| {
                 let mut eps: Vec<Link> = l.endpoints.iter_mut().filter_map(Option::take).collect();
-                if let Some((probe, _, _)) = l.probe.inflight.take() {
-                    eps.extend(probe);
+                if let Some((probe, _)) = l.probe.inflight.take() {
+                    eps.extend(probe.endpoints);
                 }
                 eps
             })
@@ -834,17 +632,15 @@ impl Client {
         drop((pending, detached, ahead));
         self.resend_writes_behind();
         *self.address.borrow_mut() = address;
-        for index in 0..self.server_count() {
-            if self.links.borrow()[index].lost.is_some() {
-                continue;
-            }
-            if let Err(e) = self.reconnect(index, Instant::now() + RECONNECT_WAIT) {
-                let reason = match e {
-                    Error::ServerLost { reason, .. } => reason,
-                    other => other.to_string(),
-                };
-                self.mark_lost(index, reason);
-            }
+        let live: Vec<usize> = (0..self.server_count())
+            .filter(|&i| self.links.borrow()[i].lost.is_none())
+            .collect();
+        for (index, e) in self.connect_servers(&live, Instant::now() + RECONNECT_WAIT) {
+            let reason = match e {
+                Error::ServerLost { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            self.mark_lost(index, reason);
         }
         Ok(())
     }

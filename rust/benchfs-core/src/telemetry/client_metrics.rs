@@ -17,10 +17,12 @@ pub(super) mod cid {
     pub const ERRORS: u8 = 5;
     pub const BUSY: u8 = 6;
     pub const INFLIGHT: u8 = 7;
+    pub const HELLO_RESENDS: u8 = 8;
     pub const RPC_NS: u8 = 16;
     pub const CALL_NS: u8 = 17;
     pub const INFLIGHT_AT_SEND: u8 = 18;
     pub const WINDOW_WAIT_NS: u8 = 19;
+    pub const CONNECT_NS: u8 = 20;
 }
 
 /// Every metric a client writes (format version 2), in the order of its records.
@@ -44,6 +46,8 @@ pub const CLIENT_METRICS: &[MetricDef] = {
             "requests",
         ),
         def(cid::WINDOW_WAIT_NS, "window_wait_ns", Histogram, true, "ns"),
+        def(cid::HELLO_RESENDS, "hello_resends", Counter, false, "hellos"),
+        def(cid::CONNECT_NS, "connect_ns", Histogram, false, "ns"),
     ]
 };
 
@@ -88,6 +92,8 @@ pub struct ClientMetrics {
     call_ns: [Histogram; OpKind::COUNT],
     inflight_at_send: Histogram,
     window_wait_ns: [Histogram; OpKind::COUNT],
+    hello_resends: Cell<u64>,
+    connect_ns: Histogram,
 }
 
 impl std::fmt::Debug for ClientMetrics {
@@ -113,6 +119,8 @@ impl ClientMetrics {
             call_ns: std::array::from_fn(|_| Histogram::new()),
             inflight_at_send: Histogram::new(),
             window_wait_ns: std::array::from_fn(|_| Histogram::new()),
+            hello_resends: Cell::new(0),
+            connect_ns: Histogram::new(),
         }
     }
 
@@ -209,7 +217,28 @@ impl ClientMetrics {
         }
     }
 
+    /// A silent server was greeted again while connecting (kept whether or not telemetry is
+    /// enabled, like the per-target counters).
+    pub fn count_hello_resend(&self) {
+        bump(&self.hello_resends, 1);
+    }
+
+    /// Connecting to a set of servers (every server at start, those not lost after a
+    /// transport rebuild) took `ns`, from the first hello to the last answer or give-up.
+    pub fn record_connect(&self, ns: u64) {
+        if self.enabled {
+            self.connect_ns.record(ns);
+        }
+    }
+
     // Readers.
+
+    pub fn hello_resends(&self) -> u64 {
+        self.hello_resends.get()
+    }
+    pub fn connect_ns(&self) -> &Histogram {
+        &self.connect_ns
+    }
 
     fn series(&self, index: usize) -> Option<&TargetMetrics> {
         self.per_target.get(index).and_then(|t| t.get().map(|b| &**b))
@@ -296,5 +325,13 @@ impl Snapshot for ClientMetrics {
                 push,
             );
         }
+        push(
+            cid::HELLO_RESENDS,
+            NO_OP,
+            BUCKET_NONE,
+            self.hello_resends.get(),
+            NO_TARGET,
+        );
+        histogram_records(&self.connect_ns, cid::CONNECT_NS, NO_OP, NO_TARGET, push);
     }
 }

@@ -23,6 +23,9 @@ pub(super) mod id {
     pub const REFUSED_AUTH: u8 = 12;
     pub const TRACE_DROPPED: u8 = 13;
     pub const UNDELIVERED: u8 = 14;
+    pub const CONNECTIONS: u8 = 15;
+    pub const DESCRIPTORS: u8 = 21;
+    pub const RSS_BYTES: u8 = 22;
     pub const INFLIGHT_AT_SUBMIT: u8 = 16;
     pub const SUBMIT_BATCH: u8 = 17;
     pub const QUEUE_WAIT_NS: u8 = 18;
@@ -48,6 +51,9 @@ pub const SERVER_METRICS: &[MetricDef] = {
         def(id::REFUSED_AUTH, "refused_auth", Counter, false, "requests"),
         def(id::TRACE_DROPPED, "trace_dropped", Counter, false, "records"),
         def(id::UNDELIVERED, "undelivered", Counter, false, "replies"),
+        def(id::CONNECTIONS, "connections", Gauge, false, "connections"),
+        def(id::DESCRIPTORS, "descriptors", Gauge, false, "descriptors"),
+        def(id::RSS_BYTES, "rss_bytes", Gauge, false, "bytes"),
         def(
             id::INFLIGHT_AT_SUBMIT,
             "inflight_at_submit",
@@ -123,6 +129,9 @@ pub struct WorkerMetrics {
     buffers_free: Cell<u64>,
     trace_dropped: Cell<u64>,
     undelivered: Cell<u64>,
+    connections: Cell<u64>,
+    descriptors: Cell<u64>,
+    rss_bytes: Cell<u64>,
 }
 
 #[inline(always)]
@@ -166,6 +175,9 @@ impl WorkerMetrics {
             buffers_free: Cell::new(0),
             trace_dropped: Cell::new(0),
             undelivered: Cell::new(0),
+            connections: Cell::new(0),
+            descriptors: Cell::new(0),
+            rss_bytes: Cell::new(0),
         }
     }
 
@@ -275,13 +287,23 @@ impl WorkerMetrics {
     /// The instantaneous state, set just before a snapshot (or whenever convenient): requests
     /// waiting for a service task, requests being served, free pool buffers.
     #[inline]
-    pub fn set_gauges(&self, queue_depth: usize, in_service: usize, buffers_free: usize) {
+    pub fn set_gauges(&self, queue_depth: usize, in_service: usize, buffers_free: usize, connections: usize) {
         if !self.enabled {
             return;
         }
         self.queue_depth.set(queue_depth as u64);
         self.in_service.set(in_service as u64);
         self.buffers_free.set(buffers_free as u64);
+        self.connections.set(connections as u64);
+    }
+
+    /// The whole process's open descriptors and resident bytes (set by one worker only, so
+    /// that sums over a server's workers stay right).
+    pub fn set_process_gauges(&self, descriptors: u64, rss_bytes: u64) {
+        if self.enabled {
+            self.descriptors.set(descriptors);
+            self.rss_bytes.set(rss_bytes);
+        }
     }
 
     // Readers.
@@ -334,6 +356,15 @@ impl WorkerMetrics {
     pub fn buffers_free(&self) -> u64 {
         self.buffers_free.get()
     }
+    pub fn connections(&self) -> u64 {
+        self.connections.get()
+    }
+    pub fn descriptors(&self) -> u64 {
+        self.descriptors.get()
+    }
+    pub fn rss_bytes(&self) -> u64 {
+        self.rss_bytes.get()
+    }
 
     /// Adds another worker's counters and histograms to these (gauges are summed too), e.g.
     /// to report a whole server.
@@ -354,7 +385,7 @@ impl WorkerMetrics {
     }
 
     /// The non-per-op counters and gauges with their metric ids, in snapshot order.
-    fn scalars(&self) -> [(u8, &Cell<u64>); 11] {
+    fn scalars(&self) -> [(u8, &Cell<u64>); 14] {
         [
             (id::POOL_WAITS, &self.pool_waits),
             (id::HANDLE_HITS, &self.handle_hits),
@@ -367,6 +398,9 @@ impl WorkerMetrics {
             (id::REFUSED_AUTH, &self.refused_auth),
             (id::TRACE_DROPPED, &self.trace_dropped),
             (id::UNDELIVERED, &self.undelivered),
+            (id::CONNECTIONS, &self.connections),
+            (id::DESCRIPTORS, &self.descriptors),
+            (id::RSS_BYTES, &self.rss_bytes),
         ]
     }
 

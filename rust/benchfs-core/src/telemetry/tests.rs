@@ -138,7 +138,8 @@ fn exercise(m: &WorkerMetrics) {
     m.record_op(OpKind::Read, 50, 1_000, 1_500, 4096, false);
     m.count_rejected();
     m.count_malformed();
-    m.set_gauges(7, 3, 29);
+    m.set_gauges(7, 3, 29, 5);
+    m.set_process_gauges(40, 1 << 20);
     m.absorb(&submits, 1, (1, 1));
 }
 
@@ -165,8 +166,11 @@ fn disabled_metrics_record_nothing() {
         m.in_service(),
         m.buffers_free(),
         m.refused_auth(),
+        m.connections(),
+        m.descriptors(),
+        m.rss_bytes(),
     ];
-    assert_eq!(scalars, [0; 9]);
+    assert_eq!(scalars, [0; 12]);
 }
 
 #[test]
@@ -182,6 +186,10 @@ fn enabled_metrics_record() {
     assert_eq!(m.total_ns(OpKind::Read).count(), 2);
     assert_eq!((m.handle_hits(), m.handle_misses()), (1, 1));
     assert_eq!((m.queue_depth(), m.in_service(), m.buffers_free()), (7, 3, 29));
+    assert_eq!(
+        (m.connections(), m.descriptors(), m.rss_bytes()),
+        (5, 40, 1 << 20)
+    );
     let total = WorkerMetrics::new(true);
     total.merge_from(&m);
     total.merge_from(&m);
@@ -250,7 +258,7 @@ fn writer_round_trip() -> Result<()> {
     }
     // The first snapshot had no histogram buckets, only the 4 statistics per histogram.
     let first = f.records.iter().filter(|r| r.seq == 0).count();
-    assert_eq!(first, 12 + 11 + 14 * 4);
+    assert_eq!(first, 12 + 14 + 14 * 4);
     // A second writer for the same server and worker gets a new file; nothing is clobbered.
     let w2 = SnapshotWriter::create(&tdir, 3, 1, "node-a")?;
     assert_eq!(
@@ -446,8 +454,9 @@ fn client_snapshots_are_version_2_with_active_targets_only() -> Result<()> {
     // The first snapshot has no per-target series (nothing sent yet).
     let first: Vec<&Record> = f.records.iter().filter(|r| r.seq == 0).collect();
     assert!(first.iter().all(|r| r.target == NO_TARGET));
-    // 1 gauge + 4 stats x (4 call_ns + 1 inflight_at_send + 4 window_wait_ns)
-    assert_eq!(first.len(), 1 + 4 * 9);
+    // 1 gauge + 1 counter + 4 stats x (4 call_ns + 1 inflight_at_send + 4 window_wait_ns
+    // + 1 connect_ns)
+    assert_eq!(first.len(), 2 + 4 * 10);
     let second: Vec<&Record> = f.records.iter().filter(|r| r.seq == 1).collect();
     let get = |metric: u8, op: OpKind, target: u16, bucket: u16| {
         second

@@ -1,0 +1,57 @@
+//! This process's resources as the kernel sees them: the descriptor limit (raised where
+//! servers start, as each holds about two sockets per client) and what is in use.
+
+/// Raises the soft limit on open descriptors to the hard limit; returns the limit now in force.
+pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write `limit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit.rlim_cur = limit.rlim_max;
+    }
+    Ok(limit.rlim_cur)
+}
+
+/// Open descriptors of this process (entries of /proc/self/fd; 0 if it cannot be read).
+pub fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1) as u64)
+}
+
+/// This process's resident memory in bytes (/proc/self/statm; 0 if it cannot be read).
+pub fn resident_bytes() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_raised_and_use_is_counted() {
+        let limit = raise_descriptor_limit().expect("getrlimit");
+        let before = open_descriptors();
+        let f = std::fs::File::open("/proc/self/statm").expect("open");
+        assert!(limit > before);
+        assert_eq!(open_descriptors(), before + 1);
+        drop(f);
+        assert!(resident_bytes() > 1 << 20);
+    }
+}
