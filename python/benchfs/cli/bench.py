@@ -523,6 +523,75 @@ def staging(root: Path | None, quick: bool, as_json: bool, repeats: int | None) 
     _emit(report, as_json, bench.render)
 
 
+def _int_list(value: str, name: str) -> list[int]:
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        items = []
+    if not items or any(i < 1 for i in items):
+        raise click.BadParameter(
+            f"expected positive integers separated by commas, not {value!r}", param_hint=name
+        )
+    return items
+
+
+@main.command()
+@click.option("--nodes", "nodes", help="Node counts, comma-separated [2,4,8,16,32].")
+@click.option(
+    "--ranks-per-node", "ranks", help="Client ranks per node, comma-separated [8; and 32x16]."
+)
+@click.option("--file-size", type=SizeType(), help="Bytes per rank [16MiB; --quick: 2MiB].")
+@click.option("--quick", is_flag=True, help="8 nodes x 8 ranks, 2 MiB per rank (for tests).")
+@JSON_OPTION
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a PNG of start-up, connection and bandwidth against ranks.",
+)
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Scratch directory for the nodes (removed afterwards) "
+    f"[run.scratch_dir, else {DEFAULT_ROOT}].",
+)
+def scale(
+    nodes: str | None,
+    ranks: str | None,
+    file_size: int | None,
+    quick: bool,
+    as_json: bool,
+    plot: Path | None,
+    root: Path | None,
+) -> None:
+    """Nodes apart (network namespaces) by the dozen, ranks by the hundred: connect, verify."""
+    from benchfs.bench import scale as bench
+
+    settings = bench.ScaleSettings.quick() if quick else bench.ScaleSettings()
+    if nodes is not None or ranks is not None:
+        counts = (
+            _int_list(nodes, "--nodes") if nodes else sorted({p.nodes for p in settings.points})
+        )
+        per_node = _int_list(ranks, "--ranks-per-node") if ranks else [8]
+        points = tuple(bench.Point(n, r) for r in per_node for n in counts)
+        settings = dataclasses.replace(settings, points=points)
+    if file_size is not None:
+        settings = dataclasses.replace(settings, file_size=file_size)
+    err = console(stderr=True)
+    report_to = _Reporter(err, quiet=as_json)
+    with _failures_exit(err):
+        bench.check_root()
+        report = _in_scratch(
+            root or default_root(),
+            "benchfs-scale-",
+            lambda work, _benchfsd: bench.run_scale(work, settings, report_to.progress),
+        )
+        if plot is not None:
+            bench.plot(report, plot)
+    report["quick"] = quick
+    _emit(report, as_json, bench.render)
+
+
 @main.command(name="analysis")
 @click.option("--records", type=click.IntRange(min=1000), help="Trace records [10M; quick: 200k].")
 @click.option("--servers", type=click.IntRange(min=2, max=4096), default=16, show_default=True)

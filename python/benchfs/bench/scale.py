@@ -1,0 +1,323 @@
+"""`benchfs-bench scale`: how connection, membership and the data path hold as nodes and ranks
+grow.
+
+Each point is one `benchfs-run launch` of the rw workload (write, cross-read, verify every
+byte) on nodes that are apart (network namespaces on a bridge, as `benchfs-run nodes
+--netns`): a server on every node and RANKS client ranks per node, every transfer two requests
+to two servers (2 MiB transfers over 1 MiB chunks, the shape the original BenchFS collapsed
+under). What a point reports comes from the run's own records: the ranks' timelines (process
+start, MPI ready, `Client()` called, connected, first byte), the client telemetry (requests,
+retries, timeouts, hellos sent again, connect time) and the servers' gauges (RSS, connections,
+descriptors). Every process of every node shares this machine's cores: `procs_per_core` says
+by how much, so that nobody reads a figure from a 2-core machine as a cluster's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from benchfs.bench.render import fmt, print_lines_and_targets, report_table
+from benchfs.errors import BenchError, ParseError
+from benchfs.nodes import Node, write_nodes
+from benchfs.simnodes import apart_nodes
+from benchfs.telemetry import load
+from benchfs.units import MIB
+
+CONNECT_TARGET_S = 10.0
+"""From the last rank's `Client()` call to every rank connected, at 512 ranks (the issue's)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    nodes: int
+    ranks_per_node: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    points: tuple[Point, ...] = (
+        *(Point(n, 8) for n in (2, 4, 8, 16, 32)),
+        Point(32, 16),
+    )
+    file_size: int = 16 * MIB
+    transfer_size: int = 2 * MIB
+    chunk_size: int = 1 * MIB
+    timeout_s: float = 900.0
+
+    @classmethod
+    def quick(cls) -> ScaleSettings:
+        return cls(points=(Point(8, 8),), file_size=2 * MIB, timeout_s=120.0)
+
+
+def _nodes(apart: Any, count: int, scratch: Path) -> list[Node]:
+    """The first `count` nodes apart, as a nodes file lists them."""
+    nodes = []
+    for i in range(1, count + 1):
+        name = f"n{i}"
+        directory = scratch / name
+        directory.mkdir(parents=True, exist_ok=True)
+        namespace = apart.nodes[name].namespace
+        env = [f"{k}={v}" for k, v in apart.rank_env(name).items() if k != "BENCHFS_NETNS"]
+        nodes.append(Node(name, namespace, str(directory), prefix=("env", *env), netns=namespace))
+    return nodes
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ranks(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((run / "workload").glob("rank-*.json"))]
+
+
+def _timeline(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Start-up and connection times from the ranks' records (Unix times on one host)."""
+    starts = [r["timeline"]["process_start"] for r in ranks if r.get("timeline")]
+    starts = [s for s in starts if s is not None]
+    connects = [r["connect"] for r in ranks if r.get("connect")]
+    first = [r["write"]["first_s"] for r in ranks if r.get("write", {}).get("first_s") is not None]
+    out: dict[str, Any] = {"connected_ranks": len(connects)}
+    if connects:
+        last_call = max(c["start"] for c in connects)
+        out["startup_s"] = last_call - min(starts) if starts else None
+        out["connect_all_s"] = max(c["end"] for c in connects) - last_call
+        durations = [c["end"] - c["start"] for c in connects]
+        out["connect_rank_p50_s"] = _median(durations)
+        out["connect_rank_max_s"] = max(durations)
+    if first:
+        out["first_byte_p50_s"] = _median(first)
+        out["first_byte_max_s"] = max(first)
+    return out
+
+
+def _telemetry(run: Path) -> dict[str, Any]:
+    """Client counters summed over ranks, server gauges per server."""
+    out: dict[str, Any] = {}
+    try:
+        t = load(run / "telemetry")
+    except (OSError, ParseError) as e:  # a point without telemetry still reports the rest
+        out["telemetry_error"] = str(e)
+        return out
+    if t.has_clients:
+        c = t.latest_counters("client")
+        total = c.groupby("metric", observed=True)["value"].sum()
+        for metric in ("requests", "retries", "timeouts", "errors", "busy", "hello_resends"):
+            out[metric] = int(total.get(metric, 0))
+        connect = c[c["metric"] == "connect_ns.max"]["value"]
+        out["connect_ns_max"] = int(connect.max()) if len(connect) else None
+    s = t.counters[t.counters["source"] == "server"]
+    per_server: dict[str, list[float]] = {}
+    for metric in ("connections", "descriptors", "rss_bytes"):
+        rows = s[s["metric"] == metric]
+        if not len(rows):
+            continue
+        by_snapshot = rows.groupby(["server", "t"], observed=True)["value"].sum()
+        per_server[f"{metric}_max"] = by_snapshot.groupby(level=0).max().tolist()
+        if metric == "rss_bytes":
+            per_server["rss_bytes_min"] = by_snapshot.groupby(level=0).min().tolist()
+    if per_server.get("connections_max"):
+        out["connections_per_server"] = max(per_server["connections_max"])
+    if per_server.get("descriptors_max"):
+        out["descriptors_per_server"] = max(per_server["descriptors_max"])
+    if per_server.get("rss_bytes_max"):
+        out["server_rss_mib"] = max(per_server["rss_bytes_max"]) / MIB
+        grown = [
+            (hi - lo) / conns
+            for hi, lo, conns in zip(
+                per_server["rss_bytes_max"],
+                per_server["rss_bytes_min"],
+                per_server.get("connections_max", []),
+                strict=False,
+            )
+            if conns
+        ]
+        out["server_bytes_per_connection"] = _median(grown)
+    return out
+
+
+def run_point(
+    root: Path, apart: Any, point: Point, settings: ScaleSettings, env: dict[str, str]
+) -> dict[str, Any]:
+    """One launch at `point`; its figures (or its failure) as a dict."""
+    work = root / f"{point.nodes}x{point.ranks_per_node}"
+    work.mkdir()
+    nodes_file = work / "nodes.toml"
+    write_nodes(nodes_file, _nodes(apart, point.nodes, work / "scratch"))
+    argv = [
+        sys.executable, "-m", "benchfs.cli.run", "launch",
+        "--nodes-file", str(nodes_file),
+        "--clients-per-node", str(point.ranks_per_node),
+        "--file-size", str(settings.file_size),
+        "--transfer-size", str(settings.transfer_size),
+        "--set", f"layout.chunk_size={settings.chunk_size}",
+        "--timeout", str(settings.timeout_s),
+        "--results-root", str(work / "results"),
+        "--no-analysis", "--json",
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    procs = point.nodes + point.ranks
+    out: dict[str, Any] = {
+        **asdict(point),
+        "ranks": point.ranks,
+        "procs_per_core": procs / (os.cpu_count() or 1),
+        "wall_s": wall,
+        "exit_status": done.returncode,
+    }
+    runs = sorted((work / "results").glob("*/manifest.json"))
+    if not runs:
+        out["outcome"] = "failed"
+        out["error"] = (done.stderr.strip().splitlines() or ["no results directory"])[-1]
+        return out
+    run = runs[-1].parent
+    manifest = json.loads(runs[-1].read_text())
+    out["outcome"] = manifest["outcome"]["status"]
+    out["error"] = manifest["outcome"].get("message")
+    timings = manifest.get("timings_s", {})
+    out["membership_s"] = timings.get("start_servers", 0.0) + timings.get("wait_servers", 0.0)
+    summary_path = run / "workload" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    out["write_mib_s"] = summary.get("write_mib_s")
+    out["read_mib_s"] = summary.get("read_mib_s")
+    out["verified"] = bool(summary.get("verified"))
+    out["failed_ranks"] = len({e.get("rank") for e in summary.get("errors", [])})
+    ranks = _ranks(run)
+    out.update(_timeline(ranks))
+    out.update(_telemetry(run))
+    return out
+
+
+def run_scale(
+    root: Path,
+    settings: ScaleSettings,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("BENCHFS_CONFIG", None)
+    points = []
+    with apart_nodes(max(p.nodes for p in settings.points)) as apart:
+        for point in settings.points:
+            progress(f"{point.nodes} nodes x {point.ranks_per_node} ranks ({point.ranks} ranks)")
+            result = run_point(root, apart, point, settings, env)
+            points.append(result)
+            if result["outcome"] != "ok":
+                progress(f"  {result['outcome']}: {result.get('error')}")
+    largest = max(settings.points, key=lambda p: p.ranks)
+    at_largest = next(p for p in points if p["ranks"] == largest.ranks)
+    connect = at_largest.get("connect_all_s")
+    return {
+        "settings": {
+            "file_size": settings.file_size,
+            "transfer_size": settings.transfer_size,
+            "chunk_size": settings.chunk_size,
+        },
+        "cores": os.cpu_count(),
+        "points": points,
+        "targets": [
+            {
+                "target": "every point completes and verifies, 0 failed ranks, 0 timeouts",
+                "met": all(
+                    p["outcome"] == "ok" and p.get("verified") and not p.get("timeouts")
+                    for p in points
+                ),
+            },
+            {
+                "target": f"every rank connected <= {CONNECT_TARGET_S:g} s after the last "
+                f"Client() call ({largest.ranks} ranks)",
+                "met": None if connect is None else connect <= CONNECT_TARGET_S,
+            },
+        ],
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Connection times and bandwidth against ranks, one line per ranks-per-node."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for rpn in sorted({p["ranks_per_node"] for p in report["points"]}):
+        pts = sorted(
+            (p for p in report["points"] if p["ranks_per_node"] == rpn), key=lambda p: p["ranks"]
+        )
+        x = [p["ranks"] for p in pts]
+        for key, label in (("connect_all_s", "all connected"), ("startup_s", "start-up")):
+            left.plot(x, [p.get(key) for p in pts], marker="o", label=f"{label}, {rpn}/node")
+        for key, label in (("write_mib_s", "write"), ("read_mib_s", "read")):
+            right.plot(x, [p.get(key) for p in pts], marker="o", label=f"{label}, {rpn}/node")
+    left.set(xlabel="ranks", ylabel="seconds", xscale="log", title="start-up and connection")
+    right.set(xlabel="ranks", ylabel="MiB/s", xscale="log", title="bandwidth (every byte verified)")
+    for ax in (left, right):
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"benchfs-bench scale ({report['cores']} cores shared by every node)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+COLUMNS = (
+    ("nodes", "nodes", 0),
+    ("ranks", "ranks", 0),
+    ("procs_per_core", "procs/core", 0),
+    ("outcome", "outcome", None),
+    ("membership_s", "members s", 1),
+    ("startup_s", "start-up s", 1),
+    ("connect_all_s", "connect s", 2),
+    ("first_byte_p50_s", "1st byte s", 3),
+    ("write_mib_s", "write MiB/s", 0),
+    ("read_mib_s", "read MiB/s", 0),
+    ("retries", "retries", 0),
+    ("timeouts", "timeouts", 0),
+    ("hello_resends", "hellos again", 0),
+    ("server_rss_mib", "server RSS MiB", 0),
+    ("connections_per_server", "conns/server", 0),
+    ("descriptors_per_server", "fds/server", 0),
+    ("server_bytes_per_connection", "bytes/conn", 0),
+)
+
+
+def render(console: Console, report: dict[str, Any]) -> None:
+    s = report["settings"]
+    table = report_table(
+        f"benchfs-bench scale: rw, {s['file_size'] // MIB} MiB per rank in "
+        f"{s['transfer_size'] // MIB} MiB transfers over {s['chunk_size'] // MIB} MiB chunks, "
+        f"a server on every node, {report['cores']} cores shared by all",
+        [label for _, label, _ in COLUMNS[1:]],
+    )
+    for p in report["points"]:
+        cells = [
+            str(p.get(key)) if digits is None else fmt(p.get(key), digits)
+            for key, _, digits in COLUMNS
+        ]
+        table.add_row(*cells)
+    console.print(table)
+    failed = [p for p in report["points"] if p["outcome"] != "ok"]
+    print_lines_and_targets(
+        console,
+        [(f"{p['nodes']}x{p['ranks_per_node']}", str(p.get("error"))) for p in failed],
+        report["targets"],
+    )
+
+
+def check_root() -> None:
+    if os.geteuid() != 0:
+        raise BenchError("EPERM", "benchfs-bench scale needs root (nodes in network namespaces)")
