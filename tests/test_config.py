@@ -22,7 +22,12 @@ from benchfs.config import (
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 DEFAULTS = {
-    "cluster": {"registry_dir": "", "expected_servers": 0, "connect_timeout_s": 30.0},
+    "cluster": {
+        "registry_dir": "",
+        "expected_servers": 0,
+        "connect_timeout_s": 30.0,
+        "connect_parallel": 64,
+    },
     "layout": {"chunk_size": 4194304},
     "client": {"max_inflight": 16, "request_timeout_s": 30.0},
     "server": {"max_in_service": 32, "max_queued": 1024},

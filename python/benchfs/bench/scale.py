@@ -25,15 +25,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from rich.console import Console
 
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
+from benchfs.bench.telemetry_view import op_window
 from benchfs.errors import BenchError, ParseError
 from benchfs.nodes import Node, write_nodes
 from benchfs.simnodes import apart_nodes
-from benchfs.telemetry import load
+from benchfs.telemetry import Telemetry, load
 from benchfs.units import MIB
 
+TELEMETRY_INTERVAL_MS = 250
+"""Snapshots 4 times a second, so that each second of a phase has its own throughput."""
+STEADY_EDGE_S = 2.0
+"""The first and last seconds of a phase left out of its steadiness (ramp-up and stragglers)."""
+STEADY_TARGET = 0.5
+"""The worst 1 s window of a phase at least this fraction of its best (in runs of 30 s+)."""
 CONNECT_TARGET_S = 10.0
 """From the last rank's `Client()` call to every rank connected, at 512 ranks (the issue's)."""
 
@@ -105,14 +113,9 @@ def _timeline(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _telemetry(run: Path) -> dict[str, Any]:
+def _telemetry(t: Telemetry) -> dict[str, Any]:
     """Client counters summed over ranks, server gauges per server."""
     out: dict[str, Any] = {}
-    try:
-        t = load(run / "telemetry")
-    except (OSError, ParseError) as e:  # a point without telemetry still reports the rest
-        out["telemetry_error"] = str(e)
-        return out
     if t.has_clients:
         c = t.latest_counters("client")
         total = c.groupby("metric", observed=True)["value"].sum()
@@ -165,6 +168,7 @@ def run_point(
         "--file-size", str(settings.file_size),
         "--transfer-size", str(settings.transfer_size),
         "--set", f"layout.chunk_size={settings.chunk_size}",
+        "--set", f"telemetry.interval_ms={TELEMETRY_INTERVAL_MS}",
         "--timeout", str(settings.timeout_s),
         "--results-root", str(work / "results"),
         "--no-analysis", "--json",
@@ -199,8 +203,70 @@ def run_point(
     out["failed_ranks"] = len({e.get("rank") for e in summary.get("errors", [])})
     ranks = _ranks(run)
     out.update(_timeline(ranks))
-    out.update(_telemetry(run))
+    try:
+        tel = load(run / "telemetry")
+    except (OSError, ParseError) as e:  # a point without telemetry still reports the rest
+        out["telemetry_error"] = str(e)
+        return out
+    out.update(_telemetry(tel))
+    out.update(_connect_cost(tel, ranks))
+    out.update(_steadiness(tel, ranks))
     return out
+
+
+def _connect_cost(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """What connecting cost: per client (CPU, descriptors) from the ranks' records, per server
+    connection (CPU) from the servers' CPU gauge across the connection storm."""
+    connects = [r["connect"] for r in ranks if r.get("connect")]
+    out: dict[str, Any] = {
+        "client_connect_cpu_s": _median([c["cpu_s"] for c in connects if "cpu_s" in c]),
+        "client_descriptors": _median([c["descriptors"] for c in connects if "descriptors" in c]),
+    }
+    if not connects:
+        return out
+    first_ns = int(min(c["start"] for c in connects) * 1e9)
+    last_ns = int(max(c["end"] for c in connects) * 1e9)
+    s = tel.counters[tel.counters["source"] == "server"]
+    per_connection = []
+    for _, rows in s[s["metric"].isin(["cpu_ns", "connections"])].groupby("server", observed=True):
+        t = pd.DatetimeIndex(rows["t"]).asi8
+        cpu = rows[rows["metric"] == "cpu_ns"].assign(ns=t[rows["metric"].to_numpy() == "cpu_ns"])
+        conns = rows[rows["metric"] == "connections"]
+        before, after = cpu[cpu["ns"] <= first_ns], cpu[cpu["ns"] >= last_ns]
+        if len(before) and len(after) and len(conns):
+            spent = after["value"].iloc[0] - before["value"].iloc[-1]
+            opened = conns.groupby("t", observed=True)["value"].sum().max()
+            if opened:
+                per_connection.append(spent / 1e6 / opened)
+    out["server_cpu_ms_per_connection"] = _median(per_connection)
+    return out
+
+
+def _steadiness(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per phase: its length, and its worst 1 s window of server throughput over its best
+    (the first and last STEADY_EDGE_S left out; None for phases too short to have any)."""
+    out: dict[str, Any] = {}
+    for phase in ("write", "read"):
+        spans = [r["timeline"][phase] for r in ranks if phase in r.get("timeline", {})]
+        if not spans:
+            continue
+        start, end = min(s[0] for s in spans), max(s[1] for s in spans)
+        out[f"{phase}_s"] = end - start
+        seconds = int(end - start - 2 * STEADY_EDGE_S)
+        windows = [_second(tel, start + STEADY_EDGE_S + k, phase) for k in range(max(seconds, 0))]
+        best = max(windows, default=0.0)
+        out[f"{phase}_steady_share"] = min(windows) / best if best > 0 else None
+    return out
+
+
+def _second(tel: Telemetry, start: float, op: str) -> float:
+    """The servers' MiB/s for `op` in the second from `start` (0 when none completed)."""
+    try:
+        return op_window(tel, start, start + 1.0, op, enclose=False).mib_s
+    except BenchError as e:
+        if f"no {op} operations" not in str(e):
+            raise
+        return 0.0
 
 
 def run_scale(
@@ -221,6 +287,12 @@ def run_scale(
     largest = max(settings.points, key=lambda p: p.ranks)
     at_largest = next(p for p in points if p["ranks"] == largest.ranks)
     connect = at_largest.get("connect_all_s")
+    steady = [
+        p[f"{phase}_steady_share"]
+        for p in points
+        for phase in ("write", "read")
+        if (p.get(f"{phase}_s") or 0) >= 30 and p.get(f"{phase}_steady_share") is not None
+    ]
     return {
         "settings": {
             "file_size": settings.file_size,
@@ -236,6 +308,17 @@ def run_scale(
                     p["outcome"] == "ok" and p.get("verified") and not p.get("timeouts")
                     for p in points
                 ),
+            },
+            {
+                "target": "retries under 1% of requests",
+                "met": all(
+                    p.get("requests") and (p.get("retries") or 0) < 0.01 * p["requests"]
+                    for p in points
+                ),
+            },
+            {
+                "target": f"phases of 30 s+: worst 1 s window >= {STEADY_TARGET:g}x the best",
+                "met": None if not steady else all(v >= STEADY_TARGET for v in steady),
             },
             {
                 "target": f"every rank connected <= {CONNECT_TARGET_S:g} s after the last "
@@ -285,6 +368,7 @@ COLUMNS = (
     ("first_byte_p50_s", "1st byte s", 3),
     ("write_mib_s", "write MiB/s", 0),
     ("read_mib_s", "read MiB/s", 0),
+    ("write_steady_share", "worst/best 1 s", 2),
     ("retries", "retries", 0),
     ("timeouts", "timeouts", 0),
     ("hello_resends", "hellos again", 0),
@@ -292,6 +376,8 @@ COLUMNS = (
     ("connections_per_server", "conns/server", 0),
     ("descriptors_per_server", "fds/server", 0),
     ("server_bytes_per_connection", "bytes/conn", 0),
+    ("server_cpu_ms_per_connection", "server CPU ms/conn", 2),
+    ("client_connect_cpu_s", "client CPU s", 3),
 )
 
 

@@ -332,9 +332,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def connect() -> None:
         nonlocal client
-        started = time.time()
+        started, cpu, fds = time.time(), time.process_time(), len(os.listdir("/proc/self/fd"))
         client = Client(str(args.registry), config=resolve_config_text(args.config))
-        record["connect"] = {"start": started, "end": time.time()}
+        record["connect"] = {
+            "start": started,
+            "end": time.time(),
+            "cpu_s": time.process_time() - cpu,
+            "descriptors": len(os.listdir("/proc/self/fd")) - fds,
+        }
 
     def prepare_write() -> None:
         nonlocal pattern
@@ -343,10 +348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     def do_write() -> None:
         nonlocal write
         assert client is not None and pattern is not None
-        start = MPI.Wtime()
+        start, began = MPI.Wtime(), time.time()
         write = write_file(client, file_path(rank), pattern, args.file_size, args.transfer_size)
         write.start, write.end = start, MPI.Wtime()
         record["write"] = asdict(write)
+        record["timeline"]["write"] = [began, time.time()]
 
     def prepare_read() -> None:
         nonlocal pattern
@@ -356,10 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     def do_read() -> None:
         nonlocal read
         assert client is not None and pattern is not None
-        start = MPI.Wtime()
+        start, began = MPI.Wtime(), time.time()
         read = read_and_verify(client, file_path(peer), pattern, args.file_size, args.transfer_size)
         read.start, read.end = start, MPI.Wtime()
         record["read_phase"] = asdict(read)
+        record["timeline"]["read"] = [began, time.time()]
 
     def check_size() -> None:
         assert client is not None

@@ -3,6 +3,12 @@
 
 /// Raises the soft limit on open descriptors to the hard limit; returns the limit now in force.
 pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+    ensure_descriptor_limit(u64::MAX)
+}
+
+/// Raises the soft limit on open descriptors to the hard limit if it is below `needed`;
+/// returns the limit now in force.
+pub fn ensure_descriptor_limit(needed: u64) -> std::io::Result<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -11,7 +17,7 @@ pub fn raise_descriptor_limit() -> std::io::Result<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    if limit.rlim_cur < limit.rlim_max {
+    if limit.rlim_cur < limit.rlim_max && limit.rlim_cur < needed {
         let raised = libc::rlimit {
             rlim_cur: limit.rlim_max,
             rlim_max: limit.rlim_max,
@@ -40,6 +46,18 @@ pub fn resident_bytes() -> u64 {
         .map_or(0, |pages| pages * page)
 }
 
+/// CPU time this process has used, user and system, in nanoseconds (0 if it cannot be read).
+pub fn cpu_ns() -> u64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only `usage`.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec.max(0) as u64 * 1_000_000_000 + t.tv_usec.max(0) as u64 * 1000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +71,11 @@ mod tests {
         assert_eq!(open_descriptors(), before + 1);
         drop(f);
         assert!(resident_bytes() > 1 << 20);
+        let before = cpu_ns();
+        let mut x = 0u64;
+        for i in 0..10_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        assert!(cpu_ns() > before, "{x}");
     }
 }

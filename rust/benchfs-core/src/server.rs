@@ -797,10 +797,9 @@ impl ServerState {
             self.conns.open.borrow().len(),
         );
         if self.worker_index == 0 {
-            self.metrics.set_process_gauges(
-                crate::process::open_descriptors(),
-                crate::process::resident_bytes(),
-            );
+            use crate::process::{cpu_ns, open_descriptors, resident_bytes};
+            self.metrics
+                .set_process_gauges(open_descriptors(), resident_bytes(), cpu_ns());
         }
     }
 }

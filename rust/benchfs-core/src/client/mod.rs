@@ -157,6 +157,20 @@ impl Client {
             late_replies: Cell::new(0),
             malformed_replies: Cell::new(0),
         });
+        // A client holds about two descriptors per server worker (as servers do per client).
+        let needed = membership
+            .iter()
+            .map(|e| e.ucx_addresses.len() as u64 * 2)
+            .sum::<u64>()
+            + 256;
+        match crate::process::ensure_descriptor_limit(needed) {
+            Ok(limit) if limit < needed => eprintln!(
+                "benchfs: the descriptor limit is {limit} (its hard limit), and connecting to {} \
+                 servers needs about {needed}; raise the hard limit (ulimit -Hn)",
+                membership.len()
+            ),
+            _ => {}
+        }
         let (worker, address) = make_worker(&config, &runtime, &shared)?;
         for (i, entry) in membership.iter().enumerate() {
             if entry.id as usize != i || entry.ucx_addresses.len() != membership[0].ucx_addresses.len() {

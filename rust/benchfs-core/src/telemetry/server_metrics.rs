@@ -26,6 +26,7 @@ pub(super) mod id {
     pub const CONNECTIONS: u8 = 15;
     pub const DESCRIPTORS: u8 = 21;
     pub const RSS_BYTES: u8 = 22;
+    pub const CPU_NS: u8 = 23;
     pub const INFLIGHT_AT_SUBMIT: u8 = 16;
     pub const SUBMIT_BATCH: u8 = 17;
     pub const QUEUE_WAIT_NS: u8 = 18;
@@ -54,6 +55,7 @@ pub const SERVER_METRICS: &[MetricDef] = {
         def(id::CONNECTIONS, "connections", Gauge, false, "connections"),
         def(id::DESCRIPTORS, "descriptors", Gauge, false, "descriptors"),
         def(id::RSS_BYTES, "rss_bytes", Gauge, false, "bytes"),
+        def(id::CPU_NS, "cpu_ns", Gauge, false, "ns"),
         def(
             id::INFLIGHT_AT_SUBMIT,
             "inflight_at_submit",
@@ -132,6 +134,7 @@ pub struct WorkerMetrics {
     connections: Cell<u64>,
     descriptors: Cell<u64>,
     rss_bytes: Cell<u64>,
+    cpu_ns: Cell<u64>,
 }
 
 #[inline(always)]
@@ -178,6 +181,7 @@ impl WorkerMetrics {
             connections: Cell::new(0),
             descriptors: Cell::new(0),
             rss_bytes: Cell::new(0),
+            cpu_ns: Cell::new(0),
         }
     }
 
@@ -297,12 +301,13 @@ impl WorkerMetrics {
         self.connections.set(connections as u64);
     }
 
-    /// The whole process's open descriptors and resident bytes (set by one worker only, so
-    /// that sums over a server's workers stay right).
-    pub fn set_process_gauges(&self, descriptors: u64, rss_bytes: u64) {
+    /// The whole process's open descriptors, resident bytes and CPU time (set by one worker
+    /// only, so that sums over a server's workers stay right).
+    pub fn set_process_gauges(&self, descriptors: u64, rss_bytes: u64, cpu_ns: u64) {
         if self.enabled {
             self.descriptors.set(descriptors);
             self.rss_bytes.set(rss_bytes);
+            self.cpu_ns.set(cpu_ns);
         }
     }
 
@@ -365,6 +370,9 @@ impl WorkerMetrics {
     pub fn rss_bytes(&self) -> u64 {
         self.rss_bytes.get()
     }
+    pub fn cpu_ns(&self) -> u64 {
+        self.cpu_ns.get()
+    }
 
     /// Adds another worker's counters and histograms to these (gauges are summed too), e.g.
     /// to report a whole server.
@@ -385,7 +393,7 @@ impl WorkerMetrics {
     }
 
     /// The non-per-op counters and gauges with their metric ids, in snapshot order.
-    fn scalars(&self) -> [(u8, &Cell<u64>); 14] {
+    fn scalars(&self) -> [(u8, &Cell<u64>); 15] {
         [
             (id::POOL_WAITS, &self.pool_waits),
             (id::HANDLE_HITS, &self.handle_hits),
@@ -401,6 +409,7 @@ impl WorkerMetrics {
             (id::CONNECTIONS, &self.connections),
             (id::DESCRIPTORS, &self.descriptors),
             (id::RSS_BYTES, &self.rss_bytes),
+            (id::CPU_NS, &self.cpu_ns),
         ]
     }
 

@@ -139,7 +139,7 @@ fn exercise(m: &WorkerMetrics) {
     m.count_rejected();
     m.count_malformed();
     m.set_gauges(7, 3, 29, 5);
-    m.set_process_gauges(40, 1 << 20);
+    m.set_process_gauges(40, 1 << 20, 7_000);
     m.absorb(&submits, 1, (1, 1));
 }
 
@@ -169,8 +169,9 @@ fn disabled_metrics_record_nothing() {
         m.connections(),
         m.descriptors(),
         m.rss_bytes(),
+        m.cpu_ns(),
     ];
-    assert_eq!(scalars, [0; 12]);
+    assert_eq!(scalars, [0; 13]);
 }
 
 #[test]
@@ -258,7 +259,7 @@ fn writer_round_trip() -> Result<()> {
     }
     // The first snapshot had no histogram buckets, only the 4 statistics per histogram.
     let first = f.records.iter().filter(|r| r.seq == 0).count();
-    assert_eq!(first, 12 + 14 + 14 * 4);
+    assert_eq!(first, 12 + 15 + 14 * 4);
     // A second writer for the same server and worker gets a new file; nothing is clobbered.
     let w2 = SnapshotWriter::create(&tdir, 3, 1, "node-a")?;
     assert_eq!(
