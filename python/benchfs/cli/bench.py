@@ -540,7 +540,9 @@ def _int_list(value: str, name: str) -> list[int]:
 @click.option(
     "--ranks-per-node", "ranks", help="Client ranks per node, comma-separated [8; and 32x16]."
 )
-@click.option("--file-size", type=SizeType(), help="Bytes per rank [16MiB; --quick: 2MiB].")
+@click.option(
+    "--file-size", type=SizeType(), help="Bytes per rank [16MiB, 4MiB at 32x16; --quick: 2MiB]."
+)
 @click.option("--quick", is_flag=True, help="8 nodes x 8 ranks, 2 MiB per rank (for tests).")
 @JSON_OPTION
 @click.option(
@@ -576,7 +578,8 @@ def scale(
         points = tuple(bench.Point(n, r) for r in per_node for n in counts)
         settings = dataclasses.replace(settings, points=points)
     if file_size is not None:
-        settings = dataclasses.replace(settings, file_size=file_size)
+        points = tuple(dataclasses.replace(p, file_size=None) for p in settings.points)
+        settings = dataclasses.replace(settings, file_size=file_size, points=points)
     err = console(stderr=True)
     report_to = _Reporter(err, quiet=as_json)
     with _failures_exit(err):
