@@ -19,6 +19,7 @@ import pytest
 
 from benchfs import Client, Server, _core
 from benchfs.results import read_json
+from benchfs.telemetry import load
 from benchfs.units import MIB
 from conftest import (
     alive,
@@ -122,6 +123,54 @@ def test_bad_registry_entry_is_a_clear_error(inproc_cluster, kind: str) -> None:
     # Removing the bad entry lets the healthy server be found again.
     bad.unlink()
     assert [m["id"] for m in _core.wait_for_servers(str(cluster.registry), 1, 2.0)] == [0]
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_server_is_greeted_again_and_answers_with_one_connection(
+    daemon_cluster, tmp_path: Path
+) -> None:
+    """A server stopped (SIGSTOP) while clients connect is not declared down: its hellos are
+    sent again until it resumes, and it answers them with the one connection it opened for the
+    first (its telemetry counts one per client). One stopped for good fails the client within
+    cluster.connect_timeout_s, naming it and how many hellos it was sent."""
+    tel = tmp_path / "telemetry"
+    cluster = daemon_cluster(2, f"telemetry.dir={tel}", "telemetry.interval_ms=100")
+    assert cluster.config_path is not None
+    config = cluster.config_path.read_text()
+    cluster.kill(1, signal.SIGSTOP)
+    resumed = threading.Timer(5.0, lambda: cluster.kill(1, signal.SIGCONT))
+    resumed.start()
+    try:
+        t0 = time.monotonic()
+        with Client(str(cluster.registry_dir), config=config) as client:
+            took = time.monotonic() - t0
+            with client.open("/after-pause", os.O_RDWR | os.O_CREAT) as f:
+                f.pwrite(data_for(4, 0, MIB), 0)
+                assert f.pread(MIB, 0) == data_for(4, 0, MIB)
+            time.sleep(0.5)  # a snapshot after the answers
+            latest = load(tel).latest_counters()
+    finally:
+        resumed.join()
+    assert 4.5 < took < 10, took
+    connections = latest[latest["metric"] == "connections"].set_index("server")["value"]
+    assert connections.to_dict() == {0: 1, 1: 1}, connections
+
+    cluster.kill(1, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as refused:
+            Client(
+                str(cluster.registry_dir),
+                config=config_text("cluster.expected_servers=2", "cluster.connect_timeout_s=3.0"),
+            )
+        took = time.monotonic() - t0
+    finally:
+        cluster.kill(1, signal.SIGCONT)
+    assert refused.value.errno == errno.EHOSTDOWN
+    assert re.search(
+        r"server 1 unreachable: no answer to hello in 3\.\d s \(2 sent\)", str(refused.value)
+    )
+    assert took < 5, took
 
 
 @pytest.mark.timeout(60)

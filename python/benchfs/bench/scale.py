@@ -217,36 +217,54 @@ def run_point(
         out["telemetry_error"] = str(e)
         return out
     out.update(_telemetry(tel))
-    out.update(_connect_cost(tel, ranks))
+    out.update(_costs(tel, ranks))
     out.update(_steadiness(tel, ranks))
     return out
 
 
-def _connect_cost(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def _server_spans(
+    tel: Telemetry, metric: str, start: float, end: float
+) -> list[tuple[float, float]]:
+    """Per server: (CPU seconds, growth of `metric` summed over workers) between its last
+    snapshot at or before `start` and its first at or after `end` (servers without both are
+    left out)."""
+    s = tel.counters[tel.counters["source"] == "server"]
+    s = s[s["metric"].isin(["cpu_ns", metric])]
+    spans = []
+    for _, rows in s.groupby("server", observed=True):
+        per_t = rows.pivot_table(index="t", columns="metric", values="value", aggfunc="sum")
+        ns = pd.DatetimeIndex(per_t.index).asi8
+        before, after = per_t[ns <= int(start * 1e9)], per_t[ns >= int(end * 1e9)]
+        if len(before) and len(after) and "cpu_ns" in per_t:
+            a, b = before.iloc[-1], after.iloc[0]
+            spans.append(((b["cpu_ns"] - a["cpu_ns"]) / 1e9, b.get(metric, 0) - a.get(metric, 0)))
+    return spans
+
+
+def _costs(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """What connecting cost: per client (CPU, descriptors) from the ranks' records, per server
-    connection (CPU) from the servers' CPU gauge across the connection storm."""
+    connection (CPU across the connection storm, from the servers' gauges); and what a request
+    cost a server (CPU across the write and read phases over the requests served)."""
     connects = [r["connect"] for r in ranks if r.get("connect")]
     out: dict[str, Any] = {
         "client_connect_cpu_s": _median([c["cpu_s"] for c in connects if "cpu_s" in c]),
         "client_descriptors": _median([c["descriptors"] for c in connects if "descriptors" in c]),
     }
-    if not connects:
-        return out
-    first_ns = int(min(c["start"] for c in connects) * 1e9)
-    last_ns = int(max(c["end"] for c in connects) * 1e9)
-    s = tel.counters[tel.counters["source"] == "server"]
-    per_connection = []
-    for _, rows in s[s["metric"].isin(["cpu_ns", "connections"])].groupby("server", observed=True):
-        t = pd.DatetimeIndex(rows["t"]).asi8
-        cpu = rows[rows["metric"] == "cpu_ns"].assign(ns=t[rows["metric"].to_numpy() == "cpu_ns"])
-        conns = rows[rows["metric"] == "connections"]
-        before, after = cpu[cpu["ns"] <= first_ns], cpu[cpu["ns"] >= last_ns]
-        if len(before) and len(after) and len(conns):
-            spent = after["value"].iloc[0] - before["value"].iloc[-1]
-            opened = conns.groupby("t", observed=True)["value"].sum().max()
-            if opened:
-                per_connection.append(spent / 1e6 / opened)
-    out["server_cpu_ms_per_connection"] = _median(per_connection)
+    if connects:
+        storm = _server_spans(
+            tel, "connections", min(c["start"] for c in connects), max(c["end"] for c in connects)
+        )
+        out["server_cpu_ms_per_connection"] = _median(
+            [cpu * 1e3 / opened for cpu, opened in storm if opened > 0]
+        )
+    spans = [
+        r["timeline"][p] for r in ranks for p in ("write", "read") if p in r.get("timeline", {})
+    ]
+    if spans:
+        work = _server_spans(tel, "ops", min(a for a, _ in spans), max(b for _, b in spans))
+        out["server_cpu_us_per_request"] = _median(
+            [cpu * 1e6 / ops for cpu, ops in work if ops > 0]
+        )
     return out
 
 
@@ -261,20 +279,25 @@ def _steadiness(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         start, end = min(s[0] for s in spans), max(s[1] for s in spans)
         out[f"{phase}_s"] = end - start
         seconds = int(end - start - 2 * STEADY_EDGE_S)
-        windows = [_second(tel, start + STEADY_EDGE_S + k, phase) for k in range(max(seconds, 0))]
+        measured = [_second(tel, start + STEADY_EDGE_S + k, phase) for k in range(max(seconds, 0))]
+        windows = [w for w in measured if w is not None]
+        out[f"{phase}_seconds_unmeasured"] = len(measured) - len(windows)
         best = max(windows, default=0.0)
         out[f"{phase}_steady_share"] = min(windows) / best if best > 0 else None
     return out
 
 
-def _second(tel: Telemetry, start: float, op: str) -> float:
-    """The servers' MiB/s for `op` in the second from `start` (0 when none completed)."""
+def _second(tel: Telemetry, start: float, op: str) -> float | None:
+    """The servers' MiB/s for `op` in the second from `start`: 0 when none completed, None when
+    a server wrote no snapshot in it (a starved server: the second is not measured)."""
     try:
         return op_window(tel, start, start + 1.0, op, enclose=False).mib_s
     except BenchError as e:
-        if f"no {op} operations" not in str(e):
-            raise
-        return 0.0
+        if f"no {op} operations" in str(e):
+            return 0.0
+        if "no snapshots around" in str(e):
+            return None
+        raise
 
 
 def run_scale(
@@ -386,6 +409,7 @@ COLUMNS = (
     ("descriptors_per_server", "fds/server", 0),
     ("server_bytes_per_connection", "bytes/conn", 0),
     ("server_cpu_ms_per_connection", "server CPU ms/conn", 2),
+    ("server_cpu_us_per_request", "server CPU µs/req", 0),
     ("client_connect_cpu_s", "client CPU s", 3),
 )
 

@@ -507,6 +507,11 @@ impl Reactor {
             self.was_active.set(true);
             return submit(0, None);
         }
+        if self.ucx_fired.get() {
+            // UCX's poll completed after this turn's progress: progress again before sleeping
+            // (arming alone need not see what woke it).
+            return submit(0, None);
+        }
         // A bounded spin after activity: a reply or completion often follows within
         // microseconds, and sleeping would add the kernel's wake-up latency to it. An idle
         // loop (no activity since its last sleep) does not spin.
