@@ -377,9 +377,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
             left.plot(x, [p.get(key) for p in pts], marker="o", label=f"{label}, {rpn}/node")
         for key, label in (("write_mib_s", "write"), ("read_mib_s", "read")):
             right.plot(x, [p.get(key) for p in pts], marker="o", label=f"{label}, {rpn}/node")
-    left.set(xlabel="ranks", ylabel="seconds", xscale="log", title="start-up and connection")
-    right.set(xlabel="ranks", ylabel="MiB/s", xscale="log", title="bandwidth (every byte verified)")
+    left.set(xlabel="ranks", ylabel="seconds", yscale="log", title="start-up and connection")
+    right.set(xlabel="ranks", ylabel="MiB/s", title="bandwidth (every byte verified)")
+    ranks = sorted({p["ranks"] for p in report["points"]})
     for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(r) for r in ranks])
+        ax.minorticks_off()
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     fig.suptitle(f"benchfs-bench scale ({report['cores']} cores shared by every node)")
