@@ -38,8 +38,6 @@ from benchfs.units import MIB
 
 TELEMETRY_INTERVAL_MS = 250
 """Snapshots 4 times a second, so that each second of a phase has its own throughput."""
-STEADY_EDGE_S = 2.0
-"""The first and last seconds of a phase left out of its steadiness (ramp-up and stragglers)."""
 STEADY_TARGET = 0.5
 """The worst 1 s window of a phase at least this fraction of its best (in runs of 30 s+)."""
 CONNECT_TARGET_S = 10.0
@@ -101,7 +99,10 @@ def _timeline(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     starts = [r["timeline"]["process_start"] for r in ranks if r.get("timeline")]
     starts = [s for s in starts if s is not None]
     connects = [r["connect"] for r in ranks if r.get("connect")]
-    first = [r["write"]["first_s"] for r in ranks if r.get("write", {}).get("first_s") is not None]
+    # A rank that failed early has no write (None) and a shorter timeline.
+    first: list[float] = [
+        f for r in ranks if (f := (r.get("write") or {}).get("first_s")) is not None
+    ]
     out: dict[str, Any] = {"connected_ranks": len(connects)}
     if connects:
         last_call = max(c["start"] for c in connects)
@@ -258,7 +259,7 @@ def _costs(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             [cpu * 1e3 / opened for cpu, opened in storm if opened > 0]
         )
     spans = [
-        r["timeline"][p] for r in ranks for p in ("write", "read") if p in r.get("timeline", {})
+        r["timeline"][p] for r in ranks for p in ("write", "read") if p in (r.get("timeline") or {})
     ]
     if spans:
         work = _server_spans(tel, "ops", min(a for a, _ in spans), max(b for _, b in spans))
@@ -269,19 +270,21 @@ def _costs(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _steadiness(tel: Telemetry, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per phase: its length, and its worst 1 s window of server throughput over its best
-    (the first and last STEADY_EDGE_S left out; None for phases too short to have any)."""
+    """Per phase: its length, the seconds in which every rank was in it (from the last rank's
+    start to the first rank's end: the load is whole, no rank has finished), and the worst of
+    those seconds' server throughput over the best (None when there is no such second). The
+    server throughput of each second is listed (`None`: a second no snapshot covered)."""
     out: dict[str, Any] = {}
     for phase in ("write", "read"):
-        spans = [r["timeline"][phase] for r in ranks if phase in r.get("timeline", {})]
+        spans = [r["timeline"][phase] for r in ranks if phase in (r.get("timeline") or {})]
         if not spans:
             continue
-        start, end = min(s[0] for s in spans), max(s[1] for s in spans)
-        out[f"{phase}_s"] = end - start
-        seconds = int(end - start - 2 * STEADY_EDGE_S)
-        measured = [_second(tel, start + STEADY_EDGE_S + k, phase) for k in range(max(seconds, 0))]
+        out[f"{phase}_s"] = max(s[1] for s in spans) - min(s[0] for s in spans)
+        start, end = max(s[0] for s in spans), min(s[1] for s in spans)
+        out[f"{phase}_all_ranks_s"] = max(end - start, 0.0)
+        measured = [_second(tel, start + k, phase) for k in range(max(int(end - start), 0))]
+        out[f"{phase}_windows_mib_s"] = measured
         windows = [w for w in measured if w is not None]
-        out[f"{phase}_seconds_unmeasured"] = len(measured) - len(windows)
         best = max(windows, default=0.0)
         out[f"{phase}_steady_share"] = min(windows) / best if best > 0 else None
     return out
@@ -322,7 +325,7 @@ def run_scale(
         p[f"{phase}_steady_share"]
         for p in points
         for phase in ("write", "read")
-        if (p.get(f"{phase}_s") or 0) >= 30 and p.get(f"{phase}_steady_share") is not None
+        if (p.get(f"{phase}_all_ranks_s") or 0) >= 30 and p.get(f"{phase}_steady_share") is not None
     ]
     return {
         "settings": {
@@ -348,7 +351,7 @@ def run_scale(
                 ),
             },
             {
-                "target": f"phases of 30 s+: worst 1 s window >= {STEADY_TARGET:g}x the best",
+                "target": f"30 s+ of all ranks in a phase: worst 1 s >= {STEADY_TARGET:g}x best",
                 "met": None if not steady else all(v >= STEADY_TARGET for v in steady),
             },
             {
