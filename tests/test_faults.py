@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from benchfs import Client, Server, _core
+from benchfs.config import resolve_config_text
 from benchfs.results import read_json
 from benchfs.telemetry import load
 from benchfs.units import MIB
@@ -129,14 +130,15 @@ def test_bad_registry_entry_is_a_clear_error(inproc_cluster, kind: str) -> None:
 def test_a_paused_server_is_greeted_again_and_answers_with_one_connection(
     daemon_cluster, tmp_path: Path
 ) -> None:
-    """A server stopped (SIGSTOP) while clients connect is not declared down: its hellos are
-    sent again until it resumes, and it answers them with the one connection it opened for the
-    first (its telemetry counts one per client). One stopped for good fails the client within
-    cluster.connect_timeout_s, naming it and how many hellos it was sent."""
+    """With cluster.connect_at_start, a server stopped (SIGSTOP) while clients connect is not
+    declared down: its hellos are sent again until it resumes, and it answers them with the one
+    connection it opened for the first (its telemetry counts one per client). One stopped for
+    good fails the client within cluster.connect_timeout_s, naming it and how many hellos it
+    was sent."""
     tel = tmp_path / "telemetry"
     cluster = daemon_cluster(2, f"telemetry.dir={tel}", "telemetry.interval_ms=100")
     assert cluster.config_path is not None
-    config = cluster.config_path.read_text()
+    config = resolve_config_text(cluster.config_path, ["cluster.connect_at_start=true"])
     cluster.kill(1, signal.SIGSTOP)
     resumed = threading.Timer(5.0, lambda: cluster.kill(1, signal.SIGCONT))
     resumed.start()
@@ -161,7 +163,11 @@ def test_a_paused_server_is_greeted_again_and_answers_with_one_connection(
         with pytest.raises(OSError) as refused:
             Client(
                 str(cluster.registry_dir),
-                config=config_text("cluster.expected_servers=2", "cluster.connect_timeout_s=3.0"),
+                config=config_text(
+                    "cluster.expected_servers=2",
+                    "cluster.connect_timeout_s=3.0",
+                    "cluster.connect_at_start=true",
+                ),
             )
         took = time.monotonic() - t0
     finally:
@@ -171,6 +177,88 @@ def test_a_paused_server_is_greeted_again_and_answers_with_one_connection(
         r"server 1 unreachable: no answer to hello in 3\.\d s \(2 sent\)", str(refused.value)
     )
     assert took < 5, took
+
+
+@pytest.mark.timeout(60)
+def test_servers_are_connected_on_first_use(daemon_cluster, tmp_path: Path) -> None:
+    """Without cluster.connect_at_start, a client starts without greeting anyone and connects
+    to a server on its first request there. A paused server is greeted again until it resumes
+    (one connection, however many hellos); one paused for good fails the requests that need it
+    within client.request_timeout_s, naming it, while requests to the others are served."""
+    tel = tmp_path / "telemetry"
+    cluster = daemon_cluster(2, f"telemetry.dir={tel}", "telemetry.interval_ms=100")
+    assert cluster.config_path is not None
+    config = cluster.config_path.read_text()
+    data = data_for(5, 0, 4 * MIB)  # 64 chunks of 64 KiB: both servers
+    cluster.kill(1, signal.SIGSTOP)
+    resumed = threading.Timer(3.0, lambda: cluster.kill(1, signal.SIGCONT))
+    resumed.start()
+    try:
+        t0 = time.monotonic()
+        with Client(str(cluster.registry_dir), config=config) as client:
+            started = time.monotonic() - t0
+            with client.open("/on-use", os.O_RDWR | os.O_CREAT) as f:
+                f.pwrite(data, 0)
+                wrote = time.monotonic() - t0
+                assert f.pread(len(data), 0) == data
+            time.sleep(0.5)  # a snapshot after the answers
+            latest = load(tel).latest_counters()
+    finally:
+        resumed.join()
+    assert started < 0.5, started
+    assert 2.5 < wrote < 5, wrote
+    connections = latest[latest["metric"] == "connections"].set_index("server")["value"]
+    assert connections.to_dict() == {0: 1, 1: 1}, connections
+
+    cluster.kill(1, signal.SIGSTOP)
+    try:
+        with Client(
+            str(cluster.registry_dir),
+            config=config_text("cluster.expected_servers=2", "client.request_timeout_s=3.0"),
+        ) as client:
+            outcomes = []
+            for i in range(12):
+                t0 = time.monotonic()
+                try:
+                    client.stat(f"/absent-{i}")
+                except OSError as e:
+                    outcomes.append((e.errno, str(e), time.monotonic() - t0))
+    finally:
+        cluster.kill(1, signal.SIGCONT)
+    answered = [o for o in outcomes if o[0] == errno.ENOENT]
+    refused = [o for o in outcomes if o[0] != errno.ENOENT]
+    assert answered and refused, outcomes  # names owned by each server (2**-11 to fail)
+    first, *later = refused
+    assert first[0] == errno.EHOSTDOWN, first
+    assert re.search(r"server 1 unreachable: no answer to hello in 3\.\d s \(2 sent\)", first[1])
+    assert 2.9 < first[2] < 4, first
+    # Lost now: the others fail at once, until a probe gets an answer.
+    assert all(o[0] == errno.EHOSTDOWN and o[2] < 0.5 for o in later), later
+    assert all(o[2] < 0.5 for o in answered), answered
+
+
+@pytest.mark.timeout(60)
+def test_a_member_dead_at_start_fails_only_what_needs_it(daemon_cluster) -> None:
+    """A member killed before the client starts: the client starts, the requests that need
+    that server fail at once (EHOSTDOWN, naming it), and the others are served."""
+    cluster = daemon_cluster(2)
+    assert cluster.config_path is not None
+    cluster.kill(1, signal.SIGKILL)
+    t0 = time.monotonic()
+    with Client(str(cluster.registry_dir), config=cluster.config_path.read_text()) as client:
+        assert time.monotonic() - t0 < 0.5
+        outcomes = []
+        for i in range(12):
+            t0 = time.monotonic()
+            try:
+                client.stat(f"/absent-{i}")
+            except OSError as e:
+                outcomes.append((e.errno, str(e), time.monotonic() - t0))
+    answered = [o for o in outcomes if o[0] == errno.ENOENT]
+    refused = [o for o in outcomes if o[0] != errno.ENOENT]
+    assert answered and refused, outcomes
+    assert all(o[0] == errno.EHOSTDOWN and "server 1" in o[1] for o in refused), refused
+    assert all(o[2] < 1.0 for o in outcomes), outcomes
 
 
 @pytest.mark.timeout(60)

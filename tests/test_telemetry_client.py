@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from benchfs import Client
+from benchfs.analysis.tables import STAGES
 from benchfs.telemetry import load, load_trace
 from conftest import benchfs_run_command, config_text, data_for
 
@@ -113,6 +114,20 @@ def test_client_files_and_traces_from_a_real_run(daemon_cluster, tmp_path: Path)
     calls = c[(c["metric"] == "call_ns.count")].set_index("op")["value"]
     assert calls["write"] == sum(len(w) for w in WRITES.values())
     assert calls["read"] == len(WRITES)
+
+    # Every data call split into the stages of its critical request: they add up to the call,
+    # exactly, and the server's share (carried by its replies, in whole µs) is at most what the
+    # servers' traces hold for all the op's requests.
+    def total(metric: str, op: str) -> int:
+        return int(c[(c["metric"] == metric) & (c["op"] == op)]["value"].sum())
+
+    for op in ("write", "read"):
+        assert total("call_other_ns.count", op) == calls[op], op
+        assert sum(total(f"{m}.sum", op) for m in STAGES.values()) == total("call_ns.sum", op)
+        at_server = total("call_queue_ns.sum", op) + total("call_service_ns.sum", op)
+        traced = load_trace(tel)
+        assert traced is not None
+        assert 0 < at_server <= int(traced[traced["op"] == op]["total_ns"].sum()), op
     sends = int(c.loc[c["metric"] == "inflight_at_send.count", "value"].sum())
     assert sends == int(c.loc[c["metric"] == "requests", "value"].sum())
     assert int(c.loc[c["metric"] == "inflight", "value"].iloc[0]) == 0  # all answered

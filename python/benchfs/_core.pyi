@@ -166,7 +166,8 @@ class Client:
     def __new__(
         cls, registry_dir: str, config: str | None = None, expected_servers: int | None = None
     ) -> Client:
-        """Connect once the expected membership has registered (TimeoutError names the missing)."""
+        """Wait for the expected membership (TimeoutError names the missing); servers are
+        connected on first use (all at once with cluster.connect_at_start)."""
     def open(self, path: str, flags: int = 0, mode: int = 0o644) -> File:
         """Open `path`; flags take os.O_CREAT, os.O_EXCL, os.O_TRUNC (access bits are ignored).
         OSError with errno ENOENT, EEXIST, EISDIR, ENOTDIR, ENAMETOOLONG or EINVAL on failure."""

@@ -311,8 +311,9 @@ class Client:
     """A client of a running BenchFS cluster.
 
     Waits until `expected_servers` (default: `cluster.expected_servers` of the configuration)
-    have registered in `registry_dir` (default: `cluster.registry_dir` of the configuration),
-    then connects to all of them. One client serves one request at a time; threads that share
+    have registered in `registry_dir` (default: `cluster.registry_dir` of the configuration);
+    connects to each server on its first request there (to all of them at once with
+    `cluster.connect_at_start`). One client serves one request at a time; threads that share
     it take turns, so give each thread its own client for parallel I/O. `config` is TOML text
     (`benchfs.config.resolve_config_text`); None means the defaults with $BENCHFS_CONFIG and
     BENCHFS_* applied, so in a job started by `benchfs start` `Client()` finds its cluster.

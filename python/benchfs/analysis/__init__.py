@@ -42,6 +42,7 @@ from benchfs.analysis.tables import (
     io_depth,
     iostat_devices,
     op_time_distribution,
+    op_time_stages,
     per_node,
     placement,
     placement_summary,
@@ -75,6 +76,7 @@ __all__ = [
     "latest_run",
     "load_run",
     "op_time_distribution",
+    "op_time_stages",
     "per_node",
     "placement",
     "placement_summary",
@@ -125,6 +127,7 @@ def compute_tables(
         rpc_by_target=rpc_by_target(run),
         rpc_timeseries=rpc_timeseries(run, interval_s),
         iostat_devices=iostat_devices(run),
+        op_stages=op_time_stages(run.telemetry),
     )
 
 

@@ -39,6 +39,7 @@ class Tables:
     rpc_by_target: pd.DataFrame
     rpc_timeseries: pd.DataFrame
     iostat_devices: pd.DataFrame
+    op_stages: pd.DataFrame
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """Every table by its CSV name."""
@@ -54,6 +55,7 @@ class Tables:
             "rpc_by_target": self.rpc_by_target,
             "rpc_timeseries": self.rpc_timeseries,
             "iostat_devices": self.iostat_devices,
+            "op_time_stages": self.op_stages,
         }
 
 

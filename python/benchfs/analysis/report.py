@@ -20,6 +20,7 @@ from benchfs import __version__
 from benchfs.analysis import Analysis, _num
 from benchfs.analysis import plots as P
 from benchfs.analysis.insights import Insight
+from benchfs.analysis.tables import STAGES
 from benchfs.units import shown_value
 
 __all__ = [
@@ -283,6 +284,9 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
     if not t.rpc_by_target.empty:
         cols = ["target", "requests", "retries", "retry_pct", "timeouts", "mean_ms", "p99_ms"]
         console.print(_rich_table("RPC by target", t.rpc_by_target, cols))
+    if not t.op_stages.empty:
+        cols = ["op", "call_p50_ms", *STAGES, "unattributed_ms", "attributed_share"]
+        console.print(_rich_table("p50 call in stages (ms)", t.op_stages, cols))
     if baseline is not None:
         console.print(
             _rich_table(
@@ -395,7 +399,9 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
         + f'<table class="kv">{ps}</table>'
     )
     parts["rpc"] = (
-        _img(P.rpc_figure(t), "RPC by target") + _table_html(t.rpc_by_target, "rpc_by_target")
+        _img(P.rpc_figure(t), "RPC by target")
+        + _table_html(t.rpc_by_target, "rpc_by_target")
+        + _table_html(t.op_stages, "op_time_stages")
         if not t.rpc_by_target.empty
         else f'<p class="note">{html.escape("No client telemetry in this run.")}</p>'
     )

@@ -24,7 +24,7 @@ from benchfs.analysis.run import LoadedRun
 from benchfs.analysis.thresholds import Thresholds
 from benchfs.slownodes import COLUMNS as SLOW_NODE_COLUMNS
 from benchfs.slownodes import judge_nodes
-from benchfs.telemetry import histogram_quantile
+from benchfs.telemetry import Telemetry, histogram_quantile
 
 __all__ = [
     "DATA_OPS",
@@ -35,6 +35,7 @@ __all__ = [
     "io_depth",
     "iostat_devices",
     "op_time_distribution",
+    "op_time_stages",
     "per_node",
     "placement",
     "placement_summary",
@@ -275,6 +276,69 @@ def io_depth(run: LoadedRun) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------------------
 # Op-time distribution
+
+
+STAGES = {
+    "window": "call_window_ns",
+    "server queue": "call_queue_ns",
+    "server service": "call_service_ns",
+    "transport": "call_transport_ns",
+    "client other": "call_other_ns",
+}
+"""The stages of a data call (column name: client histogram; see `op_time_stages`)."""
+
+
+def op_time_stages(tel: Telemetry | None) -> pd.DataFrame:
+    """The p50 of a data call (`call_ns`, at the client) split into named stages, per data op.
+
+    Every call is split at the client along its critical request (its chunk request answered
+    last): that request's wait for a window slot, its time in the server's queue and the rest
+    of its time there (both from the server's reply), its transport (its reply time less the
+    server's: the network both ways and both event loops), and the rest of the call (before that
+    request could be sent, and after its answer: the client library, and the call's other
+    requests, such as an open's lookup). A call's stages add up to its time, so their means add
+    up to the mean call exactly (`mean_<stage>_share`). The p50s do not add exactly: the
+    attributed share is the p50s of the four stages of the critical request over the call's p50
+    (`unattributed_ms` is the rest, which "client other" and the p50s' inexact sum share).
+    Columns: op, calls, call_p50_ms, one column per STAGES name (p50, ms), unattributed_ms,
+    attributed_share, mean_<stage>_share. Empty without client telemetry that has the stages.
+    """
+    columns = ["op", "calls", "call_p50_ms", *STAGES, "unattributed_ms", "attributed_share"]
+    columns += [f"mean_{name.replace(' ', '_')}_share" for name in STAGES]
+    if tel is None or not tel.has_clients:
+        return pd.DataFrame(columns=columns)
+    c = tel.latest_counters("client")
+    if not (c["metric"] == "call_window_ns.count").any():
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for op in DATA_OPS:
+
+        def stat(metric: str, name: str, op: str = op) -> float:
+            return float(c[(c["metric"] == f"{metric}.{name}") & (c["op"] == op)]["value"].sum())
+
+        n = int(stat("call_window_ns", "count"))
+        if n == 0:
+            continue
+        call = float(tel.quantile("call_ns", op, 0.5, source="client")) / MS
+        p50 = {k: float(tel.quantile(m, op, 0.5, source="client")) / MS for k, m in STAGES.items()}
+        sums = {k: stat(m, "sum") for k, m in STAGES.items()}
+        whole = sum(sums.values())
+        attributed = sum(v for k, v in p50.items() if k != "client other")
+        rows.append(
+            {
+                "op": op,
+                "calls": n,
+                "call_p50_ms": call,
+                **p50,
+                "unattributed_ms": call - attributed,
+                "attributed_share": attributed / call if call > 0 else math.nan,
+                **{
+                    f"mean_{k.replace(' ', '_')}_share": v / whole if whole else math.nan
+                    for k, v in sums.items()
+                },
+            }
+        )
+    return pd.DataFrame(rows, columns=columns)
 
 
 def op_time_distribution(

@@ -26,7 +26,7 @@ from benchfs import __version__
 from benchfs.cli.consoles import console
 from benchfs.cli.options import SizeType
 from benchfs.cluster import find_benchfsd
-from benchfs.config import load_config
+from benchfs.config import load_config, resolve_config_text
 from benchfs.errors import EXIT_INTERRUPTED, BenchError, BenchfsError
 from benchfs.probes.system import filesystem_type
 
@@ -544,6 +544,13 @@ def _int_list(value: str, name: str) -> list[int]:
     "--file-size", type=SizeType(), help="Bytes per rank [16MiB, 4MiB at 32x16; --quick: 2MiB]."
 )
 @click.option("--quick", is_flag=True, help="8 nodes x 8 ranks, 2 MiB per rank (for tests).")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="A configuration key for every run, e.g. cluster.connect_at_start=true (repeatable).",
+)
 @JSON_OPTION
 @click.option(
     "--plot",
@@ -562,6 +569,7 @@ def scale(
     ranks: str | None,
     file_size: int | None,
     quick: bool,
+    sets: tuple[str, ...],
     as_json: bool,
     plot: Path | None,
     root: Path | None,
@@ -569,7 +577,11 @@ def scale(
     """Nodes apart (network namespaces) by the dozen, ranks by the hundred: connect, verify."""
     from benchfs.bench import scale as bench
 
-    settings = bench.ScaleSettings.quick() if quick else bench.ScaleSettings()
+    try:
+        resolve_config_text(None, sets, environment=False)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--set") from None
+    settings = bench.ScaleSettings.quick(sets) if quick else bench.ScaleSettings(overrides=sets)
     if nodes is not None or ranks is not None:
         counts = (
             _int_list(nodes, "--nodes") if nodes else sorted({p.nodes for p in settings.points})

@@ -41,6 +41,9 @@ pub struct ClusterConfig {
     pub connect_timeout_s: f64,
     /// Servers a client greets at once while connecting (the rest wait for a slot).
     pub connect_parallel: u32,
+    /// Connect to every server when the client starts, failing at once if any cannot be
+    /// reached; off, a client connects to each server on its first request there.
+    pub connect_at_start: bool,
 }
 
 impl Default for ClusterConfig {
@@ -50,6 +53,7 @@ impl Default for ClusterConfig {
             expected_servers: 0,
             connect_timeout_s: 30.0,
             connect_parallel: 64,
+            connect_at_start: false,
         }
     }
 }

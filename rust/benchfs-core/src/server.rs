@@ -484,8 +484,8 @@ impl ServerState {
             arrived,
         } = req;
         let served = self.run(&h, payload, &conn).await;
-        self.account(&h, arrived, &served);
-        self.reply(&h, &conn, served).await;
+        let time = self.account(&h, arrived, &served);
+        self.reply(&h, &conn, served, time).await;
     }
 
     /// Receives a rendezvous payload into `target` (memory owned by `owner`, registered as
@@ -609,8 +609,8 @@ impl ServerState {
     }
 
     /// Records a served request in the worker's telemetry and (with `telemetry.trace`) its
-    /// trace ring.
-    fn account(&self, h: &Header, arrived: Instant, served: &Served) {
+    /// trace ring. Returns its time here, as data replies carry it.
+    fn account(&self, h: &Header, arrived: Instant, served: &Served) -> ReplyValue {
         let done = Instant::now();
         let started = served.device_start.unwrap_or(done);
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
@@ -648,10 +648,16 @@ impl ServerState {
                 self.metrics.count_trace_dropped();
             }
         }
+        let us = |ns: u64| u32::try_from(ns / 1000).unwrap_or(u32::MAX);
+        ReplyValue::Served {
+            queue_us: us(queue_ns),
+            total_us: us(total_ns),
+        }
     }
 
-    /// Sends the reply: the header, then read data or a metadata body as its payload.
-    async fn reply(&self, h: &Header, conn: &Endpoint, served: Served) {
+    /// Sends the reply: the header (a data reply carrying `time`, the server's time for it),
+    /// then read data or a metadata body as its payload.
+    async fn reply(&self, h: &Header, conn: &Endpoint, served: Served, time: ReplyValue) {
         let Served {
             status,
             count,
@@ -661,6 +667,7 @@ impl ServerState {
         } = served;
         let reply = match &meta {
             Some((value, body)) => h.reply(status, body.len() as u64).with_value(*value),
+            None if matches!(h.op, Op::WriteChunk | Op::ReadChunk) => h.reply(status, count).with_value(time),
             None => h.reply(status, count),
         };
         let payload: &[u8] = match (&data, &meta) {

@@ -99,7 +99,48 @@ impl Future for MoreHellos<'_> {
     }
 }
 
-/// A server being connected to by [`Client::connect_servers`].
+/// Ready once no call is greeting the server at `index` (see [`Client::connect_on_use`]).
+struct Greeted<'a> {
+    client: &'a Client,
+    index: usize,
+}
+
+impl Future for Greeted<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut links = self.client.links.borrow_mut();
+        let link = &mut links[self.index];
+        if !link.connecting {
+            return Poll::Ready(());
+        }
+        link.waiters.push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Ends a call's greeting of the server at `index`, and wakes the calls waiting for it, even
+/// if the greeting call is dropped part way.
+struct GreetingDone<'a> {
+    client: &'a Client,
+    index: usize,
+}
+
+impl Drop for GreetingDone<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut links = self.client.links.borrow_mut();
+            let link = &mut links[self.index];
+            link.connecting = false;
+            std::mem::take(&mut link.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+/// A server being connected to by [`Client::greet`].
 struct Connecting {
     index: usize,
     greeting: Greeting,
@@ -235,18 +276,70 @@ impl Client {
         Some(failure.map_or(Ok(conns), Err))
     }
 
-    /// Connects to the servers at `indices`, with hellos in flight to at most
-    /// `cluster.connect_parallel` of them at once, until `deadline`. The loop sleeps until an
-    /// answer, a failure or a resend is due. A silent server is greeted again
-    /// ([`HELLO_RESEND_FIRST`], doubling); a transport failure or a refusal ends its attempt at
-    /// once, with nothing sent again. Admits every server that answered and returns the others,
-    /// each with why.
+    /// Connects to the servers at `indices` (see [`Self::greet`]) from outside the event loop:
+    /// at start with `cluster.connect_at_start`, and after a transport rebuild.
     pub(super) fn connect_servers(&self, indices: &[usize], deadline: Instant) -> Vec<(usize, Error)> {
+        match self.runtime.block_on(self.greet(indices, deadline)) {
+            Ok(failed) => failed,
+            // The loop could not run (a forked child's inherited client): nothing answered.
+            Err(e) => indices
+                .iter()
+                .map(|&index| {
+                    (
+                        index,
+                        Error::ServerLost {
+                            server: self.membership[index].id,
+                            reason: e.to_string(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Connects to the server at `index` if no call has yet (without
+    /// `cluster.connect_at_start`, a client connects to a server on its first request there):
+    /// one call greets it, within `client.request_timeout_s`, and calls that need it meanwhile
+    /// wait for that greeting. A server that cannot be reached is marked lost, so it is probed
+    /// like one lost later, and the call fails naming it.
+    pub(super) async fn connect_on_use(&self, index: usize) -> Result<()> {
+        loop {
+            {
+                let links = self.links.borrow();
+                let link = &links[index];
+                if !link.endpoints.is_empty() || link.lost.is_some() {
+                    return Ok(());
+                }
+                if !link.connecting {
+                    break;
+                }
+            }
+            Greeted { client: self, index }.await;
+        }
+        self.links.borrow_mut()[index].connecting = true;
+        let _done = GreetingDone { client: self, index };
+        let timeout = Duration::from_secs_f64(self.config.client.request_timeout_s);
+        match self.greet(&[index], Instant::now() + timeout).await.pop() {
+            None => Ok(()),
+            Some((_, e)) => {
+                if let Error::ServerLost { reason, .. } = &e {
+                    self.mark_lost(index, reason.clone());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Connects to the servers at `indices`, with hellos in flight to at most
+    /// `cluster.connect_parallel` of them at once, until `deadline`. Sleeps until an answer, a
+    /// failure or a resend is due. A silent server is greeted again ([`HELLO_RESEND_FIRST`],
+    /// doubling); a transport failure or a refusal ends its attempt at once, with nothing sent
+    /// again. Admits every server that answered and returns the others, each with why.
+    async fn greet(&self, indices: &[usize], deadline: Instant) -> Vec<(usize, Error)> {
         let started = Instant::now();
         let limit = self.config.cluster.connect_parallel.max(1) as usize;
         let mut queued = indices.iter().copied();
         let mut active: Vec<Connecting> = Vec::new();
-        let mut answered = Vec::new();
         let mut failed = Vec::new();
         let lost = |index: usize, reason: String| {
             (
@@ -258,91 +351,73 @@ impl Client {
             )
         };
         let reactor = self.runtime.reactor().clone();
-        let ran = self.runtime.block_on(async {
-            loop {
-                while active.len() < limit {
-                    let Some(index) = queued.next() else { break };
-                    match self.start_hellos(index, &[]) {
-                        Ok(greeting) => active.push(Connecting {
-                            index,
-                            greeting,
-                            resend_at: Instant::now() + HELLO_RESEND_FIRST,
-                            interval: HELLO_RESEND_FIRST,
-                        }),
-                        Err(e) => failed.push((index, e)),
-                    }
+        loop {
+            while active.len() < limit {
+                let Some(index) = queued.next() else { break };
+                match self.start_hellos(index, &[]) {
+                    Ok(greeting) => active.push(Connecting {
+                        index,
+                        greeting,
+                        resend_at: Instant::now() + HELLO_RESEND_FIRST,
+                        interval: HELLO_RESEND_FIRST,
+                    }),
+                    Err(e) => failed.push((index, e)),
                 }
-                if active.is_empty() {
-                    return;
-                }
-                let now = Instant::now();
-                let mut k = 0;
-                while k < active.len() {
-                    let c = &mut active[k];
-                    match self.hello_outcome(&c.greeting.ids) {
-                        Some(outcome) => {
-                            let c = active.swap_remove(k);
-                            match outcome {
-                                Ok(conns) => answered.push((c.index, c.greeting.endpoints, conns)),
-                                Err(reason) => failed.push(lost(c.index, reason)),
-                            }
-                        }
-                        None if now >= deadline => {
-                            let c = active.swap_remove(k);
-                            self.forget_hellos(&c.greeting.ids);
-                            let waited = now.saturating_duration_since(started).as_secs_f64();
-                            let sent = c.greeting.sent;
-                            failed.push(lost(
-                                c.index,
-                                format!("no answer to hello in {waited:.1} s ({sent} sent)"),
-                            ));
-                        }
-                        None => {
-                            if now >= c.resend_at {
-                                self.resend_hellos(&mut c.greeting);
-                                c.interval = (c.interval * 2).min(HELLO_RESEND_MAX);
-                                c.resend_at = now + c.interval;
-                            }
-                            k += 1;
+            }
+            if active.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            let mut k = 0;
+            while k < active.len() {
+                let c = &mut active[k];
+                match self.hello_outcome(&c.greeting.ids) {
+                    Some(outcome) => {
+                        let c = active.swap_remove(k);
+                        match outcome {
+                            Ok(conns) => self.admit(c.index, c.greeting.endpoints, conns),
+                            Err(reason) => failed.push(lost(c.index, reason)),
                         }
                     }
+                    None if now >= deadline => {
+                        let c = active.swap_remove(k);
+                        self.forget_hellos(&c.greeting.ids);
+                        let waited = now.saturating_duration_since(started).as_secs_f64();
+                        let sent = c.greeting.sent;
+                        failed.push(lost(
+                            c.index,
+                            format!("no answer to hello in {waited:.1} s ({sent} sent)"),
+                        ));
+                    }
+                    None => {
+                        if now >= c.resend_at {
+                            self.resend_hellos(&mut c.greeting);
+                            c.interval = (c.interval * 2).min(HELLO_RESEND_MAX);
+                            c.resend_at = now + c.interval;
+                        }
+                        k += 1;
+                    }
                 }
-                let Some(wake) = active.iter().map(|c| c.resend_at.min(deadline)).min() else {
-                    continue;
-                };
-                let ids: Vec<u64> = active
-                    .iter()
-                    .flat_map(|c| c.greeting.ids.iter().copied())
-                    .collect();
-                let wait = wake.saturating_duration_since(Instant::now());
-                let settled = MoreHellos::settled(&self.shared, &ids);
-                with_timeout(
-                    &reactor,
-                    wait,
-                    MoreHellos {
-                        shared: &self.shared,
-                        ids: &ids,
-                        settled,
-                    },
-                )
-                .await;
             }
-        });
-        if let Err(e) = ran {
-            // The loop could not run (a forked child's inherited client): nothing answered.
-            for c in active {
-                self.forget_hellos(&c.greeting.ids);
-                failed.push((
-                    c.index,
-                    Error::ServerLost {
-                        server: self.membership[c.index].id,
-                        reason: e.to_string(),
-                    },
-                ));
-            }
-        }
-        for (index, endpoints, conns) in answered {
-            self.admit(index, endpoints, conns);
+            let Some(wake) = active.iter().map(|c| c.resend_at.min(deadline)).min() else {
+                continue;
+            };
+            let ids: Vec<u64> = active
+                .iter()
+                .flat_map(|c| c.greeting.ids.iter().copied())
+                .collect();
+            let wait = wake.saturating_duration_since(Instant::now());
+            let settled = MoreHellos::settled(&self.shared, &ids);
+            with_timeout(
+                &reactor,
+                wait,
+                MoreHellos {
+                    shared: &self.shared,
+                    ids: &ids,
+                    settled,
+                },
+            )
+            .await;
         }
         self.telemetry.metrics.record_connect(ns(started.elapsed()));
         failed.sort_by_key(|(index, _)| *index);

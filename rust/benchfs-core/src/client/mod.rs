@@ -140,7 +140,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// Waits for the expected membership in `registry_dir`, then connects to every server.
+    /// Waits for the expected membership in `registry_dir`; connects to every server now with
+    /// `cluster.connect_at_start`, else to each on its first request there.
     pub fn connect(registry_dir: &Path, config: Config) -> Result<Client> {
         config.validate()?;
         let timeout = Duration::from_secs_f64(config.cluster.connect_timeout_s);
@@ -195,6 +196,8 @@ impl Client {
                 conns: Vec::new(),
                 lost: None,
                 probe: Probing::idle(),
+                connecting: false,
+                waiters: Vec::new(),
             })
             .collect();
         let telemetry = ClientTelemetry::new(&config, &membership)?;
@@ -221,6 +224,9 @@ impl Client {
             read_ahead: ReadAhead::default(),
             write_behind: WriteBehind::default(),
         };
+        if !client.config.cluster.connect_at_start {
+            return Ok(client);
+        }
         let all: Vec<usize> = (0..client.server_count()).collect();
         let failed = client.connect_servers(&all, Instant::now() + timeout);
         let mut failed = failed.into_iter();

@@ -1,6 +1,6 @@
-//! The RPC engine: connections to every server worker (hellos, reconnection, probes of lost
-//! servers), a bounded window per worker, requests matched to replies by id, timeouts and
-//! retries with backoff, and the quiescing that keeps UCX off the caller's memory.
+//! The RPC engine: requests over the connections of `connect.rs`, a bounded window per
+//! worker, requests matched to replies by id, timeouts and retries with backoff, and the
+//! quiescing that keeps UCX off the caller's memory.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::Attr;
 use crate::placement::{chunk_target, metadata_target, Target};
-use crate::protocol::{Header, Op, AM_REPLY, AM_REQUEST};
+use crate::protocol::{Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
 use crate::runtime::{with_timeout, Runtime};
 use crate::telemetry::OpKind;
 
@@ -85,6 +85,9 @@ pub(super) struct ServerLink {
     /// Set once the server failed: requests fail at once (EHOSTDOWN) until a probe succeeds.
     pub(super) lost: Option<String>,
     pub(super) probe: Probing,
+    /// A call is greeting this server on its first use; others wait in `waiters`.
+    pub(super) connecting: bool,
+    pub(super) waiters: Vec<Waker>,
 }
 
 /// How long `quiesce` waits for UCX to release caller memory after closing endpoints, before
@@ -313,6 +316,10 @@ impl Client {
         );
         let mut attempt = 0u32;
         let mut busy_retries = 0u32;
+        if let Err(e) = self.connect_on_use(index).await {
+            self.request_failed(index, kind, &e);
+            return Err(e);
+        }
         let first_sent = Instant::now();
         let timeout = Duration::from_secs_f64(client.request_timeout_s);
         loop {
@@ -320,11 +327,12 @@ impl Client {
                 request_id: self.request_id(),
                 ..header
             };
+            let sent;
             let result = {
                 let _permit = self.windows[index][worker]
                     .acquire(client.max_inflight_per_server)
                     .await;
-                let sent = Instant::now();
+                sent = Instant::now();
                 metrics.record_window_wait(kind, ns(sent.saturating_duration_since(ready)));
                 metrics.attempt_sent(index, kind, attempt > 0 || busy_retries > 0);
                 let _attempt = Attempt {
@@ -373,6 +381,9 @@ impl Client {
                         _ => 0,
                     };
                     metrics.count_bytes(index, kind, moved);
+                    if let ReplyValue::Served { queue_us, total_us } = reply.value() {
+                        self.telemetry.answered(ready, sent, queue_us, total_us);
+                    }
                     return Ok(reply);
                 }
             }
@@ -606,7 +617,8 @@ impl Client {
 
     /// Replaces the UCX worker: closes every endpoint and probe, destroys the worker (UCX then
     /// can no longer touch any memory of an operation started on it), makes a new one and
-    /// reconnects to every server not lost (those that do not answer in time become lost).
+    /// reconnects to every server it was connected to and not lost (those that do not answer in
+    /// time become lost).
     pub(super) fn reset_transport(&self) -> Result<()> {
         let old: Vec<Link> = self
             .links
@@ -633,7 +645,10 @@ impl Client {
         self.resend_writes_behind();
         *self.address.borrow_mut() = address;
         let live: Vec<usize> = (0..self.server_count())
-            .filter(|&i| self.links.borrow()[i].lost.is_none())
+            .filter(|&i| {
+                let link = &self.links.borrow()[i];
+                link.lost.is_none() && !link.endpoints.is_empty()
+            })
             .collect();
         for (index, e) in self.connect_servers(&live, Instant::now() + RECONNECT_WAIT) {
             let reason = match e {

@@ -31,6 +31,21 @@ pub(super) struct ClientTelemetry {
     pub(super) last_snapshot: Cell<Instant>,
     /// Set while a public call runs, so that nested calls (read's stat) count once.
     pub(super) in_call: Cell<bool>,
+    /// The running call's data request answered last so far: its call stages.
+    pub(super) critical: Cell<Option<Critical>>,
+}
+
+/// Where a data request's time went: from when it could have been sent (`ready`) to its send
+/// (the window), the server's queue and the rest of its time there, and the transport (both
+/// ways, and both event loops: the reply's time at the client less the server's).
+#[derive(Clone, Copy)]
+pub(super) struct Critical {
+    answered: Instant,
+    ready: Instant,
+    window_ns: u64,
+    queue_ns: u64,
+    service_ns: u64,
+    transport_ns: u64,
 }
 
 impl ClientTelemetry {
@@ -61,7 +76,29 @@ impl ClientTelemetry {
             interval: Duration::from_millis(t.interval_ms),
             last_snapshot: Cell::new(Instant::now()),
             in_call: Cell::new(false),
+            critical: Cell::new(None),
         })
+    }
+
+    /// A data request of the running call was answered: sent at `sent`, after waiting for a
+    /// window slot since `ready`; the server's reply says `queue_us` and `total_us` (0: not
+    /// reported). The request answered last is the call's critical one.
+    pub(super) fn answered(&self, ready: Instant, sent: Instant, queue_us: u32, total_us: u32) {
+        if total_us == 0 || !self.in_call.get() {
+            return;
+        }
+        let now = Instant::now();
+        let rpc_ns = ns(now.saturating_duration_since(sent));
+        let total_ns = (u64::from(total_us) * 1000).min(rpc_ns);
+        let queue_ns = (u64::from(queue_us) * 1000).min(total_ns);
+        self.critical.set(Some(Critical {
+            answered: now,
+            ready,
+            window_ns: ns(sent.saturating_duration_since(ready)),
+            queue_ns,
+            service_ns: total_ns - queue_ns,
+            transport_ns: rpc_ns - total_ns,
+        }));
     }
 
     /// Writes a snapshot if `force` or the interval has passed; reports a failure once.
@@ -95,8 +132,17 @@ impl Drop for CallGuard<'_> {
         let t = self.telemetry;
         t.in_call.set(false);
         let now = Instant::now();
-        t.metrics
-            .record_call(self.op, ns(now.saturating_duration_since(self.start)));
+        let call_ns = ns(now.saturating_duration_since(self.start));
+        t.metrics.record_call(self.op, call_ns);
+        if let Some(c) = t.critical.take() {
+            // The call's time before its critical request could be sent, and after its answer.
+            let other_ns = ns(c.ready.saturating_duration_since(self.start))
+                + ns(now.saturating_duration_since(c.answered));
+            t.metrics.record_call_stages(
+                self.op,
+                [c.window_ns, c.queue_ns, c.service_ns, c.transport_ns, other_ns],
+            );
+        }
         t.snapshot(now, false);
     }
 }
@@ -121,6 +167,9 @@ impl Client {
     /// Starts timing a public call of kind `op` (see [`CallGuard`]).
     pub(super) fn telemetry_call(&self, op: OpKind) -> CallGuard<'_> {
         let outer = !self.telemetry.in_call.replace(true);
+        if outer {
+            self.telemetry.critical.set(None);
+        }
         CallGuard {
             telemetry: &self.telemetry,
             op,

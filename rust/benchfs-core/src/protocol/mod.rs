@@ -194,6 +194,11 @@ pub enum ReplyValue {
     MoreFollows(bool),
     /// DirRemove, DirMark, DirConfirm: whether the entry was there (and changed).
     Existed(bool),
+    /// WriteChunk and ReadChunk: the server's own time for the request, in µs (saturated):
+    /// from its arrival to its hand-off to the storage engine (`queue_us`, the server's
+    /// `queue_wait_ns`), and to its reply being ready (`total_us`, `total_ns`); 0 when the
+    /// server did not serve it (a refusal). What the client's call stages split by.
+    Served { queue_us: u32, total_us: u32 },
 }
 
 impl ReplyValue {
@@ -205,6 +210,7 @@ impl ReplyValue {
             // 0 for an existing entry, so a new entry's start is stored plus one.
             ReplyValue::NewEntry(start) => start.map_or(0, |s| u64::from(s) + 1),
             ReplyValue::MoreFollows(more) | ReplyValue::Existed(more) => u64::from(more),
+            ReplyValue::Served { queue_us, total_us } => u64::from(queue_us) << 32 | u64::from(total_us),
         }
     }
 
@@ -215,6 +221,10 @@ impl ReplyValue {
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir | Op::Find => ReplyValue::MoreFollows(word != 0),
             Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
+            Op::WriteChunk | Op::ReadChunk => ReplyValue::Served {
+                queue_us: (word >> 32) as u32,
+                total_us: word as u32,
+            },
             _ => ReplyValue::Nothing,
         }
     }
@@ -284,11 +294,13 @@ impl Header {
         Header { token, ..self }
     }
 
-    /// The reply to this request with `status` (0 or -errno) and a byte count.
+    /// The reply to this request with `status` (0 or -errno) and a byte count; its reply
+    /// value is its op's empty one until [`Self::with_value`].
     pub fn reply(&self, status: i32, length: u64) -> Self {
         Header {
             status,
             length,
+            offset: 0,
             ..*self
         }
     }
@@ -455,6 +467,20 @@ mod tests {
             (Op::DirRemove, ReplyValue::Existed(true)),
             (Op::DirRemove, ReplyValue::Existed(false)),
             (Op::Stat, ReplyValue::Nothing),
+            (
+                Op::ReadChunk,
+                ReplyValue::Served {
+                    queue_us: 7,
+                    total_us: u32::MAX,
+                },
+            ),
+            (
+                Op::WriteChunk,
+                ReplyValue::Served {
+                    queue_us: 0,
+                    total_us: 1,
+                },
+            ),
         ];
         for (op, value) in cases {
             let h = Header { op, ..sample() }.reply(0, 0).with_value(value);
@@ -464,8 +490,14 @@ mod tests {
                 "{op:?}"
             );
         }
-        // A data reply's word is the request's offset, which means nothing to the client.
-        assert_eq!(sample().reply(0, 1).value(), ReplyValue::Nothing);
+        // A reply's word is not the request's offset: a data reply without its time says 0.
+        assert_eq!(
+            sample().reply(0, 1).value(),
+            ReplyValue::Served {
+                queue_us: 0,
+                total_us: 0
+            }
+        );
         assert_eq!(ReplyValue::OldSize(5).old_size(), 5);
         assert_eq!(ReplyValue::Nothing.old_size(), 0);
     }

@@ -23,7 +23,21 @@ pub(super) mod cid {
     pub const INFLIGHT_AT_SEND: u8 = 18;
     pub const WINDOW_WAIT_NS: u8 = 19;
     pub const CONNECT_NS: u8 = 20;
+    /// The call stages, in [`CALL_STAGES`] order.
+    pub const CALL_WINDOW_NS: u8 = 21;
 }
+
+/// The stages a data call's time is split into (`call_ns` = their sum, per call): its critical
+/// request's (the one answered last) wait for a window slot, time in the server's queue, the
+/// rest of its time at the server, and its transport; and the rest of the call (before that
+/// request could be sent, and after its answer). Metric ids `cid::CALL_WINDOW_NS` onwards.
+pub const CALL_STAGES: [&str; 5] = [
+    "call_window_ns",
+    "call_queue_ns",
+    "call_service_ns",
+    "call_transport_ns",
+    "call_other_ns",
+];
 
 /// Every metric a client writes (format version 2), in the order of its records.
 pub const CLIENT_METRICS: &[MetricDef] = {
@@ -48,6 +62,11 @@ pub const CLIENT_METRICS: &[MetricDef] = {
         def(cid::WINDOW_WAIT_NS, "window_wait_ns", Histogram, true, "ns"),
         def(cid::HELLO_RESENDS, "hello_resends", Counter, false, "hellos"),
         def(cid::CONNECT_NS, "connect_ns", Histogram, false, "ns"),
+        def(cid::CALL_WINDOW_NS, CALL_STAGES[0], Histogram, true, "ns"),
+        def(cid::CALL_WINDOW_NS + 1, CALL_STAGES[1], Histogram, true, "ns"),
+        def(cid::CALL_WINDOW_NS + 2, CALL_STAGES[2], Histogram, true, "ns"),
+        def(cid::CALL_WINDOW_NS + 3, CALL_STAGES[3], Histogram, true, "ns"),
+        def(cid::CALL_WINDOW_NS + 4, CALL_STAGES[4], Histogram, true, "ns"),
     ]
 };
 
@@ -94,6 +113,8 @@ pub struct ClientMetrics {
     window_wait_ns: [Histogram; OpKind::COUNT],
     hello_resends: Cell<u64>,
     connect_ns: Histogram,
+    /// Per op, the histograms of [`CALL_STAGES`] (written for data calls only).
+    call_stages: [[Histogram; CALL_STAGES.len()]; OpKind::COUNT],
 }
 
 impl std::fmt::Debug for ClientMetrics {
@@ -121,6 +142,7 @@ impl ClientMetrics {
             window_wait_ns: std::array::from_fn(|_| Histogram::new()),
             hello_resends: Cell::new(0),
             connect_ns: Histogram::new(),
+            call_stages: std::array::from_fn(|_| std::array::from_fn(|_| Histogram::new())),
         }
     }
 
@@ -217,6 +239,16 @@ impl ClientMetrics {
         }
     }
 
+    /// One data call of kind `op` split into its [`CALL_STAGES`] (ns each).
+    #[inline]
+    pub fn record_call_stages(&self, op: OpKind, stages: [u64; CALL_STAGES.len()]) {
+        if self.enabled {
+            for (h, v) in self.call_stages[op.index()].iter().zip(stages) {
+                h.record(v);
+            }
+        }
+    }
+
     /// A silent server was greeted again while connecting (kept whether or not telemetry is
     /// enabled, like the per-target counters).
     pub fn count_hello_resend(&self) {
@@ -276,6 +308,10 @@ impl ClientMetrics {
     pub fn window_wait_ns(&self, op: OpKind) -> &Histogram {
         &self.window_wait_ns[op.index()]
     }
+    /// Stage `stage` (an index into [`CALL_STAGES`]) of the calls of kind `op`.
+    pub fn call_stage_ns(&self, op: OpKind, stage: usize) -> &Histogram {
+        &self.call_stages[op.index()][stage]
+    }
     pub fn inflight(&self) -> u64 {
         self.inflight.get()
     }
@@ -333,5 +369,10 @@ impl Snapshot for ClientMetrics {
             NO_TARGET,
         );
         histogram_records(&self.connect_ns, cid::CONNECT_NS, NO_OP, NO_TARGET, push);
+        for (s, id) in (cid::CALL_WINDOW_NS..).take(CALL_STAGES.len()).enumerate() {
+            for k in [OpKind::Write, OpKind::Read] {
+                histogram_records(&self.call_stages[k.index()][s], id, k as u8, NO_TARGET, push);
+            }
+        }
     }
 }
