@@ -279,11 +279,12 @@ def io_depth(run: LoadedRun) -> pd.DataFrame:
 
 
 STAGES = {
-    "window": "call_window_ns",
+    "to send": "call_send_ns",
     "server queue": "call_queue_ns",
     "server service": "call_service_ns",
     "transport": "call_transport_ns",
     "client other": "call_other_ns",
+    "buffered": "call_buffered_ns",
 }
 """The stages of a data call (column name: client histogram; see `op_time_stages`)."""
 
@@ -292,14 +293,18 @@ def op_time_stages(tel: Telemetry | None) -> pd.DataFrame:
     """The p50 of a data call (`call_ns`, at the client) split into named stages, per data op.
 
     Every call is split at the client along its critical request (its chunk request answered
-    last): that request's wait for a window slot, its time in the server's queue and the rest
+    last): from when that request could have been sent to its send (a window slot, a
+    connection on first use, and the client's own time: on an oversubscribed node, its wait for
+    a core), its time in the server's queue and the rest
     of its time there (both from the server's reply), its transport (its reply time less the
     server's: the network both ways and both event loops), and the rest of the call (before that
     request could be sent, and after its answer: the client library, and the call's other
-    requests, such as an open's lookup). A call's stages add up to its time, so their means add
-    up to the mean call exactly (`mean_<stage>_share`). The p50s do not add exactly: the
-    attributed share is the p50s of the four stages of the critical request over the call's p50
-    (`unattributed_ms` is the rest, which "client other" and the p50s' inexact sum share).
+    requests, such as an open's lookup). A call that sent no request (served from read-ahead, or
+    left to write-behind) is all "buffered". Every call records every stage (0 for those it did
+    not have) and its stages add up to its time, so their means add up to the mean call exactly
+    (`mean_<stage>_share`). The p50s do not add exactly: the attributed share is the sum of the
+    p50s of every stage but "client other" over the call's p50 (`unattributed_ms` is the rest,
+    which "client other" and the p50s' inexact sum share).
     Columns: op, calls, call_p50_ms, one column per STAGES name (p50, ms), unattributed_ms,
     attributed_share, mean_<stage>_share. Empty without client telemetry that has the stages.
     """
@@ -308,7 +313,7 @@ def op_time_stages(tel: Telemetry | None) -> pd.DataFrame:
     if tel is None or not tel.has_clients:
         return pd.DataFrame(columns=columns)
     c = tel.latest_counters("client")
-    if not (c["metric"] == "call_window_ns.count").any():
+    if not (c["metric"] == "call_send_ns.count").any():
         return pd.DataFrame(columns=columns)
     rows = []
     for op in DATA_OPS:
@@ -316,7 +321,7 @@ def op_time_stages(tel: Telemetry | None) -> pd.DataFrame:
         def stat(metric: str, name: str, op: str = op) -> float:
             return float(c[(c["metric"] == f"{metric}.{name}") & (c["op"] == op)]["value"].sum())
 
-        n = int(stat("call_window_ns", "count"))
+        n = int(stat("call_send_ns", "count"))
         if n == 0:
             continue
         call = float(tel.quantile("call_ns", op, 0.5, source="client")) / MS

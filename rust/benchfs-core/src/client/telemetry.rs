@@ -134,14 +134,19 @@ impl Drop for CallGuard<'_> {
         let now = Instant::now();
         let call_ns = ns(now.saturating_duration_since(self.start));
         t.metrics.record_call(self.op, call_ns);
-        if let Some(c) = t.critical.take() {
-            // The call's time before its critical request could be sent, and after its answer.
-            let other_ns = ns(c.ready.saturating_duration_since(self.start))
-                + ns(now.saturating_duration_since(c.answered));
-            t.metrics.record_call_stages(
-                self.op,
-                [c.window_ns, c.queue_ns, c.service_ns, c.transport_ns, other_ns],
-            );
+        let critical = t.critical.take();
+        if matches!(self.op, OpKind::Write | OpKind::Read) {
+            let stages = match critical {
+                Some(c) => {
+                    // The call's time before its critical request could be sent, and after
+                    // its answer.
+                    let other_ns = ns(c.ready.saturating_duration_since(self.start))
+                        + ns(now.saturating_duration_since(c.answered));
+                    [c.window_ns, c.queue_ns, c.service_ns, c.transport_ns, other_ns, 0]
+                }
+                None => [0, 0, 0, 0, 0, call_ns],
+            };
+            t.metrics.record_call_stages(self.op, stages);
         }
         t.snapshot(now, false);
     }

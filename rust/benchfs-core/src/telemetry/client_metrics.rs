@@ -24,19 +24,23 @@ pub(super) mod cid {
     pub const WINDOW_WAIT_NS: u8 = 19;
     pub const CONNECT_NS: u8 = 20;
     /// The call stages, in [`CALL_STAGES`] order.
-    pub const CALL_WINDOW_NS: u8 = 21;
+    pub const CALL_SEND_NS: u8 = 21;
 }
 
-/// The stages a data call's time is split into (`call_ns` = their sum, per call): its critical
-/// request's (the one answered last) wait for a window slot, time in the server's queue, the
-/// rest of its time at the server, and its transport; and the rest of the call (before that
-/// request could be sent, and after its answer). Metric ids `cid::CALL_WINDOW_NS` onwards.
-pub const CALL_STAGES: [&str; 5] = [
-    "call_window_ns",
+/// The stages a data call's time is split into (`call_ns` = their sum, call by call; a stage
+/// a call did not have records 0): its critical request's (the one answered last) time from
+/// when it could have been sent to its send (window slot, connection, the client's own time),
+/// time in the server's queue, the rest of its time at the server, and its
+/// transport; the rest of the call (before that request could be sent, and after its answer);
+/// and the whole of a call that sent no request (served from the client's read-ahead, or left
+/// to write-behind). Metric ids `cid::CALL_SEND_NS` onwards.
+pub const CALL_STAGES: [&str; 6] = [
+    "call_send_ns",
     "call_queue_ns",
     "call_service_ns",
     "call_transport_ns",
     "call_other_ns",
+    "call_buffered_ns",
 ];
 
 /// Every metric a client writes (format version 2), in the order of its records.
@@ -62,11 +66,12 @@ pub const CLIENT_METRICS: &[MetricDef] = {
         def(cid::WINDOW_WAIT_NS, "window_wait_ns", Histogram, true, "ns"),
         def(cid::HELLO_RESENDS, "hello_resends", Counter, false, "hellos"),
         def(cid::CONNECT_NS, "connect_ns", Histogram, false, "ns"),
-        def(cid::CALL_WINDOW_NS, CALL_STAGES[0], Histogram, true, "ns"),
-        def(cid::CALL_WINDOW_NS + 1, CALL_STAGES[1], Histogram, true, "ns"),
-        def(cid::CALL_WINDOW_NS + 2, CALL_STAGES[2], Histogram, true, "ns"),
-        def(cid::CALL_WINDOW_NS + 3, CALL_STAGES[3], Histogram, true, "ns"),
-        def(cid::CALL_WINDOW_NS + 4, CALL_STAGES[4], Histogram, true, "ns"),
+        def(cid::CALL_SEND_NS, CALL_STAGES[0], Histogram, true, "ns"),
+        def(cid::CALL_SEND_NS + 1, CALL_STAGES[1], Histogram, true, "ns"),
+        def(cid::CALL_SEND_NS + 2, CALL_STAGES[2], Histogram, true, "ns"),
+        def(cid::CALL_SEND_NS + 3, CALL_STAGES[3], Histogram, true, "ns"),
+        def(cid::CALL_SEND_NS + 4, CALL_STAGES[4], Histogram, true, "ns"),
+        def(cid::CALL_SEND_NS + 5, CALL_STAGES[5], Histogram, true, "ns"),
     ]
 };
 
@@ -369,7 +374,7 @@ impl Snapshot for ClientMetrics {
             NO_TARGET,
         );
         histogram_records(&self.connect_ns, cid::CONNECT_NS, NO_OP, NO_TARGET, push);
-        for (s, id) in (cid::CALL_WINDOW_NS..).take(CALL_STAGES.len()).enumerate() {
+        for (s, id) in (cid::CALL_SEND_NS..).take(CALL_STAGES.len()).enumerate() {
             for k in [OpKind::Write, OpKind::Read] {
                 histogram_records(&self.call_stages[k.index()][s], id, k as u8, NO_TARGET, push);
             }

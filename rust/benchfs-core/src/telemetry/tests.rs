@@ -456,8 +456,8 @@ fn client_snapshots_are_version_2_with_active_targets_only() -> Result<()> {
     let first: Vec<&Record> = f.records.iter().filter(|r| r.seq == 0).collect();
     assert!(first.iter().all(|r| r.target == NO_TARGET));
     // 1 gauge + 1 counter + 4 stats x (4 call_ns + 1 inflight_at_send + 4 window_wait_ns
-    // + 1 connect_ns + 5 call stages x 2 data ops)
-    assert_eq!(first.len(), 2 + 4 * 20);
+    // + 1 connect_ns + 6 call stages x 2 data ops)
+    assert_eq!(first.len(), 2 + 4 * 22);
     let second: Vec<&Record> = f.records.iter().filter(|r| r.seq == 1).collect();
     let get = |metric: u8, op: OpKind, target: u16, bucket: u16| {
         second
