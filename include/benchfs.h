@@ -69,9 +69,10 @@ struct benchfs_statfs {
     uint64_t reserved;     /* zero */
 };
 
-/* Entry types passed to readdir callbacks (the values of Linux's DT_REG and DT_DIR). */
+/* Entry types passed to readdir callbacks (the values of Linux's DT_REG, DT_DIR, DT_LNK). */
 #define BENCHFS_DT_DIR 4
 #define BENCHFS_DT_REG 8
+#define BENCHFS_DT_LNK 10
 
 /*
  * Connects to the cluster whose servers registered in registry_dir (NULL: the configured
@@ -124,8 +125,20 @@ ssize_t benchfs_pread(benchfs_file *file, void *buf, size_t count, int64_t offse
 /* Returns once the file's bytes are durable on the servers' devices; publishes its size. */
 int benchfs_fsync(benchfs_file *file);
 
-/* Fills *st with the attributes of path (file or directory). */
+/* Fills *st with the attributes of path (file or directory), symbolic links followed
+ * (-ELOOP after 40). */
 int benchfs_stat(const char *path, struct benchfs_stat *st);
+
+/* As benchfs_stat, a symbolic link's own attributes (S_IFLNK; size: the target's length). */
+int benchfs_lstat(const char *path, struct benchfs_stat *st);
+
+/* Makes a symbolic link at path to target, kept as given: a relative target is resolved from
+ * the link's directory, an absolute one is a path in BenchFS. -EEXIST if path exists. */
+int benchfs_symlink(const char *target, const char *path);
+
+/* Copies the target of the symbolic link at path into buf (not NUL-terminated, like
+ * readlink(2)), at most size bytes; returns its length, or -EINVAL if path is not a link. */
+ssize_t benchfs_readlink(const char *path, char *buf, size_t size);
 
 /* Removes a file and frees its chunks on every server. -EISDIR for a directory. */
 int benchfs_unlink(const char *path);
@@ -138,7 +151,7 @@ int benchfs_rmdir(const char *path);
 
 /*
  * Calls callback(arg, name, type) for every entry of a directory, in name order ("." and
- * ".." are not listed); type is BENCHFS_DT_REG or BENCHFS_DT_DIR. The listing is fetched
+ * ".." are not listed); type is BENCHFS_DT_REG, BENCHFS_DT_DIR or BENCHFS_DT_LNK. The listing is fetched
  * before the first callback and no lock is held during callbacks, so a callback may call
  * this library (e.g. unlink the entry). A non-zero return from the callback stops the
  * listing and is returned (use positive values to tell them from errors). name is valid

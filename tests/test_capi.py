@@ -188,6 +188,7 @@ def test_docs_example_runs(tmp_path: Path, daemon_cluster: Callable[..., LocalCl
     assert "read 13 bytes: hello from C" in out.stdout
     assert "over 2 servers" in out.stdout and "  data.bin\n" in out.stdout
     assert "found /run1/data.bin (13 bytes)\n1 of 2 names match" in out.stdout
+    assert "latest -> data.bin, 13 bytes\n" in out.stdout
     # Everything it made is gone again.
     assert run_bounded([str(exe), str(cluster.registry_dir)], timeout=60, env=env).returncode == 0
 

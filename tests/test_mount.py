@@ -349,3 +349,47 @@ def test_sigterm_unmounts_even_when_busy(cluster: LocalCluster, tmp_path: Path) 
                 os.close(fd)
     assert m.returncode == 0 and m.forced == [], m.output()
     assert "detached it lazily" in m.output()
+
+
+def test_symbolic_links_through_the_mount(mount: Mounted, tmp_path: Path) -> None:
+    """Links made with ln, read by the kernel (relative, absolute through the mount, dangling,
+    to a directory), and a tree holding them packed with tar, unpacked into the mount and
+    copied out with cp -a: each compared with the same steps on a local directory."""
+    root = mount.mountpoint
+    local = tmp_path / "local"
+    local.mkdir()
+    for base in (root, local):
+        (base / "d").mkdir()
+        (base / "d" / "f").write_bytes(b"data")
+        subprocess.run(["ln", "-s", "f", str(base / "d" / "rel")], check=True)
+        subprocess.run(["ln", "-s", str(base / "d"), str(base / "abs")], check=True)
+        subprocess.run(["ln", "-s", "nowhere", str(base / "dangling")], check=True)
+    assert os.readlink(root / "d" / "rel") == "f"
+    assert (root / "d" / "rel").read_bytes() == b"data"
+    assert (root / "abs" / "rel").read_bytes() == b"data"  # two links, one absolute
+    assert os.lstat(root / "dangling").st_mode & 0o170000 == 0o120000
+    assert not (root / "dangling").exists()
+    assert sorted(os.listdir(root / "abs")) == ["f", "rel"]
+    with pytest.raises(OSError) as e:
+        os.open(root / "d" / "rel", os.O_RDONLY | os.O_NOFOLLOW)
+    assert e.value.errno == errno.ELOOP
+    # ls -l types them as links, as locally.
+    listed = subprocess.run(
+        ["ls", "-l", str(root / "d")], capture_output=True, text=True, check=True
+    ).stdout
+    assert "rel -> f" in listed and listed.count("\nl") == 1, listed
+    # A tree with links through tar and cp -a, against the same on a local directory.
+    archive = tmp_path / "tree.tar"
+    subprocess.run(["tar", "cf", str(archive), "-C", str(local), "d", "dangling"], check=True)
+    (root / "unpacked").mkdir()
+    subprocess.run(["tar", "xf", str(archive), "-C", str(root / "unpacked")], check=True)
+    assert os.readlink(root / "unpacked" / "d" / "rel") == "f"
+    assert os.readlink(root / "unpacked" / "dangling") == "nowhere"
+    out = tmp_path / "copied"
+    subprocess.run(["cp", "-a", str(root / "unpacked"), str(out)], check=True)
+    assert os.readlink(out / "d" / "rel") == "f" and (out / "d" / "rel").read_bytes() == b"data"
+    # Renamed and removed: the link, never its target.
+    os.rename(root / "d" / "rel", root / "d" / "moved")
+    assert os.readlink(root / "d" / "moved") == "f"
+    os.unlink(root / "d" / "moved")
+    assert (root / "d" / "f").read_bytes() == b"data"

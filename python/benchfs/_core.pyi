@@ -169,11 +169,18 @@ class Client:
         """Wait for the expected membership (TimeoutError names the missing); servers are
         connected on first use (all at once with cluster.connect_at_start)."""
     def open(self, path: str, flags: int = 0, mode: int = 0o644) -> File:
-        """Open `path`; flags take os.O_CREAT, os.O_EXCL, os.O_TRUNC (access bits are ignored).
-        OSError with errno ENOENT, EEXIST, EISDIR, ENOTDIR, ENAMETOOLONG or EINVAL on failure."""
+        """Open `path`, symbolic links followed; flags take os.O_CREAT, os.O_EXCL, os.O_TRUNC
+        and os.O_NOFOLLOW (access bits are ignored). OSError with errno ENOENT, EEXIST, EISDIR,
+        ENOTDIR, ELOOP, ENAMETOOLONG or EINVAL on failure."""
     def stat(self, path: str) -> dict[str, int | str]:
-        """kind ("file"/"dir"), size, mode, id (hex), mtime_ns, ctime_ns, chunk_size,
-        stripe_count, stripe_start."""
+        """Links followed: kind ("file"/"dir"), size, mode, id (hex), mtime_ns, ctime_ns,
+        chunk_size, stripe_count, stripe_start."""
+    def lstat(self, path: str) -> dict[str, int | str]:
+        """As stat, a symbolic link's own (kind "symlink", size: its target's length)."""
+    def symlink(self, target: str, path: str) -> None:
+        """Make a symbolic link at `path` to `target` (kept as given)."""
+    def readlink(self, path: str) -> str:
+        """The target of the symbolic link at `path` (EINVAL if it is not one)."""
     def unlink(self, path: str) -> None:
         """Remove a file and free its chunks on every server holding them."""
     def mkdir(self, path: str, mode: int = 0o755) -> None: ...

@@ -28,7 +28,22 @@ from benchfs.config import parse_config, resolve_config_text
 if TYPE_CHECKING:
     from collections.abc import Buffer
 
-Kind = Literal["file", "dir"]
+Kind = Literal["file", "dir", "symlink"]
+
+_TYPE_BITS: dict[str, int] = {
+    "file": stat_module.S_IFREG,
+    "dir": stat_module.S_IFDIR,
+    "symlink": stat_module.S_IFLNK,
+}
+
+
+def _kind(name: str) -> Kind:
+    """A kind as the core names it."""
+    if name == "dir":
+        return "dir"
+    if name == "symlink":
+        return "symlink"
+    return "file"
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,25 @@ class Stat:
 
     def is_file(self) -> bool:
         return self.kind == "file"
+
+    def is_symlink(self) -> bool:
+        return self.kind == "symlink"
+
+
+def _stat_of(a: dict[str, int | str]) -> Stat:
+    """A `Stat` of the core's attribute dict."""
+    kind = _kind(str(a["kind"]))
+    return Stat(
+        st_mode=_TYPE_BITS[kind] | int(a["mode"]),
+        st_size=int(a["size"]),
+        st_mtime_ns=int(a["mtime_ns"]),
+        st_ctime_ns=int(a["ctime_ns"]),
+        kind=kind,
+        id=str(a["id"]),
+        chunk_size=int(a["chunk_size"]),
+        stripe_count=int(a["stripe_count"]),
+        stripe_start=int(a["stripe_start"]),
+    )
 
 
 def _bytes_view(buffer: Buffer) -> memoryview:
@@ -344,20 +378,29 @@ class Client:
         return File(core, mode, readable, writable, append)
 
     def stat(self, path: str) -> Stat:
-        a = self._core.stat(path)
-        kind: Kind = "dir" if a["kind"] == "dir" else "file"
-        type_bits = stat_module.S_IFDIR if kind == "dir" else stat_module.S_IFREG
-        return Stat(
-            st_mode=type_bits | int(a["mode"]),
-            st_size=int(a["size"]),
-            st_mtime_ns=int(a["mtime_ns"]),
-            st_ctime_ns=int(a["ctime_ns"]),
-            kind=kind,
-            id=str(a["id"]),
-            chunk_size=int(a["chunk_size"]),
-            stripe_count=int(a["stripe_count"]),
-            stripe_start=int(a["stripe_start"]),
-        )
+        """The attributes of `path`, symbolic links followed."""
+        return _stat_of(self._core.stat(path))
+
+    def lstat(self, path: str) -> Stat:
+        """The attributes of `path` itself: a symbolic link's own (kind "symlink", its size
+        the target's length), not its target's."""
+        return _stat_of(self._core.lstat(path))
+
+    def symlink(self, target: str, path: str) -> None:
+        """Makes a symbolic link at `path` to `target`, kept as given (as `os.symlink`): a
+        relative target is resolved from the link's directory when followed, an absolute one
+        is a path in BenchFS (docs/namespace.md). OSError EEXIST if `path` exists."""
+        self._core.symlink(target, path)
+
+    def readlink(self, path: str) -> str:
+        """The target of the symbolic link at `path` (OSError EINVAL if it is not one)."""
+        return self._core.readlink(path)
+
+    def islink(self, path: str) -> bool:
+        try:
+            return self._core.lstat(path)["kind"] == "symlink"
+        except FileNotFoundError:
+            return False
 
     def exists(self, path: str) -> bool:
         try:
@@ -371,11 +414,9 @@ class Client:
         return [name for name, _ in self._core.readdir(path)]
 
     def readdir(self, path: str = "/") -> list[tuple[str, Kind]]:
-        """The entries of a directory as (name, kind) pairs, kind "file" or "dir", in name
-        order (one metadata owner answers)."""
-        return [
-            (name, "dir" if kind == "dir" else "file") for name, kind in self._core.readdir(path)
-        ]
+        """The entries of a directory as (name, kind) pairs, kind "file", "dir" or
+        "symlink", in name order (one metadata owner answers)."""
+        return [(name, _kind(kind)) for name, kind in self._core.readdir(path)]
 
     def find(
         self,
@@ -398,7 +439,7 @@ class Client:
         return FindResult(
             examined,
             matched,
-            [Found(p, "dir" if k == "dir" else "file", n, t) for p, k, n, t in found],
+            [Found(p, _kind(k), n, t) for p, k, n, t in found],
         )
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:

@@ -26,9 +26,10 @@ use benchfs_core::Error;
 const DEFAULT_CLIENTS: c_uint = 4;
 /// The most clients a process may ask for (each has its own UCX worker and io_uring ring).
 const MAX_CLIENTS: c_uint = 64;
-/// Values of `type` in readdir callbacks (Linux's DT_DIR and DT_REG).
+/// Values of `type` in readdir callbacks (Linux's DT_DIR, DT_REG and DT_LNK).
 const DT_DIR: c_int = 4;
 const DT_REG: c_int = 8;
+const DT_LNK: c_int = 10;
 
 static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
     Ok(v) => v,
@@ -450,6 +451,7 @@ impl From<&Attr> for BenchfsStat {
         let kind = match a.kind {
             Kind::File => libc::S_IFREG,
             Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
         };
         BenchfsStat {
             size: a.size,
@@ -479,6 +481,55 @@ pub unsafe extern "C" fn benchfs_stat(path: *const c_char, st: *mut BenchfsStat)
         // SAFETY: non-null and writable by contract.
         unsafe { st.write(BenchfsStat::from(&attr)) };
         Ok(0)
+    })
+}
+
+/// # Safety
+/// `path` a string, `st` writable.
+#[no_mangle]
+pub unsafe extern "C" fn benchfs_lstat(path: *const c_char, st: *mut BenchfsStat) -> c_int {
+    ffi("benchfs_lstat", || {
+        // SAFETY: by contract.
+        let path = unsafe { str_arg(path, "path") }?;
+        if st.is_null() {
+            return Err(Fail::new(libc::EFAULT, "st is NULL"));
+        }
+        let attr = with_client(|c| c.lstat(path))?;
+        // SAFETY: non-null and writable by contract.
+        unsafe { st.write(BenchfsStat::from(&attr)) };
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `target` and `path` strings.
+#[no_mangle]
+pub unsafe extern "C" fn benchfs_symlink(target: *const c_char, path: *const c_char) -> c_int {
+    ffi("benchfs_symlink", || {
+        // SAFETY: by contract.
+        let target = unsafe { str_arg(target, "target") }?;
+        // SAFETY: by contract.
+        let path = unsafe { str_arg(path, "path") }?;
+        with_client(|c| c.symlink(target, path))?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `path` a string, `buf` writable for `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn benchfs_readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
+    ffi("benchfs_readlink", || {
+        // SAFETY: by contract.
+        let path = unsafe { str_arg(path, "path") }?;
+        if buf.is_null() && size > 0 {
+            return Err(Fail::new(libc::EFAULT, "buf is NULL"));
+        }
+        let target = with_client(|c| c.readlink(path))?;
+        let n = target.len().min(size);
+        // SAFETY: writable for `size` bytes by contract; n <= size.
+        unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), n) };
+        Ok(n as isize)
     })
 }
 
@@ -581,6 +632,7 @@ pub unsafe extern "C" fn benchfs_readdir(
                 let kind = match e.kind {
                     Kind::File => DT_REG,
                     Kind::Dir => DT_DIR,
+                    Kind::Symlink => DT_LNK,
                 };
                 CString::new(e.name)
                     .map(|n| (n, kind))

@@ -24,11 +24,21 @@ const ENTRY: u8 = b'e';
 const COUNTER: &[u8] = b"m:next_id";
 const NONCE: &[u8] = b"m:nonce";
 const SHAPE: &[u8] = b"m:shape";
+/// The store's format: 2 since symbolic links (an inode's value may end with a link target).
+/// A store without it was written before and is refused.
+const FORMAT: &[u8] = b"m:format";
+const FORMAT_VERSION: u32 = 2;
 
 /// One change to persist; a call persists several in one commit.
 pub enum Change<'a> {
-    /// An inode is new or changed: its attribute and its directory's entry counter.
-    Inode { path: &'a str, attr: Attr, added: u64 },
+    /// An inode is new or changed: its attribute, its directory's entry counter, and a
+    /// symbolic link's target.
+    Inode {
+        path: &'a str,
+        attr: Attr,
+        added: u64,
+        target: Option<&'a str>,
+    },
     /// An inode is gone.
     Removed(&'a str),
     /// Directory `dir` has entry `name` (new or with a new mark).
@@ -45,7 +55,8 @@ pub enum Change<'a> {
 
 /// What a store held when it was opened.
 pub struct Loaded {
-    pub inodes: Vec<(String, Attr, u64)>,
+    /// Path, attribute, entry counter, and a link's target.
+    pub inodes: Vec<(String, Attr, u64, Option<String>)>,
     pub entries: Vec<(String, String, Entry)>,
     pub next_id: u64,
     pub nonce: u32,
@@ -132,6 +143,15 @@ impl MetaDb {
                 num(4)
             )));
         }
+        let format = get(FORMAT)?.and_then(|b| b.try_into().ok().map(u32::from_le_bytes));
+        if format != Some(FORMAT_VERSION) {
+            return Err(Error::Config(format!(
+                "metadata store {}: format {} (this BenchFS reads format {FORMAT_VERSION}, which \
+                 keeps symbolic links): start the job on an empty data directory",
+                self.path,
+                format.map_or("1".to_string(), |f| f.to_string())
+            )));
+        }
         let bad = |what: &str| Error::Protocol(format!("metadata store {}: {what}", self.path));
         let next_id = get(COUNTER)?
             .and_then(u64_of)
@@ -151,11 +171,18 @@ impl MetaDb {
                 Some(&INODE) => {
                     let path = std::str::from_utf8(&k[1..]).map_err(|_| bad("a path is not UTF-8"))?;
                     let attr = v.get(..ATTR_LEN).and_then(Attr::decode);
-                    let added = v.get(ATTR_LEN..).and_then(u64_of);
-                    let (Some(attr), Some(added)) = (attr, added) else {
+                    let added = v.get(ATTR_LEN..ATTR_LEN + 8).and_then(u64_of);
+                    let target = v.get(ATTR_LEN + 8..).map(std::str::from_utf8);
+                    let (Some(attr), Some(added), Some(Ok(target))) = (attr, added, target) else {
                         return Err(bad(&format!("inode {path} is damaged")));
                     };
-                    loaded.inodes.push((path.to_string(), attr, added));
+                    let target = match (attr.kind, target) {
+                        (Kind::Symlink, t) if !t.is_empty() => Some(t.to_string()),
+                        (Kind::Symlink, _) => return Err(bad(&format!("link {path} has no target"))),
+                        (_, "") => None,
+                        _ => return Err(bad(&format!("inode {path} is damaged"))),
+                    };
+                    loaded.inodes.push((path.to_string(), attr, added, target));
                 }
                 Some(&ENTRY) => {
                     let text = std::str::from_utf8(&k[1..]).map_err(|_| bad("an entry is not UTF-8"))?;
@@ -184,7 +211,12 @@ impl MetaDb {
     pub fn init(&self, owner: u32, owners: u32, nonce: u32) -> Result<()> {
         let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
         let shape = [owner.to_le_bytes(), owners.to_le_bytes()].concat();
-        for (k, v) in [(SHAPE, &shape[..]), (NONCE, &nonce.to_le_bytes()[..])] {
+        let format = FORMAT_VERSION.to_le_bytes();
+        for (k, v) in [
+            (SHAPE, &shape[..]),
+            (NONCE, &nonce.to_le_bytes()[..]),
+            (FORMAT, &format[..]),
+        ] {
             self.db.put(&mut w, k, v).map_err(|e| self.err("write", e))?;
         }
         self.db
@@ -199,10 +231,16 @@ impl MetaDb {
         let mut value = Vec::with_capacity(ATTR_LEN + 8);
         for c in changes {
             let done = match c {
-                Change::Inode { path, attr, added } => {
+                Change::Inode {
+                    path,
+                    attr,
+                    added,
+                    target,
+                } => {
                     value.clear();
                     attr.encode(&mut value);
                     value.extend_from_slice(&added.to_le_bytes());
+                    value.extend_from_slice(target.unwrap_or("").as_bytes());
                     self.db.put(&mut w, &inode_key(path), &value)
                 }
                 Change::Removed(path) => self.db.delete(&mut w, &inode_key(path)).map(drop),
@@ -224,5 +262,65 @@ impl MetaDb {
 
     fn err(&self, what: &str, e: heed::Error) -> Error {
         db_error(what, &self.path, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunking::FileId;
+    use crate::placement::Layout;
+
+    fn link_attr() -> Attr {
+        Attr {
+            kind: Kind::Symlink,
+            mode: 0o777,
+            id: FileId(9),
+            size: 6,
+            mtime_ns: 1,
+            ctime_ns: 1,
+            layout: Layout {
+                chunk_size: 0,
+                stripe_count: 0,
+                start: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_link_keeps_its_target() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let db = MetaDb::open(dir.path(), false)?;
+        db.init(0, 1, 7)?;
+        db.apply(&[Change::Inode {
+            path: "/l",
+            attr: link_attr(),
+            added: 0,
+            target: Some("../t/x"),
+        }])?;
+        let loaded = db.load(0, 1)?.ok_or_else(|| Error::Protocol("empty".into()))?;
+        assert_eq!(
+            loaded.inodes,
+            vec![("/l".to_string(), link_attr(), 0, Some("../t/x".to_string()))]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_store_written_before_links_is_refused_in_one_line() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let db = MetaDb::open(dir.path(), false)?;
+        db.init(0, 1, 7)?;
+        // What a store of format 1 looks like: no format key.
+        let mut w = db.env.write_txn().map_err(|e| db.err("begin", e))?;
+        db.db.delete(&mut w, FORMAT).map_err(|e| db.err("write", e))?;
+        w.commit().map_err(|e| db.err("commit", e))?;
+        let refused = db.load(0, 1).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("format 1"), "{refused}");
+        assert!(
+            refused.contains("empty data directory") && !refused.contains('\n'),
+            "{refused}"
+        );
+        Ok(())
     }
 }

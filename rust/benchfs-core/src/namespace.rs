@@ -83,6 +83,8 @@ pub fn child_path(dir: &str, name: &str) -> String {
 pub enum Kind {
     File = 1,
     Dir = 2,
+    /// A symbolic link: its target is kept with its inode.
+    Symlink = 3,
 }
 
 impl Kind {
@@ -90,6 +92,7 @@ impl Kind {
         match v {
             1 => Some(Kind::File),
             2 => Some(Kind::Dir),
+            3 => Some(Kind::Symlink),
             _ => None,
         }
     }
@@ -129,6 +132,8 @@ struct Node {
     entries: Option<BTreeMap<String, Entry>>,
     /// Entries ever added to this directory: the next file's stripe start (see `dir_add`).
     added: u64,
+    /// A symbolic link's target, as its creator wrote it.
+    target: Option<Box<str>>,
 }
 
 /// What [`MetaStore::find`] answers.
@@ -200,9 +205,18 @@ impl MetaStore {
                 let mut store = MetaStore::new(owner, owners, stripe_count, chunk_size, loaded.nonce);
                 store.nodes.clear();
                 store.next_id = loaded.next_id;
-                for (path, attr, added) in loaded.inodes {
+                for (path, attr, added, target) in loaded.inodes {
                     let entries = (attr.kind == Kind::Dir).then(BTreeMap::new);
-                    store.nodes.insert(path, Node { attr, entries, added });
+                    let target = target.map(String::into_boxed_str);
+                    store.nodes.insert(
+                        path,
+                        Node {
+                            attr,
+                            entries,
+                            added,
+                            target,
+                        },
+                    );
                 }
                 for (dir, name, entry) in loaded.entries {
                     store.next_mark = store.next_mark.max(entry.mark + 1);
@@ -222,6 +236,7 @@ impl MetaStore {
                         path: "/",
                         attr: root.attr,
                         added: 0,
+                        target: None,
                     }])?;
                 }
                 store
@@ -244,11 +259,12 @@ impl MetaStore {
     }
 
     /// The persisted form of the inode at `path` (it must exist).
-    fn inode_change<'a>(&self, path: &'a str) -> Option<Change<'a>> {
+    fn inode_change<'a>(&'a self, path: &'a str) -> Option<Change<'a>> {
         self.nodes.get(path).map(|n| Change::Inode {
             path,
             attr: n.attr,
             added: n.added,
+            target: n.target.as_deref(),
         })
     }
 
@@ -278,6 +294,7 @@ impl MetaStore {
             },
             entries: Some(BTreeMap::new()),
             added: 0,
+            target: None,
         }
     }
 
@@ -304,8 +321,11 @@ impl MetaStore {
             if flags & CREATE != 0 && flags & EXCLUSIVE != 0 {
                 return Err(libc::EEXIST);
             }
-            if node.attr.kind == Kind::Dir {
-                return Err(libc::EISDIR);
+            match node.attr.kind {
+                Kind::Dir => return Err(libc::EISDIR),
+                // The client follows links before it opens; one here is O_NOFOLLOW's refusal.
+                Kind::Symlink => return Err(libc::ELOOP),
+                Kind::File => {}
             }
             let old = node.attr.size;
             let attr = if flags & TRUNCATE != 0 && old > 0 {
@@ -343,13 +363,73 @@ impl MetaStore {
                 attr,
                 entries: None,
                 added: 0,
+                target: None,
             },
         );
         self.persist(&[
-            Change::Inode { path, attr, added: 0 },
+            Change::Inode {
+                path,
+                attr,
+                added: 0,
+                target: None,
+            },
             Change::NextId(self.next_id),
         ])?;
         Ok((attr, 0))
+    }
+
+    /// Creates a symbolic link at `path` to `target` (kept as given: the client resolves it).
+    /// Its size is the target's length, its mode 0777, and it has an id like a file (never
+    /// data).
+    pub fn symlink(&mut self, path: &str, target: &str) -> Result<Attr, Errno> {
+        if target.is_empty() {
+            return Err(libc::ENOENT);
+        }
+        if self.nodes.contains_key(path) {
+            return Err(libc::EEXIST);
+        }
+        let t = now_ns();
+        let attr = Attr {
+            kind: Kind::Symlink,
+            mode: 0o777,
+            id: FileId(self.id_base | self.next_id as u128),
+            size: target.len() as u64,
+            mtime_ns: t,
+            ctime_ns: t,
+            layout: Layout {
+                chunk_size: 0,
+                stripe_count: 0,
+                start: 0,
+            },
+        };
+        self.next_id += 1;
+        self.nodes.insert(
+            path.to_string(),
+            Node {
+                attr,
+                entries: None,
+                added: 0,
+                target: Some(target.into()),
+            },
+        );
+        self.persist(&[
+            Change::Inode {
+                path,
+                attr,
+                added: 0,
+                target: Some(target),
+            },
+            Change::NextId(self.next_id),
+        ])?;
+        Ok(attr)
+    }
+
+    /// The target of the symbolic link at `path` (EINVAL if it is not one).
+    pub fn readlink(&self, path: &str) -> Result<&str, Errno> {
+        match self.nodes.get(path) {
+            None => Err(libc::ENOENT),
+            Some(n) => n.target.as_deref().ok_or(libc::EINVAL),
+        }
     }
 
     pub fn stat(&self, path: &str) -> Result<Attr, Errno> {
@@ -414,7 +494,10 @@ impl MetaStore {
     /// starts and balance by construction, whatever their names. An existing entry of another
     /// kind is EEXIST (a file cannot shadow a directory, nor the reverse). A new entry is
     /// marked until a listing sees its inode (the inode is made in the operation's next step).
-    pub fn dir_add(&mut self, dir: &str, name: &str, kind: Kind) -> Result<Option<u32>, Errno> {
+    ///
+    /// A link's entry: a file added over it is ELOOP (the client follows the link and creates
+    /// its target), unless `retype` (rename), which gives any non-directory entry the new kind.
+    pub fn dir_add(&mut self, dir: &str, name: &str, kind: Kind, retype: bool) -> Result<Option<u32>, Errno> {
         let stripe = self.layouts.stripe_count().max(1) as u64;
         let mark = self.new_mark();
         let node = match self.nodes.get_mut(dir) {
@@ -424,8 +507,15 @@ impl MetaStore {
         let Some(entries) = node.entries.as_mut() else {
             return Err(libc::ENOTDIR);
         };
-        match entries.get(name) {
+        match entries.get_mut(name) {
             Some(e) if e.kind == kind => Ok(None),
+            Some(e) if retype && e.kind != Kind::Dir && kind != Kind::Dir => {
+                e.kind = kind;
+                let entry = *e;
+                self.persist(&[Change::Entry { dir, name, entry }])?;
+                Ok(None)
+            }
+            Some(e) if e.kind == Kind::Symlink && kind == Kind::File => Err(libc::ELOOP),
             Some(_) => Err(libc::EEXIST),
             None => {
                 let entry = Entry { kind, mark };
@@ -440,6 +530,7 @@ impl MetaStore {
                         path: dir,
                         attr,
                         added,
+                        target: None,
                     },
                 ])?;
                 Ok(Some(start as u32))
@@ -561,15 +652,25 @@ impl MetaStore {
         Ok(page)
     }
 
-    /// Puts `attr` at `path` (the second half of a rename). Replacing follows rename(2): a
-    /// file may replace a file, a directory an empty directory. Returns what was replaced.
-    pub fn install(&mut self, path: &str, attr: Attr, flags: u32) -> Result<Option<Attr>, Errno> {
+    /// Puts `attr` at `path` (the second half of a rename; a symbolic link's with its `target`).
+    /// Replacing follows rename(2): a file or link may replace a file or link, a directory an
+    /// empty directory. Returns what was replaced.
+    pub fn install(
+        &mut self,
+        path: &str,
+        attr: Attr,
+        flags: u32,
+        target: Option<&str>,
+    ) -> Result<Option<Attr>, Errno> {
+        if (attr.kind == Kind::Symlink) != target.is_some_and(|t| !t.is_empty()) {
+            return Err(libc::EINVAL);
+        }
         if let Some(old) = self.nodes.get(path) {
             if flags & NO_REPLACE != 0 {
                 return Err(libc::EEXIST);
             }
             match (attr.kind, &old.entries) {
-                (Kind::File, Some(_)) => return Err(libc::EISDIR),
+                (Kind::File | Kind::Symlink, Some(_)) => return Err(libc::EISDIR),
                 (Kind::Dir, None) => return Err(libc::ENOTDIR),
                 (Kind::Dir, Some(e)) if !e.is_empty() => return Err(libc::ENOTEMPTY),
                 _ => {}
@@ -582,6 +683,7 @@ impl MetaStore {
             },
             entries: (attr.kind == Kind::Dir).then(BTreeMap::new),
             added: 0,
+            target: target.map(Into::into),
         };
         let replaced = self.nodes.insert(path.to_string(), node).map(|n| n.attr);
         self.persist_inode(path)?;
@@ -591,8 +693,11 @@ impl MetaStore {
     /// Updates a file's size; returns the new attribute and the old size.
     pub fn set_size(&mut self, path: &str, size: u64, how: SizeUpdate) -> Result<(Attr, u64), Errno> {
         let node = self.nodes.get_mut(path).ok_or(libc::ENOENT)?;
-        if node.attr.kind == Kind::Dir {
-            return Err(libc::EISDIR);
+        match node.attr.kind {
+            Kind::Dir => return Err(libc::EISDIR),
+            // The client follows links before it truncates (ELOOP tells it to).
+            Kind::Symlink => return Err(libc::ELOOP),
+            Kind::File => {}
         }
         let old = node.attr.size;
         let new = match how {
@@ -614,8 +719,23 @@ impl MetaStore {
 
     /// Sets the permission bits and/or the modification time (chmod, utimens); the change
     /// time becomes now.
-    pub fn set_attr(&mut self, path: &str, mode: Option<u32>, mtime_ns: Option<u64>) -> Result<Attr, Errno> {
+    /// Sets the permission bits and/or the modification time. A link's own: only its time,
+    /// and only when asked for the link itself (`link`; lutimes). Otherwise chmod and utimes
+    /// follow links, and ELOOP tells the client to.
+    pub fn set_attr(
+        &mut self,
+        path: &str,
+        mode: Option<u32>,
+        mtime_ns: Option<u64>,
+        link: bool,
+    ) -> Result<Attr, Errno> {
         let node = self.nodes.get_mut(path).ok_or(libc::ENOENT)?;
+        match (node.attr.kind, link) {
+            (Kind::Symlink, false) => return Err(libc::ELOOP),
+            (Kind::Symlink, true) if mode.is_some() => return Err(libc::EOPNOTSUPP),
+            (_, true) if node.attr.kind != Kind::Symlink => return Err(libc::EINVAL),
+            _ => {}
+        }
         if let Some(mode) = mode {
             node.attr.mode = mode & 0o7777;
         }
@@ -675,14 +795,14 @@ mod tests {
         assert_eq!(m.rmdir("/"), Err(libc::EBUSY));
         m.mkdir("/d", 0o755).expect("mkdir");
         assert_eq!(m.mkdir("/d", 0o755), Err(libc::EEXIST));
-        let first = m.dir_add("/d", "x", Kind::File).expect("add");
-        assert_eq!(m.dir_add("/d", "x", Kind::File), Ok(None));
-        let second = m.dir_add("/d", "y", Kind::File).expect("add");
+        let first = m.dir_add("/d", "x", Kind::File, false).expect("add");
+        assert_eq!(m.dir_add("/d", "x", Kind::File, false), Ok(None));
+        let second = m.dir_add("/d", "y", Kind::File, false).expect("add");
         assert_eq!(second.map(|s| (s + 4 - 1) % 4), first, "consecutive starts");
         m.dir_remove("/d", "y", None).expect("remove");
-        assert_eq!(m.dir_add("/d", "x", Kind::Dir), Err(libc::EEXIST));
-        assert_eq!(m.dir_add("/f", "x", Kind::File), Err(libc::ENOTDIR));
-        assert_eq!(m.dir_add("/nope", "x", Kind::File), Err(libc::ENOENT));
+        assert_eq!(m.dir_add("/d", "x", Kind::Dir, false), Err(libc::EEXIST));
+        assert_eq!(m.dir_add("/f", "x", Kind::File, false), Err(libc::ENOTDIR));
+        assert_eq!(m.dir_add("/nope", "x", Kind::File, false), Err(libc::ENOENT));
         assert_eq!(m.rmdir("/d"), Err(libc::ENOTEMPTY));
         m.dir_remove("/d", "x", None).expect("remove");
         assert_eq!(m.rmdir("/d"), Ok(()));
@@ -694,7 +814,8 @@ mod tests {
     fn readdir_pages_in_order() {
         let mut m = MetaStore::new(0, 1, 1, 4096, 1);
         for i in 0..1000 {
-            m.dir_add("/", &format!("n{i:04}"), Kind::File).expect("add");
+            m.dir_add("/", &format!("n{i:04}"), Kind::File, false)
+                .expect("add");
         }
         let (mut all, mut after) = (Vec::new(), String::new());
         loop {
@@ -715,15 +836,18 @@ mod tests {
         let (f, _) = m.create("/a", CREATE, 0o600, None).expect("create");
         let (g, _) = m.create("/b", CREATE, 0o600, None).expect("create");
         m.mkdir("/d", 0o755).expect("mkdir");
-        assert_eq!(m.install("/b", f, NO_REPLACE), Err(libc::EEXIST));
-        assert_eq!(m.install("/d", f, 0), Err(libc::EISDIR));
-        assert_eq!(m.install("/b", f, 0).map(|r| r.map(|a| a.id)), Ok(Some(g.id)));
+        assert_eq!(m.install("/b", f, NO_REPLACE, None), Err(libc::EEXIST));
+        assert_eq!(m.install("/d", f, 0, None), Err(libc::EISDIR));
+        assert_eq!(
+            m.install("/b", f, 0, None).map(|r| r.map(|a| a.id)),
+            Ok(Some(g.id))
+        );
         let d = m.stat("/d").expect("stat");
-        assert_eq!(m.install("/a", d, 0), Err(libc::ENOTDIR));
-        m.dir_add("/d", "x", Kind::File).expect("add");
+        assert_eq!(m.install("/a", d, 0, None), Err(libc::ENOTDIR));
+        m.dir_add("/d", "x", Kind::File, false).expect("add");
         m.mkdir("/e", 0o755).expect("mkdir");
         let e = m.stat("/e").expect("stat");
-        assert_eq!(m.install("/d", e, 0), Err(libc::ENOTEMPTY));
+        assert_eq!(m.install("/d", e, 0, None), Err(libc::ENOTEMPTY));
     }
 
     /// Names that collide under the original's byte-summing hash get distinct ids, and 400k
@@ -772,7 +896,7 @@ mod tests {
         };
         let (seen, later) = {
             let mut m = open()?;
-            m.dir_add("/", "a", Kind::File).expect("add");
+            m.dir_add("/", "a", Kind::File, false).expect("add");
             let seen = mark_of(&mut m, "a").expect("listed");
             assert_ne!(seen, 0, "a new entry is marked");
             assert_eq!(m.dir_mark("/", "a"), Ok(true));
@@ -781,7 +905,7 @@ mod tests {
             assert_eq!(m.dir_confirm("/", "a", seen), Ok(false), "a stale confirm");
             assert_eq!(m.dir_remove("/", "a", Some(seen)), Ok(false));
             assert_eq!(m.dir_mark("/", "nope"), Ok(false));
-            m.dir_add("/", "b", Kind::File).expect("add");
+            m.dir_add("/", "b", Kind::File, false).expect("add");
             let b = mark_of(&mut m, "b").expect("listed");
             assert_eq!(m.dir_confirm("/", "b", b), Ok(true));
             assert_eq!(mark_of(&mut m, "b"), Some(0));
@@ -791,7 +915,7 @@ mod tests {
         let mut m = open()?;
         assert_eq!(mark_of(&mut m, "a"), Some(later));
         assert_eq!(mark_of(&mut m, "b"), Some(0));
-        m.dir_add("/", "c", Kind::File).expect("add");
+        m.dir_add("/", "c", Kind::File, false).expect("add");
         assert!(
             mark_of(&mut m, "c").expect("listed") > later,
             "marks are never reused"
@@ -811,13 +935,13 @@ mod tests {
         let (file, kept, gone) = {
             let mut m = open()?;
             m.mkdir("/d", 0o750).expect("mkdir");
-            m.dir_add("/", "d", Kind::Dir).expect("entry d");
-            let start = m.dir_add("/d", "f", Kind::File).expect("entry f");
+            m.dir_add("/", "d", Kind::Dir, false).expect("entry d");
+            let start = m.dir_add("/d", "f", Kind::File, false).expect("entry f");
             let (file, _) = m.create("/d/f", CREATE, 0o640, start).expect("create");
             m.set_size("/d/f", 12345, SizeUpdate::AtLeast).expect("size");
-            m.set_attr("/d/f", Some(0o600), Some(42)).expect("attr");
+            m.set_attr("/d/f", Some(0o600), Some(42), false).expect("attr");
             m.create("/d/g", CREATE, 0o644, None).expect("create g");
-            m.dir_add("/d", "g", Kind::File).expect("entry g");
+            m.dir_add("/d", "g", Kind::File, false).expect("entry g");
             m.unlink("/d/g").expect("unlink");
             m.dir_remove("/d", "g", None).expect("entry removed");
             (file, m.stat("/d/f").expect("stat"), m.next_id)

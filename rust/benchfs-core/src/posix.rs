@@ -1,10 +1,10 @@
 //! The POSIX words every face shares: open(2) flags as namespace flags, and which errnos are a
 //! metadata owner's answer about a path (not a server failing).
 
-use crate::protocol::meta::{CREATE, EXCLUSIVE, TRUNCATE};
+use crate::protocol::meta::{CREATE, EXCLUSIVE, NO_FOLLOW, TRUNCATE};
 
 /// The errors a metadata owner answers about a path (anything else is about the server).
-pub const NAMESPACE_ERRNOS: [i32; 9] = [
+pub const NAMESPACE_ERRNOS: [i32; 10] = [
     libc::ENOENT,
     libc::EEXIST,
     libc::EISDIR,
@@ -14,6 +14,7 @@ pub const NAMESPACE_ERRNOS: [i32; 9] = [
     libc::EINVAL,
     libc::EBUSY,
     libc::EXDEV,
+    libc::ELOOP,
 ];
 
 /// Whether `errno` is an answer about a path or an operation the file system does not offer
@@ -22,8 +23,8 @@ pub fn is_path_answer(errno: i32) -> bool {
     NAMESPACE_ERRNOS.contains(&errno) || errno == libc::EOPNOTSUPP
 }
 
-/// The namespace flags for open(2) `flags`: O_CREAT, O_EXCL (with O_CREAT) and O_TRUNC; the
-/// access mode and other bits are not the namespace's concern.
+/// The namespace flags for open(2) `flags`: O_CREAT, O_EXCL (with O_CREAT), O_TRUNC and
+/// O_NOFOLLOW; the access mode and other bits are not the namespace's concern.
 pub fn namespace_flags(flags: i32) -> u32 {
     let mut ns = 0;
     if flags & libc::O_CREAT != 0 {
@@ -34,6 +35,9 @@ pub fn namespace_flags(flags: i32) -> u32 {
     }
     if flags & libc::O_TRUNC != 0 {
         ns |= TRUNCATE;
+    }
+    if flags & libc::O_NOFOLLOW != 0 {
+        ns |= NO_FOLLOW;
     }
     ns
 }
@@ -53,6 +57,7 @@ mod tests {
             "O_EXCL without O_CREAT is ignored"
         );
         assert_eq!(namespace_flags(libc::O_RDWR | libc::O_TRUNC), TRUNCATE);
+        assert_eq!(namespace_flags(libc::O_NOFOLLOW), NO_FOLLOW);
         assert!(is_path_answer(libc::ENOENT) && is_path_answer(libc::EOPNOTSUPP));
         assert!(!is_path_answer(libc::EIO));
     }

@@ -723,11 +723,10 @@ impl ServerState {
             out
         };
         let kind = |mode: u32| {
-            if mode == Kind::Dir as u32 {
-                Kind::Dir
-            } else {
-                Kind::File
-            }
+            u8::try_from(mode)
+                .ok()
+                .and_then(Kind::from_u8)
+                .unwrap_or(Kind::File)
         };
         let result: std::result::Result<(ReplyValue, Vec<u8>), i32> = match op {
             Op::Create => {
@@ -742,7 +741,7 @@ impl ServerState {
             Op::Rmdir => meta.rmdir(&r.path).map(|()| (Nothing, Vec::new())),
             Op::DirAdd if r.name.is_empty() => Err(libc::EINVAL),
             Op::DirAdd => meta
-                .dir_add(&r.path, &r.name, kind(r.mode))
+                .dir_add(&r.path, &r.name, kind(r.mode), r.flags & meta::RETYPE != 0)
                 .map(|start| (NewEntry(start), Vec::new())),
             Op::DirRemove | Op::DirMark | Op::DirConfirm if r.name.is_empty() => Err(libc::EINVAL),
             Op::DirRemove => meta
@@ -761,14 +760,22 @@ impl ServerState {
             }
             Op::Install => match r.attr {
                 Some(a) => meta
-                    .install(&r.path, a, r.flags)
+                    .install(
+                        &r.path,
+                        a,
+                        r.flags,
+                        (!r.target.is_empty()).then_some(r.target.as_str()),
+                    )
                     .map(|old| (Nothing, old.map(attr).unwrap_or_default())),
                 None => Err(libc::EINVAL),
             },
+            Op::Symlink => meta.symlink(&r.path, &r.target).map(|a| (Nothing, attr(a))),
+            Op::Readlink => meta.readlink(&r.path).map(|t| (Nothing, t.as_bytes().to_vec())),
             Op::SetAttr => {
                 let mode = (r.flags & meta::SET_MODE != 0).then_some(r.mode);
                 let mtime = (r.flags & meta::SET_MTIME != 0).then_some(r.arg);
-                meta.set_attr(&r.path, mode, mtime).map(|a| (Nothing, attr(a)))
+                meta.set_attr(&r.path, mode, mtime, r.flags & meta::SET_LINK != 0)
+                    .map(|a| (Nothing, attr(a)))
             }
             Op::SetSize => {
                 let how = if r.flags == 1 {

@@ -224,10 +224,10 @@ fn file_attr(ino: u64, attr: &Attr, table: &mut Table, uid: u32, gid: u32) -> Fi
         mtime: time(attr.mtime_ns),
         ctime: time(attr.ctime_ns),
         crtime: time(attr.ctime_ns),
-        kind: if dir {
-            FileType::Directory
-        } else {
-            FileType::RegularFile
+        kind: match attr.kind {
+            Kind::Dir => FileType::Directory,
+            Kind::Symlink => FileType::Symlink,
+            Kind::File => FileType::RegularFile,
         },
         perm: (attr.mode & 0o7777) as u16,
         nlink: match (dir, unlinked) {
@@ -276,6 +276,8 @@ impl Worker {
     pub fn connect(registry: &Path, config: Config, shared: Arc<Shared>) -> Result<Worker, String> {
         let client = Client::connect(registry, config)
             .map_err(|e| format!("cannot connect to the cluster in {}: {e}", registry.display()))?;
+        // The kernel follows links (readlink) and hands this mount resolved paths.
+        client.set_resolve_links(false);
         Ok(Worker {
             client,
             shared,
@@ -293,8 +295,9 @@ impl Worker {
         Ok(join(&parent, name))
     }
 
+    /// The attribute of `path` itself: the kernel follows symbolic links (readlink).
     fn stat(&self, op: &str, path: &str) -> Res<Attr> {
-        self.client.stat(path).map_err(|e| errno(op, e))
+        self.client.lstat(path).map_err(|e| errno(op, e))
     }
 
     fn attr_of(&self, ino: u64, attr: &Attr) -> FileAttr {
@@ -337,6 +340,19 @@ impl Worker {
         let mut attr = self.stat("setattr", &path)?;
         if uid.is_some_and(|u| u != self.shared.uid) || gid.is_some_and(|g| g != self.shared.gid) {
             return Err(no_support());
+        }
+        if attr.kind == Kind::Symlink {
+            // The kernel asks for a link's own attributes only (lutimes; chmod follows links).
+            if mode.is_some_and(|m| m & 0o7777 != attr.mode & 0o7777) || size.is_some() {
+                return Err(no_support());
+            }
+            if let Some(t) = mtime_ns {
+                attr = self
+                    .client
+                    .set_link_time(&path, t)
+                    .map_err(|e| errno("setattr", e))?;
+            }
+            return Ok(self.attr_of(ino, &attr));
         }
         if let Some(size) = size {
             if attr.kind == Kind::Dir {
@@ -598,6 +614,24 @@ impl Worker {
         Ok(self.entry(&path, &attr))
     }
 
+    /// A symbolic link to `target`, kept as given: the kernel resolves it (an absolute target
+    /// is a path on this host, usually through this mount).
+    fn symlink(&mut self, parent: u64, name: &OsStr, target: &std::path::Path) -> Res<FileAttr> {
+        let path = self.child(parent, name)?;
+        let target = target.to_str().ok_or(Errno::EINVAL)?;
+        self.client
+            .symlink(target, &path)
+            .map_err(|e| errno("symlink", e))?;
+        let attr = self.stat("symlink", &path)?;
+        Ok(self.entry(&path, &attr))
+    }
+
+    fn readlink(&mut self, ino: u64) -> Res<Vec<u8>> {
+        let path = self.path_of(ino)?;
+        let target = self.client.readlink(&path).map_err(|e| errno("readlink", e))?;
+        Ok(target.into_bytes())
+    }
+
     /// Regular files only (BenchFS has no special files).
     fn mknod(&mut self, parent: u64, name: &OsStr, mode: u32, umask: u32) -> Res<FileAttr> {
         if mode & libc::S_IFMT != libc::S_IFREG {
@@ -706,10 +740,10 @@ impl Worker {
             let child = join(&path, &e.name);
             list.push(Listed {
                 ino: t.ino_of(&child).unwrap_or_else(|| synthetic_ino(&child)),
-                kind: if e.kind == Kind::Dir {
-                    FileType::Directory
-                } else {
-                    FileType::RegularFile
+                kind: match e.kind {
+                    Kind::Dir => FileType::Directory,
+                    Kind::Symlink => FileType::Symlink,
+                    Kind::File => FileType::RegularFile,
                 },
                 name: e.name,
             });
@@ -776,6 +810,15 @@ impl Respond<ClusterCapacity> for ReplyStatfs {
             namespace::NAME_MAX as u32,
             STATFS_BSIZE as u32,
         );
+    }
+    fn send_err(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Respond<Vec<u8>> for ReplyData {
+    fn send_ok(self, data: Vec<u8>) {
+        self.data(&data);
     }
     fn send_err(self, e: Errno) {
         self.error(e);
@@ -940,6 +983,14 @@ impl Filesystem for BenchFs {
 
     fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         self.dispatch(reply, |w| w.mkdir(parent.0, name, mode, umask));
+    }
+
+    fn symlink(&self, _req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        self.dispatch(reply, |w| w.symlink(parent.0, link_name, target));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.dispatch(reply, |w| w.readlink(ino.0));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {

@@ -253,11 +253,28 @@ impl PyClient {
         })
     }
 
-    /// Attributes of `path`: kind ("file" or "dir"), size, mode, id (32 hex digits),
-    /// mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start.
+    /// Attributes of `path`, links followed: kind ("file" or "dir"), size, mode, id (32 hex
+    /// digits), mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start.
     fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
         let a = self.with(py, |c| c.stat(path))?;
         attr_dict(py, &a)
+    }
+
+    /// As `stat`, but a symbolic link's own attributes (kind "symlink", size: its target's
+    /// length).
+    fn lstat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
+        let a = self.with(py, |c| c.lstat(path))?;
+        attr_dict(py, &a)
+    }
+
+    /// Makes a symbolic link at `path` to `target` (kept as given).
+    fn symlink(&self, py: Python<'_>, target: &str, path: &str) -> PyResult<()> {
+        self.with(py, |c| c.symlink(target, path))
+    }
+
+    /// The target of the symbolic link at `path`.
+    fn readlink(&self, py: Python<'_>, path: &str) -> PyResult<String> {
+        self.with(py, |c| c.readlink(path))
     }
 
     fn unlink(&self, py: Python<'_>, path: &str) -> PyResult<()> {
@@ -298,9 +315,10 @@ impl PyClient {
             None => None,
             Some("file") => Some(Kind::File),
             Some("dir") => Some(Kind::Dir),
+            Some("symlink") => Some(Kind::Symlink),
             Some(other) => {
                 return Err(PyValueError::new_err(format!(
-                    "kind {other:?}: expected \"file\" or \"dir\""
+                    "kind {other:?}: expected \"file\", \"dir\" or \"symlink\""
                 )))
             }
         };
@@ -425,6 +443,7 @@ fn kind_name(k: Kind) -> &'static str {
     match k {
         Kind::File => "file",
         Kind::Dir => "dir",
+        Kind::Symlink => "symlink",
     }
 }
 

@@ -12,6 +12,7 @@ mod capacity;
 mod connect;
 mod data;
 mod find;
+mod links;
 mod names;
 mod netns;
 mod readahead;
@@ -129,6 +130,9 @@ pub struct Client {
     config: Config,
     /// Said once: this client's `layout.chunk_size` is not the servers' (only theirs applies).
     told_chunk_size: Cell<bool>,
+    /// Whether this client resolves symbolic links in the paths it is given (client/links.rs);
+    /// off for a face whose paths come resolved (the mount: the kernel follows links).
+    resolve_links: Cell<bool>,
     /// The job token every request carries.
     token: u64,
     telemetry: ClientTelemetry,
@@ -218,6 +222,7 @@ impl Client {
             ),
             config,
             told_chunk_size: Cell::new(false),
+            resolve_links: Cell::new(true),
             token,
             telemetry,
             crash_at: crash_point()?,

@@ -69,13 +69,15 @@ impl Client {
     /// Adds `name` to its parent directory's entries; Ok(true) if new. An entry of the other
     /// kind is the path's own conflict, reported as `conflict` (EISDIR for open, EEXIST for
     /// mkdir, EISDIR or ENOTDIR for rename, as POSIX has them).
-    /// Returns None if the entry existed, else the stripe start for a new file.
+    /// Returns None if the entry existed, else the stripe start for a new file. `flags`:
+    /// [`meta::RETYPE`] (rename), or 0.
     pub(super) async fn dir_add(
         &self,
         what: &'static str,
         path: &str,
         kind: Kind,
         conflict: i32,
+        flags: u32,
     ) -> Result<Option<u32>> {
         let (parent, name) = namespace::split_parent(path).ok_or_else(|| Error::Path {
             op: what,
@@ -85,6 +87,7 @@ impl Client {
         let mut req = MetaRequest::new(parent);
         req.name = name.into();
         req.mode = kind as u32;
+        req.flags = flags;
         let (h, _) = self.meta(Op::DirAdd, what, &req).await.map_err(|e| match e {
             // The parent's errors are about the parent; an entry of the other kind is the
             // path's own conflict.
@@ -198,14 +201,17 @@ impl Client {
         }
     }
 
-    /// Opens the file at `path` (flags: `meta::CREATE`, `EXCLUSIVE`, `TRUNCATE`). Creating
-    /// adds the name to its parent directory first, then makes the inode at its owner.
+    /// Opens the file at `path` (flags: `meta::CREATE`, `EXCLUSIVE`, `TRUNCATE`, `NO_FOLLOW`),
+    /// links followed. Creating adds the name to its parent directory first, then makes the
+    /// inode at its owner.
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("open", path)?;
-        let attr = self.run(async {
+        let follow = flags & meta::NO_FOLLOW == 0;
+        let flags = flags & !meta::NO_FOLLOW;
+        let (path, attr) = self.run(self.through_links("open", &path, follow, |path| async move {
             let start = if flags & meta::CREATE != 0 {
-                let start = self.dir_add("open", &path, Kind::File, libc::EISDIR).await?;
+                let start = self.dir_add("open", &path, Kind::File, libc::EISDIR, 0).await?;
                 self.step_done("create", 1);
                 start
             } else {
@@ -232,8 +238,8 @@ impl Client {
             }
             // Only O_TRUNC makes the size smaller than it was.
             self.free_data(&attr, attr.size, old).await?;
-            Ok(attr)
-        })?;
+            Ok((path, attr))
+        }))?;
         // Close-to-open: what was read ahead before this open may be stale.
         self.forget_read_ahead(attr.id.0);
         Ok(FileHandle {
@@ -275,15 +281,11 @@ impl Client {
         Ok(())
     }
 
+    /// The attribute of `path`, links followed (see [`Client::lstat`] for a link's own).
     pub fn stat(&self, path: &str) -> Result<Attr> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("stat", path)?;
-        self.run(async {
-            Ok(self
-                .meta_attr(Op::Stat, "stat", &MetaRequest::new(&path))
-                .await?
-                .0)
-        })
+        self.run(self.stat_following(&path))
     }
 
     /// Removes a file: marks its entry, then removes its inode, its chunks on every server
@@ -294,39 +296,52 @@ impl Client {
         self.run(async {
             // No write of this client may land after the chunks are freed.
             self.settle_all().await;
-            self.dir_mark("unlink", &path).await?;
-            self.step_done("unlink", 1);
-            let attr = match self
-                .meta_attr(Op::Unlink, "unlink", &MetaRequest::new(&path))
-                .await
-            {
-                Ok((attr, _)) => attr,
-                Err(
-                    e @ Error::Path {
-                        errno: libc::ENOENT, ..
-                    },
-                ) => {
-                    return self.remove_dangling("unlink", &path, e).await;
-                }
-                Err(e) => return Err(e),
-            };
-            self.step_done("unlink", 2);
-            self.check_layout(&path, &attr)?;
-            self.forget_read_ahead(attr.id.0);
-            let (freed, removed) = futures::join!(
-                self.free_data(&attr, 0, attr.size),
-                self.dir_remove("unlink", &path)
-            );
-            freed.and(removed).map(drop)
+            self.through_links("unlink", &path, false, |path| async move {
+                self.unlink_at(&path).await
+            })
+            .await
         })
+    }
+
+    /// The steps of an unlink of `path`: mark its entry, remove its inode, free its data
+    /// (a link has none) and remove its entry.
+    async fn unlink_at(&self, path: &str) -> Result<()> {
+        self.dir_mark("unlink", path).await?;
+        self.step_done("unlink", 1);
+        let attr = match self
+            .meta_attr(Op::Unlink, "unlink", &MetaRequest::new(path))
+            .await
+        {
+            Ok((attr, _)) => attr,
+            Err(
+                e @ Error::Path {
+                    errno: libc::ENOENT, ..
+                },
+            ) => {
+                return self.remove_dangling("unlink", path, e).await;
+            }
+            Err(e) => return Err(e),
+        };
+        self.step_done("unlink", 2);
+        if attr.kind == Kind::Symlink {
+            // A link has no data.
+            return self.dir_remove("unlink", path).await.map(drop);
+        }
+        self.check_layout(path, &attr)?;
+        self.forget_read_ahead(attr.id.0);
+        let (freed, removed) = futures::join!(
+            self.free_data(&attr, 0, attr.size),
+            self.dir_remove("unlink", path)
+        );
+        freed.and(removed).map(drop)
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("mkdir", path)?;
-        self.run(async {
+        self.run(self.through_links("mkdir", &path, false, |path| async move {
             let added = self
-                .dir_add("mkdir", &path, Kind::Dir, libc::EEXIST)
+                .dir_add("mkdir", &path, Kind::Dir, libc::EEXIST, 0)
                 .await?
                 .is_some();
             self.step_done("mkdir", 1);
@@ -341,13 +356,13 @@ impl Client {
                     Err(e)
                 }
             }
-        })
+        }))
     }
 
     pub fn rmdir(&self, path: &str) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("rmdir", path)?;
-        self.run(async {
+        self.run(self.through_links("rmdir", &path, false, |path| async move {
             self.dir_mark("rmdir", &path).await?;
             self.step_done("rmdir", 1);
             let req = MetaRequest::new(&path);
@@ -374,14 +389,16 @@ impl Client {
                 ) => self.remove_dangling("rmdir", &path, e).await,
                 Err(e) => Err(e),
             }
-        })
+        }))
     }
 
     /// Every entry of a directory, in name order (one owner answers, a page at a time).
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("readdir", path)?;
-        self.run(async { Ok(self.listing(&path).await?.0) })
+        self.run(self.through_links("readdir", &path, true, |path| async move {
+            Ok(self.listing(&path).await?.0)
+        }))
     }
 
     /// A directory's entries: those that name something, and the dangling ones (marked, and
@@ -482,70 +499,102 @@ impl Client {
         }
         self.run(async {
             self.settle_all().await;
-            let (attr, _) = self
-                .meta_attr(Op::Stat, "rename", &MetaRequest::new(&from))
-                .await?;
-            if from == to {
-                return Ok(());
-            }
-            if attr.kind == Kind::Dir {
-                let mut req = MetaRequest::new(&from);
-                req.arg = 1;
-                let (_, body) = self.meta(Op::Readdir, "rename", &req).await?;
-                if !body.is_empty() {
-                    return Err(fail(libc::EXDEV));
+            match self.rename_at(&from, &to, flags).await {
+                // Links among the directories: again on the paths resolved.
+                Err(
+                    e @ Error::Path {
+                        errno: libc::ENOENT | libc::ENOTDIR,
+                        ..
+                    },
+                ) => {
+                    let resolved_from = self.resolve("rename", &from, false).await?;
+                    let resolved_to = self.resolve("rename", &to, false).await?;
+                    if resolved_from == from && resolved_to == to {
+                        return Err(e);
+                    }
+                    self.rename_at(&resolved_from, &resolved_to, flags).await
                 }
+                r => r,
             }
-            let conflict = if attr.kind == Kind::File {
-                libc::EISDIR
-            } else {
-                libc::ENOTDIR
-            };
-            // Two owners, no order needed between them: the new entry hides until installed,
-            // the old one stays valid until its inode goes.
-            let (added, marked) = futures::join!(
-                self.dir_add("rename", &to, attr.kind, conflict),
-                self.dir_mark("rename", &from)
-            );
-            let added = added?.is_some();
-            if let Err(e) = marked {
-                if added {
-                    let _ = self.dir_remove("rename", &to).await;
+        })
+    }
+
+    /// The steps of a rename of `from` to `to` (both resolved as far as the caller knows).
+    async fn rename_at(&self, from: &str, to: &str, flags: u32) -> Result<()> {
+        let fail = |errno| Error::Path {
+            op: "rename",
+            path: from.to_string(),
+            errno,
+        };
+        let (attr, _) = self
+            .meta_attr(Op::Stat, "rename", &MetaRequest::new(from))
+            .await?;
+        if from == to {
+            return Ok(());
+        }
+        // A link moves with its target.
+        let target = match attr.kind {
+            Kind::Symlink => self.readlink_at(from).await?,
+            _ => String::new(),
+        };
+        if attr.kind == Kind::Dir {
+            let mut req = MetaRequest::new(from);
+            req.arg = 1;
+            let (_, body) = self.meta(Op::Readdir, "rename", &req).await?;
+            if !body.is_empty() {
+                return Err(fail(libc::EXDEV));
+            }
+        }
+        let conflict = if attr.kind == Kind::Dir {
+            libc::ENOTDIR
+        } else {
+            libc::EISDIR
+        };
+        // Two owners, no order needed between them: the new entry hides until installed,
+        // the old one stays valid until its inode goes.
+        let (added, marked) = futures::join!(
+            self.dir_add("rename", to, attr.kind, conflict, meta::RETYPE),
+            self.dir_mark("rename", from)
+        );
+        let added = added?.is_some();
+        if let Err(e) = marked {
+            if added {
+                let _ = self.dir_remove("rename", to).await;
+            }
+            return Err(e);
+        }
+        self.step_done("rename", 1);
+        self.step_done("rename", 2);
+        let mut req = MetaRequest::new(to);
+        req.attr = Some(attr);
+        req.target = target;
+        req.flags = flags & meta::NO_REPLACE;
+        let replaced = match self.meta(Op::Install, "rename", &req).await {
+            Ok((_, replaced)) => replaced,
+            Err(e) => {
+                // An entry this rename added names nothing if the install never happened;
+                // a path error means an object is at `to` (created meanwhile): its entry.
+                if added && !matches!(e, Error::Path { .. }) {
+                    let _ = self.dir_remove("rename", to).await;
                 }
                 return Err(e);
             }
-            self.step_done("rename", 1);
-            self.step_done("rename", 2);
-            let mut req = MetaRequest::new(&to);
-            req.attr = Some(attr);
-            req.flags = flags & meta::NO_REPLACE;
-            let replaced = match self.meta(Op::Install, "rename", &req).await {
-                Ok((_, replaced)) => replaced,
-                Err(e) => {
-                    // An entry this rename added names nothing if the install never happened;
-                    // a path error means an object is at `to` (created meanwhile): its entry.
-                    if added && !matches!(e, Error::Path { .. }) {
-                        let _ = self.dir_remove("rename", &to).await;
-                    }
-                    return Err(e);
-                }
-            };
-            self.step_done("rename", 3);
-            let old = MetaRequest::new(&from);
-            if attr.kind == Kind::Dir {
-                self.meta(Op::Rmdir, "rename", &old).await?;
-            } else {
-                self.meta(Op::Unlink, "rename", &old).await?;
+        };
+        self.step_done("rename", 3);
+        let old = MetaRequest::new(from);
+        if attr.kind == Kind::Dir {
+            self.meta(Op::Rmdir, "rename", &old).await?;
+        } else {
+            self.meta(Op::Unlink, "rename", &old).await?;
+        }
+        self.step_done("rename", 4);
+        self.dir_remove("rename", from).await?;
+        if let Some(gone) = Attr::decode(&replaced) {
+            if gone.kind == Kind::File && gone.id != attr.id {
+                self.free_data(&gone, 0, gone.size).await?;
             }
-            self.step_done("rename", 4);
-            self.dir_remove("rename", &from).await?;
-            if let Some(gone) = Attr::decode(&replaced) {
-                if gone.kind == Kind::File && gone.id != attr.id {
-                    self.free_data(&gone, 0, gone.size).await?;
-                }
-            }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// Sets a file's size; shrinking frees the chunks beyond it on their servers.
@@ -554,13 +603,16 @@ impl Client {
         let path = self.checked("truncate", path)?;
         self.run(async {
             self.settle_all().await;
-            let mut req = MetaRequest::new(&path);
-            req.arg = size;
-            req.flags = 1;
-            let (attr, old) = self.meta_attr(Op::SetSize, "truncate", &req).await?;
-            self.check_layout(&path, &attr)?;
-            self.forget_read_ahead(attr.id.0);
-            self.free_data(&attr, size, old).await
+            self.through_links("truncate", &path, true, |path| async move {
+                let mut req = MetaRequest::new(&path);
+                req.arg = size;
+                req.flags = 1;
+                let (attr, old) = self.meta_attr(Op::SetSize, "truncate", &req).await?;
+                self.check_layout(&path, &attr)?;
+                self.forget_read_ahead(attr.id.0);
+                self.free_data(&attr, size, old).await
+            })
+            .await
         })
     }
 
@@ -569,16 +621,18 @@ impl Client {
     pub fn set_attr(&self, path: &str, mode: Option<u32>, mtime_ns: Option<u64>) -> Result<Attr> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("setattr", path)?;
-        let mut req = MetaRequest::new(&path);
-        if let Some(mode) = mode {
-            req.flags |= meta::SET_MODE;
-            req.mode = mode & 0o7777;
-        }
-        if let Some(t) = mtime_ns {
-            req.flags |= meta::SET_MTIME;
-            req.arg = t;
-        }
-        self.run(async { Ok(self.meta_attr(Op::SetAttr, "setattr", &req).await?.0) })
+        self.run(self.through_links("setattr", &path, true, |path| async move {
+            let mut req = MetaRequest::new(&path);
+            if let Some(mode) = mode {
+                req.flags |= meta::SET_MODE;
+                req.mode = mode & 0o7777;
+            }
+            if let Some(t) = mtime_ns {
+                req.flags |= meta::SET_MTIME;
+                req.arg = t;
+            }
+            Ok(self.meta_attr(Op::SetAttr, "setattr", &req).await?.0)
+        }))
     }
 
     /// Truncates an open file (`ftruncate`): sets the size at the owner and makes the handle

@@ -12,16 +12,27 @@ pub const EXCLUSIVE: u32 = 2;
 pub const TRUNCATE: u32 = 4;
 /// Rename: fail with EEXIST instead of replacing the target.
 pub const NO_REPLACE: u32 = 8;
+/// Open: do not follow a symbolic link in the last place (O_NOFOLLOW: ELOOP). The client's
+/// alone; never sent.
+pub const NO_FOLLOW: u32 = 16;
+/// Dir-add (rename): an entry that is not a directory takes the new kind if it has another
+/// (a file renamed over a link, or a link over a file).
+pub const RETYPE: u32 = 32;
 /// Set-attribute flags: which of the request's mode and time to apply.
 pub const SET_MODE: u32 = 1;
 pub const SET_MTIME: u32 = 2;
+/// Set-attribute: on a symbolic link itself (its modification time only), not followed.
+pub const SET_LINK: u32 = 4;
 
 /// Readdir pages hold at most this many entries (and stay well under [`REPLY_MAX`]).
 pub const READDIR_PAGE: usize = 512;
 /// The largest metadata reply payload.
 pub const REPLY_MAX: usize = 64 * 1024;
-/// The largest metadata request payload: two paths, the fixed part and an attribute.
-pub const REQUEST_MAX: usize = 24 + 2 * PATH_MAX + ATTR_LEN;
+/// The fixed part of a metadata request: flags, mode, arg and three lengths.
+const REQUEST_FIXED: usize = 28;
+/// The largest metadata request payload: the fixed part, two paths, a link target and an
+/// attribute.
+pub const REQUEST_MAX: usize = REQUEST_FIXED + 3 * PATH_MAX + ATTR_LEN;
 
 pub const ATTR_LEN: usize = 64;
 
@@ -82,7 +93,8 @@ impl Attr {
 }
 
 /// A metadata request's payload: flags, mode, a numeric argument, one or two paths (or a
-/// directory and an entry name) and, for install, an attribute.
+/// directory and an entry name), a symbolic link's target (symlink, and install of a link)
+/// and, for install, an attribute.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetaRequest {
     pub flags: u32,
@@ -90,6 +102,8 @@ pub struct MetaRequest {
     pub arg: u64,
     pub path: String,
     pub name: String,
+    /// A link's target as its creator wrote it: any bytes but NUL, 1 to PATH_MAX - 1.
+    pub target: String,
     pub attr: Option<Attr>,
 }
 
@@ -101,19 +115,23 @@ impl MetaRequest {
             arg: 0,
             path: path.to_string(),
             name: String::new(),
+            target: String::new(),
             attr: None,
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(24 + self.path.len() + self.name.len() + ATTR_LEN);
+        let strings = self.path.len() + self.name.len() + self.target.len();
+        let mut out = Vec::with_capacity(REQUEST_FIXED + strings + ATTR_LEN);
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.mode.to_le_bytes());
         out.extend_from_slice(&self.arg.to_le_bytes());
         out.extend_from_slice(&(self.path.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
         out.extend_from_slice(self.path.as_bytes());
         out.extend_from_slice(self.name.as_bytes());
+        out.extend_from_slice(self.target.as_bytes());
         if let Some(a) = &self.attr {
             a.encode(&mut out);
         }
@@ -123,24 +141,35 @@ impl MetaRequest {
     /// Decodes and validates: paths must be normalized absolute paths (the server never trusts
     /// a client to have normalized them), names valid single components.
     pub fn decode(b: &[u8]) -> Result<MetaRequest, String> {
-        if b.len() < 24 || b.len() > REQUEST_MAX {
+        if b.len() < REQUEST_FIXED || b.len() > REQUEST_MAX {
             return Err(format!("metadata payload of {} bytes", b.len()));
         }
-        let (plen, nlen) = (le_u32(b, 16) as usize, le_u32(b, 20) as usize);
-        let rest = b.len() - 24;
-        if plen > rest || nlen > rest - plen {
+        let (plen, nlen, tlen) = (
+            le_u32(b, 16) as usize,
+            le_u32(b, 20) as usize,
+            le_u32(b, 24) as usize,
+        );
+        let rest = b.len() - REQUEST_FIXED;
+        if plen > rest || nlen > rest - plen || tlen > rest - plen - nlen {
             return Err("metadata payload shorter than its paths".into());
         }
-        let tail = rest - plen - nlen;
-        let attr = match tail {
+        let (p0, n0, t0) = (REQUEST_FIXED, REQUEST_FIXED + plen, REQUEST_FIXED + plen + nlen);
+        let attr = match rest - plen - nlen - tlen {
             0 => None,
-            ATTR_LEN => Some(Attr::decode(&b[24 + plen + nlen..]).ok_or("malformed attribute")?),
+            ATTR_LEN => Some(Attr::decode(&b[t0 + tlen..]).ok_or("malformed attribute")?),
             n => return Err(format!("{n} unexpected trailing bytes")),
         };
         let text =
             |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| "path is not UTF-8".to_string());
-        let path = text(&b[24..24 + plen])?;
-        let name = text(&b[24 + plen..24 + plen + nlen])?;
+        let path = text(&b[p0..n0])?;
+        let name = text(&b[n0..t0])?;
+        let target = text(&b[t0..t0 + tlen])?;
+        if target.len() >= PATH_MAX || target.contains('\0') {
+            return Err(format!(
+                "link target of {} bytes, or with a NUL byte",
+                target.len()
+            ));
+        }
         if normalize(&path).ok().as_deref() != Some(path.as_str()) {
             return Err(format!("path {path:?} is not a normalized absolute path"));
         }
@@ -155,6 +184,7 @@ impl MetaRequest {
             arg: le_u64(b, 8),
             path,
             name,
+            target,
             attr,
         })
     }

@@ -10,7 +10,8 @@ pub mod meta;
 
 /// "BFS1" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
-pub const VERSION: u16 = 2;
+/// 3: symbolic links (ops 30 and 31, a request's link target, an attribute's kind 3).
+pub const VERSION: u16 = 3;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
@@ -74,6 +75,11 @@ pub enum Op {
     /// Reply: `protocol::meta::encode_found` (counts, then a page of matches) and
     /// [`ReplyValue::MoreFollows`].
     Find = 29,
+    /// Creates a symbolic link at `path` to the request's `target`. Reply: attribute (EEXIST if
+    /// the path exists).
+    Symlink = 30,
+    /// Reply payload: the target of the symbolic link at `path` (EINVAL if it is not one).
+    Readlink = 31,
 }
 
 impl Op {
@@ -99,6 +105,8 @@ impl Op {
             27 => Some(Op::DirMark),
             28 => Some(Op::DirConfirm),
             29 => Some(Op::Find),
+            30 => Some(Op::Symlink),
+            31 => Some(Op::Readlink),
             _ => None,
         }
     }
@@ -125,11 +133,13 @@ impl Op {
             Op::DirMark => "dir_mark",
             Op::DirConfirm => "dir_confirm",
             Op::Find => "find",
+            Op::Symlink => "symlink",
+            Op::Readlink => "readlink",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 22] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -150,6 +160,8 @@ impl Op {
         Op::DirMark,
         Op::DirConfirm,
         Op::Find,
+        Op::Symlink,
+        Op::Readlink,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).

@@ -1,0 +1,219 @@
+//! Symbolic links: making and reading them, and resolving paths through them.
+//!
+//! A link is an inode at its path's owner holding its target as written. An operation is
+//! tried on its path as given first, so paths without links cost nothing more; only when it
+//! fails as a link could explain (ENOENT or ENOTDIR for a link among the directories, ELOOP
+//! for a link in the last place that the operation follows) does the client walk the path,
+//! one lookup per component, and try again on the path resolved. A relative target is taken
+//! from the link's directory; an absolute one is a path in BenchFS (docs/namespace.md).
+
+use std::collections::VecDeque;
+use std::future::Future;
+
+use crate::error::{Error, Result};
+use crate::namespace::{self, Attr, Kind};
+use crate::protocol::meta::{self, MetaRequest};
+use crate::protocol::Op;
+use crate::telemetry::OpKind;
+
+use super::Client;
+
+/// Links followed in one resolution before ELOOP (Linux's MAXSYMLINKS).
+pub const MAX_LINKS: u32 = 40;
+
+fn path_error(op: &'static str, path: &str, errno: i32) -> Error {
+    Error::Path {
+        op,
+        path: path.into(),
+        errno,
+    }
+}
+
+impl Client {
+    /// Makes a symbolic link at `path` to `target` (kept as given, resolved when followed):
+    /// the entry in its parent, then the link at its owner.
+    pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("symlink", path)?;
+        if target.is_empty() || target.len() >= namespace::PATH_MAX || target.contains('\0') {
+            let errno = if target.is_empty() {
+                libc::ENOENT
+            } else if target.contains('\0') {
+                libc::EINVAL
+            } else {
+                libc::ENAMETOOLONG
+            };
+            return Err(path_error("symlink", target, errno));
+        }
+        self.run(self.through_links("symlink", &path, false, |path| async move {
+            let added = self
+                .dir_add("symlink", &path, Kind::Symlink, libc::EEXIST, 0)
+                .await?;
+            if added.is_none() {
+                return Err(path_error("symlink", &path, libc::EEXIST));
+            }
+            let mut req = MetaRequest::new(&path);
+            req.target = target.to_string();
+            if let Err(e) = self.meta(Op::Symlink, "symlink", &req).await {
+                // Undo our half; the original error is what matters.
+                let _ = self.dir_remove("symlink", &path).await;
+                return Err(e);
+            }
+            Ok(())
+        }))
+    }
+
+    /// The target of the symbolic link at `path` (EINVAL if it is not one); links among its
+    /// directories are followed.
+    pub fn readlink(&self, path: &str) -> Result<String> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("readlink", path)?;
+        self.run(self.through_links("readlink", &path, false, |path| async move {
+            self.readlink_at(&path).await
+        }))
+    }
+
+    /// The attribute of `path` itself: a link's own, not its target's.
+    pub fn lstat(&self, path: &str) -> Result<Attr> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("lstat", path)?;
+        self.run(self.through_links(
+            "lstat",
+            &path,
+            false,
+            |path| async move { self.lookup(&path).await },
+        ))
+    }
+
+    /// Sets the modification time of the symbolic link at `path` itself (lutimes; EINVAL if
+    /// it is not a link).
+    pub fn set_link_time(&self, path: &str, mtime_ns: u64) -> Result<Attr> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("setattr", path)?;
+        self.run(self.through_links("setattr", &path, false, |path| async move {
+            let mut req = MetaRequest::new(&path);
+            req.flags = meta::SET_MTIME | meta::SET_LINK;
+            req.arg = mtime_ns;
+            Ok(self.meta_attr(Op::SetAttr, "setattr", &req).await?.0)
+        }))
+    }
+
+    /// One lookup at `path`'s owner, links not followed.
+    pub(super) async fn lookup(&self, path: &str) -> Result<Attr> {
+        Ok(self.meta_attr(Op::Stat, "stat", &MetaRequest::new(path)).await?.0)
+    }
+
+    pub(super) async fn readlink_at(&self, path: &str) -> Result<String> {
+        let (_, body) = self
+            .meta(Op::Readlink, "readlink", &MetaRequest::new(path))
+            .await?;
+        String::from_utf8(body).map_err(|_| Error::Protocol(format!("the target of {path} is not UTF-8")))
+    }
+
+    /// `path` (normalized) with every link among its directories resolved, and the last
+    /// component's too when `follow`. A missing last component is left for the operation to
+    /// report; a missing or non-directory one before it is ENOENT or ENOTDIR, and more than
+    /// [`MAX_LINKS`] links ELOOP.
+    pub(super) async fn resolve(&self, what: &'static str, path: &str, follow: bool) -> Result<String> {
+        let mut links = 0;
+        let mut todo: VecDeque<String> = components(path);
+        let mut done = String::from("/");
+        while let Some(name) = todo.pop_front() {
+            let here = namespace::child_path(&done, &name);
+            let last = todo.is_empty();
+            if last && !follow {
+                return Ok(here);
+            }
+            match self.lookup(&here).await {
+                Ok(a) if a.kind == Kind::Symlink => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(path_error(what, path, libc::ELOOP));
+                    }
+                    let target = self.readlink_at(&here).await?;
+                    let base = if target.starts_with('/') {
+                        ""
+                    } else {
+                        done.as_str()
+                    };
+                    let rest: Vec<String> = todo.drain(..).collect();
+                    let joined = format!("{base}/{target}/{}", rest.join("/"));
+                    let resolved =
+                        namespace::normalize(&joined).map_err(|errno| path_error(what, path, errno))?;
+                    todo = components(&resolved);
+                    done = String::from("/");
+                }
+                Ok(a) if a.kind != Kind::Dir && !last => return Err(path_error(what, path, libc::ENOTDIR)),
+                Ok(_) => done = here,
+                Err(Error::Path {
+                    errno: libc::ENOENT, ..
+                }) if last => return Ok(here),
+                Err(Error::Path { errno, .. }) => return Err(path_error(what, path, errno)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Whether this client resolves links in the paths it is given (on by default). A face
+    /// whose caller resolves them turns it off: the mount, whose paths come from the kernel,
+    /// which follows links itself; its failed lookups then cost no walk.
+    pub fn set_resolve_links(&self, on: bool) {
+        self.resolve_links.set(on);
+    }
+
+    /// Runs `op` on `path`, and again on the path resolved (see [`Self::resolve`]) when it
+    /// failed as a link could explain and the resolved path differs (and this client resolves
+    /// links).
+    pub(super) async fn through_links<T, F, Fut>(
+        &self,
+        what: &'static str,
+        path: &str,
+        follow: bool,
+        op: F,
+    ) -> Result<T>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        match op(path.to_string()).await {
+            Err(e @ Error::Path { errno, .. })
+                if self.resolve_links.get() && errno == libc::ENOENT
+                    || errno == libc::ENOTDIR
+                    || (follow && errno == libc::ELOOP) =>
+            {
+                let resolved = self.resolve(what, path, follow).await?;
+                if resolved == path {
+                    return Err(e);
+                }
+                op(resolved).await
+            }
+            r => r,
+        }
+    }
+
+    /// The attribute `path` leads to: its own, or its link's target's.
+    pub(super) async fn stat_following(&self, path: &str) -> Result<Attr> {
+        let attr = self
+            .through_links("stat", path, true, |p| async move { self.lookup(&p).await })
+            .await?;
+        if attr.kind != Kind::Symlink {
+            return Ok(attr);
+        }
+        let resolved = self.resolve("stat", path, true).await?;
+        let attr = self.lookup(&resolved).await?;
+        if attr.kind == Kind::Symlink {
+            // The resolution followed it: it changed meanwhile.
+            return Err(path_error("stat", path, libc::ELOOP));
+        }
+        Ok(attr)
+    }
+}
+
+/// The components of a normalized path.
+fn components(path: &str) -> VecDeque<String> {
+    path.split('/')
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect()
+}
