@@ -105,6 +105,7 @@ def test_benchfs_find_command(tmp_path: Path) -> None:
             for i in range(12):
                 with c.open(f"/d/x{i:02d}", "w") as f:
                     f.write(b"a" * i)
+            c.symlink("x00", "/d/link")
 
         def run(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
@@ -115,8 +116,9 @@ def test_benchfs_find_command(tmp_path: Path) -> None:
         out = run("/d", "--name", "x1*", "--size", "10:11")
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == ["/d/x10", "/d/x11"]
-        assert "2 of 13 names under /d match" in out.stderr
+        assert "2 of 14 names under /d match" in out.stderr
         assert run("--type", "d").stdout.split() == ["/", "/d"]
+        assert run("--type", "l").stdout.split() == ["/d/link"]
         bad = run("relative")
         assert bad.returncode == 2 and "an absolute BenchFS path" in bad.stderr
     finally:

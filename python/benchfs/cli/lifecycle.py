@@ -257,7 +257,12 @@ def stage_out(
 @main.command("find")
 @click.argument("root", default="/")
 @click.option("--name", "pattern", default="", help="Glob the last component matches (*01*).")
-@click.option("--type", "kind", type=click.Choice(["f", "d"]), help="f: files, d: directories.")
+@click.option(
+    "--type",
+    "kind",
+    type=click.Choice(["f", "d", "l"]),
+    help="f: files, d: directories, l: symbolic links.",
+)
 @click.option(
     "--size", metavar="LOW[:HIGH]", help="Size in bytes, or an inclusive range (3901, 0:4096)."
 )
@@ -289,7 +294,7 @@ def find(
             result = c.find(
                 root,
                 name=pattern,
-                kind={"f": "file", "d": "dir", None: None}[kind],
+                kind={"f": "file", "d": "dir", "l": "symlink", None: None}[kind],
                 size=bounds,
                 newer_ns=newer_ns,
                 count_only=count,
