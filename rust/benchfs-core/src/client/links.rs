@@ -115,6 +115,18 @@ impl Client {
     /// report; a missing or non-directory one before it is ENOENT or ENOTDIR, and more than
     /// [`MAX_LINKS`] links ELOOP.
     pub(super) async fn resolve(&self, what: &'static str, path: &str, follow: bool) -> Result<String> {
+        // Names exist only under existing directories, so if the parent is a directory at its
+        // own path, no link is among the directories: one lookup settles most failures (a
+        // genuinely missing name), and only a link in the last place needs the walk.
+        if let Some((parent, _)) = namespace::split_parent(path) {
+            if matches!(self.lookup(parent).await, Ok(a) if a.kind == Kind::Dir) {
+                let last_is_link =
+                    follow && matches!(self.lookup(path).await, Ok(a) if a.kind == Kind::Symlink);
+                if !last_is_link {
+                    return Ok(path.to_string());
+                }
+            }
+        }
         let mut links = 0;
         let mut todo: VecDeque<String> = components(path);
         let mut done = String::from("/");

@@ -499,22 +499,34 @@ impl Client {
         }
         self.run(async {
             self.settle_all().await;
-            match self.rename_at(&from, &to, flags).await {
-                // Links among the directories: again on the paths resolved.
-                Err(
-                    e @ Error::Path {
-                        errno: libc::ENOENT | libc::ENOTDIR,
-                        ..
-                    },
-                ) => {
-                    let resolved_from = self.resolve("rename", &from, false).await?;
-                    let resolved_to = self.resolve("rename", &to, false).await?;
-                    if resolved_from == from && resolved_to == to {
-                        return Err(e);
+            // Links among the directories: again on the path the failure names, resolved
+            // (the source, then the destination: at most once each).
+            let (mut from, mut to) = (from.clone(), to.clone());
+            let mut tries = 0;
+            loop {
+                match self.rename_at(&from, &to, flags).await {
+                    Err(
+                        e @ Error::Path {
+                            errno: libc::ENOENT | libc::ENOTDIR,
+                            ..
+                        },
+                    ) if tries < 2 => {
+                        tries += 1;
+                        let Error::Path { path, .. } = &e else {
+                            return Err(e);
+                        };
+                        let (old_from, old_to) = (from.clone(), to.clone());
+                        if *path == from {
+                            from = self.resolve("rename", &from, false).await?;
+                        } else {
+                            to = self.resolve("rename", &to, false).await?;
+                        }
+                        if from == old_from && to == old_to {
+                            return Err(e);
+                        }
                     }
-                    self.rename_at(&resolved_from, &resolved_to, flags).await
+                    r => return r,
                 }
-                r => r,
             }
         })
     }
