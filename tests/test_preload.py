@@ -141,6 +141,41 @@ def test_coreutils_agree_with_a_local_directory(preloaded: Preloaded, tmp_path: 
     assert "tree-same" in ours and "untar-same" in ours and "cmp-ok" in ours
 
 
+# Symbolic links with relative targets, made and read by programs: ln, readlink, ls -l, stat,
+# find's types, tar and cp -a of a tree holding them.
+LINKS = r"""
+R=$ROOT
+mkdir -p $R/d/sub
+echo data > $R/d/f
+ln -s f $R/d/rel
+ln -s ../f $R/d/sub/up
+ln -s nowhere $R/d/dangling
+ln -s sub $R/d/dirlink
+readlink $R/d/rel $R/d/sub/up $R/d/dangling
+cat $R/d/rel $R/d/sub/up $R/d/dirlink/up
+stat -c '%F %s' $R/d/rel $R/d/dangling
+stat -L -c '%F %s' $R/d/rel
+ls -l $R/d | awk 'NR>1 {print substr($1,1,1), $(NF-2), $(NF-1), $NF}'
+find $R/d -printf '%P %y\n' | sort
+[ -e $R/d/dangling ] || echo dangling-missing
+tar -C $R -cf $OUT/links.tar d
+mkdir $R/x
+tar -C $R/x --no-same-owner -xf $OUT/links.tar
+readlink $R/x/d/rel $R/x/d/sub/up
+cp -a $R/d $OUT/copied
+readlink $OUT/copied/rel && cat $OUT/copied/rel
+mv $R/d/rel $R/d/moved && readlink $R/d/moved
+rm $R/d/moved $R/d/dangling $R/d/dirlink && ls $R/d
+rm -r $R/d $R/x
+"""
+
+
+def test_symbolic_links_agree_with_a_local_directory(preloaded: Preloaded, tmp_path: Path) -> None:
+    local, ours = local_and_ours(preloaded, tmp_path, LINKS)
+    assert ours == local
+    assert "f\n../f\nnowhere\n" in ours and "dangling-missing" in ours
+
+
 PYTHON = r"""
 import os, shutil, sys, hashlib
 root, src = sys.argv[1], sys.argv[2]

@@ -137,7 +137,9 @@ pub unsafe extern "C" fn readdir64(dirp: *mut libc::DIR) -> *mut libc::dirent64 
     }
     r.d_name[len] = 0;
     r.d_ino = crate::names::ino_of(&crate::paths::join(&dir.path, name));
-    r.d_type = if *kind == Kind::Dir {
+    r.d_type = if *kind == Kind::Symlink {
+        libc::DT_LNK
+    } else if *kind == Kind::Dir {
         libc::DT_DIR
     } else {
         libc::DT_REG

@@ -150,10 +150,10 @@ fn shown_size(path: &str, attr: &Attr) -> u64 {
 }
 
 fn mode_bits(attr: &Attr) -> u32 {
-    (if attr.kind == Kind::Dir {
-        libc::S_IFDIR
-    } else {
-        libc::S_IFREG
+    (match attr.kind {
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::File => libc::S_IFREG,
     }) | (attr.mode & 0o7777)
 }
 
@@ -231,6 +231,15 @@ pub fn stat_of(path: &str) -> Result<Attr, c_int> {
     with_client("stat", path, |c| c.stat(path))
 }
 
+/// `path`'s attribute, a symbolic link's own with `AT_SYMLINK_NOFOLLOW` in `flags`.
+fn stat_at(path: &str, flags: c_int) -> Result<Attr, c_int> {
+    if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+        with_client("lstat", path, |c| c.lstat(path))
+    } else {
+        stat_of(path)
+    }
+}
+
 unsafe fn out<'a, T>(p: *mut T) -> Result<&'a mut T, c_int> {
     // SAFETY: NULL or writable by the caller's contract.
     unsafe { p.as_mut() }.ok_or(libc::EFAULT)
@@ -257,7 +266,7 @@ pub unsafe extern "C" fn fstatat64(
             -1,
             |d, p| real::fstatat64(d, p, st, flags),
             |p| {
-                let attr = stat_of(&p)?;
+                let attr = stat_at(&p, flags)?;
                 fill_stat(&p, &attr, out(st)?);
                 Ok(0)
             },
@@ -372,7 +381,7 @@ pub unsafe extern "C" fn statx(
             -1,
             |d, p| real::statx(d, p, flags, mask, st),
             |p| {
-                let attr = stat_of(&p)?;
+                let attr = stat_at(&p, flags)?;
                 fill_statx(&p, &attr, out(st)?);
                 Ok(0)
             },
@@ -590,6 +599,10 @@ pub unsafe extern "C" fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_
             -1,
             |d, p| real::fchmodat(d, p, mode, flags),
             |p| {
+                // A link's own mode cannot change (as Linux answers lchmod).
+                if flags & libc::AT_SYMLINK_NOFOLLOW != 0 && stat_at(&p, flags)?.kind == Kind::Symlink {
+                    return Err(libc::EOPNOTSUPP);
+                }
                 with_client("chmod", &p, |c| c.set_attr(&p, Some(mode & 0o7777), None))?;
                 Ok(0)
             },
@@ -688,9 +701,19 @@ pub unsafe extern "C" fn utimensat(
             path,
             -1,
             |d, p| real::utimensat(d, p, times, flags),
-            |p| match mtime_of(times)? {
-                Some(ns) => with_client("utimens", &p, |c| c.set_attr(&p, None, Some(ns))).map(|_| 0),
-                None => stat_of(&p).map(|_| 0),
+            |p| {
+                let link = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
+                match (
+                    mtime_of(times)?,
+                    link && stat_at(&p, flags)?.kind == Kind::Symlink,
+                ) {
+                    // A link's own time (lutimes), as tar sets it.
+                    (Some(ns), true) => with_client("utimens", &p, |c| c.set_link_time(&p, ns)).map(|_| 0),
+                    (Some(ns), false) => {
+                        with_client("utimens", &p, |c| c.set_attr(&p, None, Some(ns))).map(|_| 0)
+                    }
+                    (None, _) => stat_at(&p, flags).map(|_| 0),
+                }
             },
         )
     }
@@ -711,11 +734,46 @@ pub unsafe extern "C" fn readlinkat(
             -1,
             |d, p| real::readlinkat(d, p, buf, n),
             |p| {
-                stat_of(&p)?;
-                Err(libc::EINVAL) // BenchFS has no symbolic links
+                let target = with_client("readlink", &p, |c| c.readlink(&p))?;
+                let len = target.len().min(n);
+                if len > 0 && buf.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                // SAFETY: writable for `n` bytes by the caller's contract; len <= n.
+                std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast::<u8>(), len);
+                Ok(len as ssize_t)
             },
         )
     }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe {
+        route(
+            dirfd,
+            path,
+            -1,
+            |d, p| real::symlinkat(target, d, p),
+            |p| {
+                if target.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                // SAFETY: a string by the caller's contract.
+                let target = std::ffi::CStr::from_ptr(target)
+                    .to_str()
+                    .map_err(|_| libc::EINVAL)?;
+                with_client("symlink", &p, |c| c.symlink(target, &p)).map(|()| 0)
+            },
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn symlink(target: *const c_char, path: *const c_char) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { symlinkat(target, libc::AT_FDCWD, path) }
 }
 
 #[no_mangle]
