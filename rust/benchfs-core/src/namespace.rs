@@ -343,18 +343,33 @@ impl MetaStore {
         if flags & CREATE == 0 {
             return Err(libc::ENOENT);
         }
+        let layout = match start {
+            Some(s) => self.layouts.at(s).ok_or(libc::EINVAL)?,
+            None => self.layouts.allocate(),
+        };
+        let attr = self.new_inode(path, Kind::File, mode & 0o7777, 0, layout, None)?;
+        Ok((attr, 0))
+    }
+
+    /// Makes the inode of a new file or link at `path` with the next id, and persists it.
+    fn new_inode(
+        &mut self,
+        path: &str,
+        kind: Kind,
+        mode: u32,
+        size: u64,
+        layout: Layout,
+        target: Option<&str>,
+    ) -> Result<Attr, Errno> {
         let t = now_ns();
         let attr = Attr {
-            kind: Kind::File,
-            mode: mode & 0o7777,
+            kind,
+            mode,
             id: FileId(self.id_base | self.next_id as u128),
-            size: 0,
+            size,
             mtime_ns: t,
             ctime_ns: t,
-            layout: match start {
-                Some(s) => self.layouts.at(s).ok_or(libc::EINVAL)?,
-                None => self.layouts.allocate(),
-            },
+            layout,
         };
         self.next_id += 1;
         self.nodes.insert(
@@ -363,7 +378,7 @@ impl MetaStore {
                 attr,
                 entries: None,
                 added: 0,
-                target: None,
+                target: target.map(Into::into),
             },
         );
         self.persist(&[
@@ -371,11 +386,11 @@ impl MetaStore {
                 path,
                 attr,
                 added: 0,
-                target: None,
+                target,
             },
             Change::NextId(self.next_id),
         ])?;
-        Ok((attr, 0))
+        Ok(attr)
     }
 
     /// Creates a symbolic link at `path` to `target` (kept as given: the client resolves it).
@@ -388,40 +403,19 @@ impl MetaStore {
         if self.nodes.contains_key(path) {
             return Err(libc::EEXIST);
         }
-        let t = now_ns();
-        let attr = Attr {
-            kind: Kind::Symlink,
-            mode: 0o777,
-            id: FileId(self.id_base | self.next_id as u128),
-            size: target.len() as u64,
-            mtime_ns: t,
-            ctime_ns: t,
-            layout: Layout {
-                chunk_size: 0,
-                stripe_count: 0,
-                start: 0,
-            },
+        let none = Layout {
+            chunk_size: 0,
+            stripe_count: 0,
+            start: 0,
         };
-        self.next_id += 1;
-        self.nodes.insert(
-            path.to_string(),
-            Node {
-                attr,
-                entries: None,
-                added: 0,
-                target: Some(target.into()),
-            },
-        );
-        self.persist(&[
-            Change::Inode {
-                path,
-                attr,
-                added: 0,
-                target: Some(target),
-            },
-            Change::NextId(self.next_id),
-        ])?;
-        Ok(attr)
+        self.new_inode(
+            path,
+            Kind::Symlink,
+            0o777,
+            target.len() as u64,
+            none,
+            Some(target),
+        )
     }
 
     /// The target of the symbolic link at `path` (EINVAL if it is not one).

@@ -43,7 +43,8 @@ impl Client {
             } else {
                 libc::ENAMETOOLONG
             };
-            return Err(path_error("symlink", target, errno));
+            // Named by the link's path: a target too long to use is too long to print.
+            return Err(path_error("symlink", &path, errno));
         }
         self.run(self.through_links("symlink", &path, false, |path| async move {
             let added = self
