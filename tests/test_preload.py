@@ -158,6 +158,14 @@ stat -L -c '%F %s' $R/d/rel
 ls -l $R/d | awk 'NR>1 {print substr($1,1,1), $(NF-2), $(NF-1), $NF}'
 find $R/d -printf '%P %y\n' | sort
 [ -e $R/d/dangling ] || echo dangling-missing
+ln -s $R/d/f $R/d/abs
+echo outside > $OUT/o.txt
+ln -s $OUT $R/d/outdir
+readlink $R/d/abs
+cat $R/d/abs $R/d/outdir/o.txt
+stat -L -c '%F %s' $R/d/abs $R/d/outdir/o.txt
+ls $R/d/outdir/
+echo more >> $R/d/outdir/o.txt && cat $OUT/o.txt
 tar -C $R -cf $OUT/links.tar d
 mkdir $R/x
 tar -C $R/x --no-same-owner -xf $OUT/links.tar
@@ -174,6 +182,8 @@ def test_symbolic_links_agree_with_a_local_directory(preloaded: Preloaded, tmp_p
     local, ours = local_and_ours(preloaded, tmp_path, LINKS)
     assert ours == local
     assert "f\n../f\nnowhere\n" in ours and "dangling-missing" in ours
+    # Absolute targets: inside the prefix followed in BenchFS, outside handed to the kernel.
+    assert "ROOT/d/f\ndata\noutside\n" in ours and "outside\nmore\n" in ours
 
 
 PYTHON = r"""

@@ -97,6 +97,11 @@ pub struct ClientConfig {
     /// close. Off by default: under `benchfs-bench rpc`'s overload it let requests time out
     /// (docs/storage.md).
     pub write_behind: u64,
+    /// Host directories, `:`-separated, where this namespace is seen besides `$BENCHFS_MOUNT`
+    /// and the interposition library's prefix: a link's absolute target under one of them
+    /// is followed inside BenchFS (docs/namespace.md). `/` makes every absolute target a
+    /// path in BenchFS.
+    pub link_roots: String,
 }
 
 impl Default for ClientConfig {
@@ -109,6 +114,7 @@ impl Default for ClientConfig {
             retry_backoff_ms: 50,
             read_ahead: 32 << 20,
             write_behind: 0,
+            link_roots: String::new(),
         }
     }
 }
@@ -299,6 +305,16 @@ impl Config {
         }
         if self.client.write_behind > (1 << 30) {
             return bad("client.write_behind must be at most 1 GiB");
+        }
+        if let Some(bad_root) = self
+            .client
+            .link_roots
+            .split(':')
+            .find(|r| !r.is_empty() && !r.starts_with('/'))
+        {
+            return Err(Error::Config(format!(
+                "client.link_roots: {bad_root:?} is not an absolute path"
+            )));
         }
         if self.client.max_retries > 10 {
             return bad("client.max_retries must be at most 10");

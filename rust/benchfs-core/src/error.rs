@@ -40,6 +40,13 @@ pub enum Error {
         path: String,
         errno: i32,
     },
+    #[error("{op} {path}: a symbolic link leads outside BenchFS, to {host}")]
+    LinkOutside {
+        op: &'static str,
+        path: String,
+        /// The host path it leads to (the link's absolute target and the rest of the path).
+        host: String,
+    },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{context}: {source}")]
@@ -69,6 +76,7 @@ impl Error {
             Error::Ucx(_) => libc::ECONNRESET,
             Error::Remote { errno, .. } | Error::Path { errno, .. } => *errno,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::LinkOutside { .. } => libc::EXDEV,
             Error::Stopped => libc::ESHUTDOWN,
             Error::Closed(_) => libc::EBADF,
             Error::Forked => libc::EBADFD,

@@ -88,6 +88,11 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
             if fd < 0 {
                 return std::ptr::null_mut();
             }
+            if fds::lookup(fd).is_none() {
+                // A link led outside BenchFS: the kernel opened it.
+                // SAFETY: the kernel's descriptor, now the stream's.
+                return unsafe { real::fdopendir(fd) };
+            }
             let made = entry(std::ptr::null_mut(), || stream(fd));
             if made.is_null() {
                 let e = std::io::Error::last_os_error()

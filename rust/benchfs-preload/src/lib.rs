@@ -226,12 +226,22 @@ pub(crate) fn leased<R: Send>(
     path: &str,
     f: impl FnOnce(&benchfs_core::client::Client) -> Result<R, Error> + Send,
 ) -> Result<R, c_int> {
-    on_live_thread(|| {
+    let mut outside = None;
+    let r = on_live_thread(|| {
         let _inside = inside();
         let lease: Lease = pool.lease().map_err(|e| errno_of(op, path, &e))?;
         let client = lease.client().map_err(|e| errno_of(op, path, &e))?;
-        f(client).map_err(|e| errno_of(op, path, &e))
-    })
+        f(client).map_err(|e| {
+            if let Error::LinkOutside { host, .. } = &e {
+                outside = Some(host.clone());
+            }
+            errno_of(op, path, &e)
+        })
+    });
+    if let Some(host) = outside {
+        names::set_outside(host);
+    }
+    r
 }
 
 /// [`leased`] from this process's pool.

@@ -104,8 +104,28 @@ pub unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Target, c_int
     }
 }
 
+thread_local! {
+    /// The host path this thread's last BenchFS call was led to by a symbolic link whose
+    /// absolute target is outside BenchFS: the call is handed to the kernel with it.
+    static OUTSIDE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+pub fn set_outside(host: String) {
+    let _ = OUTSIDE.try_with(|o| *o.borrow_mut() = Some(host));
+}
+
+/// The host path a link led the last call to, if it did (taken: asked once per call).
+pub fn take_outside() -> Option<CString> {
+    OUTSIDE
+        .try_with(|o| o.borrow_mut().take())
+        .ok()
+        .flatten()
+        .and_then(|h| CString::new(h).ok())
+}
+
 /// Runs `ours` for a BenchFS path, `local(dirfd, path)` otherwise (with the absolute path
-/// when the working directory is BenchFS's); errors set errno and return `fail`.
+/// when the working directory is BenchFS's, or the host path a link led outside BenchFS
+/// to); errors set errno and return `fail`.
 pub unsafe fn route<R: Copy>(
     dirfd: c_int,
     path: *const c_char,
@@ -117,7 +137,14 @@ pub unsafe fn route<R: Copy>(
     match unsafe { resolve(dirfd, path) } {
         Ok(Target::Local) => local(dirfd, path),
         Ok(Target::LocalAt(abs)) => local(libc::AT_FDCWD, abs.as_ptr()),
-        Ok(Target::Ours(p)) => entry(fail, || ours(p)),
+        Ok(Target::Ours(p)) => {
+            let _ = take_outside();
+            let r = entry(fail, || ours(p));
+            match take_outside() {
+                Some(host) => local(libc::AT_FDCWD, host.as_ptr()),
+                None => r,
+            }
+        }
         Err(e) => {
             set_errno(e);
             fail

@@ -148,6 +148,11 @@ unsafe fn open_stream(
             if fd < 0 {
                 return std::ptr::null_mut();
             }
+            if crate::fds::lookup(fd).is_none() {
+                // A link led outside BenchFS: the kernel opened it.
+                // SAFETY: the kernel's descriptor, now the stream's.
+                return unsafe { real::fdopen(fd, mode) };
+            }
             // SAFETY: our descriptor and the caller's mode.
             let fp = unsafe { cookie_stream(fd, mode) };
             if fp.is_null() {

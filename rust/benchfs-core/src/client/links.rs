@@ -5,7 +5,10 @@
 //! fails as a link could explain (ENOENT or ENOTDIR for a link among the directories, ELOOP
 //! for a link in the last place that the operation follows) does the client walk the path,
 //! one lookup per component, and try again on the path resolved. A relative target is taken
-//! from the link's directory; an absolute one is a path in BenchFS (docs/namespace.md).
+//! from the link's directory. An absolute one is a host path, as a program wrote it through
+//! the mount or the interposition library: under one of the [`link_roots`] it is followed
+//! inside BenchFS, and elsewhere it leads outside ([`Error::LinkOutside`]), which the
+//! interposition library hands to the kernel (docs/namespace.md).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -20,6 +23,39 @@ use super::Client;
 
 /// Links followed in one resolution before ELOOP (Linux's MAXSYMLINKS).
 pub const MAX_LINKS: u32 = 40;
+
+/// The host directories where this namespace is seen, longest first: those configured
+/// (`client.link_roots`), the mount point (`$BENCHFS_MOUNT`), and the interposition
+/// library's prefix (`$BENCHFS_PRELOAD_PREFIX`, else `/benchfs`, its default).
+pub fn link_roots(configured: &str) -> Vec<String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let prefix = var("BENCHFS_PRELOAD_PREFIX").unwrap_or_else(|| "/benchfs".into());
+    let mut roots: Vec<String> = configured
+        .split(':')
+        .map(str::to_string)
+        .chain(var("BENCHFS_MOUNT"))
+        .chain([prefix])
+        .filter(|r| r.starts_with('/'))
+        .filter_map(|r| namespace::normalize(&r).ok())
+        .collect();
+    roots.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    roots.dedup();
+    roots
+}
+
+/// The BenchFS path of the normalized host path `host` when it is under one of `roots`.
+fn inside_roots(roots: &[String], host: &str) -> Option<String> {
+    roots.iter().find_map(|root| {
+        if root == "/" {
+            return Some(host.to_string());
+        }
+        match host.strip_prefix(root.as_str())? {
+            "" => Some("/".to_string()),
+            rest if rest.starts_with('/') => Some(rest.to_string()),
+            _ => None,
+        }
+    })
+}
 
 fn path_error(op: &'static str, path: &str, errno: i32) -> Error {
     Error::Path {
@@ -144,15 +180,24 @@ impl Client {
                         return Err(path_error(what, path, libc::ELOOP));
                     }
                     let target = self.readlink_at(&here).await?;
-                    let base = if target.starts_with('/') {
-                        ""
-                    } else {
-                        done.as_str()
-                    };
                     let rest: Vec<String> = todo.drain(..).collect();
-                    let joined = format!("{base}/{target}/{}", rest.join("/"));
-                    let resolved =
-                        namespace::normalize(&joined).map_err(|errno| path_error(what, path, errno))?;
+                    let normalized =
+                        |p: String| namespace::normalize(&p).map_err(|errno| path_error(what, path, errno));
+                    let resolved = if target.starts_with('/') {
+                        let host = normalized(format!("{target}/{}", rest.join("/")))?;
+                        match inside_roots(&self.link_roots, &host) {
+                            Some(inside) => inside,
+                            None => {
+                                return Err(Error::LinkOutside {
+                                    op: what,
+                                    path: path.into(),
+                                    host,
+                                })
+                            }
+                        }
+                    } else {
+                        normalized(format!("{done}/{target}/{}", rest.join("/")))?
+                    };
                     todo = components(&resolved);
                     done = String::from("/");
                 }
@@ -229,4 +274,29 @@ fn components(path: &str) -> VecDeque<String> {
         .filter(|c| !c.is_empty())
         .map(str::to_string)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_targets_are_inside_under_a_root_only() {
+        let roots = vec!["/mnt/bfs".to_string(), "/benchfs".to_string()];
+        assert_eq!(inside_roots(&roots, "/benchfs").as_deref(), Some("/"));
+        assert_eq!(inside_roots(&roots, "/benchfs/a/b").as_deref(), Some("/a/b"));
+        assert_eq!(inside_roots(&roots, "/mnt/bfs/x").as_deref(), Some("/x"));
+        assert_eq!(inside_roots(&roots, "/benchfsX/a"), None);
+        assert_eq!(inside_roots(&roots, "/usr/bin/python3"), None);
+        assert_eq!(inside_roots(&["/".to_string()], "/d").as_deref(), Some("/d"));
+    }
+
+    #[test]
+    fn roots_are_normalized_longest_first_and_the_prefix_default_is_kept() {
+        let roots = link_roots("/a/b/:relative::/a//b:/");
+        assert!(roots.windows(2).all(|w| w[0].len() >= w[1].len()));
+        assert_eq!(roots.iter().filter(|r| r.as_str() == "/a/b").count(), 1);
+        assert_eq!(roots.last().map(String::as_str), Some("/"));
+        assert!(!roots.iter().any(|r| r == "relative"));
+    }
 }

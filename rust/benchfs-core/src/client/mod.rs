@@ -133,6 +133,8 @@ pub struct Client {
     /// Whether this client resolves symbolic links in the paths it is given (client/links.rs);
     /// off for a face whose paths come resolved (the mount: the kernel follows links).
     resolve_links: Cell<bool>,
+    /// Host directories where this namespace is seen (links::link_roots), longest first.
+    link_roots: Vec<String>,
     /// The job token every request carries.
     token: u64,
     telemetry: ClientTelemetry,
@@ -205,6 +207,7 @@ impl Client {
             })
             .collect();
         let telemetry = ClientTelemetry::new(&config, &membership)?;
+        let link_roots = links::link_roots(&config.client.link_roots);
         let client = Client {
             runtime,
             worker: RefCell::new(worker),
@@ -223,6 +226,7 @@ impl Client {
             config,
             told_chunk_size: Cell::new(false),
             resolve_links: Cell::new(true),
+            link_roots,
             token,
             telemetry,
             crash_at: crash_point()?,
