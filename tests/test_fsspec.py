@@ -119,6 +119,53 @@ def test_names_listing_and_ranges(benchfs_fs: BenchFileSystem) -> None:
     assert not fs.exists("/calls")
 
 
+def test_links_list_as_fsspec_local_lists_them(benchfs_fs: BenchFileSystem, tmp_path: Path) -> None:
+    """The same tree of links through benchfs:// and fsspec's LocalFileSystem: types, sizes,
+    islink, destination and removal agree."""
+    local_fs = fsspec.filesystem("file")
+    local = str(tmp_path / "links")
+    for fs, root in ((benchfs_fs, "/links"), (local_fs, local)):
+        fs.makedirs(f"{root}/d", exist_ok=True)
+        fs.pipe_file(f"{root}/d/f", b"hello")
+    for target, name in (("d/f", "tofile"), ("d", "todir"), ("nowhere", "dangling")):
+        benchfs_fs.client.symlink(target, f"/links/{name}")
+        os.symlink(target, f"{local}/{name}")
+
+    def shape(fs: object, root: str) -> object:
+        assert isinstance(fs, fsspec.AbstractFileSystem)
+        # Sizes of directories differ (the local one's is its blocks).
+        listed = {
+            e["name"].rsplit("/", 1)[1]: (
+                e["type"],
+                e["size"] if e["name"].endswith(("tofile", "dangling")) else None,
+                e["islink"],
+                e.get("destination"),
+            )
+            for e in fs.ls(root, detail=True)
+        }
+        infos = {
+            n: (fs.info(f"{root}/{n}")["type"], fs.info(f"{root}/{n}")["islink"])
+            for n in ("tofile", "todir")
+        }
+        return (
+            listed,
+            infos,
+            [fs.islink(f"{root}/{n}") for n in ("d", "tofile", "dangling")],
+            fs.lexists(f"{root}/dangling"),
+        )
+
+    assert shape(benchfs_fs, "/links") == shape(local_fs, local)
+    assert benchfs_fs.cat_file("/links/tofile") == b"hello"
+    assert not benchfs_fs.exists("/links/dangling")
+    with pytest.raises(FileNotFoundError):
+        benchfs_fs.info("/links/dangling")
+    # Removing a tree removes its links, never what they point to.
+    benchfs_fs.rm("/links/todir")
+    assert benchfs_fs.exists("/links/d/f")
+    benchfs_fs.rm("/links", recursive=True)
+    assert not benchfs_fs.exists("/links")
+
+
 def test_pandas_csv_and_parquet_round_trip(benchfs_fs: BenchFileSystem) -> None:
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")

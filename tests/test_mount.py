@@ -388,6 +388,11 @@ def test_symbolic_links_through_the_mount(mount: Mounted, tmp_path: Path) -> Non
     out = tmp_path / "copied"
     subprocess.run(["cp", "-a", str(root / "unpacked"), str(out)], check=True)
     assert os.readlink(out / "d" / "rel") == "f" and (out / "d" / "rel").read_bytes() == b"data"
+    # Hard links are refused as on a file system without them.
+    refused = subprocess.run(
+        ["ln", str(root / "d" / "f"), str(root / "hard")], capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and refused.stderr.strip().endswith(": Operation not permitted")
     # Renamed and removed: the link, never its target.
     os.rename(root / "d" / "rel", root / "d" / "moved")
     assert os.readlink(root / "d" / "moved") == "f"

@@ -184,6 +184,17 @@ def test_symbolic_links_agree_with_a_local_directory(preloaded: Preloaded, tmp_p
     assert "f\n../f\nnowhere\n" in ours and "dangling-missing" in ours
     # Absolute targets: inside the prefix followed in BenchFS, outside handed to the kernel.
     assert "ROOT/d/f\ndata\noutside\n" in ours and "outside\nmore\n" in ours
+    # Hard links are refused as on a file system without them, each in one line.
+    hard = preloaded.run(
+        "echo x > $ROOT/hf; for to in $ROOT/hl $OUT/hl; do ln $ROOT/hf $to 2>&1 || true; done; "
+        "ln $ROOT/none $ROOT/h2 2>&1 || true; rm $ROOT/hf",
+        {**preloaded.env, "ROOT": str(preloaded.root), "OUT": str(tmp_path)},
+    ).splitlines()
+    assert [line.rsplit(": ", 1)[1] for line in hard] == [
+        "Operation not permitted",
+        "Invalid cross-device link",
+        "No such file or directory",
+    ], hard
 
 
 PYTHON = r"""

@@ -92,15 +92,48 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
         return {
             "name": path,
             "size": st.st_size if st.kind == "file" else 0,
-            "type": "directory" if st.kind == "dir" else "file",
+            "type": {"dir": "directory", "file": "file"}.get(st.kind, "other"),
             "mode": st.st_mode,
             "mtime": st.st_mtime,
             "id": st.id,
+            "islink": False,
         }
 
+    def _link_details(self, path: str, own: Stat) -> dict[str, Any]:
+        """A listed symbolic link, as fsspec's LocalFileSystem lists one (fsspec 2026.9.0,
+        implementations/local.py, `info` of a DirEntry): type "other", so that walks do not
+        descend through it, with its target's size when that is a file."""
+        details = self._details(path, own)
+        try:
+            target = self.client.stat(path)
+            details["size"] = target.st_size if target.kind == "file" else 0
+        except OSError:
+            details["size"] = 0  # dangling, or leading outside BenchFS
+        details["islink"] = True
+        details["destination"] = self.client.readlink(path)
+        return details
+
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        """The attributes `path` leads to; a symbolic link's add "islink" and "destination"
+        (as LocalFileSystem.info of a path)."""
         path = self._strip_protocol(path)
-        return self._details(path, self.client.stat(path))
+        own = self.client.lstat(path)
+        if not own.is_symlink():
+            return self._details(path, own)
+        details = self._details(path, self.client.stat(path))
+        details["islink"] = True
+        details["destination"] = self.client.readlink(path)
+        return details
+
+    def islink(self, path: str) -> bool:
+        return self.client.islink(self._strip_protocol(path))
+
+    def lexists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            self.client.lstat(self._strip_protocol(path))
+        except FileNotFoundError:
+            return False
+        return True
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
@@ -109,10 +142,13 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
             entries = [self._details(path, st)]
         else:
             entries = []
-            for name, _ in self.client.readdir(path):
+            for name, kind in self.client.readdir(path):
                 child = posixpath.join(path, name)
                 try:
-                    entries.append(self._details(child, self.client.stat(child)))
+                    if kind == "symlink":
+                        entries.append(self._link_details(child, self.client.lstat(child)))
+                    else:
+                        entries.append(self._details(child, self.client.stat(child)))
                 except FileNotFoundError:
                     continue  # removed since the listing
         return entries if detail else [e["name"] for e in entries]
@@ -142,8 +178,9 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
                 found[f.path] = {
                     "name": f.path,
                     "size": f.size if f.kind == "file" else 0,
-                    "type": "directory" if f.kind == "dir" else "file",
+                    "type": {"dir": "directory", "file": "file"}.get(f.kind, "other"),
                     "mtime": f.mtime_ns / 1e9,
+                    "islink": f.kind == "symlink",
                 }
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
@@ -213,7 +250,7 @@ class BenchFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec has n
 
     def _rm(self, path: str) -> None:
         path = self._strip_protocol(path)
-        if self.client.stat(path).kind == "dir":
+        if self.client.lstat(path).kind == "dir":  # a link is removed, never its target
             self.client.rmdir(path)
         else:
             self.client.unlink(path)

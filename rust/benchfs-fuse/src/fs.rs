@@ -989,6 +989,12 @@ impl Filesystem for BenchFs {
         self.dispatch(reply, |w| w.symlink(parent.0, link_name, target));
     }
 
+    /// Hard links are refused as by file systems without them (vfat): EPERM. A BenchFS file
+    /// has one name (docs/namespace.md).
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EPERM);
+    }
+
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         self.dispatch(reply, |w| w.readlink(ino.0));
     }

@@ -573,6 +573,57 @@ pub unsafe extern "C" fn renameat2(
     }
 }
 
+/// Hard links: BenchFS refuses them as file systems without them do (EPERM, as vfat; a
+/// missing source is ENOENT first); across BenchFS and a local file system, EXDEV.
+#[no_mangle]
+pub unsafe extern "C" fn linkat(
+    fromfd: c_int,
+    from: *const c_char,
+    tofd: c_int,
+    to: *const c_char,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    let (a, b) = unsafe { (resolve(fromfd, from), resolve(tofd, to)) };
+    let local = |t: &Target, fd: c_int, p: *const c_char| match t {
+        Target::LocalAt(abs) => Some((libc::AT_FDCWD, abs.as_ptr())),
+        Target::Local => Some((fd, p)),
+        Target::Ours(_) => None,
+    };
+    if let (Ok(ta), Ok(tb)) = (&a, &b) {
+        if let (Some((fa, pa)), Some((fb, pb))) = (local(ta, fromfd, from), local(tb, tofd, to)) {
+            // SAFETY: forwarded (or an absolute path of ours, alive for the call).
+            return unsafe { real::linkat(fa, pa, fb, pb, flags) };
+        }
+    }
+    match (a, b) {
+        (Ok(Target::Ours(f)), Ok(Target::Ours(_))) => entry(-1, || {
+            // linkat follows a link only with AT_SYMLINK_FOLLOW.
+            let own = if flags & libc::AT_SYMLINK_FOLLOW != 0 {
+                0
+            } else {
+                libc::AT_SYMLINK_NOFOLLOW
+            };
+            stat_at(&f, own)?;
+            Err(libc::EPERM)
+        }),
+        (Err(e), _) | (_, Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        _ => {
+            set_errno(libc::EXDEV); // across BenchFS and a local file system
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn link(from: *const c_char, to: *const c_char) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { linkat(libc::AT_FDCWD, from, libc::AT_FDCWD, to, 0) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn renameat(
     fromfd: c_int,

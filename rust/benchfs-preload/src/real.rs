@@ -86,6 +86,7 @@ real! {
     futimens(fd: c_int, times: *const libc::timespec) -> c_int = -1;
     readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t = -1;
     symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int = -1;
+    linkat(fromfd: c_int, from: *const c_char, tofd: c_int, to: *const c_char, flags: c_int) -> c_int = -1;
     statfs64(path: *const c_char, st: *mut libc::statfs64) -> c_int = -1;
     fstatfs64(fd: c_int, st: *mut libc::statfs64) -> c_int = -1;
     statvfs64(path: *const c_char, st: *mut libc::statvfs64) -> c_int = -1;
