@@ -256,6 +256,64 @@ def test_stage_in_and_out_keep_every_byte_and_attribute(tmp_path: Path) -> None:
         assert benchfs("stop", env=env).returncode == 0
 
 
+def test_staging_keeps_links_as_cp_a_does_or_follows_them(tmp_path: Path) -> None:
+    """A tree with every kind of link, staged in and out: kept as links (targets as written,
+    their own times), as `cp -a` keeps them; with --follow-links, what they lead to is copied,
+    and links that lead nowhere, back up, or outside BenchFS are named in notes."""
+    src = tmp_path / "src"
+    (src / "d" / "sub").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"data")
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"from the host")
+    for target, name in [
+        ("f", "d/rel"), ("d", "dirlink"), ("nowhere", "dangling"), (str(outside), "abs"),
+        ("..", "d/sub/up"),
+    ]:  # fmt: skip
+        os.symlink(target, src / name)
+        os.utime(src / name, ns=(1_000_000_000, 1_000_000_000), follow_symlinks=False)
+    reference = tmp_path / "cp-a"
+    subprocess.run(["cp", "-a", str(src), str(reference)], check=True)
+    env = start(tmp_path)
+    try:
+        assert benchfs("stage-in", str(src), "/kept", env=env).returncode == 0
+        out = tmp_path / "out"
+        done = benchfs("stage-out", "/kept", str(out), env=env)
+        assert done.returncode == 0, done.stderr
+        assert (
+            subprocess.run(["diff", "-r", "--no-dereference", str(reference), str(out)]).returncode
+            == 0
+        )
+        for link in [p for p in reference.rglob("*") if p.is_symlink()]:
+            copy = out / link.relative_to(reference)
+            assert copy.is_symlink() and os.readlink(copy) == os.readlink(link)
+            assert copy.lstat().st_mtime_ns == link.lstat().st_mtime_ns == 1_000_000_000
+        manifest = read_json(
+            next((Path(env["BENCHFS_JOB_DIR"]) / "staging").glob("stage-in-*.json"))
+        )
+        assert sorted(link["path"] for link in manifest["links"]) == [
+            "abs", "d/rel", "d/sub/up", "dangling", "dirlink"
+        ]  # fmt: skip
+
+        followed = benchfs("stage-in", "--follow-links", str(src), "/followed", env=env)
+        assert followed.returncode == 0, followed.stderr
+        assert "dangling: a link that leads nowhere" in followed.stderr
+        assert "d/sub/up: a link back to a directory above it" in followed.stderr
+        from benchfs import Client
+
+        with Client(env["BENCHFS_REGISTRY"], Path(env["BENCHFS_CONFIG"]).read_text()) as c:
+            assert c.find("/followed", kind="symlink").found == []
+            assert c.open("/followed/dirlink/rel").read() == b"data"
+            assert c.open("/followed/abs").read() == b"from the host"
+        # Out of BenchFS, following: the link to a host path is outside BenchFS, and named.
+        back = benchfs("stage-out", "--follow-links", "/kept", str(tmp_path / "out-l"), env=env)
+        assert back.returncode == 0, back.stderr
+        assert "benchfs:/kept/abs: " in back.stderr and "outside BenchFS" in back.stderr
+        assert (tmp_path / "out-l" / "dirlink" / "rel").read_bytes() == b"data"
+        assert not any(p.is_symlink() for p in (tmp_path / "out-l").rglob("*"))
+    finally:
+        assert benchfs("stop", env=env).returncode == 0
+
+
 class ShrinkingSource(LocalSide):
     """A source tree in which another program truncates a file right after the listing."""
 
@@ -263,8 +321,8 @@ class ShrinkingSource(LocalSide):
         super().__init__(root)
         self.victim = victim
 
-    def walk(self) -> tuple[list[Any], list[str]]:
-        listed = super().walk()
+    def walk(self, follow_links: bool) -> tuple[list[Any], list[str]]:
+        listed = super().walk(follow_links)
         os.truncate(self.victim, 3)
         return listed
 

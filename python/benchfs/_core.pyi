@@ -179,6 +179,8 @@ class Client:
         """As stat, a symbolic link's own (kind "symlink", size: its target's length)."""
     def symlink(self, target: str, path: str) -> None:
         """Make a symbolic link at `path` to `target` (kept as given)."""
+    def realpath(self, path: str) -> str:
+        """`path` with every symbolic link in it resolved."""
     def readlink(self, path: str) -> str:
         """The target of the symbolic link at `path` (EINVAL if it is not one)."""
     def unlink(self, path: str) -> None:
@@ -205,6 +207,8 @@ class Client:
         """Shrinking frees the chunks beyond `size`."""
     def set_attr(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> None:
         """Set the permission bits and/or the modification time (ns since the epoch)."""
+    def set_link_time(self, path: str, mtime_ns: int) -> None:
+        """Set the modification time of the symbolic link at `path` itself."""
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""
     def server_stats(self) -> list[dict[str, int]]:

@@ -389,12 +389,18 @@ class Client:
     def symlink(self, target: str, path: str) -> None:
         """Makes a symbolic link at `path` to `target`, kept as given (as `os.symlink`): a
         relative target is resolved from the link's directory when followed, an absolute one
-        is a path in BenchFS (docs/namespace.md). OSError EEXIST if `path` exists."""
+        is a host path, followed inside BenchFS under its mount point or prefix
+        (docs/namespace.md). OSError EEXIST if `path` exists."""
         self._core.symlink(target, path)
 
     def readlink(self, path: str) -> str:
         """The target of the symbolic link at `path` (OSError EINVAL if it is not one)."""
         return self._core.readlink(path)
+
+    def realpath(self, path: str) -> str:
+        """`path` with every symbolic link in it resolved (`os.path.realpath(strict=True)`):
+        FileNotFoundError if it leads nowhere, OSError EXDEV if it leads outside BenchFS."""
+        return self._core.realpath(path)
 
     def islink(self, path: str) -> bool:
         try:
@@ -465,9 +471,13 @@ class Client:
         """Sets the permission bits (stored and reported; BenchFS does not enforce them)."""
         self._core.set_attr(path, mode=mode & 0o7777)
 
-    def utime(self, path: str, mtime_ns: int) -> None:
-        """Sets the modification time, in nanoseconds since the Unix epoch."""
-        self._core.set_attr(path, mtime_ns=mtime_ns)
+    def utime(self, path: str, mtime_ns: int, follow_symlinks: bool = True) -> None:
+        """Sets the modification time, in nanoseconds since the Unix epoch; with
+        `follow_symlinks=False`, a symbolic link's own (EINVAL if `path` is not one)."""
+        if follow_symlinks:
+            self._core.set_attr(path, mtime_ns=mtime_ns)
+        else:
+            self._core.set_link_time(path, mtime_ns)
 
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""

@@ -116,6 +116,10 @@ _manifest_option = click.option(
     "--manifest", type=click.Path(dir_okay=False),
     help="The staging manifest [in the job directory, one per pair of trees].",
 )  # fmt: skip
+_follow_option = click.option(
+    "--follow-links", is_flag=True,
+    help="Copy what symbolic links lead to, as cp -rL does [keep them as links, as cp -a].",
+)  # fmt: skip
 
 
 @main.command()
@@ -185,7 +189,7 @@ def stop(job: str | None, keep_data: bool | None, stage_out: str | None) -> None
 
 def _stage(
     state: JobState, direction: str, source: str, destination: str, threads: int,
-    manifest: str | None,
+    manifest: str | None, follow_links: bool = False,
 ) -> None:  # fmt: skip
     config = Path(state.config).read_text()
     bfs = BenchfsSide(
@@ -201,7 +205,7 @@ def _stage(
         else manifest_path_for(Path(state.run_dir), direction, src.label, dst.label)
     )
     try:
-        report = stage(src, dst, direction, path, threads, say=_say)
+        report = stage(src, dst, direction, path, threads, say=_say, follow_links=follow_links)
     finally:
         bfs.close()
     m = report.manifest
@@ -217,10 +221,13 @@ def _stage(
 
 def _run_stage(
     direction: str, source: str, destination: str, job: str | None, threads: int,
-    manifest: str | None,
+    manifest: str | None, follow_links: bool,
 ) -> None:  # fmt: skip
     try:
-        _stage(JobState.load(find_job(job)), direction, source, destination, threads, manifest)
+        _stage(
+            JobState.load(find_job(job)), direction, source, destination, threads, manifest,
+            follow_links,
+        )  # fmt: skip
     except BenchfsError as e:
         _fail(e)
 
@@ -231,13 +238,16 @@ def _run_stage(
 @_job_option
 @_threads_option
 @_manifest_option
+@_follow_option
 def stage_in(
-    source: str, destination: str, job: str | None, threads: int, manifest: str | None
-) -> None:
+    source: str, destination: str, job: str | None, threads: int, manifest: str | None,
+    follow_links: bool,
+) -> None:  # fmt: skip
     """Copy the local directory SOURCE into the BenchFS directory DESTINATION [/]: in
-    parallel, every file checksummed and read back, sizes, modes and times kept; resumable
-    (files already verified are skipped, damaged ones copied again)."""
-    _run_stage("in", source, destination, job, threads, manifest)
+    parallel, every file checksummed and read back, sizes, modes and times kept, symbolic
+    links kept as links; resumable (files already verified are skipped, damaged ones copied
+    again)."""
+    _run_stage("in", source, destination, job, threads, manifest, follow_links)
 
 
 @main.command("stage-out")
@@ -246,12 +256,14 @@ def stage_in(
 @_job_option
 @_threads_option
 @_manifest_option
+@_follow_option
 def stage_out(
-    source: str, destination: str, job: str | None, threads: int, manifest: str | None
-) -> None:
+    source: str, destination: str, job: str | None, threads: int, manifest: str | None,
+    follow_links: bool,
+) -> None:  # fmt: skip
     """Copy the BenchFS directory SOURCE into the local directory DESTINATION, as stage-in
     does the other way."""
-    _run_stage("out", source, destination, job, threads, manifest)
+    _run_stage("out", source, destination, job, threads, manifest, follow_links)
 
 
 @main.command("find")

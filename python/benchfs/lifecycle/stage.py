@@ -2,7 +2,9 @@
 (the parallel file system) and BenchFS.
 
 Every file is checksummed (xxh3-128) while it is copied and read back from the other side to
-verify; sizes, permission bits and modification times are kept, directories too. A manifest
+verify; sizes, permission bits and modification times are kept, directories too. Symbolic
+links are kept as links, their targets as written, as `cp -a` keeps them; with
+`follow_links`, what they lead to is copied instead, as `cp -rL` does. A manifest
 records what moved; a later staging between the same two trees skips files it verified whose
 source and destination are unchanged, and copies again any whose destination was truncated or
 changed. A file that cannot be copied whole is an error: the staging fails, it never reports
@@ -37,13 +39,15 @@ BLOCK = 8 << 20
 
 @dataclass(frozen=True)
 class Entry:
-    """A file or directory of a tree, by its path relative to the tree's root."""
+    """A file, directory or symbolic link of a tree, by its path relative to the tree's root."""
 
     path: str
     kind: str
     size: int
     mode: int
     mtime_ns: int
+    target: str = ""
+    """A symbolic link's target, as written."""
 
 
 class Side(Protocol):
@@ -51,8 +55,9 @@ class Side(Protocol):
 
     label: str
 
-    def walk(self) -> tuple[list[Entry], list[str]]:
-        """Files and directories (parents first), and notes on what cannot be staged."""
+    def walk(self, follow_links: bool) -> tuple[list[Entry], list[str]]:
+        """Files, directories (parents first) and links, and notes on what cannot be staged.
+        With `follow_links`, links are replaced by what they lead to."""
         ...
 
     def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]: ...
@@ -67,6 +72,10 @@ class Side(Protocol):
 
     def set_attrs(self, rel: str, mode: int, mtime_ns: int) -> None: ...
 
+    def symlink(self, rel: str, target: str, mtime_ns: int) -> None:
+        """A link at `rel` (replacing a file or link there), with its own time."""
+        ...
+
 
 def _join(root: str, rel: str) -> str:
     return root.rstrip("/") + "/" + rel if rel else root
@@ -77,26 +86,53 @@ class LocalSide:
         self.root = root
         self.label = str(root)
 
-    def walk(self) -> tuple[list[Entry], list[str]]:
+    def walk(self, follow_links: bool) -> tuple[list[Entry], list[str]]:
         if not self.root.is_dir():
             raise JobError("ENOENT", f"{self.root} is not a directory")
         entries: list[Entry] = []
         notes: list[str] = []
-        for top, dirs, files in os.walk(self.root):
-            dirs.sort()
+        # Each directory's own and its ancestors' (st_dev, st_ino): a link back to one of
+        # them is a loop (a link to any other directory is copied as often as it is met).
+        root_st = self.root.stat()
+        above: dict[str, frozenset[tuple[int, int]]] = {
+            str(self.root): frozenset([(root_st.st_dev, root_st.st_ino)])
+        }
+        for top, dirs, files in os.walk(self.root, followlinks=follow_links):
             base = Path(top)
-            for name in [*dirs, *sorted(files)]:
+            ancestors = above.pop(top)
+            descend = []
+            for name in [*sorted(dirs), *sorted(files)]:
                 path = base / name
                 rel = path.relative_to(self.root).as_posix()
                 st = path.lstat()
+                if stat.S_ISLNK(st.st_mode) and not follow_links:
+                    target = os.readlink(path)
+                    entries.append(
+                        Entry(rel, "symlink", len(target), 0o777, st.st_mtime_ns, target)
+                    )
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    try:
+                        st = path.stat()
+                    except OSError as e:
+                        notes.append(
+                            f"{path}: a link that leads nowhere ({e.strerror}), not staged"
+                        )
+                        continue
                 if stat.S_ISDIR(st.st_mode):
+                    if (st.st_dev, st.st_ino) in ancestors:
+                        notes.append(f"{path}: a link back to a directory above it, not followed")
+                        continue
                     kind = "dir"
+                    descend.append(name)
+                    above[str(path)] = ancestors | {(st.st_dev, st.st_ino)}
                 elif stat.S_ISREG(st.st_mode):
                     kind = "file"
                 else:
-                    notes.append(f"{path}: not a regular file or directory, not staged")
+                    notes.append(f"{path}: not a regular file, directory or link, not staged")
                     continue
                 entries.append(Entry(rel, kind, st.st_size, st.st_mode & 0o7777, st.st_mtime_ns))
+            dirs[:] = sorted(descend)
         return entries, notes
 
     def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]:
@@ -127,6 +163,13 @@ class LocalSide:
         os.chmod(path, mode)
         os.utime(path, ns=(mtime_ns, mtime_ns))
 
+    def symlink(self, rel: str, target: str, mtime_ns: int) -> None:
+        path = self.root / rel
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        os.symlink(target, path)
+        os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+
 
 class BenchfsSide:
     """A BenchFS directory; each thread uses a client of its own (a client serves one
@@ -154,21 +197,44 @@ class BenchfsSide:
         for client in self._clients:
             client.close()
 
-    def walk(self) -> tuple[list[Entry], list[str]]:
+    def walk(self, follow_links: bool) -> tuple[list[Entry], list[str]]:
         c = self.client
-        if c.stat(self.root).kind != "dir":
+        top = c.stat(self.root)
+        if top.kind != "dir":
             raise JobError("ENOTDIR", f"{self.label} is not a directory")
         entries: list[Entry] = []
-        pending = [""]
+        notes: list[str] = []
+        # When following: each directory's own and its ancestors' paths with links resolved
+        # (a link back to one of them is a loop).
+        root_key = frozenset([c.realpath(self.root)] if follow_links else [])
+        pending: list[tuple[str, frozenset[str]]] = [("", root_key)]
         while pending:
-            rel_dir = pending.pop(0)
-            for name, _ in c.readdir(_join(self.root, rel_dir)):
+            rel_dir, ancestors = pending.pop(0)
+            for name, kind in c.readdir(_join(self.root, rel_dir)):
                 rel = f"{rel_dir}/{name}" if rel_dir else name
-                st = c.stat(_join(self.root, rel))
+                path = _join(self.root, rel)
+                if kind == "symlink" and not follow_links:
+                    own, target = c.lstat(path), c.readlink(path)
+                    entries.append(
+                        Entry(rel, "symlink", own.st_size, 0o777, own.st_mtime_ns, target)
+                    )
+                    continue
+                try:
+                    st = c.stat(path)
+                except OSError as e:  # a link that leads nowhere, or outside BenchFS
+                    notes.append(f"{_join(self.label, rel)}: {e.strerror or e}, not staged")
+                    continue
+                real = c.realpath(path) if st.kind == "dir" and follow_links else ""
+                if real in ancestors:
+                    notes.append(
+                        f"{_join(self.label, rel)}: a link back to a directory above it, "
+                        "not followed"
+                    )
+                    continue
                 entries.append(Entry(rel, st.kind, st.st_size, st.st_mode & 0o7777, st.st_mtime_ns))
                 if st.kind == "dir":
-                    pending.append(rel)
-        return entries, []
+                    pending.append((rel, ancestors | {real} if real else ancestors))
+        return entries, notes
 
     def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]:
         return self.client.open(_join(self.root, rel), "r")  # type: ignore[return-value]
@@ -195,6 +261,16 @@ class BenchfsSide:
         path = _join(self.root, rel)
         self.client.chmod(path, mode)
         self.client.utime(path, mtime_ns)
+
+    def symlink(self, rel: str, target: str, mtime_ns: int) -> None:
+        path = _join(self.root, rel)
+        try:
+            if self.client.lstat(path).kind != "dir":
+                self.client.unlink(path)
+        except FileNotFoundError:
+            pass
+        self.client.symlink(target, path)
+        self.client.utime(path, mtime_ns, follow_symlinks=False)
 
 
 class StageFailed(JobError):
@@ -286,14 +362,16 @@ def stage(
     manifest_path: Path,
     threads: int = 4,
     say: Callable[[str], None] = lambda _: None,
+    follow_links: bool = False,
 ) -> StageReport:
     """Copy the tree of `src` into `dst` (see the module's docstring); the report of what
     moved. Raises StageFailed when any file could not be staged whole (the manifest is
     written first, with status "failed")."""
     started_at, t0 = utc_now(), time.monotonic()
-    entries, notes = src.walk()
+    entries, notes = src.walk(follow_links)
     files = [e for e in entries if e.kind == "file"]
     dirs = [e for e in entries if e.kind == "dir"]
+    links = [e for e in entries if e.kind == "symlink"]
     previous = _previous(manifest_path, direction, src.label, dst.label, notes)
     dst.mkdir("")
     for d in dirs:
@@ -336,6 +414,11 @@ def stage(
         # Largest first, so one big file does not finish alone at the end.
         for f in as_completed([pool.submit(one, e) for e in sorted(todo, key=lambda e: -e.size)]):
             f.result()
+    for link in links:
+        try:
+            dst.symlink(link.path, link.target, link.mtime_ns)
+        except OSError as err:
+            errors.append(f"{_join(dst.label, link.path)}: {err}")
     for d in sorted(dirs, key=lambda d: -d.path.count("/")):  # after their contents changed
         try:
             dst.set_attrs(d.path, d.mode, d.mtime_ns)
@@ -352,6 +435,7 @@ def stage(
         "finished": utc_now(),
         "files": [records[e.path] for e in files if e.path in records],
         "dirs": [d.path for d in dirs],
+        "links": [{"path": e.path, "target": e.target} for e in links],
         "bytes_copied": progress.bytes,
         "files_copied": progress.files,
         "files_skipped": skipped,

@@ -272,6 +272,11 @@ impl PyClient {
         self.with(py, |c| c.symlink(target, path))
     }
 
+    /// `path` with every symbolic link in it resolved.
+    fn realpath(&self, py: Python<'_>, path: &str) -> PyResult<String> {
+        self.with(py, |c| c.realpath(path))
+    }
+
     /// The target of the symbolic link at `path`.
     fn readlink(&self, py: Python<'_>, path: &str) -> PyResult<String> {
         self.with(py, |c| c.readlink(path))
@@ -353,6 +358,11 @@ impl PyClient {
     #[pyo3(signature = (path, mode=None, mtime_ns=None))]
     fn set_attr(&self, py: Python<'_>, path: &str, mode: Option<u32>, mtime_ns: Option<u64>) -> PyResult<()> {
         self.with(py, |c| c.set_attr(path, mode, mtime_ns).map(|_| ()))
+    }
+
+    /// Sets the modification time of the symbolic link at `path` itself (lutimes).
+    fn set_link_time(&self, py: Python<'_>, path: &str, mtime_ns: u64) -> PyResult<()> {
+        self.with(py, |c| c.set_link_time(path, mtime_ns).map(|_| ()))
     }
 
     /// The id of the server holding byte `offset` of the file at `path`.

@@ -135,6 +135,18 @@ impl Client {
         }))
     }
 
+    /// `path` with every symbolic link in it resolved (realpath(3)): ENOENT when it leads
+    /// nowhere, EXDEV ([`Error::LinkOutside`]) when it leads outside BenchFS.
+    pub fn realpath(&self, path: &str) -> Result<String> {
+        let _call = self.telemetry_call(OpKind::Meta);
+        let path = self.checked("realpath", path)?;
+        self.run(async {
+            let resolved = self.resolve("realpath", &path, true).await?;
+            self.lookup(&resolved).await?;
+            Ok(resolved)
+        })
+    }
+
     /// One lookup at `path`'s owner, links not followed.
     pub(super) async fn lookup(&self, path: &str) -> Result<Attr> {
         Ok(self.meta_attr(Op::Stat, "stat", &MetaRequest::new(path)).await?.0)
