@@ -77,7 +77,13 @@ pub unsafe fn benchfs_preload_openat(dirfd: c_int, path: *const c_char, flags: c
             dirfd,
             path,
             -1,
-            |d, p| real::openat(d, p, flags, mode),
+            |d, p| {
+                let fd = real::openat(d, p, flags, mode);
+                if fd >= 0 && flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 {
+                    names::note_if_above(d, p, fd);
+                }
+                fd
+            },
             |p| open_ours(p, flags, mode),
         )
     }
@@ -127,6 +133,7 @@ pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if fds::lookup(fd).is_none() {
+        names::forget_above(fd);
         // SAFETY: forwarded.
         return unsafe { real::close(fd) };
     }

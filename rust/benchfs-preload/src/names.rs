@@ -47,6 +47,60 @@ fn real_cwd() -> Option<String> {
     s.to_str().ok().map(str::to_string)
 }
 
+/// Local directories open at or above the prefix (its ancestors, or a local directory at
+/// the prefix itself), by descriptor: a path relative to one of them can land in BenchFS, as
+/// when rsync (3.4 and later) opens every path one component at a time from `/`.
+static ABOVE: RwLock<Vec<(c_int, String)>> = RwLock::new(Vec::new());
+/// Whether ABOVE holds any (so that closing other descriptors takes no lock).
+static ANY_ABOVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn above(fd: c_int) -> Option<String> {
+    if !ANY_ABOVE.load(std::sync::atomic::Ordering::Acquire) {
+        return None;
+    }
+    let above = ABOVE.read().unwrap_or_else(PoisonError::into_inner);
+    above.iter().find(|(f, _)| *f == fd).map(|(_, p)| p.clone())
+}
+
+/// After the kernel opened the directory `path` (relative to `dirfd`) as `fd`: remembers
+/// it when it is at or above the prefix.
+pub unsafe fn note_if_above(dirfd: c_int, path: *const c_char, fd: c_int) {
+    let Some(prefix) = prefix() else { return };
+    if busy() || path.is_null() {
+        return;
+    }
+    // SAFETY: NUL-terminated by the caller's contract.
+    let Ok(text) = unsafe { CStr::from_ptr(path) }.to_str() else {
+        return;
+    };
+    let full = if text.starts_with('/') {
+        normalize(text)
+    } else if let Some(base) = above(dirfd) {
+        join(&base, text)
+    } else {
+        return;
+    };
+    let p = prefix.as_str();
+    let at_or_above =
+        full == "/" || p == full || p.strip_prefix(full.as_str()).is_some_and(|r| r.starts_with('/'));
+    if at_or_above {
+        let mut above = ABOVE.write().unwrap_or_else(PoisonError::into_inner);
+        above.retain(|(f, _)| *f != fd);
+        above.push((fd, full));
+        ANY_ABOVE.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// `fd` is being closed (or replaced).
+pub fn forget_above(fd: c_int) {
+    if ANY_ABOVE.load(std::sync::atomic::Ordering::Acquire) {
+        ABOVE
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(f, _)| *f != fd);
+    }
+}
+
 /// Where `path` (relative to `dirfd` when relative) lands. A non-UTF-8 name under the prefix
 /// is EINVAL (BenchFS names are UTF-8); it never falls through to the local disk.
 pub unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Target, c_int> {
@@ -94,6 +148,8 @@ pub unsafe fn resolve(dirfd: c_int, path: *const c_char) -> Result<Target, c_int
         } else {
             Err(libc::EINVAL)
         };
+    } else if let Some(base) = above(dirfd) {
+        join(&base, &text)
     } else {
         return Ok(Target::Local);
     };
@@ -721,7 +777,7 @@ pub unsafe extern "C" fn fchownat(
             -1,
             |d, p| real::fchownat(d, p, uid, gid, flags),
             |p| {
-                stat_of(&p)?;
+                stat_at(&p, flags)?; // lchown: the link itself, as tar sets it
                 check_owner(uid, gid)
             },
         )
