@@ -86,8 +86,11 @@ def test_meta_quick_json_shape() -> None:
     report = bench("meta", "--quick", "--json")
     modes = ["memory", "none", "fsync", "close"]
     assert [(c["mode"], c["name"]) for c in report["cases"]] == [
-        (m, p) for m in modes for p in ("create", "stat", "unlink")
+        (m, p) for m in modes for p in meta.PHASES
     ]
+    assert meta.PHASES == (
+        "create", "stat", "symlink", "readlink", "stat-link", "unlink-link", "unlink"
+    )  # fmt: skip
     assert "unlink/s" in rendered(meta.render, report)
     for c in report["cases"]:
         assert c["ops_s"] > 0 and len(c["samples"]) == report["repeats"] == 1

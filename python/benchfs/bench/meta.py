@@ -1,5 +1,6 @@
-"""`benchfs-bench meta`: create, stat and unlink throughput of the metadata service, per
-durability mode (`storage.durability`), side by side in one run.
+"""`benchfs-bench meta`: create, stat and unlink throughput of the metadata service, and of
+symbolic links (made, read, followed by stat, removed), per durability mode
+(`storage.durability`), side by side in one run.
 
 Several clients (one `benchfs.Client` each, on its own thread; every call releases the GIL)
 each work in their own directory on a local cluster whose servers keep their data (and their
@@ -7,7 +8,10 @@ metadata store) under the scratch directory. Each phase starts on a barrier and 
 last client finishes, so ops/s is the whole cluster's rate for that phase. Create is
 `open(O_CREAT | O_EXCL)` + `close` (two metadata requests: the parent's entry and the inode);
 unlink is one request to the inode's owner plus one to the parent's (no data to free: the
-files are empty). Modes run in turn, in reversed order every other repeat, and the report
+files are empty). A link to each file is made beside it (`symlink`: the parent's entry and the
+link), read (`readlink`: one request), followed (`stat-link`: stat of the link's path, which
+the client resolves: a lookup that finds the link, its target, the target's attributes) and
+removed (`unlink-link`). Modes run in turn, in reversed order every other repeat, and the report
 gives medians; `memory` (no store) is the reference the persisted modes are compared with.
 """
 
@@ -25,7 +29,7 @@ from benchfs.bench.cluster import BenchCluster, on_threads
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
 
-PHASES = ("create", "stat", "unlink")
+PHASES = ("create", "stat", "symlink", "readlink", "stat-link", "unlink-link", "unlink")
 MODES = ("memory", "none", "fsync", "close")
 TARGET = 0.8
 """The default mode's create rate at least this fraction of `memory`'s."""
@@ -46,7 +50,7 @@ class MetaSettings:
 
 
 def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> list[float]:
-    """One cluster in `mode`: the three phases' rates (ops/s)."""
+    """One cluster in `mode`: the phases' rates (ops/s), in PHASES' order."""
     cluster = BenchCluster(root, "meta", settings.servers, [f"storage.durability={mode}"], benchfsd)
     per_client = settings.files // settings.clients
     cluster.start()
@@ -69,8 +73,24 @@ def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> li
                 for n in range(per_client):
                     c.unlink(f"/c{i}/f{n}")
 
+            def symlink(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    c.symlink(f"f{n}", f"/c{i}/l{n}")
+
+            def readlink(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    c.readlink(f"/c{i}/l{n}")
+
+            def stat_link(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    c.stat(f"/c{i}/l{n}")
+
+            def unlink_link(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    c.unlink(f"/c{i}/l{n}")
+
             rates = []
-            for work in (create, stat, unlink):
+            for work in (create, stat, symlink, readlink, stat_link, unlink_link, unlink):
                 rates.append(per_client * settings.clients / on_threads(clients, work)[0])
             left = sum(len(clients[0].readdir(f"/c{i}")) for i in range(settings.clients))
             if left:
@@ -120,7 +140,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
     table = report_table(
         f"benchfs-bench meta: {report['files']} files, {report['clients']} clients, "
         f"{report['servers']} servers, median of {report['repeats']}",
-        ["create/s", "stat/s", "unlink/s"],
+        [f"{p}/s" for p in PHASES],
     )
     by = {(c["mode"], c["name"]): c["ops_s"] for c in report["cases"]}
     for mode in dict.fromkeys(c["mode"] for c in report["cases"]):

@@ -193,23 +193,7 @@ impl Client {
                     }
                     let target = self.readlink_at(&here).await?;
                     let rest: Vec<String> = todo.drain(..).collect();
-                    let normalized =
-                        |p: String| namespace::normalize(&p).map_err(|errno| path_error(what, path, errno));
-                    let resolved = if target.starts_with('/') {
-                        let host = normalized(format!("{target}/{}", rest.join("/")))?;
-                        match inside_roots(&self.link_roots, &host) {
-                            Some(inside) => inside,
-                            None => {
-                                return Err(Error::LinkOutside {
-                                    op: what,
-                                    path: path.into(),
-                                    host,
-                                })
-                            }
-                        }
-                    } else {
-                        normalized(format!("{done}/{target}/{}", rest.join("/")))?
-                    };
+                    let resolved = self.through_target(what, path, &done, &target, &rest.join("/"))?;
                     todo = components(&resolved);
                     done = String::from("/");
                 }
@@ -223,6 +207,28 @@ impl Client {
             }
         }
         Ok(done)
+    }
+
+    /// The path in BenchFS that a link in directory `dir` with `target` leads to, with `rest`
+    /// (the components after the link) appended; `path` names the operation's path in errors.
+    fn through_target(
+        &self,
+        what: &'static str,
+        path: &str,
+        dir: &str,
+        target: &str,
+        rest: &str,
+    ) -> Result<String> {
+        let normalized = |p: String| namespace::normalize(&p).map_err(|errno| path_error(what, path, errno));
+        if !target.starts_with('/') {
+            return normalized(format!("{dir}/{target}/{rest}"));
+        }
+        let host = normalized(format!("{target}/{rest}"))?;
+        inside_roots(&self.link_roots, &host).ok_or_else(|| Error::LinkOutside {
+            op: what,
+            path: path.into(),
+            host,
+        })
     }
 
     /// Whether this client resolves links in the paths it is given (on by default). A face
@@ -263,20 +269,23 @@ impl Client {
     }
 
     /// The attribute `path` leads to: its own, or its link's target's.
+    /// A link found at a path by its own lookup is at that very path (inodes are kept by
+    /// their paths, links resolved), so its target is taken from its directory at once: a
+    /// readlink and a lookup per link, not a walk from `/`.
     pub(super) async fn stat_following(&self, path: &str) -> Result<Attr> {
-        let attr = self
-            .through_links("stat", path, true, |p| async move { self.lookup(&p).await })
-            .await?;
-        if attr.kind != Kind::Symlink {
-            return Ok(attr);
+        let mut here = path.to_string();
+        for _ in 0..=MAX_LINKS {
+            let attr = self
+                .through_links("stat", &here, true, |p| async move { self.lookup(&p).await })
+                .await?;
+            if attr.kind != Kind::Symlink {
+                return Ok(attr);
+            }
+            let target = self.readlink_at(&here).await?;
+            let dir = namespace::split_parent(&here).map_or("/", |(parent, _)| parent);
+            here = self.through_target("stat", path, dir, &target, "")?;
         }
-        let resolved = self.resolve("stat", path, true).await?;
-        let attr = self.lookup(&resolved).await?;
-        if attr.kind == Kind::Symlink {
-            // The resolution followed it: it changed meanwhile.
-            return Err(path_error("stat", path, libc::ELOOP));
-        }
-        Ok(attr)
+        Err(path_error("stat", path, libc::ELOOP))
     }
 }
 
