@@ -189,6 +189,7 @@ def test_docs_example_runs(tmp_path: Path, daemon_cluster: Callable[..., LocalCl
     assert "over 2 servers" in out.stdout and "  data.bin\n" in out.stdout
     assert "found /run1/data.bin (13 bytes)\n1 of 2 names match" in out.stdout
     assert "latest -> data.bin, 13 bytes\n" in out.stdout
+    assert "stat /run1/host: a symbolic link leads outside BenchFS, to /usr/include\n" in out.stdout
     # Everything it made is gone again.
     assert run_bounded([str(exe), str(cluster.registry_dir)], timeout=60, env=env).returncode == 0
 
