@@ -1,9 +1,11 @@
 """Real programs on BenchFS, as a new user runs them: one cluster started with
-`benchfs start --servers 2 --mount DIR`, used through the mount and through the interposition
-library with a prefix no mount serves. Each program runs the same script in a local directory
-and in BenchFS, and the two outputs must agree (the root's name taken out): tar, git, rsync
-and a Python venv in `make test`; an autotools build and a wheel installed into a venv under
-test-long. docs/programs.md holds the program x face table these tests keep true."""
+`benchfs start --servers 2 --mount DIR`, used through the mount ("mount"), through the
+interposition library with a prefix no mount serves ("preload"), and through the library at
+the mount point, which hands mapping and exec to the mount ("preload-mount"). Each program
+runs the same script in a local directory and in BenchFS, and the two outputs must agree (the
+root's name taken out): tar, git, rsync and a Python venv in `make test`; an autotools build
+and a wheel installed into a venv under test-long. docs/programs.md holds the program x face
+table these tests keep true."""
 
 from __future__ import annotations
 
@@ -81,8 +83,8 @@ rsync -ai --delete "$SRC/" "$R/rs/" | awk '{print $1, $2}' | sort
 rm "$SRC/data/new.txt"
 listing "$R/rs"
 """,
-    # Through the interposition library a program in BenchFS cannot be executed (the next
-    # issue's work): the venv is made without pip (ensurepip runs the venv's python) and not run.
+    # Through the interposition library alone a program in BenchFS cannot be executed: the
+    # venv is made without pip (ensurepip runs the venv's python) and not run.
     "venv": r"""
 if [ "$FACE" = preload ]; then
   "$PYTHON" -m venv --without-pip "$R/venv"
@@ -202,6 +204,9 @@ def run_in(faces: Faces, where: str, face: str, program: str, tmp_path: Path) ->
         root = tmp_path / "local"
     elif face == "mount":  # one namespace: /PROGRAM-FACE in BenchFS
         root = faces.mount / f"{program}-{face}"
+    elif face == "preload-mount":  # the library's prefix is the mount point, its default
+        root = faces.mount / f"{program}-{face}"
+        env = preload_env(env, faces.mount)
     else:
         root = faces.prefix / f"{program}-{face}"
         # No mount serves this prefix: the library alone.
@@ -217,21 +222,11 @@ def run_in(faces: Faces, where: str, face: str, program: str, tmp_path: Path) ->
     return done.stdout.replace(str(root), "R")
 
 
-NEEDS_MMAP = pytest.mark.xfail(
-    strict=True, reason="git maps .git/config: the interposition library has no mmap yet"
-)
+FACES = ("mount", "preload", "preload-mount")
 
 
-@pytest.mark.parametrize(
-    ("program", "face"),
-    [
-        pytest.param(
-            program, face, marks=NEEDS_MMAP if (program, face) == ("git", "preload") else ()
-        )
-        for program in sorted(PROGRAMS)
-        for face in ("mount", "preload")
-    ],
-)
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
 @pytest.mark.timeout(300)
 def test_program_agrees_with_a_local_directory(
     faces: Faces, program: str, face: str, tmp_path: Path
@@ -247,14 +242,77 @@ def test_program_agrees_with_a_local_directory(
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("face", ["mount", "preload-mount"])
 @pytest.mark.parametrize("program", sorted(LONG_PROGRAMS))
 @pytest.mark.timeout(900)
-def test_long_program_agrees_with_a_local_directory_through_the_mount(
-    faces: Faces, program: str, tmp_path: Path
+def test_long_program_agrees_with_a_local_directory(
+    faces: Faces, program: str, face: str, tmp_path: Path
 ) -> None:
-    """Through the interposition library alone these execute programs stored in BenchFS,
-    which needs the next issue's exec support: the mount only, for now."""
-    ours = run_in(faces, "mount", "mount", program, tmp_path)
-    local = run_in(faces, "local", "mount", program, tmp_path)
+    """These execute programs stored in BenchFS: through a mount, or through the library
+    with a mount at its prefix (the library alone cannot; test_exec_... shows how it says so)."""
+    ours = run_in(faces, face, face, program, tmp_path)
+    local = run_in(faces, "local", face, program, tmp_path)
     assert ours == local
     assert "hello from" in ours
+
+
+MAPS = r"""
+import errno, mmap, os, subprocess, sys
+root = sys.argv[1]
+p = os.path.join(root, "m.bin")
+data = bytes(range(256)) * 64
+with open(p, "wb") as f:
+    f.write(data)
+with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    print("read", m[:4].hex(), len(m), m[:] == data)
+with open(p, "r+b") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+    m[0:2] = b"zz"
+    print("copy", bytes(m[:3]))
+with open(p, "rb") as f:
+    print("file", f.read(3))
+try:
+    with open(p, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[0:5] = b"hello"
+        m.flush()
+    with open(p, "rb") as f:
+        print("shared", f.read(5))
+except OSError as e:
+    print("shared", errno.errorcode[e.errno])
+s = os.path.join(root, "run.sh")
+with open(s, "w") as f:
+    f.write("#!/bin/sh\necho ran $1\n")
+os.chmod(s, 0o755)
+try:
+    print("exec", subprocess.run([s, "x"], stdout=subprocess.PIPE, text=True).stdout.strip())
+except OSError as e:
+    print("exec", errno.errorcode[e.errno])
+"""
+
+
+@pytest.mark.parametrize("face", ["preload", "preload-mount"])
+@pytest.mark.timeout(120)
+def test_mapping_and_exec_through_the_library(faces: Faces, face: str, tmp_path: Path) -> None:
+    """Read-only and private mappings everywhere; a shared writable mapping and exec through
+    the mount at the prefix, and refused in one line each without one."""
+    if face == "preload":
+        root, env = (
+            faces.prefix / "maps",
+            preload_env({**faces.env, "BENCHFS_MOUNT": ""}, faces.prefix),
+        )
+    else:
+        root, env = faces.mount / "maps", preload_env(faces.env, faces.mount)
+    script = f"mkdir -p {root} && {sys.executable} -c '{MAPS}' {root}"
+    done = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["read 00010203 16384 True", "copy b'zz\\x02'", "file b'\\x00\\x01\\x02'"]
+    if face == "preload-mount":
+        assert lines[3:] == ["shared b'hello'", "exec ran x"], done.stdout
+        assert "benchfs-preload" not in done.stderr
+    else:
+        assert lines[3:] == ["shared ENODEV", "exec EACCES"], done.stdout
+        said = [line for line in done.stderr.splitlines() if line.startswith("benchfs-preload")]
+        assert len(said) == 2 and "needs BenchFS mounted at the prefix" in said[0], said
+        assert "cannot execute" in said[1] and "benchfs start --mount" in said[1], said

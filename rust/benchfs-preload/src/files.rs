@@ -1031,12 +1031,14 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off64_t,
 ) -> *mut c_void {
-    if flags & libc::MAP_ANONYMOUS != 0 || fds::lookup(fd).is_none() {
+    let Some(f) = fds::lookup(fd).filter(|_| flags & libc::MAP_ANONYMOUS == 0) else {
         // SAFETY: forwarded.
         return unsafe { real::mmap64(addr, len, prot, flags, fd, off) };
-    }
-    set_errno(libc::ENODEV); // BenchFS files cannot be mapped
-    libc::MAP_FAILED
+    };
+    // SAFETY: forwarded contract.
+    entry(libc::MAP_FAILED, || unsafe {
+        crate::maps::map(&f, addr, len, prot, flags, off)
+    })
 }
 
 #[no_mangle]

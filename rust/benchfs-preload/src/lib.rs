@@ -26,12 +26,14 @@
 mod dirs;
 mod fds;
 mod files;
+mod maps;
 mod names;
 mod offsets;
 mod paths;
 mod process;
 mod real;
 mod stdio;
+mod temp;
 mod variadic;
 
 use std::cell::Cell;

@@ -816,6 +816,77 @@ pub unsafe fn mtime_of(times: *const libc::timespec) -> Result<Option<u64>, c_in
     }
 }
 
+/// The two times of `tv` (utimes' microseconds) as utimensat's; None for NULL (now).
+unsafe fn timevals(tv: *const libc::timeval) -> Option<[libc::timespec; 2]> {
+    if tv.is_null() {
+        return None;
+    }
+    // SAFETY: two timevals by the caller's contract.
+    let (a, m) = unsafe { (*tv, *tv.add(1)) };
+    let ts = |t: libc::timeval| libc::timespec {
+        tv_sec: t.tv_sec,
+        tv_nsec: t.tv_usec * 1000,
+    };
+    Some([ts(a), ts(m)])
+}
+
+fn times_ptr(t: &Option<[libc::timespec; 2]>) -> *const libc::timespec {
+    t.as_ref().map_or(std::ptr::null(), |t| t.as_ptr())
+}
+
+// utime, utimes, lutimes, futimes and futimesat: glibc makes them utimensat system calls of
+// its own, past this library; here they are the library's utimensat and futimens.
+#[no_mangle]
+pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
+    // SAFETY: a utimbuf by the caller's contract, or NULL.
+    let t = unsafe { times.as_ref() }.map(|u| {
+        [
+            libc::timespec {
+                tv_sec: u.actime,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: u.modtime,
+                tv_nsec: 0,
+            },
+        ]
+    });
+    // SAFETY: forwarded.
+    unsafe { utimensat(libc::AT_FDCWD, path, times_ptr(&t), 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    // SAFETY: forwarded contract.
+    let t = unsafe { timevals(tv) };
+    // SAFETY: forwarded.
+    unsafe { utimensat(libc::AT_FDCWD, path, times_ptr(&t), 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    // SAFETY: forwarded contract.
+    let t = unsafe { timevals(tv) };
+    // SAFETY: forwarded.
+    unsafe { utimensat(libc::AT_FDCWD, path, times_ptr(&t), libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn futimesat(dirfd: c_int, path: *const c_char, tv: *const libc::timeval) -> c_int {
+    // SAFETY: forwarded contract.
+    let t = unsafe { timevals(tv) };
+    // SAFETY: forwarded (a NULL path is the descriptor itself).
+    unsafe { utimensat(dirfd, path, times_ptr(&t), 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
+    // SAFETY: forwarded contract.
+    let t = unsafe { timevals(tv) };
+    // SAFETY: forwarded.
+    unsafe { crate::files::futimens(fd, times_ptr(&t)) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn utimensat(
     dirfd: c_int,

@@ -17,7 +17,7 @@ use std::sync::{Arc, Once};
 
 use crate::fds::{self, OpenFile};
 use crate::offsets::{self, Position};
-use crate::{names, real, say, stdio};
+use crate::{maps, names, real, say, set_errno, stdio};
 
 const FDS_VAR: &str = "BENCHFS_PRELOAD_FDS";
 const CWD_VAR: &str = "BENCHFS_PRELOAD_CWD";
@@ -285,6 +285,17 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 // ---- the exec family ----
 
+/// As [`maps::exec_path`] for a name that has a `/`; one without is searched for in `PATH`
+/// by glibc, through the kernel (which sees BenchFS only through a mount).
+unsafe fn searched_or_exec_path(file: *const c_char) -> Result<Option<CString>, c_int> {
+    // SAFETY: NUL-terminated by the caller's contract.
+    if file.is_null() || !unsafe { CStr::from_ptr(file) }.to_bytes().contains(&b'/') {
+        return Ok(None);
+    }
+    // SAFETY: forwarded.
+    unsafe { maps::exec_path(file) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
@@ -293,7 +304,15 @@ pub unsafe extern "C" fn execve(
 ) -> c_int {
     // SAFETY: forwarded contract.
     unsafe {
+        let mounted = match maps::exec_path(path) {
+            Ok(m) => m,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
         let h = handoff(envp);
+        let path = mounted.as_ref().map_or(path, |p| p.as_ptr());
         real::execve(path, argv, h.as_ref().map_or(envp, Handoff::envp))
     }
 }
@@ -312,7 +331,15 @@ pub unsafe extern "C" fn execvpe(
 ) -> c_int {
     // SAFETY: forwarded contract.
     unsafe {
+        let mounted = match searched_or_exec_path(file) {
+            Ok(m) => m,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
         let h = handoff(envp);
+        let file = mounted.as_ref().map_or(file, |p| p.as_ptr());
         real::execvpe(file, argv, h.as_ref().map_or(envp, Handoff::envp))
     }
 }
@@ -360,6 +387,15 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    if let Some(f) = fds::lookup(fd) {
+        // A BenchFS program: executed by its path (maps::exec_path says how).
+        let Ok(path) = maps::mounted_path(&f.path) else {
+            set_errno(libc::EBADF);
+            return -1;
+        };
+        // SAFETY: forwarded; the path lives for the call.
+        return unsafe { execve(path.as_ptr(), argv, envp) };
+    }
     // SAFETY: forwarded contract.
     unsafe {
         let h = handoff(envp);
@@ -378,10 +414,14 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     // SAFETY: forwarded contract; the hand-over lives until the child is started.
     unsafe {
+        let mounted = match maps::exec_path(path) {
+            Ok(m) => m,
+            Err(e) => return e,
+        };
         let h = handoff(envp.cast());
         real::posix_spawn(
             pid,
-            path,
+            mounted.as_ref().map_or(path, |p| p.as_ptr()),
             actions,
             attr,
             argv,
@@ -401,10 +441,14 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     // SAFETY: as for posix_spawn.
     unsafe {
+        let mounted = match searched_or_exec_path(file) {
+            Ok(m) => m,
+            Err(e) => return e,
+        };
         let h = handoff(envp.cast());
         real::posix_spawnp(
             pid,
-            file,
+            mounted.as_ref().map_or(file, |p| p.as_ptr()),
             actions,
             attr,
             argv,

@@ -87,6 +87,8 @@ real! {
     readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t = -1;
     symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int = -1;
     linkat(fromfd: c_int, from: *const c_char, tofd: c_int, to: *const c_char, flags: c_int) -> c_int = -1;
+    mkostemps64(template: *mut c_char, suffix: c_int, flags: c_int) -> c_int = -1;
+    mkdtemp(template: *mut c_char) -> *mut c_char = std::ptr::null_mut();
     statfs64(path: *const c_char, st: *mut libc::statfs64) -> c_int = -1;
     fstatfs64(fd: c_int, st: *mut libc::statfs64) -> c_int = -1;
     statvfs64(path: *const c_char, st: *mut libc::statvfs64) -> c_int = -1;

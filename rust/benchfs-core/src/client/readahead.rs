@@ -318,6 +318,12 @@ impl Client {
     }
 
     /// Drops what is read ahead of file `id` (its bytes changed or may have).
+    /// Drops what this client read ahead of `file`: its bytes are about to change by another
+    /// way than this client (a mapping or a program run through a mount of BenchFS).
+    pub fn forget_cached(&self, file: &FileHandle) {
+        self.forget_read_ahead(file.attr.id.0);
+    }
+
     pub(super) fn forget_read_ahead(&self, id: u128) {
         let gone = self.read_ahead.files.borrow_mut().remove(&id);
         for p in gone.into_iter().flat_map(|f| f.entries.into_values()) {
