@@ -243,6 +243,11 @@ class File:
         return earlier, see client.write_behind); raises the first that failed."""
     def truncate(self, size: int) -> None:
         """Set the size through this handle (ftruncate); shrinking frees chunks beyond it."""
+    def lock(
+        self, kind: str, start: int = 0, end: int = 2**64 - 1, wait: bool = True, test: bool = False
+    ) -> dict[str, int | str] | None:
+        """Take ("read", "write") or release ("unlock") a lock on bytes [start, end), held by
+        this open file across the job; the conflicting lock (kind, start, end, pid), if any."""
     @property
     def size(self) -> int: ...
     @property

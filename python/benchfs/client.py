@@ -150,6 +150,13 @@ class FindResult:
     found: list[Found]
 
 
+def _span(start: int, length: int) -> tuple[int, int]:
+    """[start, end) of a lock; length 0 reaches the end of the file."""
+    if start < 0 or length < 0:
+        raise ValueError(f"lock range start {start}, length {length}: must not be negative")
+    return start, (2**64 - 1 if length == 0 else start + length)
+
+
 class File(io.RawIOBase):
     """An open BenchFS file (see the module docstring). Not shared between threads: open the
     file once per thread, as with `os.open`; positional calls on one `File` are safe."""
@@ -302,6 +309,34 @@ class File(io.RawIOBase):
         """Returns once every byte of the file is durable on its servers; publishes the size."""
         self._check_open()
         self._core.fsync()
+
+    def lock(
+        self, exclusive: bool = True, start: int = 0, length: int = 0, wait: bool = True
+    ) -> bool:
+        """Locks bytes [start, start + length) of the file (length 0: to its end, however it
+        grows), shared or exclusive, for this open file, across every client of the job (an
+        OFD lock, as `fcntl.F_OFD_SETLK`): released by `unlock` or `close`. Waits while
+        another holder conflicts; with `wait=False`, returns False at once instead. Taking or
+        releasing a lock is a boundary: writes are on the servers first, and nothing read
+        ahead is used after it."""
+        self._check_open()
+        held = self._core.lock("write" if exclusive else "read", *_span(start, length), wait)
+        return held is None
+
+    def unlock(self, start: int = 0, length: int = 0) -> None:
+        """Releases this open file's locks on bytes [start, start + length) (0: to the end)."""
+        self._check_open()
+        self._core.lock("unlock", *_span(start, length))
+
+    def lock_conflict(
+        self, exclusive: bool = True, start: int = 0, length: int = 0
+    ) -> dict[str, int | str] | None:
+        """The lock that would keep this one from being taken (kind, start, end, pid; as
+        `F_OFD_GETLK`), or None."""
+        self._check_open()
+        return self._core.lock(
+            "write" if exclusive else "read", *_span(start, length), wait=False, test=True
+        )
 
     def pread(self, length: int, offset: int) -> bytes:
         """Up to `length` bytes at `offset` (short only at the end); the position stays."""

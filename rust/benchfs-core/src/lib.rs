@@ -6,6 +6,7 @@ pub mod chunking;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod locktable;
 pub mod metadb;
 pub mod namespace;
 pub mod placement;

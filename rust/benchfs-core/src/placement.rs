@@ -83,6 +83,14 @@ pub fn metadata_target(path: &str, servers: usize, workers: usize) -> Target {
     (o / w, o % w)
 }
 
+/// The worker that keeps the advisory locks of file `id` among `servers` servers of `workers`
+/// workers each: from the id, not the path, so that a rename does not move them.
+pub fn lock_target(id: FileId, servers: usize, workers: usize) -> Target {
+    let w = workers.max(1);
+    let o = (xxhash_rust::xxh3::xxh3_64(&id.0.to_le_bytes()) % (servers.max(1) * w) as u64) as usize;
+    (o / w, o % w)
+}
+
 /// Hands out layouts for the files one metadata owner creates: a per-owner counter, staggered
 /// so that owners start at different servers. No global state is involved.
 #[derive(Debug, Clone)]

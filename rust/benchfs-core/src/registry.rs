@@ -207,6 +207,11 @@ pub fn unpublish(dir: &Path, id: u32) {
     let _ = fs::remove_file(entry_path(dir, id));
 }
 
+/// The entry server `id` has published now (a restarted server publishes its new addresses).
+pub fn read_entry(dir: &Path, id: u32) -> Result<RegistryEntry> {
+    parse_entry(&entry_path(dir, id))
+}
+
 fn parse_entry(path: &Path) -> Result<RegistryEntry> {
     let bad = |reason: String| Error::Registry {
         path: path.to_path_buf(),

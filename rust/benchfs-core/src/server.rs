@@ -20,8 +20,10 @@ use crate::buffer::{io_buffer_size, BufferPool, IoBuffer, ALIGN};
 use crate::chunking::FileId;
 use crate::config::{Config, Durability};
 use crate::error::{Error, Result};
+use crate::locktable::{LockTable, Waiting};
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
 use crate::protocol::capacity::Capacity;
+use crate::protocol::lock;
 use crate::protocol::meta::{self, MetaRequest};
 use crate::protocol::{check_request, is_server_fault, Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry};
@@ -115,7 +117,12 @@ struct Served {
     data: Option<(IoBuffer, usize)>,
     meta: Option<(ReplyValue, Vec<u8>)>,
     device_start: Option<Instant>,
+    /// Answered later (a lock request waiting for its lock): no reply now.
+    deferred: bool,
 }
+
+/// What a waiting lock request's answer needs: its header and its client's connection.
+type LockAnswer = (Header, Rc<Endpoint>);
 
 /// The bounded wait queue between the UCX handler and the service tasks.
 struct RequestQueue {
@@ -197,8 +204,9 @@ impl Connections {
         }
     }
 
-    /// Takes the connections to drop; the caller drops them outside any UCX callback.
-    fn take_closing(&self) -> Vec<Rc<Endpoint>> {
+    /// Takes the connections to drop, with their ids; the caller drops them outside any UCX
+    /// callback.
+    fn take_closing(&self) -> Vec<(u32, Rc<Endpoint>)> {
         let ids = std::mem::take(&mut *self.closing.borrow_mut());
         let mut open = self.open.borrow_mut();
         let (mut greeted, mut greeting_of) = (self.greeted.borrow_mut(), self.greeting_of.borrow_mut());
@@ -207,7 +215,9 @@ impl Connections {
                 greeted.remove(&key);
             }
         }
-        ids.into_iter().filter_map(|id| open.remove(&id)).collect()
+        ids.into_iter()
+            .filter_map(|id| Some((id, open.remove(&id)?)))
+            .collect()
     }
 
     /// The open connection made for `greeting`, if any (and not failed).
@@ -230,6 +240,22 @@ impl Future for ClosingWait<'_> {
         } else {
             Poll::Ready(())
         }
+    }
+}
+
+/// Waits until woken through the lock timer's waker (a lock request started waiting).
+struct LockTimerWait<'a>(&'a Cell<Option<Waker>>, bool);
+
+impl Future for LockTimerWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.1 {
+            return Poll::Ready(());
+        }
+        self.1 = true;
+        self.0.set(Some(cx.waker().clone()));
+        Poll::Pending
     }
 }
 
@@ -269,6 +295,16 @@ struct ServerState {
     /// This job's token; requests carrying another are refused.
     token: u64,
     refusal_logged: Cell<bool>,
+    /// The advisory locks of the files whose locks this worker keeps.
+    locks: RefCell<LockTable<LockAnswer>>,
+    /// Drawn at start: a lock reply carries it, so a client learns its locks were lost to a
+    /// restart.
+    lock_epoch: u32,
+    /// How long a waiting lock request is held before it is answered "still waiting" (well
+    /// within the client's request timeout).
+    lock_hold: std::time::Duration,
+    /// Wakes the task that answers lock requests that waited their hold time.
+    lock_timer: Cell<Option<Waker>>,
 }
 
 /// A hash of a client's worker address (64 bits: addresses of one job's clients do not collide
@@ -404,8 +440,10 @@ impl ServerState {
                 c.retire(id);
             }
         });
-        // Only this job's clients may retire a connection (their own earlier one).
+        // Only this job's clients may retire a connection (their own earlier one); its locks
+        // are the new connection's.
         if header.token == self.token && header.chunk != 0 && header.chunk <= u64::from(u32::MAX) {
+            self.locks.borrow_mut().transfer(header.chunk as u32, id);
             self.conns.retire(header.chunk as u32);
         }
         let reply = header
@@ -460,7 +498,13 @@ impl ServerState {
     /// operation completed. Sleeps until woken, or polls each second while memory is parked.
     async fn reap(self: Rc<Self>) {
         loop {
-            drop(self.conns.take_closing());
+            let closed = self.conns.take_closing();
+            let mut granted = Vec::new();
+            for (id, _) in &closed {
+                self.locks.borrow_mut().drop_conn(*id, &mut granted);
+            }
+            self.answer_granted(granted);
+            drop(closed);
             self.parked.borrow_mut().retain(|(op, _)| !op.is_done());
             if self.parked.borrow().is_empty() {
                 ClosingWait(&self.conns).await;
@@ -485,7 +529,9 @@ impl ServerState {
         } = req;
         let served = self.run(&h, payload, &conn).await;
         let time = self.account(&h, arrived, &served);
-        self.reply(&h, &conn, served, time).await;
+        if !served.deferred {
+            self.reply(&h, &conn, served, time).await;
+        }
     }
 
     /// Receives a rendezvous payload into `target` (memory owned by `owner`, registered as
@@ -519,7 +565,7 @@ impl ServerState {
     }
 
     /// Runs a request against the store or the metadata: its status, count and reply data.
-    async fn run(&self, h: &Header, payload: Payload, conn: &Endpoint) -> Served {
+    async fn run(&self, h: &Header, payload: Payload, conn: &Rc<Endpoint>) -> Served {
         let file = FileId(h.file_id);
         let len = h.length as usize;
         let errno = |e: std::io::Error| -e.raw_os_error().unwrap_or(libc::EIO);
@@ -577,6 +623,17 @@ impl ServerState {
                     served.status = errno(e);
                 }
             }
+            Op::Lock => {
+                let request = match payload {
+                    Payload::Eager(v) => lock::LockRequest::decode(&v).ok(),
+                    _ => None,
+                };
+                served.device_start = Some(Instant::now());
+                match request {
+                    Some(req) => self.serve_lock(h, req, conn, &mut served),
+                    None => served.status = -libc::EINVAL,
+                }
+            }
             Op::Statfs => {
                 let inodes = self.meta.borrow().len() as u64;
                 match Capacity::of_dir(&self.data_dir, inodes) {
@@ -606,6 +663,89 @@ impl ServerState {
             }
         }
         served
+    }
+
+    /// A lock request: answered at once, or (one that waits and conflicts) queued and answered
+    /// when granted or after the hold time.
+    fn serve_lock(&self, h: &Header, req: lock::LockRequest, conn: &Rc<Endpoint>, served: &mut Served) {
+        use lock::{LockCmd, LockState};
+        let answer = |state: LockState| ReplyValue::Lock {
+            state,
+            epoch: self.lock_epoch,
+        };
+        let mut granted = Vec::new();
+        let mut locks = self.locks.borrow_mut();
+        let outcome = match req.cmd {
+            LockCmd::Get => Ok(match locks.test(h.file_id, &req) {
+                Some(held) => (answer(LockState::Conflict), held.as_request(&req).encode()),
+                None => (answer(LockState::Free), Vec::new()),
+            }),
+            LockCmd::Release => {
+                locks.release(h.file_id, req.owner, req.class, &mut granted);
+                Ok((answer(LockState::Granted), Vec::new()))
+            }
+            LockCmd::Set | LockCmd::SetWait => match locks.set(h.file_id, &req, h.client, &mut granted) {
+                Ok(None) => Ok((answer(LockState::Granted), Vec::new())),
+                Ok(Some(_)) if req.cmd == LockCmd::SetWait => {
+                    let deadline = Instant::now() + self.lock_hold;
+                    match locks.wait(h.file_id, req, h.client, deadline, (*h, conn.clone())) {
+                        Ok(()) => {
+                            served.deferred = true;
+                            if let Some(w) = self.lock_timer.take() {
+                                w.wake();
+                            }
+                            return;
+                        }
+                        Err(errno) => Err(errno),
+                    }
+                }
+                Ok(Some(held)) => Ok((answer(LockState::Conflict), held.as_request(&req).encode())),
+                Err(errno) => Err(errno),
+            },
+        };
+        drop(locks);
+        match outcome {
+            Ok(meta) => served.meta = Some(meta),
+            Err(errno) => served.status = -errno,
+        }
+        self.answer_granted(granted);
+    }
+
+    /// Answers lock requests that waited and are now granted.
+    fn answer_granted(&self, granted: Vec<Waiting<LockAnswer>>) {
+        for w in granted {
+            let (h, conn) = w.answer;
+            let value = ReplyValue::Lock {
+                state: lock::LockState::Granted,
+                epoch: self.lock_epoch,
+            };
+            reply_now(&conn, h.reply(0, 0).with_value(value));
+        }
+    }
+
+    /// Answers "still waiting" to lock requests held their hold time; sleeps until the next
+    /// one's deadline, or until a request starts waiting.
+    async fn expire_locks(self: Rc<Self>) {
+        loop {
+            let expired = self.locks.borrow_mut().expired(Instant::now());
+            for w in expired {
+                let (h, conn) = w.answer;
+                let value = ReplyValue::Lock {
+                    state: lock::LockState::Waiting,
+                    epoch: self.lock_epoch,
+                };
+                reply_now(&conn, h.reply(0, 0).with_value(value));
+            }
+            let next = self.locks.borrow().next_deadline();
+            let woken = LockTimerWait(&self.lock_timer, false);
+            match next {
+                Some(at) => {
+                    let _ = with_timeout(&self.reactor, at.saturating_duration_since(Instant::now()), woken)
+                        .await;
+                }
+                None => woken.await,
+            }
+        }
     }
 
     /// Records a served request in the worker's telemetry and (with `telemetry.trace`) its
@@ -939,6 +1079,7 @@ fn start_worker(opts: &ServerOptions, index: u32) -> Result<WorkerParts> {
         None => AmVerdict::Done,
     })?;
     runtime.spawn(state.clone().reap())?;
+    runtime.spawn(state.clone().expire_locks())?;
     for _ in 0..config.server.max_in_service {
         let s = state.clone();
         runtime.spawn(async move {
@@ -1022,6 +1163,10 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
         in_service: Cell::new(0),
         token,
         refusal_logged: Cell::new(false),
+        locks: RefCell::new(LockTable::default()),
+        lock_epoch: id_nonce(),
+        lock_hold: std::time::Duration::from_secs_f64(config.client.request_timeout_s / 3.0),
+        lock_timer: Cell::new(None),
     });
     Ok((runtime, worker, state))
 }

@@ -250,6 +250,8 @@ impl PyClient {
         Ok(PyFile {
             client: slf.clone_ref(py),
             file: handle,
+            lock_owner: benchfs_core::protocol::lock::new_owner(),
+            locked: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -477,6 +479,9 @@ fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
 struct PyFile {
     client: Py<PyClient>,
     file: SharedFile,
+    /// This open file's lock owner number (its locks are OFD locks), and whether it took any.
+    lock_owner: u64,
+    locked: std::sync::atomic::AtomicBool,
 }
 
 impl PyFile {
@@ -580,9 +585,92 @@ impl PyFile {
         self.file.is_closed()
     }
 
-    /// Publishes the size this handle wrote, then closes it (even if publishing failed, which
-    /// is reported). Idempotent.
+    /// Takes ("read" or "write"), or ("unlock") releases, a lock on bytes [start, end) of the
+    /// file (end 2**64-1: to its end, however it grows), held by this open file across every
+    /// client of the job (an OFD lock: released by unlock or close). `wait`: until no other
+    /// holder conflicts; otherwise a conflicting lock is returned at once. `test`: only says
+    /// which lock would conflict (F_GETLK). Returns None, or the conflicting lock as a dict
+    /// (kind, start, end, pid).
+    #[pyo3(signature = (kind, start=0, end=u64::MAX, wait=true, test=false))]
+    fn lock<'py>(
+        &self,
+        py: Python<'py>,
+        kind: &str,
+        start: u64,
+        end: u64,
+        wait: bool,
+        test: bool,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        use benchfs_core::protocol::lock::{LockClass, LockCmd, LockRequest, LockType};
+        let kind = match kind {
+            "read" => LockType::Read,
+            "write" => LockType::Write,
+            "unlock" => LockType::Unlock,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "lock kind {other:?}: expected \"read\", \"write\" or \"unlock\""
+                )))
+            }
+        };
+        if start >= end {
+            return Err(PyValueError::new_err(format!(
+                "lock range [{start}, {end}) is empty"
+            )));
+        }
+        let req = LockRequest {
+            owner: self.lock_owner,
+            start,
+            end,
+            pid: 0,
+            class: LockClass::Fcntl,
+            kind,
+            cmd: if test {
+                LockCmd::Get
+            } else if wait {
+                LockCmd::SetWait
+            } else {
+                LockCmd::Set
+            },
+        };
+        if !test && kind != LockType::Unlock {
+            self.locked.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let held = self.with(py, move |c, f| c.lock(f, &req))?;
+        held.map(|h| {
+            let d = PyDict::new(py);
+            d.set_item(
+                "kind",
+                if h.kind == LockType::Write {
+                    "write"
+                } else {
+                    "read"
+                },
+            )?;
+            d.set_item("start", h.start)?;
+            d.set_item("end", h.end)?;
+            d.set_item("pid", h.pid)?;
+            Ok(d)
+        })
+        .transpose()
+    }
+
+    /// Publishes the size this handle wrote, releases its locks, then closes it (even if
+    /// publishing failed, which is reported). Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.locked.swap(false, std::sync::atomic::Ordering::Relaxed) && !self.file.is_closed() {
+            use benchfs_core::protocol::lock::{LockClass, LockCmd, LockRequest, LockType};
+            let release = LockRequest {
+                owner: self.lock_owner,
+                start: 0,
+                end: u64::MAX,
+                pid: 0,
+                class: LockClass::Fcntl,
+                kind: LockType::Unlock,
+                cmd: LockCmd::Release,
+            };
+            // The size is published below whatever this says; a lost server's locks are gone.
+            let _ = self.with(py, move |c, f| c.lock(f, &release));
+        }
         let (file, client) = (&self.file, &self.client.get().inner);
         detached(py, (), move |()| file.close(client)).map_err(to_py)
     }

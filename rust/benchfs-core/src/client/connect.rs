@@ -154,7 +154,12 @@ impl Client {
     /// (each carrying a connection id) arrive like any other; see [`Self::hello_outcome`].
     pub(super) fn start_hellos(&self, index: usize, retire: &[u32]) -> Result<Greeting> {
         super::netns::enter()?;
-        let entry = &self.membership[index];
+        let entry = self
+            .moved
+            .borrow()
+            .get(&index)
+            .cloned()
+            .unwrap_or_else(|| self.membership[index].clone());
         let worker = self.worker.borrow().clone();
         let mut greeting = Greeting {
             endpoints: Vec::new(),
@@ -186,6 +191,24 @@ impl Client {
             greeting.retire.push(old);
         }
         Ok(greeting)
+    }
+
+    /// Looks the lost server at `index` up in the registry again: whether it published other
+    /// addresses (it restarted), which later hellos then go to.
+    fn readdressed(&self, index: usize) -> bool {
+        let id = self.membership[index].id;
+        let Ok(now) = crate::registry::read_entry(&self.registry_dir, id) else {
+            return false;
+        };
+        let known = self.moved.borrow().get(&index).map_or_else(
+            || self.membership[index].ucx_addresses.clone(),
+            |e| e.ucx_addresses.clone(),
+        );
+        if now.ucx_addresses == known {
+            return false;
+        }
+        self.moved.borrow_mut().insert(index, now);
+        true
     }
 
     /// Sends hello `id` (greeting `greeting`, retiring connection `retire`) on `endpoint`.
@@ -475,7 +498,12 @@ impl Client {
                     }
                 },
                 None if now >= self.links.borrow()[index].probe.next_at => {
-                    let retire = self.links.borrow()[index].conns.clone();
+                    // A server that restarted is another instance: nothing to retire there.
+                    let retire = if self.readdressed(index) {
+                        Vec::new()
+                    } else {
+                        self.links.borrow()[index].conns.clone()
+                    };
                     match self.start_hellos(index, &retire) {
                         Ok(greeting) => {
                             self.links.borrow_mut()[index].probe.inflight = Some((greeting, now));

@@ -13,6 +13,7 @@ mod connect;
 mod data;
 mod find;
 mod links;
+mod locks;
 mod names;
 mod netns;
 mod readahead;
@@ -123,6 +124,11 @@ pub struct Client {
     /// One window per (server, worker), indexed like `links[server].endpoints[worker]`.
     windows: Vec<Vec<Window>>,
     membership: Vec<RegistryEntry>,
+    /// Where the servers publish their entries: a lost server is looked up there again, in
+    /// case it restarted at other addresses.
+    registry_dir: std::path::PathBuf,
+    /// Servers that restarted at other addresses than the membership's: their entries now.
+    moved: RefCell<HashMap<usize, RegistryEntry>>,
     shared: Rc<Shared>,
     next_request: Cell<u64>,
     /// Jitter for retry backoff (xorshift state).
@@ -135,6 +141,9 @@ pub struct Client {
     resolve_links: Cell<bool>,
     /// Host directories where this namespace is seen (links::link_roots), longest first.
     link_roots: Vec<String>,
+    /// Per file with locks taken through this client: the epoch of the server worker keeping
+    /// them (client/locks.rs), to tell a restart.
+    lock_epochs: RefCell<std::collections::HashMap<u128, u32>>,
     /// The job token every request carries.
     token: u64,
     telemetry: ClientTelemetry,
@@ -227,6 +236,9 @@ impl Client {
             told_chunk_size: Cell::new(false),
             resolve_links: Cell::new(true),
             link_roots,
+            registry_dir: registry_dir.to_path_buf(),
+            moved: RefCell::new(HashMap::new()),
+            lock_epochs: RefCell::new(std::collections::HashMap::new()),
             token,
             telemetry,
             crash_at: crash_point()?,

@@ -312,7 +312,15 @@ impl Client {
         let mut ready = ready;
         let idempotent = matches!(
             header.op,
-            Op::ReadChunk | Op::Fsync | Op::TruncateData | Op::Stat | Op::Readdir | Op::Find | Op::DirRemove
+            Op::ReadChunk
+                | Op::Fsync
+                | Op::TruncateData
+                | Op::Stat
+                | Op::Readdir
+                | Op::Find
+                | Op::DirRemove
+                // Taking again a lock its owner holds changes nothing.
+                | Op::Lock
         );
         let mut attempt = 0u32;
         let mut busy_retries = 0u32;

@@ -6,12 +6,14 @@ use crate::error::{Error, Result};
 use crate::posix::NAMESPACE_ERRNOS;
 
 pub mod capacity;
+pub mod lock;
 pub mod meta;
 
 /// "BFS1" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 /// 3: symbolic links (ops 30 and 31, a request's link target, an attribute's kind 3).
-pub const VERSION: u16 = 3;
+/// 4: advisory locks (op 8).
+pub const VERSION: u16 = 4;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
@@ -38,6 +40,10 @@ pub enum Op {
     /// The capacity of the file system holding this worker's data directory and the names it
     /// owns. Reply payload: a `protocol::capacity::Capacity`.
     Statfs = 7,
+    /// An advisory lock request on `file_id`: the payload is a `protocol::lock::LockRequest`.
+    /// Reply: [`ReplyValue::Lock`]; a test that finds a conflicting lock carries it as the
+    /// payload.
+    Lock = 8,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
@@ -91,6 +97,7 @@ impl Op {
             5 => Some(Op::TruncateData),
             6 => Some(Op::Hello),
             7 => Some(Op::Statfs),
+            8 => Some(Op::Lock),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -119,6 +126,7 @@ impl Op {
             Op::TruncateData => "truncate_data",
             Op::Hello => "hello",
             Op::Statfs => "statfs",
+            Op::Lock => "lock",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -139,13 +147,14 @@ impl Op {
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 22] = [
+    pub const ALL: [Op; 23] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
         Op::TruncateData,
         Op::Hello,
         Op::Statfs,
+        Op::Lock,
         Op::Create,
         Op::Stat,
         Op::Unlink,
@@ -211,6 +220,10 @@ pub enum ReplyValue {
     /// `queue_wait_ns`), and to its reply being ready (`total_us`, `total_ns`); 0 when the
     /// server did not serve it (a refusal). What the client's call stages split by.
     Served { queue_us: u32, total_us: u32 },
+    /// Lock: what became of the request, and the epoch of the server worker keeping the
+    /// file's locks (another epoch than when a lock was taken: the server restarted, and the
+    /// lock is gone).
+    Lock { state: lock::LockState, epoch: u32 },
 }
 
 impl ReplyValue {
@@ -223,6 +236,7 @@ impl ReplyValue {
             ReplyValue::NewEntry(start) => start.map_or(0, |s| u64::from(s) + 1),
             ReplyValue::MoreFollows(more) | ReplyValue::Existed(more) => u64::from(more),
             ReplyValue::Served { queue_us, total_us } => u64::from(queue_us) << 32 | u64::from(total_us),
+            ReplyValue::Lock { state, epoch } => (state as u64) << 32 | u64::from(epoch),
         }
     }
 
@@ -236,6 +250,10 @@ impl ReplyValue {
             Op::WriteChunk | Op::ReadChunk => ReplyValue::Served {
                 queue_us: (word >> 32) as u32,
                 total_us: word as u32,
+            },
+            Op::Lock => ReplyValue::Lock {
+                state: lock::LockState::of((word >> 32) as u32),
+                epoch: word as u32,
             },
             _ => ReplyValue::Nothing,
         }
@@ -427,6 +445,13 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
                 "hello carries a worker address of {payload_len} bytes (header says {}, at most \
                  {HELLO_ADDRESS_MAX})",
                 h.length
+            )))
+        }
+        Op::Lock if payload_len != lock::LockRequest::LEN || h.length != payload_len as u64 => {
+            Err(Error::Protocol(format!(
+                "lock carries {payload_len} bytes (header says {}), not {}",
+                h.length,
+                lock::LockRequest::LEN
             )))
         }
         Op::ReadChunk | Op::Fsync | Op::TruncateData if payload_len != 0 => Err(Error::Protocol(format!(
