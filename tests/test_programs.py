@@ -316,3 +316,108 @@ def test_mapping_and_exec_through_the_library(faces: Faces, face: str, tmp_path:
         said = [line for line in done.stderr.splitlines() if line.startswith("benchfs-preload")]
         assert len(said) == 2 and "needs BenchFS mounted at the prefix" in said[0], said
         assert "cannot execute" in said[1] and "benchfs start --mount" in said[1], said
+
+
+LOCKS = r"""
+import fcntl, os, struct, subprocess, sys, time
+root = sys.argv[1]
+os.makedirs(root, exist_ok=True)
+p = os.path.join(root, "locked")
+with open(p, "wb") as f:
+    f.write(b"x" * 100)
+other = r'''
+import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+for how in ("lockf", "flock"):
+    try:
+        (fcntl.lockf if how == "lockf" else fcntl.flock)(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        print(how, "taken")
+    except OSError as e:
+        print(how, "refused", e.errno)
+got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+kind, _, start, length, pid = struct.unpack("hhqqi", got)
+print("getlk", kind == fcntl.F_WRLCK, start, length, pid == int(sys.argv[2]))
+sys.stdout.flush()
+t0 = time.monotonic()
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("waited", time.monotonic() - t0 > 0.3)
+'''
+fd = os.open(p, os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX, 10, 5)
+fd2 = os.open(p, os.O_RDWR)
+fcntl.flock(fd2, fcntl.LOCK_SH)
+child = subprocess.Popen(
+    [sys.executable, "-c", other, p, str(os.getpid())], stdout=subprocess.PIPE, text=True
+)
+for _ in range(3):
+    print(child.stdout.readline().strip())
+time.sleep(0.5)
+os.close(fd)  # releases this process's record locks on the file
+print(child.stdout.readline().strip())
+child.wait()
+os.close(fd2)
+"""
+
+
+@pytest.mark.parametrize("face", ["preload", "preload-mount"])
+@pytest.mark.timeout(120)
+def test_locks_through_the_library(faces: Faces, face: str) -> None:
+    """fcntl record locks, lockf, flock and F_GETLK between two processes, as on one local
+    file: a conflict refused, its holder named, a wait ended by the holder's close."""
+    if face == "preload":
+        env = preload_env({**faces.env, "BENCHFS_MOUNT": ""}, faces.prefix)
+        root = faces.prefix / "locks"
+    else:
+        env = preload_env(faces.env, faces.mount)
+        root = faces.mount / "locks"
+    done = subprocess.run(
+        [sys.executable, "-c", LOCKS, str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "lockf refused 11",
+        "flock refused 11",
+        "getlk True 5 10 True",
+        "waited True",
+    ], done.stdout + done.stderr
+
+
+SQLITE_WRITER = r"""
+db=$1; who=$2; n=$3
+for i in $(seq 1 "$n"); do echo "insert into t values ($who, $i);"; done > "$OUT/ins-$who.sql"
+sqlite3 -cmd ".timeout 60000" "$db" < "$OUT/ins-$who.sql"
+"""
+
+
+@pytest.mark.parametrize("face", ["preload", "preload-mount", "mount"])
+@pytest.mark.timeout(180)
+def test_two_sqlite_writers_share_one_database(faces: Faces, face: str, tmp_path: Path) -> None:
+    """Two sqlite3 processes insert into one database at once, each row its own transaction:
+    every row is there and the database checks (the library's locks are the job's; the
+    mount's, without the library, the kernel's on this node)."""
+    env = {**faces.env, "OUT": str(tmp_path)}
+    if face == "preload":
+        env = preload_env({**env, "BENCHFS_MOUNT": ""}, faces.prefix)
+        root = faces.prefix / "sqlite"
+    elif face == "preload-mount":
+        env = preload_env(env, faces.mount)
+        root = faces.mount / "sqlite-pm"
+    else:
+        root = faces.mount / "sqlite-m"
+    writer = tmp_path / "writer.sh"
+    writer.write_text(SQLITE_WRITER)
+    db = f"{root}/rows.db"
+    script = (
+        f'mkdir -p {root} && sqlite3 {db} "create table t(who, i);" && '
+        f"(bash {writer} {db} 1 300 & bash {writer} {db} 2 300 & wait) && "
+        f'sqlite3 {db} "select who, count(distinct i) from t group by who; pragma integrity_check;"'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=170
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["1|300", "2|300", "ok"], done.stdout + done.stderr

@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
+use benchfs_core::protocol::lock::new_owner;
 use benchfs_core::shared::{ClientPool, SendHandle, SharedFile};
 
 use crate::offsets::{Held, Position};
@@ -28,6 +29,9 @@ pub struct OpenFile {
     pub position: Position,
     /// The pool whose clients serve it.
     pub pool: Arc<ClientPool>,
+    /// Its OFD and flock locks' owner number, and whether it took any (locks.rs).
+    pub lock_owner: u64,
+    pub locked: AtomicBool,
 }
 
 impl OpenFile {
@@ -49,6 +53,8 @@ impl OpenFile {
             flags: AtomicI32::new(flags),
             position: Position::new(0)?,
             pool,
+            lock_owner: new_owner(),
+            locked: AtomicBool::new(false),
         })
     }
 
@@ -67,6 +73,8 @@ impl OpenFile {
             flags: AtomicI32::new(flags),
             position,
             pool,
+            lock_owner: new_owner(),
+            locked: AtomicBool::new(false),
         }
     }
 
@@ -124,6 +132,7 @@ impl OpenFile {
         if file.is_closed() {
             return Ok(());
         }
+        crate::locks::on_last_close(self);
         if !file.unpublished() {
             // Nothing to tell the owner: no client is needed (a forked child that only
             // inherited the file need not connect to close it).

@@ -138,6 +138,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return unsafe { real::close(fd) };
     }
     stdio::before_std_change(fd);
+    if let Some(f) = fds::lookup(fd) {
+        // Closing any descriptor of a file releases this process's record locks on it.
+        crate::locks::on_close(&f);
+    }
     let Some(file) = fds::remove(fd) else {
         // SAFETY: forwarded.
         return unsafe { real::close(fd) };
@@ -795,10 +799,8 @@ pub unsafe fn benchfs_preload_fcntl(fd: c_int, cmd: c_int, arg: *mut c_void) -> 
         | libc::F_SETLKW
         | libc::F_OFD_GETLK
         | libc::F_OFD_SETLK
-        | libc::F_OFD_SETLKW => {
-            set_errno(libc::ENOLCK); // BenchFS has no byte-range locks
-            -1
-        }
+        // SAFETY: forwarded contract.
+        | libc::F_OFD_SETLKW => unsafe { crate::locks::fcntl(&f, cmd, arg) },
         _ => {
             set_errno(libc::EINVAL);
             -1

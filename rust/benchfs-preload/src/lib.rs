@@ -26,6 +26,7 @@
 mod dirs;
 mod fds;
 mod files;
+mod locks;
 mod maps;
 mod names;
 mod offsets;

@@ -89,6 +89,8 @@ real! {
     linkat(fromfd: c_int, from: *const c_char, tofd: c_int, to: *const c_char, flags: c_int) -> c_int = -1;
     mkostemps64(template: *mut c_char, suffix: c_int, flags: c_int) -> c_int = -1;
     mkdtemp(template: *mut c_char) -> *mut c_char = std::ptr::null_mut();
+    flock(fd: c_int, op: c_int) -> c_int = -1;
+    lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = -1;
     statfs64(path: *const c_char, st: *mut libc::statfs64) -> c_int = -1;
     fstatfs64(fd: c_int, st: *mut libc::statfs64) -> c_int = -1;
     statvfs64(path: *const c_char, st: *mut libc::statvfs64) -> c_int = -1;
