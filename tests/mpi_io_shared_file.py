@@ -1,8 +1,8 @@
 """One shared file written by every rank with MPI-IO, for tests/test_preload.py: independent
 contiguous writes, collective contiguous writes, collective strided writes through a file view
-(two-phase I/O) and independent strided writes (ROMIO's data sieving, turned off by the
-`romio_ds_write` hint: BenchFS has no byte-range locks); read back collectively and checked,
-then rank 0 prints the file's size and digest.
+(two-phase I/O) and independent strided writes (ROMIO's data sieving: a read-modify-write of
+the span under a byte-range lock, which BenchFS's locks make safe between ranks); read back
+collectively and checked, then rank 0 prints the file's size and digest.
 
 usage: mpiexec -n N python mpi_io_shared_file.py PATH"""
 
@@ -23,9 +23,7 @@ def pattern(part: int) -> np.ndarray:
     return ((np.arange(block, dtype=np.uint32) * 7 + rank * 131 + part * 17) % 251).astype(np.uint8)
 
 
-info = MPI.Info.Create()
-info.Set("romio_ds_write", "disable")
-fh = MPI.File.Open(comm, path, amode, info)
+fh = MPI.File.Open(comm, path, amode)
 fh.Write_at(rank * block, pattern(0))  # independent, contiguous
 fh.Write_at_all((size + rank) * block, pattern(1))  # collective, contiguous
 # collective, strided: 4 KiB pieces of each rank interleaved after the first 2*size blocks

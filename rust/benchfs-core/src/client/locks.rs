@@ -3,8 +3,8 @@
 //! description) and flock's whole-file locks, across every client of the job.
 //!
 //! Taking or releasing a lock is a boundary for the file's bytes: what this client wrote
-//! behind is answered first, and what it read ahead is dropped, so that a lock protects the
-//! bytes as it does on one machine (docs/namespace.md). A request that waits is held by the
+//! behind is answered first and the size it wrote published, and what it read ahead is
+//! dropped, so that a lock protects the bytes as it does on one machine (docs/namespace.md). A request that waits is held by the
 //! server a third of `client.request_timeout_s` at a time and sent again, so no timeout ends
 //! it; a lock taken before its server restarted is reported lost on the next lock request on
 //! that file (ENOLCK).
@@ -24,13 +24,15 @@ impl Client {
     /// released; for a test, nothing conflicts), `Ok(Some(lock))` when `lock` conflicts
     /// (`Set` and `Get`). `SetWait` returns only once the lock is taken.
     pub fn lock(&self, file: &FileHandle, req: &LockRequest) -> Result<Option<LockRequest>> {
+        if req.cmd != LockCmd::Get {
+            // A lock boundary: writes behind answered, the size written published, and
+            // nothing read ahead used after it.
+            self.flush(file)?;
+            self.report_size(file)?;
+            self.forget_read_ahead(file.attr.id.0);
+        }
         let _call = self.telemetry_call(OpKind::Meta);
         self.run(async {
-            if req.cmd != LockCmd::Get {
-                // A lock boundary: writes behind answered, read-ahead dropped.
-                self.settle_file(file.attr.id.0, true).await?;
-                self.forget_read_ahead(file.attr.id.0);
-            }
             let target = lock_target(file.attr.id, self.server_count(), self.workers(0));
             let payload = req.encode();
             loop {
