@@ -125,6 +125,13 @@ ssize_t benchfs_pread(benchfs_file *file, void *buf, size_t count, int64_t offse
 /* Returns once the file's bytes are durable on the servers' devices; publishes its size. */
 int benchfs_fsync(benchfs_file *file);
 
+/* Takes (type F_RDLCK or F_WRLCK) or releases (F_UNLCK) this handle's lock on bytes
+ * [start, start + len) of the file (len 0: to its end, however it grows), across every client
+ * of the job (an OFD lock; benchfs_close releases them). wait != 0: waits while another
+ * holder conflicts; otherwise -EAGAIN at once. A lock is a boundary: the size written is
+ * published first, and nothing read ahead before it is used after it. */
+int benchfs_lock(benchfs_file *file, int type, int64_t start, int64_t len, int wait);
+
 /* Fills *st with the attributes of path (file or directory), symbolic links followed
  * (-ELOOP after 40). */
 int benchfs_stat(const char *path, struct benchfs_stat *st);
@@ -133,7 +140,9 @@ int benchfs_stat(const char *path, struct benchfs_stat *st);
 int benchfs_lstat(const char *path, struct benchfs_stat *st);
 
 /* Makes a symbolic link at path to target, kept as given: a relative target is resolved from
- * the link's directory, an absolute one is a path in BenchFS. -EEXIST if path exists. */
+ * the link's directory; an absolute one is a host path, followed inside BenchFS under its
+ * mount point, the interposition library's prefix or client.link_roots (elsewhere -EXDEV
+ * when followed). -EEXIST if path exists. */
 int benchfs_symlink(const char *target, const char *path);
 
 /* Copies the target of the symbolic link at path into buf (not NUL-terminated, like

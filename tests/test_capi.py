@@ -75,7 +75,7 @@ def test_installed_files_match_the_tree() -> None:
     nm = run_bounded(["nm", "-D", "--defined-only", str(libdir / "libbenchfs.so")], timeout=30)
     exported = {line.split()[-1] for line in nm.stdout.splitlines()}
     assert declared == exported
-    assert len(declared) == 22
+    assert len(declared) == 23
 
 
 @pytest.mark.timeout(60)

@@ -89,7 +89,8 @@ def test_meta_quick_json_shape() -> None:
         (m, p) for m in modes for p in meta.PHASES
     ]
     assert meta.PHASES == (
-        "create", "stat", "symlink", "readlink", "stat-link", "unlink-link", "unlink"
+        "create", "stat", "symlink", "readlink", "stat-link", "unlink-link",
+        "lock", "unlock", "lock-contended", "unlink",
     )  # fmt: skip
     assert "unlink/s" in rendered(meta.render, report)
     for c in report["cases"]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchfs.mount import mounted
 from benchfs.native import preload_env
 from test_lifecycle import BIN, exports
 from test_preload import own_env
@@ -163,11 +164,13 @@ ls "$R/dist"
 
 @dataclass
 class Faces:
-    """One cluster, seen through a mount and through the interposition library."""
+    """One cluster, seen through a mount and through the interposition library; `other` is
+    a second mount of it, as another node's would be."""
 
     env: dict[str, str]
     mount: Path
     prefix: Path
+    other: Path
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +186,11 @@ def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faces]:
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     env.update(exports(started.stdout))
+    other = base / "other"
+    other.mkdir()
     try:
-        yield Faces(env, mount, base / "prefix")
+        with mounted(env["BENCHFS_REGISTRY"], other, env["BENCHFS_CONFIG"]):
+            yield Faces(env, mount, base / "prefix", other)
     finally:
         stopped = subprocess.run(
             [str(BIN / "benchfs"), "stop"], env=env, capture_output=True, text=True, timeout=120
@@ -323,6 +329,8 @@ import fcntl, os, struct, subprocess, sys, time
 root = sys.argv[1]
 os.makedirs(root, exist_ok=True)
 p = os.path.join(root, "locked")
+# The other process's path to the same file: through another mount, if given.
+q = os.path.join(sys.argv[2], "locked") if sys.argv[2:] and sys.argv[2] else p
 with open(p, "wb") as f:
     f.write(b"x" * 100)
 other = r'''
@@ -347,7 +355,7 @@ fcntl.lockf(fd, fcntl.LOCK_EX, 10, 5)
 fd2 = os.open(p, os.O_RDWR)
 fcntl.flock(fd2, fcntl.LOCK_SH)
 child = subprocess.Popen(
-    [sys.executable, "-c", other, p, str(os.getpid())], stdout=subprocess.PIPE, text=True
+    [sys.executable, "-c", other, q, str(os.getpid())], stdout=subprocess.PIPE, text=True
 )
 for _ in range(3):
     print(child.stdout.readline().strip())
@@ -359,28 +367,31 @@ os.close(fd2)
 """
 
 
-@pytest.mark.parametrize("face", ["preload", "preload-mount"])
+@pytest.mark.parametrize("face", ["preload", "preload-mount", "mount"])
 @pytest.mark.timeout(120)
-def test_locks_through_the_library(faces: Faces, face: str) -> None:
+def test_locks_between_two_processes(faces: Faces, face: str) -> None:
     """fcntl record locks, lockf, flock and F_GETLK between two processes, as on one local
-    file: a conflict refused, its holder named, a wait ended by the holder's close."""
+    file: a conflict refused, its holder named, a wait ended by the holder's close. Through
+    the mount the other process works through a second mount (another node's, as far as
+    the kernel knows), so only BenchFS's locks can keep them apart; flock is the kernel's
+    there (node-local), so it is not refused across the two mounts."""
+    other = ""
     if face == "preload":
         env = preload_env({**faces.env, "BENCHFS_MOUNT": ""}, faces.prefix)
         root = faces.prefix / "locks"
-    else:
+    elif face == "preload-mount":
         env = preload_env(faces.env, faces.mount)
-        root = faces.mount / "locks"
+        root = faces.mount / "locks-pm"
+    else:
+        env, root, other = faces.env, faces.mount / "locks-m", str(faces.other / "locks-m")
     done = subprocess.run(
-        [sys.executable, "-c", LOCKS, str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+        [sys.executable, "-c", LOCKS, str(root), other],
+        env=env, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == [
         "lockf refused 11",
-        "flock refused 11",
+        "flock taken" if face == "mount" else "flock refused 11",
         "getlk True 5 10 True",
         "waited True",
     ], done.stdout + done.stderr
@@ -397,8 +408,8 @@ sqlite3 -cmd ".timeout 60000" "$db" < "$OUT/ins-$who.sql"
 @pytest.mark.timeout(180)
 def test_two_sqlite_writers_share_one_database(faces: Faces, face: str, tmp_path: Path) -> None:
     """Two sqlite3 processes insert into one database at once, each row its own transaction:
-    every row is there and the database checks (the library's locks are the job's; the
-    mount's, without the library, the kernel's on this node)."""
+    every row is there and the database checks. Through the mount, the second writer works
+    through the second mount: only the job's locks keep them apart."""
     env = {**faces.env, "OUT": str(tmp_path)}
     if face == "preload":
         env = preload_env({**env, "BENCHFS_MOUNT": ""}, faces.prefix)
@@ -411,9 +422,10 @@ def test_two_sqlite_writers_share_one_database(faces: Faces, face: str, tmp_path
     writer = tmp_path / "writer.sh"
     writer.write_text(SQLITE_WRITER)
     db = f"{root}/rows.db"
+    db2 = f"{faces.other}/sqlite-m/rows.db" if face == "mount" else db
     script = (
         f'mkdir -p {root} && sqlite3 {db} "create table t(who, i);" && '
-        f"(bash {writer} {db} 1 300 & bash {writer} {db} 2 300 & wait) && "
+        f"(bash {writer} {db} 1 300 & bash {writer} {db2} 2 300 & wait) && "
         f'sqlite3 {db} "select who, count(distinct i) from t group by who; pragma integrity_check;"'
     )
     done = subprocess.run(

@@ -11,7 +11,11 @@ unlink is one request to the inode's owner plus one to the parent's (no data to 
 files are empty). A link to each file is made beside it (`symlink`: the parent's entry and the
 link), read (`readlink`: one request), followed (`stat-link`: stat of the link's path, which
 the client resolves: a lookup that finds the link, its target, the target's attributes) and
-removed (`unlink-link`). Modes run in turn, in reversed order every other repeat, and the report
+removed (`unlink-link`). Locks (kept in memory by the worker chosen from the file's id, so
+the durability mode does not touch them): each file opened beforehand, then an exclusive lock
+on each (`lock`) and its release (`unlock`); and all clients taking and releasing one
+exclusive lock on one shared file in turn (`lock-contended`: a take and a release per
+operation, the takes waiting for each other). Modes run in turn, in reversed order every other repeat, and the report
 gives medians; `memory` (no store) is the reference the persisted modes are compared with.
 """
 
@@ -25,11 +29,17 @@ from typing import Any
 from rich.console import Console
 
 from benchfs import Client
+from benchfs.client import File
 from benchfs.bench.cluster import BenchCluster, on_threads
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
 
-PHASES = ("create", "stat", "symlink", "readlink", "stat-link", "unlink-link", "unlink")
+PHASES = (
+    "create", "stat", "symlink", "readlink", "stat-link", "unlink-link",
+    "lock", "unlock", "lock-contended", "unlink",
+)  # fmt: skip
+CONTENDED = 200
+"""Lock-and-release rounds per client in `lock-contended`."""
 MODES = ("memory", "none", "fsync", "close")
 TARGET = 0.8
 """The default mode's create rate at least this fraction of `memory`'s."""
@@ -89,9 +99,40 @@ def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> li
                 for n in range(per_client):
                     c.unlink(f"/c{i}/l{n}")
 
+            opened: dict[int, list[File]] = {}
+
+            def lock(c: Client, i: int) -> None:
+                for f in opened[i]:
+                    f.lock(wait=False)
+
+            def unlock(c: Client, i: int) -> None:
+                for f in opened[i]:
+                    f.unlock()
+                for f in opened.pop(i):
+                    f.close()
+
+            shared = clients[0].open("/shared-lock", "w")
+            shared.close()
+
+            def contended(c: Client, i: int) -> None:
+                with c.open("/shared-lock", "r+") as f:
+                    for _ in range(CONTENDED):
+                        f.lock()
+                        f.unlock()
+
             rates = []
-            for work in (create, stat, symlink, readlink, stat_link, unlink_link, unlink):
-                rates.append(per_client * settings.clients / on_threads(clients, work)[0])
+            work_of = {
+                "create": create, "stat": stat, "symlink": symlink, "readlink": readlink,
+                "stat-link": stat_link, "unlink-link": unlink_link, "lock": lock,
+                "unlock": unlock, "lock-contended": contended, "unlink": unlink,
+            }  # fmt: skip
+            for phase in PHASES:
+                if phase == "lock":  # the files opened first, outside the timing
+                    for i, c in enumerate(clients):
+                        opened[i] = [c.open(f"/c{i}/f{n}", "r+") for n in range(per_client)]
+                ops = CONTENDED if phase == "lock-contended" else per_client
+                rates.append(ops * settings.clients / on_threads(clients, work_of[phase])[0])
+            clients[0].unlink("/shared-lock")
             left = sum(len(clients[0].readdir(f"/c{i}")) for i in range(settings.clients))
             if left:
                 raise OSError(f"{left} entries left after unlink")

@@ -18,6 +18,7 @@ use benchfs_core::client::{Client, FileHandle};
 use benchfs_core::config;
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
+use benchfs_core::protocol::lock::{LockClass, LockCmd, LockRequest, LockType};
 use benchfs_core::protocol::meta::FindRequest;
 use benchfs_core::shared::{ClientPool, Lease};
 use benchfs_core::Error;
@@ -158,6 +159,9 @@ fn with_client<R>(f: impl FnOnce(&Client) -> Result<R, Error>) -> Result<R, Fail
 pub struct BenchfsFile {
     pool: Arc<ClientPool>,
     handle: Mutex<FileHandle>,
+    /// This handle's lock owner number (its locks are OFD locks), and whether it took any.
+    lock_owner: u64,
+    locked: std::sync::atomic::AtomicBool,
 }
 
 /// Runs `f` on an open file and a leased client: the file's mutex first, then the pool's.
@@ -221,6 +225,8 @@ unsafe fn open_common(
         let file = Box::new(BenchfsFile {
             pool,
             handle: Mutex::new(handle),
+            lock_owner: benchfs_core::protocol::lock::new_owner(),
+            locked: std::sync::atomic::AtomicBool::new(false),
         });
         // SAFETY: checked above.
         unsafe { out.write(Box::into_raw(file)) };
@@ -353,12 +359,21 @@ pub unsafe extern "C" fn benchfs_close(file: *mut BenchfsFile) -> c_int {
         }
         // SAFETY: an open handle by contract, made by Box::into_raw; freed on every path.
         let file = unsafe { Box::from_raw(file) };
+        let release = file
+            .locked
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| lock_request(&file, LockType::Unlock, 0, u64::MAX, LockCmd::Release));
         let handle = file
             .handle
             .into_inner()
             .map_err(|_| Fail::new(libc::EIO, "file state unknown after an internal error"))?;
         let lease = lease(&file.pool)?;
-        lease.client()?.close(&handle)?;
+        let client = lease.client()?;
+        if let Some(release) = release {
+            // Its locks go with it; the size is published below whatever this says.
+            let _ = client.lock(&handle, &release);
+        }
+        client.close(&handle)?;
         Ok(0)
     })
 }
@@ -427,6 +442,71 @@ pub unsafe extern "C" fn benchfs_fsync(file: *mut BenchfsFile) -> c_int {
         // SAFETY: by contract.
         unsafe { with_file(file, |c, h| c.fsync(h)) }?;
         Ok(0)
+    })
+}
+
+fn lock_request(file: &BenchfsFile, kind: LockType, start: u64, end: u64, cmd: LockCmd) -> LockRequest {
+    LockRequest {
+        owner: file.lock_owner,
+        start,
+        end,
+        pid: 0,
+        class: LockClass::Fcntl,
+        kind,
+        cmd,
+    }
+}
+
+/// # Safety
+/// `file` NULL or open.
+#[no_mangle]
+pub unsafe extern "C" fn benchfs_lock(
+    file: *mut BenchfsFile,
+    kind: c_int,
+    start: i64,
+    len: i64,
+    wait: c_int,
+) -> c_int {
+    ffi("benchfs_lock", || {
+        let kind = match kind {
+            libc::F_RDLCK => LockType::Read,
+            libc::F_WRLCK => LockType::Write,
+            libc::F_UNLCK => LockType::Unlock,
+            other => {
+                return Err(Fail::new(
+                    libc::EINVAL,
+                    format!("lock type {other}: not F_RDLCK, F_WRLCK or F_UNLCK"),
+                ))
+            }
+        };
+        if start < 0 || len < 0 {
+            return Err(Fail::new(
+                libc::EINVAL,
+                format!("lock range start {start}, length {len}: negative"),
+            ));
+        }
+        let end = if len == 0 {
+            u64::MAX
+        } else {
+            (start as u64).saturating_add(len as u64)
+        };
+        // SAFETY: by contract.
+        let f = unsafe { file.as_ref() }.ok_or_else(|| Fail::new(libc::EBADF, "file handle is NULL"))?;
+        if kind != LockType::Unlock {
+            f.locked.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let req = lock_request(
+            f,
+            kind,
+            start as u64,
+            end,
+            if wait != 0 { LockCmd::SetWait } else { LockCmd::Set },
+        );
+        // SAFETY: by contract.
+        match unsafe { with_file(file, |c, h| c.lock(h, &req)) }? {
+            None => Ok(0),
+            Some(_) => Err(Fail::new(libc::EAGAIN, "another holder's lock conflicts")),
+        }
     })
 }
 

@@ -22,14 +22,16 @@ use benchfs_core::config::Config;
 use benchfs_core::namespace::{self, Attr, Kind};
 use benchfs_core::posix;
 use benchfs_core::protocol;
+use benchfs_core::protocol::lock::{LockCmd, LockRequest, LockType};
 use benchfs_core::Error;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
-    WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
 };
 
+use crate::locks::{self, Waiters};
 use crate::table::{join, Table, ROOT, SILLY_PREFIX};
 
 /// How long the kernel may cache entries and attributes (libfuse's default). Within it, a
@@ -387,7 +389,16 @@ impl Worker {
     /// client wrote or truncated it): close-to-open for sizes as for bytes.
     fn open(&mut self, ino: u64, flags: i32) -> Res<(u64, FopenFlags)> {
         let path = self.path_of(ino)?;
-        let mut handle = self.client.open(&path, 0, 0).map_err(|e| errno("open", e))?;
+        // A name this mount looked up may have been removed through another (another node's
+        // mount, the library) within the entry cache time: ESTALE makes the kernel look it
+        // up again and retry the open, which then creates it (O_CREAT) or says ENOENT.
+        let mut handle = self
+            .client
+            .open(&path, 0, 0)
+            .map_err(|e| match errno("open", e) {
+                Errno::ENOENT => Errno::ESTALE,
+                other => other,
+            })?;
         let stale = {
             let mut t = self.shared.table();
             let inode = t.get_mut(ino).ok_or(Errno::ENOENT)?;
@@ -520,6 +531,28 @@ impl Worker {
     }
 
     /// Publishes every idle handle's size (close-to-open), or makes its data durable first.
+    /// A lock request on inode `ino` (locks.rs): `Ok(None)` done, `Ok(Some(lock))` a conflicting
+    /// lock. Taking or releasing one is a boundary: sizes written through this mount are
+    /// published first, and once a lock is taken the kernel's cached pages of the file are
+    /// dropped (another node may have written them under the lock before).
+    pub fn lock(&mut self, ino: u64, req: &LockRequest) -> Res<Option<LockRequest>> {
+        if req.cmd != LockCmd::Get {
+            self.publish(ino, false)?;
+        }
+        let (h, epoch) = self.take(ino)?;
+        let result = self.client.lock(&h, req);
+        self.put(ino, h, epoch, None);
+        let held = result.map_err(|e| errno("lock", e))?;
+        if held.is_none() && req.cmd != LockCmd::Get && req.kind != LockType::Unlock {
+            if let Some(n) = self.shared.notifier.get() {
+                if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
+                    eprintln!("benchfs-mount: cannot drop cached pages after a lock: {e}");
+                }
+            }
+        }
+        Ok(held)
+    }
+
     fn publish(&mut self, ino: u64, durable: bool) -> Res<()> {
         let (handles, epoch) = {
             let mut t = self.shared.table();
@@ -864,6 +897,8 @@ pub struct BenchFs {
     shared: Arc<Shared>,
     registry: PathBuf,
     config: Config,
+    /// Where lock requests that wait are served (locks.rs).
+    waiters: Arc<Waiters>,
 }
 
 impl BenchFs {
@@ -873,6 +908,7 @@ impl BenchFs {
         let mut config = config.clone();
         config.client.write_behind = 0;
         BenchFs {
+            waiters: Arc::new(Waiters::new(registry.clone(), config.clone(), shared.clone())),
             shared,
             registry,
             config,
@@ -920,7 +956,12 @@ impl Filesystem for BenchFs {
         }
         // Readahead and async direct I/O keep several requests in flight per file.
         let _ = config.set_max_background(64);
-        for cap in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS] {
+        // fcntl locks come here (getlk, setlk) and are the job's.
+        for cap in [
+            InitFlags::FUSE_ASYNC_DIO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_POSIX_LOCKS,
+        ] {
             let _ = config.add_capabilities(cap);
         }
         Ok(())
@@ -995,6 +1036,85 @@ impl Filesystem for BenchFs {
         reply.error(Errno::EPERM);
     }
 
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let req = match locks::request(
+            self.waiters.mount,
+            lock_owner.0,
+            start,
+            end,
+            typ,
+            pid,
+            LockCmd::Get,
+        ) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
+        };
+        self.serve(move |w| match w.and_then(|w| w.lock(ino.0, &req)) {
+            Ok(held) => {
+                let (start, end, typ, pid) = locks::answer(held.as_ref());
+                reply.locked(start, end, typ, pid);
+            }
+            Err(e) => reply.error(e),
+        });
+    }
+
+    /// Tried once on this event loop; a request that waits (F_SETLKW) and conflicts goes to a
+    /// waiter thread (locks.rs), so the loop serves on.
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let req = match locks::request(
+            self.waiters.mount,
+            lock_owner.0,
+            start,
+            end,
+            typ,
+            pid,
+            LockCmd::Set,
+        ) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
+        };
+        if req.kind != LockType::Unlock {
+            self.waiters.noted(ino.0, fh.0, req.owner);
+        }
+        let waiters = self.waiters.clone();
+        self.serve(move |w| match w.and_then(|w| w.lock(ino.0, &req)) {
+            Ok(None) => reply.ok(),
+            Ok(Some(_)) if sleep => waiters.wait(
+                ino.0,
+                LockRequest {
+                    cmd: LockCmd::SetWait,
+                    ..req
+                },
+                reply,
+            ),
+            Ok(Some(_)) => reply.error(Errno::from_i32(libc::EAGAIN)),
+            Err(e) => reply.error(e),
+        });
+    }
+
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         self.dispatch(reply, |w| w.readlink(ino.0));
     }
@@ -1058,15 +1178,18 @@ impl Filesystem for BenchFs {
         self.dispatch(reply, |w| w.write(ino.0, offset, data));
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        self.dispatch(reply, |w| w.publish(ino.0, false));
+    /// Every close: publishes the sizes written, and releases the closing owner's locks on
+    /// the file (a process's record locks go with any close of the file; locks.rs).
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        let release = self
+            .waiters
+            .to_release(ino.0, None, Some(lock_owner.0 ^ self.waiters.mount));
+        self.dispatch(reply, |w| {
+            for owner in release {
+                w.lock(ino.0, &locks::release(owner))?;
+            }
+            w.publish(ino.0, false)
+        });
     }
 
     /// The kernel sends RELEASE asynchronously after close() returned, so a later unlink from
@@ -1077,12 +1200,23 @@ impl Filesystem for BenchFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        // The description's last close: the locks taken through it (OFD locks) go.
+        let release = self.waiters.to_release(ino.0, Some(fh.0), None);
+        if !release.is_empty() {
+            self.serve(|w| {
+                if let Ok(w) = w {
+                    for owner in release {
+                        let _ = w.lock(ino.0, &locks::release(owner));
+                    }
+                }
+            });
+        }
         let hidden = {
             let mut t = self.shared.table();
             let hidden = t.get_mut(ino.0).and_then(|inode| {

@@ -3,6 +3,7 @@
 //! the foreground; SIGTERM or SIGINT unmounts and exits 0. See docs/mount.md.
 
 mod fs;
+mod locks;
 mod table;
 
 use std::ffi::CString;
