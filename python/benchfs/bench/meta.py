@@ -15,8 +15,9 @@ removed (`unlink-link`). Locks (kept in memory by the worker chosen from the fil
 the durability mode does not touch them): each file opened beforehand, then an exclusive lock
 on each (`lock`) and its release (`unlock`); and all clients taking and releasing one
 exclusive lock on one shared file in turn (`lock-contended`: a take and a release per
-operation, the takes waiting for each other). Modes run in turn, in reversed order every other repeat, and the report
-gives medians; `memory` (no store) is the reference the persisted modes are compared with.
+operation, the takes waiting for each other). Modes run in turn, in reversed order every
+other repeat, and the report gives medians; `memory` (no store) is the reference the
+persisted modes are compared with.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from typing import Any
 from rich.console import Console
 
 from benchfs import Client
-from benchfs.client import File
 from benchfs.bench.cluster import BenchCluster, on_threads
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
+from benchfs.client import File
 
 PHASES = (
     "create", "stat", "symlink", "readlink", "stat-link", "unlink-link",
@@ -108,8 +109,6 @@ def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> li
             def unlock(c: Client, i: int) -> None:
                 for f in opened[i]:
                     f.unlock()
-                for f in opened.pop(i):
-                    f.close()
 
             shared = clients[0].open("/shared-lock", "w")
             shared.close()
@@ -132,6 +131,11 @@ def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> li
                         opened[i] = [c.open(f"/c{i}/f{n}", "r+") for n in range(per_client)]
                 ops = CONTENDED if phase == "lock-contended" else per_client
                 rates.append(ops * settings.clients / on_threads(clients, work_of[phase])[0])
+                if phase == "unlock":  # closed outside the timing
+                    for files in opened.values():
+                        for f in files:
+                            f.close()
+                    opened.clear()
             clients[0].unlink("/shared-lock")
             left = sum(len(clients[0].readdir(f"/c{i}")) for i in range(settings.clients))
             if left:
