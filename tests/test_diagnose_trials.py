@@ -138,7 +138,10 @@ def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: P
     for ok in "abc":
         assert nodes_by[ok]["verdict"]["status"] == "ok", nodes_by[ok]
     assert {x["host"] for x in doc["excluded"]} == {"host-d", "host-e"}
-    assert nodes_by["c"]["metrics"]["dev_member_ratio"] < th.member_ratio
+    # The healthy twins are not told apart: no member flag on c. (Its raw member ratio is
+    # not asserted: with five nodes queueing on two CPUs one loop device's r_await spiked to
+    # 7x its twin's in one run of three, a spike the screen rightly did not flag.)
+    assert not any(f["flag"] == "member_asymmetry" for f in nodes_by["c"]["flags"]), nodes_by["c"]
 
 
 def test_judge_a_run_whose_node_slowed_after_the_screen(sim: Sim, tmp_path: Path) -> None:
