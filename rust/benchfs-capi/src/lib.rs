@@ -362,7 +362,7 @@ pub unsafe extern "C" fn benchfs_close(file: *mut BenchfsFile) -> c_int {
         let release = file
             .locked
             .load(std::sync::atomic::Ordering::Relaxed)
-            .then(|| lock_request(&file, LockType::Unlock, 0, u64::MAX, LockCmd::Release));
+            .then(|| LockRequest::release(file.lock_owner, LockClass::Fcntl));
         let handle = file
             .handle
             .into_inner()

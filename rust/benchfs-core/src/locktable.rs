@@ -32,6 +32,19 @@ pub struct Held {
 }
 
 impl Held {
+    /// The lock `req` takes for connection `conn`.
+    fn of(req: &LockRequest, conn: u32) -> Held {
+        Held {
+            owner: req.owner,
+            class: req.class,
+            write: req.kind == LockType::Write,
+            start: req.start,
+            end: req.end,
+            pid: req.pid,
+            conn,
+        }
+    }
+
     /// As a lock request (what a test answers with).
     pub fn as_request(&self, like: &LockRequest) -> LockRequest {
         LockRequest {
@@ -159,15 +172,7 @@ impl<W> LockTable<W> {
         let changed = carve(&mut f.held, req);
         let mut added = changed;
         if req.kind != LockType::Unlock {
-            f.held.push(Held {
-                owner: req.owner,
-                class: req.class,
-                write: req.kind == LockType::Write,
-                start: req.start,
-                end: req.end,
-                pid: req.pid,
-                conn,
-            });
+            f.held.push(Held::of(req, conn));
             added += 1;
         }
         self.locks = (self.locks as isize + added) as usize;
@@ -278,15 +283,7 @@ impl<W> LockTable<W> {
             let w = f.waiting.remove(i);
             self.waiting -= 1;
             let added = carve(&mut f.held, &req) + 1;
-            f.held.push(Held {
-                owner: req.owner,
-                class: req.class,
-                write: req.kind == LockType::Write,
-                start: req.start,
-                end: req.end,
-                pid: req.pid,
-                conn: w.conn,
-            });
+            f.held.push(Held::of(&req, w.conn));
             self.locks = (self.locks as isize + added) as usize;
             granted.push(w);
         }

@@ -101,15 +101,7 @@ struct Owners {
 
 /// A request releasing every lock of `owner` (already mixed) on a file.
 pub fn release(owner: u64) -> LockRequest {
-    LockRequest {
-        owner,
-        start: 0,
-        end: u64::MAX,
-        pid: 0,
-        class: LockClass::Fcntl,
-        kind: LockType::Unlock,
-        cmd: LockCmd::Release,
-    }
+    LockRequest::release(owner, LockClass::Fcntl)
 }
 
 impl Waiters {

@@ -166,27 +166,15 @@ pub fn on_close(f: &OpenFile) {
         .as_mut()
         .is_some_and(|s| s.remove(&id));
     if held {
-        let _ = request(f, release(process_owner(), LockClass::Fcntl));
+        let _ = request(f, LockRequest::release(process_owner(), LockClass::Fcntl));
     }
 }
 
 /// Releases the description's OFD and flock locks (its last descriptor is being closed).
 pub fn on_last_close(f: &OpenFile) {
     if f.locked.swap(false, Ordering::Relaxed) {
-        let _ = request(f, release(f.lock_owner, LockClass::Fcntl));
-        let _ = request(f, release(f.lock_owner, LockClass::Flock));
-    }
-}
-
-fn release(owner: u64, class: LockClass) -> LockRequest {
-    LockRequest {
-        owner,
-        start: 0,
-        end: u64::MAX,
-        pid: 0,
-        class,
-        kind: LockType::Unlock,
-        cmd: LockCmd::Release,
+        let _ = request(f, LockRequest::release(f.lock_owner, LockClass::Fcntl));
+        let _ = request(f, LockRequest::release(f.lock_owner, LockClass::Flock));
     }
 }
 

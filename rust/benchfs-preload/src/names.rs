@@ -594,16 +594,9 @@ pub unsafe extern "C" fn renameat2(
 ) -> c_int {
     // SAFETY: forwarded contract.
     let (a, b) = unsafe { (resolve(fromfd, from), resolve(tofd, to)) };
-    let local = |t: &Target, fd: c_int, p: *const c_char| match t {
-        Target::LocalAt(abs) => Some((libc::AT_FDCWD, abs.as_ptr())),
-        Target::Local => Some((fd, p)),
-        Target::Ours(_) => None,
-    };
-    if let (Ok(ta), Ok(tb)) = (&a, &b) {
-        if let (Some((fa, pa)), Some((fb, pb))) = (local(ta, fromfd, from), local(tb, tofd, to)) {
-            // SAFETY: forwarded (or an absolute path of ours, alive for the call).
-            return unsafe { real::renameat2(fa, pa, fb, pb, flags) };
-        }
+    if let Some(((fa, pa), (fb, pb))) = both_local(&a, fromfd, from, &b, tofd, to) {
+        // SAFETY: forwarded (or an absolute path of ours, alive for the call).
+        return unsafe { real::renameat2(fa, pa, fb, pb, flags) };
     }
     match (a, b) {
         (Ok(Target::Ours(f)), Ok(Target::Ours(t))) => entry(-1, || {
@@ -629,6 +622,27 @@ pub unsafe extern "C" fn renameat2(
     }
 }
 
+/// A path as the kernel's `*at` calls take it: a directory descriptor and a path.
+type AtPath = (c_int, *const c_char);
+
+/// For a call naming two paths (rename, link): the paths to give the kernel when neither is
+/// BenchFS's; None otherwise.
+fn both_local(
+    a: &Result<Target, c_int>,
+    fromfd: c_int,
+    from: *const c_char,
+    b: &Result<Target, c_int>,
+    tofd: c_int,
+    to: *const c_char,
+) -> Option<(AtPath, AtPath)> {
+    let local = |t: &Result<Target, c_int>, fd: c_int, p: *const c_char| match t {
+        Ok(Target::LocalAt(abs)) => Some((libc::AT_FDCWD, abs.as_ptr())),
+        Ok(Target::Local) => Some((fd, p)),
+        _ => None,
+    };
+    Some((local(a, fromfd, from)?, local(b, tofd, to)?))
+}
+
 /// Hard links: BenchFS refuses them as file systems without them do (EPERM, as vfat; a
 /// missing source is ENOENT first); across BenchFS and a local file system, EXDEV.
 #[no_mangle]
@@ -641,16 +655,9 @@ pub unsafe extern "C" fn linkat(
 ) -> c_int {
     // SAFETY: forwarded contract.
     let (a, b) = unsafe { (resolve(fromfd, from), resolve(tofd, to)) };
-    let local = |t: &Target, fd: c_int, p: *const c_char| match t {
-        Target::LocalAt(abs) => Some((libc::AT_FDCWD, abs.as_ptr())),
-        Target::Local => Some((fd, p)),
-        Target::Ours(_) => None,
-    };
-    if let (Ok(ta), Ok(tb)) = (&a, &b) {
-        if let (Some((fa, pa)), Some((fb, pb))) = (local(ta, fromfd, from), local(tb, tofd, to)) {
-            // SAFETY: forwarded (or an absolute path of ours, alive for the call).
-            return unsafe { real::linkat(fa, pa, fb, pb, flags) };
-        }
+    if let Some(((fa, pa), (fb, pb))) = both_local(&a, fromfd, from, &b, tofd, to) {
+        // SAFETY: forwarded (or an absolute path of ours, alive for the call).
+        return unsafe { real::linkat(fa, pa, fb, pb, flags) };
     }
     match (a, b) {
         (Ok(Target::Ours(f)), Ok(Target::Ours(_))) => entry(-1, || {

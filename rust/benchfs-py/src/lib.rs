@@ -658,16 +658,8 @@ impl PyFile {
     /// publishing failed, which is reported). Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if self.locked.swap(false, std::sync::atomic::Ordering::Relaxed) && !self.file.is_closed() {
-            use benchfs_core::protocol::lock::{LockClass, LockCmd, LockRequest, LockType};
-            let release = LockRequest {
-                owner: self.lock_owner,
-                start: 0,
-                end: u64::MAX,
-                pid: 0,
-                class: LockClass::Fcntl,
-                kind: LockType::Unlock,
-                cmd: LockCmd::Release,
-            };
+            use benchfs_core::protocol::lock::{LockClass, LockRequest};
+            let release = LockRequest::release(self.lock_owner, LockClass::Fcntl);
             // The size is published below whatever this says; a lost server's locks are gone.
             let _ = self.with(py, move |c, f| c.lock(f, &release));
         }

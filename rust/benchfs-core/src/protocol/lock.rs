@@ -73,6 +73,19 @@ pub struct LockRequest {
 impl LockRequest {
     pub const LEN: usize = 32;
 
+    /// Releases every lock of `owner` in `class` on the file (a descriptor's close).
+    pub fn release(owner: u64, class: LockClass) -> LockRequest {
+        LockRequest {
+            owner,
+            start: 0,
+            end: u64::MAX,
+            pid: 0,
+            class,
+            kind: LockType::Unlock,
+            cmd: LockCmd::Release,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(Self::LEN);
         b.extend_from_slice(&self.owner.to_le_bytes());
