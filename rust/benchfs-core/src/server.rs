@@ -713,12 +713,17 @@ impl ServerState {
 
     /// Answers lock requests that waited and are now granted.
     fn answer_granted(&self, granted: Vec<Waiting<LockAnswer>>) {
-        for w in granted {
+        self.answer_waiting(granted, lock::LockState::Granted);
+    }
+
+    /// Answers lock requests that waited, each with `state`.
+    fn answer_waiting(&self, waited: Vec<Waiting<LockAnswer>>, state: lock::LockState) {
+        let value = ReplyValue::Lock {
+            state,
+            epoch: self.lock_epoch,
+        };
+        for w in waited {
             let (h, conn) = w.answer;
-            let value = ReplyValue::Lock {
-                state: lock::LockState::Granted,
-                epoch: self.lock_epoch,
-            };
             reply_now(&conn, h.reply(0, 0).with_value(value));
         }
     }
@@ -728,14 +733,7 @@ impl ServerState {
     async fn expire_locks(self: Rc<Self>) {
         loop {
             let expired = self.locks.borrow_mut().expired(Instant::now());
-            for w in expired {
-                let (h, conn) = w.answer;
-                let value = ReplyValue::Lock {
-                    state: lock::LockState::Waiting,
-                    epoch: self.lock_epoch,
-                };
-                reply_now(&conn, h.reply(0, 0).with_value(value));
-            }
+            self.answer_waiting(expired, lock::LockState::Waiting);
             let next = self.locks.borrow().next_deadline();
             let woken = LockTimerWait(&self.lock_timer, false);
             match next {
