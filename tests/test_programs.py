@@ -433,3 +433,56 @@ def test_two_sqlite_writers_share_one_database(faces: Faces, face: str, tmp_path
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split() == ["1|300", "2|300", "ok"], done.stdout + done.stderr
+
+
+H5PY = r"""
+import subprocess, sys
+import h5py, numpy as np
+path = sys.argv[1]
+data = np.arange(1_000_000, dtype="f8").reshape(1000, 1000)
+SECOND = "import h5py, sys; h5py.File(sys.argv[1], 'a', locking=True)"
+with h5py.File(path, "w", locking=True) as f:
+    f.create_dataset("x", data=data, chunks=(100, 1000))
+    f["x"].attrs["note"] = "benchfs"
+    f.flush()
+    # Another process that wants to write is refused while this one holds the file.
+    second = subprocess.run([sys.executable, "-c", SECOND, path], capture_output=True, text=True)
+    print("second writer", "refused" if "unable to lock file" in second.stderr else second.stderr)
+with h5py.File(path, "r", locking=True) as f:
+    print("read", f["x"].shape, bool((f["x"][:] == data).all()), f["x"].attrs["note"])
+with h5py.File(path, "a", locking=True) as f:  # the lock went with the first writer's close
+    f["x"][0, 0] = -1.0
+    print("appended", f["x"][0, :2])
+"""
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.timeout(300)
+def test_h5py_with_file_locking(faces: Faces, face: str, tmp_path: Path) -> None:
+    """h5py writes and reads a dataset with HDF5's file locking on (flock): a second writer is
+    refused while the first holds the file, and admitted after its close."""
+    env = {**faces.env}
+    if face == "preload":
+        env = preload_env({**env, "BENCHFS_MOUNT": ""}, faces.prefix)
+        root = faces.prefix
+    elif face == "preload-mount":
+        env = preload_env(env, faces.mount)
+        root = faces.mount
+    else:
+        root = faces.mount
+    script = tmp_path / "h5.py"
+    script.write_text(H5PY)
+    done = subprocess.run(
+        [sys.executable, str(script), f"{root}/h5-{face}.h5"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "second writer refused",
+        "read (1000, 1000) True benchfs",
+        "appended [-1.  1.]",
+    ], done.stdout + done.stderr
+    # The file is BenchFS's (seen through the mount), not a local one under the prefix.
+    assert (faces.mount / f"h5-{face}.h5").stat().st_size > 8_000_000
+    assert not (faces.prefix / f"h5-{face}.h5").exists()

@@ -44,7 +44,8 @@ def _job_state(pipeline: Pipeline) -> JobState:
         elif isinstance(stage, Mounts):
             for started in stage.mounts:
                 processes.append(_record(started.record))
-                mount_point = started.record["mountpoint"]
+                # The first client node's (network-namespace nodes each have their own).
+                mount_point = mount_point or started.record["mountpoint"]
         elif isinstance(stage, IostatCapture):
             processes.extend(_record(s.record) for s in stage.captures)
         elif isinstance(stage, JobDirs):

@@ -52,8 +52,12 @@ class RunContext:
 
     def mountpoint(self, node: Node) -> Path:
         """Where the FUSE mount of `node` goes: `spec.mount_point` (the same path on every
-        host) or a directory in the node's job directory."""
+        host; for a node in a network namespace, which shares this host's directories with
+        the other such nodes, its subdirectory named after the node) or a directory in the
+        node's job directory."""
         if self.spec.mount_point:
+            if node.netns:
+                return Path(self.spec.mount_point) / node.name
             return Path(self.spec.mount_point)
         return self.job_dir(node) / "mnt"
 

@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,14 @@ class Servers(Stage):
         return tail(self._log(sid), 1).startswith(f"benchfsd: server {sid} stopped")
 
 
+def mount_side(node: Node) -> Node:
+    """Where `node`'s mount and its commands run. `ip netns exec` would also give them a private
+    mount namespace, which the node's other processes cannot see: a node in a network namespace
+    mounts in the host's, and the mount's client enters the node's network (BENCHFS_NETNS), as
+    MPI ranks do."""
+    return replace(node, netns="") if node.netns else node
+
+
 class Mounts(Stage):
     """`benchfs-mount` on every client node, for a user command through the mount."""
 
@@ -289,11 +297,14 @@ class Mounts(Stage):
             clients = {n.host: n for n in clients}.values()
         for node in list(clients):
             point = ctx.mountpoint(node)
-            ctx.on_node(node, ["mkdir", "-p", str(point)], f"creating {point}")
+            ctx.on_node(mount_side(node), ["mkdir", "-p", str(point)], f"creating {point}")
             argv = [find_benchfs_mount(), "--registry", str(run_dir.registry_dir)]
             argv += ["--config", str(run_dir.config_path), str(point)]
             log = run_dir.servers_dir / f"mount-{node.name}.log"
-            proc, cmd = ctx.launcher.spawn(node, argv, log, child_env(node.name))
+            env = child_env(node.name)
+            if node.netns:
+                env["BENCHFS_NETNS"] = node.netns
+            proc, cmd = ctx.launcher.spawn(mount_side(node), argv, log, env)
             record: dict[str, Any] = {"role": "benchfs-mount", "node": node.name, "host": node.host}
             record.update(pid=proc.pid, argv=cmd, log=str(log), mountpoint=str(point))
             self.mounts.append(Started(proc, record, node))
@@ -307,7 +318,9 @@ class Mounts(Stage):
             wait = f"for i in $(seq {polls}); do mountpoint -q {quoted} && exit 0; sleep 0.1; done"
             wait += "; exit 1"
             try:
-                ctx.on_node(started.node, ["sh", "-c", wait], f"waiting for the mount {point}")
+                ctx.on_node(
+                    mount_side(started.node), ["sh", "-c", wait], f"waiting for the mount {point}"
+                )
             except RunError as e:
                 log = Path(started.record["log"])
                 raise RunError(
@@ -326,5 +339,7 @@ class Mounts(Stage):
                 point = ctx.mountpoint(started.node)
                 # A mount whose process died is still there, disconnected: detach it.
                 with contextlib.suppress(RunError):
-                    ctx.on_node(started.node, detach_command(point), f"unmounting {point}")
+                    ctx.on_node(
+                        mount_side(started.node), detach_command(point), f"unmounting {point}"
+                    )
         return None
