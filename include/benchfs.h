@@ -192,6 +192,15 @@ int benchfs_rename(const char *from, const char *to);
 /* Sets a file's size: shrinking frees the chunks beyond it, growing reads back as zeros. */
 int benchfs_truncate(const char *path, int64_t size);
 
+/* The checksum of the file at path as its servers read it back from their storage: the
+ * xxh3-128 of each chunk-aligned range [i * chunk_size, (i + 1) * chunk_size), the last cut at
+ * the file's size, hashed on every server at once. Sets *chunk_size and *count (the number of
+ * ranges; 0 for an empty file) and writes the first min(count, max) hashes to hashes, 16 bytes
+ * each, most significant byte first (as xxhsum prints them). With more ranges than max, call
+ * again with room for count. */
+int benchfs_checksum(const char *path, uint64_t *chunk_size, uint8_t *hashes, size_t max,
+                     size_t *count);
+
 /* Fills *st with the cluster's capacity; fails only if no server answers. */
 int benchfs_statfs(struct benchfs_statfs *st);
 

@@ -13,10 +13,13 @@ import os
 import re
 import shlex
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import xxhash
 
 from benchfs.cluster import LocalCluster
 from benchfs.mpi import MpiLauncher
@@ -75,7 +78,7 @@ def test_installed_files_match_the_tree() -> None:
     nm = run_bounded(["nm", "-D", "--defined-only", str(libdir / "libbenchfs.so")], timeout=30)
     exported = {line.split()[-1] for line in nm.stdout.splitlines()}
     assert declared == exported
-    assert len(declared) == 23
+    assert len(declared) == 24
 
 
 @pytest.mark.timeout(60)
@@ -113,6 +116,17 @@ def test_mpi_ranks_drive_the_library_like_ior(
     # shared file (2 segments x 3 ranks x 2 MiB), and two threads' files (3 MiB each).
     per_rank = 4 * MIB + 4096 + 4 * MIB + 2 * ranks * 2 * MIB + 2 * 3 * MIB
     assert f"benchfs_mpi_test: OK ranks={ranks} bytes_verified={ranks * per_rank}" in out.stdout
+    # benchfs_checksum: each rank's 4 MiB file, hashed by the servers chunk by chunk, as xxhash
+    # hashes the pattern the C program wrote (every 8-byte word: its seed's and its offset's).
+    chunk = int(tomllib.loads(cluster.config_path.read_text())["layout"]["chunk_size"])
+    for r in range(ranks):
+        words = np.arange(0, 4 * MIB, 8, dtype=np.uint64) ^ np.uint64(
+            ((r + 1) * 0x9E3779B97F4A7C15) % (1 << 64)
+        )
+        data = words.astype("<u8").tobytes()
+        want = [xxhash.xxh3_128_hexdigest(data[i : i + chunk]) for i in range(0, len(data), chunk)]
+        line = re.search(rf"^checksum rank {r}: (.*)$", out.stdout, re.M)
+        assert line and line.group(1).split() == want, (r, line)
     # The servers survived all of it (bad input included).
     assert len(cluster.leftover_pids()) == 2
 

@@ -9,6 +9,7 @@ import filecmp
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -312,6 +313,33 @@ def test_staging_keeps_links_as_cp_a_does_or_follows_them(tmp_path: Path) -> Non
         assert not any(p.is_symlink() for p in (tmp_path / "out-l").rglob("*"))
     finally:
         assert benchfs("stop", env=env).returncode == 0
+
+
+def test_stop_keeps_the_data_after_a_failed_stage_out(tmp_path: Path) -> None:
+    """Stage-out fsyncs what it wrote and says how long that took; when it failed, `stop`
+    keeps BenchFS's data (it may be the only copy) unless told --delete-data."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "a").write_bytes(os.urandom(3 << 20))
+    (src / "b").write_bytes(b"small")
+    env = start(tmp_path)
+    try:
+        assert benchfs("stage-in", str(src), "/r", env=env).returncode == 0
+        good = benchfs("stage-out", "/r", str(tmp_path / "good"), env=env)
+        assert good.returncode == 0 and re.search(r"fsynced in \d+\.\d\d s", good.stderr)
+        bad = tmp_path / "bad"
+        (bad / "b").mkdir(parents=True)  # a directory where the file b goes
+        failed = benchfs("stage-out", "/r", str(bad), env=env)
+        assert failed.returncode == 1 and "1 files not staged" in failed.stderr
+        assert "Traceback" not in failed.stderr
+    finally:
+        stopped = benchfs("stop", env=env)
+    assert stopped.returncode == 1
+    assert f"the last stage-out to {bad} failed: node-local data kept" in stopped.stderr
+    kept = scratch_dirs(env)
+    assert kept and all(Path(d).is_dir() for d in kept)
+    for d in kept:
+        shutil.rmtree(d)
 
 
 class ShrinkingSource(LocalSide):

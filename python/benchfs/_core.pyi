@@ -213,6 +213,9 @@ class Client:
         """The id of the server that holds byte `offset` of the file at `path`."""
     def server_stats(self) -> list[dict[str, int]]:
         """Per server: id, requests, retries, timeouts, failures (as this client saw them)."""
+    def checksum(self, path: str) -> dict[str, Any]:
+        """{"size", "chunk_size", "chunks"}: the xxh3-128 (32 hex digits) of each
+        chunk-aligned range of the file, as its servers read it back."""
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity (total_bytes, free_bytes, avail_bytes, used_bytes, files)
         and `servers`: per server id, node, host, latency_s, error (None when it answered)
@@ -254,6 +257,8 @@ class File:
     def path(self) -> str: ...
     @property
     def id(self) -> str: ...
+    @property
+    def chunk_size(self) -> int: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from benchfs import _core
+from benchfs.checksum import FileChecksum
 from benchfs.config import parse_config, resolve_config_text
 
 if TYPE_CHECKING:
@@ -193,6 +194,11 @@ class File(io.RawIOBase):
     def size(self) -> int:
         """The size as this handle knows it: the owner's at open and its own writes."""
         return self._core.size
+
+    @property
+    def chunk_size(self) -> int:
+        """Bytes per chunk of the file's layout: the ranges of its checksum."""
+        return self._core.chunk_size
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pos={self._pos}"
@@ -517,6 +523,14 @@ class Client:
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""
         return self._core.locate(path, offset)
+
+    def checksum(self, path: str) -> FileChecksum:
+        """The xxh3-128 of each chunk-aligned range of the file at `path`, as the servers
+        holding the chunks read them back from their storage, every server at once
+        (`benchfs.checksum`). Compare with `ChunkHasher` over the bytes that should be there.
+        This client's own writes behind are waited for first."""
+        c = self._core.checksum(path)
+        return FileChecksum(c["size"], c["chunk_size"], tuple(c["chunks"]))
 
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity: `total_bytes`, `free_bytes`, `avail_bytes`, `used_bytes`

@@ -148,10 +148,38 @@ static void file_per_process(void)
         FAIL("stat %s: no layout (chunk %" PRIu64 ", stripes %u)", path, st.chunk_size,
              st.stripe_count);
 
+    /* The servers' checksum of the file: one hash per chunk; the neighbour's of the same
+     * file, sent over, must be the same (tests/test_capi.py checks the values with xxhash). */
+    enum { MAX_HASHES = 64 };
+    static uint8_t mine[MAX_HASHES][16], theirs[MAX_HASHES][16];
+    uint64_t chunk = 0;
+    size_t count = 0, expected = (size_t)((st.size + st.chunk_size - 1) / st.chunk_size);
+    EXPECT(benchfs_checksum(path, &chunk, NULL, 0, &count), 0);
+    if (chunk != st.chunk_size || count != expected || count > MAX_HASHES)
+        FAIL("checksum %s: %zu ranges of %" PRIu64 " bytes", path, count, chunk);
+    EXPECT(benchfs_checksum(path, &chunk, &mine[0][0], MAX_HASHES, &count), 0);
+    EXPECT(benchfs_checksum(path, NULL, NULL, 1, NULL), -EFAULT);
+    EXPECT(benchfs_checksum(root, NULL, NULL, 0, NULL), -EISDIR);
+
     /* Another client's view (close-to-open): the neighbour's file, after everyone closed. */
     MPI_Barrier(MPI_COMM_WORLD);
     int next = (rank + 1) % nranks;
     snprintf(other, sizeof other, "%s/rank-%d.dat", root, next);
+    size_t other_count = 0;
+    EXPECT(benchfs_checksum(other, NULL, &theirs[0][0], MAX_HASHES, &other_count), 0);
+    /* Rank r computed its own file's checksum, and r - 1 that same file's: send ours back. */
+    static uint8_t own_of_next[MAX_HASHES][16];
+    MPI_Sendrecv(mine, MAX_HASHES * 16, MPI_BYTE, (rank + nranks - 1) % nranks, 7, own_of_next,
+                 MAX_HASHES * 16, MPI_BYTE, next, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (other_count != count || memcmp(theirs, own_of_next, count * 16) != 0)
+        FAIL("checksum of %s differs between two clients", other);
+    printf("checksum rank %d:", rank);
+    for (size_t i = 0; i < count; i++) {
+        printf(" ");
+        for (int b = 0; b < 16; b++)
+            printf("%02x", mine[i][b]);
+    }
+    printf("\n");
     EXPECT(benchfs_open(other, O_RDONLY, &f), 0);
     for (int i = 0; i < FPP_XFERS; i++)
         read_verify(f, (uint64_t)next, (uint64_t)i * XFER, "neighbour's file");

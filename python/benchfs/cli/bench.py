@@ -27,7 +27,7 @@ from benchfs.cli.consoles import console
 from benchfs.cli.options import SizeType
 from benchfs.cluster import find_benchfsd
 from benchfs.config import load_config, resolve_config_text
-from benchfs.errors import EXIT_INTERRUPTED, BenchError, BenchfsError
+from benchfs.errors import EXIT_INTERRUPTED, BenchError, BenchfsError, errno_name
 from benchfs.probes.system import filesystem_type
 
 DEFAULT_ROOT = "/var/tmp"
@@ -113,6 +113,10 @@ def _in_scratch(
     """`run(work_dir, benchfsd)` in a fresh directory under `base`, removed afterwards;
     records the file system type of `base` as `data_fs`."""
     benchfsd = _benchfsd()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BenchError(errno_name(e), f"--dir {base}: {e.strerror}") from e
     with tempfile.TemporaryDirectory(prefix=prefix, dir=base) as work:
         report = run(Path(work), benchfsd)
     report["data_fs"] = filesystem_type(base)

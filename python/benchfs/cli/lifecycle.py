@@ -212,10 +212,11 @@ def _stage(
     rate = m["bytes_copied"] / max(m["seconds"], 1e-9) / (1 << 20)
     for note in m["notes"]:
         _say(f"note: {note}")
+    durable = f"; fsynced in {m['fsync_seconds']:.2f} s" if direction == "out" else ""
     _say(
         f"staged {m['files_copied']} files ({human_size(m['bytes_copied'])}, {rate:.1f} MiB/s), "
-        f"{m['files_skipped']} already verified; every file checksummed and read back; "
-        f"manifest {path}"
+        f"{m['files_skipped']} already verified; every file checked against the servers' "
+        f"checksums{durable}; manifest {path}"
     )
 
 
@@ -244,9 +245,9 @@ def stage_in(
     follow_links: bool,
 ) -> None:  # fmt: skip
     """Copy the local directory SOURCE into the BenchFS directory DESTINATION [/]: in
-    parallel, every file checksummed and read back, sizes, modes and times kept, symbolic
-    links kept as links; resumable (files already verified are skipped, damaged ones copied
-    again)."""
+    parallel, every file checked against the servers' checksums, sizes, modes and times
+    kept, symbolic links kept as links; resumable (files already verified are skipped,
+    damaged ones copied again)."""
     _run_stage("in", source, destination, job, threads, manifest, follow_links)
 
 
@@ -262,7 +263,7 @@ def stage_out(
     follow_links: bool,
 ) -> None:  # fmt: skip
     """Copy the BenchFS directory SOURCE into the local directory DESTINATION, as stage-in
-    does the other way."""
+    does the other way; every file and directory written is fsynced before it succeeds."""
     _run_stage("out", source, destination, job, threads, manifest, follow_links)
 
 

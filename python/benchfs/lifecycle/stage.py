@@ -1,8 +1,12 @@
 """Stage-in and stage-out: parallel, verified, resumable copies of a tree between a directory
 (the parallel file system) and BenchFS.
 
-Every file is checksummed (xxh3-128) while it is copied and read back from the other side to
-verify; sizes, permission bits and modification times are kept, directories too. Symbolic
+Every file is checksummed while it is copied, in chunk-aligned ranges (`benchfs.checksum`):
+from the bytes read from the source, and by BenchFS's servers from the bytes they read back
+from their storage; the two must agree. So the bytes never travel back over the network, yet
+the check covers the network and the servers' storage. What staging writes outside BenchFS is
+fsynced, files and directories, before it reports success. Sizes, permission bits and
+modification times are kept, directories too. Symbolic
 links are kept as links, their targets as written, as `cp -a` keeps them; with
 `follow_links`, what they lead to is copied instead, as `cp -rL` does. A manifest
 records what moved; a later staging between the same two trees skips files it verified whose
@@ -27,12 +31,13 @@ from typing import Any, BinaryIO, Protocol
 import xxhash
 
 from benchfs import schemas
-from benchfs.client import Client
+from benchfs.checksum import ChunkHasher, FileChecksum
+from benchfs.client import Client, File
 from benchfs.errors import JobError
 from benchfs.results import read_json, utc_now, write_json_atomic
 
 STAGE_FORMAT = "benchfs-stage"
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 BLOCK = 8 << 20
 """Bytes per read and write (a few chunks: every server of a stripe gets a request)."""
 
@@ -74,6 +79,19 @@ class Side(Protocol):
 
     def symlink(self, rel: str, target: str, mtime_ns: int) -> None:
         """A link at `rel` (replacing a file or link there), with its own time."""
+        ...
+
+    def checksum(self, rel: str) -> FileChecksum | None:
+        """The file's checksum as its storage holds it, computed where it is stored; None
+        where only reading the file back could tell."""
+        ...
+
+    def sync(self, f: BinaryIO) -> None:
+        """Makes a file written through `open_write` durable, if this side must be."""
+        ...
+
+    def sync_dir(self, rel: str) -> None:
+        """Makes a directory's entries durable, if this side must be."""
         ...
 
 
@@ -169,6 +187,20 @@ class LocalSide:
             path.unlink()
         os.symlink(target, path)
         os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+
+    def checksum(self, rel: str) -> FileChecksum | None:
+        return None
+
+    def sync(self, f: BinaryIO) -> None:
+        # What lands here outlives the job: BenchFS's copy is deleted at `benchfs stop`.
+        os.fsync(f.fileno())
+
+    def sync_dir(self, rel: str) -> None:
+        fd = os.open(self.root / rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class BenchfsSide:
@@ -272,6 +304,15 @@ class BenchfsSide:
         self.client.symlink(target, path)
         self.client.utime(path, mtime_ns, follow_symlinks=False)
 
+    def checksum(self, rel: str) -> FileChecksum | None:
+        return self.client.checksum(_join(self.root, rel))
+
+    def sync(self, f: BinaryIO) -> None:
+        """Nothing: BenchFS holds the job's working copy, whose source stays where it was."""
+
+    def sync_dir(self, rel: str) -> None:
+        """Nothing, as `sync`."""
+
 
 class StageFailed(JobError):
     """Files could not be staged whole; the message lists them."""
@@ -323,36 +364,45 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
         data = data[n:]
 
 
-def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> str:
-    """Copy one file, read it back from `dst` and compare; its checksum."""
+def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[FileChecksum, float]:
+    """Copy one file and verify it; its checksum and the seconds its fsync took."""
     buf = getattr(buffers, "buf", None)
     if buf is None:
         buf = buffers.buf = bytearray(BLOCK)
-    h = xxhash.xxh3_128()
     copied = 0
     with src.open_read(e.path) as r, dst.open_write(e.path, e.mode) as w:
+        # The ranges of the BenchFS side's layout (either side's, if both are BenchFS).
+        ends = [f.chunk_size for f in (w, r) if isinstance(f, File)]
+        hasher = ChunkHasher(ends[0] if ends else BLOCK)
         for block in _blocks(r, buf):
-            h.update(block)
+            hasher.update(block)
             _write_all(w, block)
             copied += len(block)
-    if copied != e.size:
+        if copied != e.size:
+            raise OSError(
+                f"{_join(src.label, e.path)}: {copied} bytes read where {e.size} were listed: it "
+                "changed or was truncated during the staging"
+            )
+        t0 = time.monotonic()
+        dst.sync(w)
+        synced = time.monotonic() - t0
+    sent = hasher.result()
+    side = dst if isinstance(dst, BenchfsSide) else src
+    stored = side.checksum(e.path)
+    if stored is None:  # neither side is BenchFS: read the copy back
+        back = ChunkHasher(sent.chunk_size)
+        with dst.open_read(e.path) as r:
+            for block in _blocks(r, buf):
+                back.update(block)
+        stored = back.result()
+    wrong = sent.first_difference(stored)
+    if wrong is not None:
         raise OSError(
-            f"{_join(src.label, e.path)}: {copied} bytes read where {e.size} were listed: it "
-            "changed or was truncated during the staging"
-        )
-    back = xxhash.xxh3_128()
-    read_back = 0
-    with dst.open_read(e.path) as r:
-        for block in _blocks(r, buf):
-            back.update(block)
-            read_back += len(block)
-    if read_back != copied or back.digest() != h.digest():
-        raise OSError(
-            f"{_join(dst.label, e.path)}: read back {read_back} bytes with another checksum "
-            f"than the {copied} written: the copy is damaged"
+            f"{_join(side.label, e.path)}: {wrong} between the bytes staged and the bytes "
+            "stored: the copy is damaged"
         )
     dst.set_attrs(e.path, e.mode, e.mtime_ns)
-    return h.hexdigest()
+    return sent, synced
 
 
 def stage(
@@ -367,7 +417,7 @@ def stage(
     """Copy the tree of `src` into `dst` (see the module's docstring); the report of what
     moved. Raises StageFailed when any file could not be staged whole (the manifest is
     written first, with status "failed")."""
-    started_at, t0 = utc_now(), time.monotonic()
+    started_at, started = utc_now(), time.monotonic()
     entries, notes = src.walk(follow_links)
     files = [e for e in entries if e.kind == "file"]
     dirs = [e for e in entries if e.kind == "dir"]
@@ -395,10 +445,11 @@ def stage(
     errors: list[str] = []
     lock = threading.Lock()
     buffers = threading.local()
+    synced = [0.0]
 
     def one(e: Entry) -> None:
         try:
-            digest = _copy(src, dst, e, buffers)
+            sums, sync_s = _copy(src, dst, e, buffers)
         except OSError as err:
             with lock:
                 errors.append(str(err) if e.path in str(err) else f"{e.path}: {err}")
@@ -406,8 +457,9 @@ def stage(
         with lock:
             records[e.path] = {
                 "path": e.path, "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns,
-                "xxh3_128": digest, "verified": True,
+                "chunk_size": sums.chunk_size, "chunks": list(sums.chunks), "verified": True,
             }  # fmt: skip
+            synced[0] += sync_s
             progress.add(e.size)
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
@@ -424,6 +476,14 @@ def stage(
             dst.set_attrs(d.path, d.mode, d.mtime_ns)
         except OSError as err:
             errors.append(f"{_join(dst.label, d.path)}: {err}")
+    # Then every directory's entries, the root's (and its parent's, which holds the root) last.
+    t0 = time.monotonic()
+    for rel in [*sorted((d.path for d in dirs), key=lambda p: -p.count("/")), "", ".."]:
+        try:
+            dst.sync_dir(rel)
+        except OSError as err:
+            errors.append(f"{_join(dst.label, rel)}: {err}")
+    synced[0] += time.monotonic() - t0
     manifest = {
         "format": STAGE_FORMAT,
         "version": STAGE_VERSION,
@@ -439,7 +499,8 @@ def stage(
         "bytes_copied": progress.bytes,
         "files_copied": progress.files,
         "files_skipped": skipped,
-        "seconds": round(time.monotonic() - t0, 3),
+        "seconds": round(time.monotonic() - started, 3),
+        "fsync_seconds": round(synced[0], 3),
         "errors": sorted(errors),
         "notes": notes,
     }

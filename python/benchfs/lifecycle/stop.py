@@ -49,6 +49,19 @@ def _on_node(launcher: Launcher | None, node: Node, argv: list[str]) -> str | No
     return None
 
 
+def _failed_stage_outs(job_dir: Path) -> list[str]:
+    """Destinations whose last stage-out (by its manifest in the job directory) failed."""
+    failed = []
+    for path in sorted((job_dir / "staging").glob("stage-out-*.json")):
+        try:
+            doc = read_json(path)
+        except ValueError:
+            continue
+        if doc.get("status") != "ok":
+            failed.append(str(doc.get("destination", path)))
+    return failed
+
+
 def stop_job(
     job_dir: Path, keep_data: bool | None = None, say: Callable[[str], None] = lambda _: None
 ) -> StopReport:
@@ -74,6 +87,14 @@ def stop_job(
     nodes = {n.name: n for n in load_nodes(run_dir.nodes_path)}
     stop_signal = launcher.stop_signal if launcher else signal.SIGTERM
     keep = state.keep_data if keep_data is None else keep_data
+    failed_out = _failed_stage_outs(run_dir.path)
+    if failed_out and keep_data is None and not keep:
+        # BenchFS may hold the only copy of what did not reach the destination.
+        keep = True
+        report.problems.append(
+            f"the last stage-out to {failed_out[0]} failed: node-local data kept, as BenchFS "
+            "may hold the only copy (a stop with --delete-data deletes it regardless)"
+        )
 
     for record, refs in state.refs("benchfs-mount"):
         say(f"unmounting {record['mountpoint']} on {record['node']}")

@@ -652,6 +652,41 @@ pub unsafe extern "C" fn benchfs_statfs(st: *mut BenchfsStatfs) -> c_int {
 }
 
 /// # Safety
+/// `path` a string; `hashes` NULL or writable for `max` x 16 bytes; `chunk_size` and `count`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn benchfs_checksum(
+    path: *const c_char,
+    chunk_size: *mut u64,
+    hashes: *mut u8,
+    max: usize,
+    count: *mut usize,
+) -> c_int {
+    ffi("benchfs_checksum", || {
+        // SAFETY: by contract.
+        let path = unsafe { str_arg(path, "path") }?;
+        if hashes.is_null() && max > 0 {
+            return Err(Fail::new(libc::EFAULT, "hashes is NULL"));
+        }
+        let sum = with_client(|c| c.checksum(path))?;
+        for (i, h) in sum.chunks.iter().take(max).enumerate() {
+            // Most significant byte first, as xxhsum prints it.
+            // SAFETY: i < max, and `hashes` holds max x 16 bytes by contract.
+            unsafe { std::ptr::copy_nonoverlapping(h.to_be_bytes().as_ptr(), hashes.add(i * 16), 16) };
+        }
+        // SAFETY: NULL or writable by contract.
+        if let Some(out) = unsafe { chunk_size.as_mut() } {
+            *out = sum.chunk_size;
+        }
+        // SAFETY: NULL or writable by contract.
+        if let Some(out) = unsafe { count.as_mut() } {
+            *out = sum.chunks.len();
+        }
+        Ok(0)
+    })
+}
+
+/// # Safety
 /// `path` a string.
 #[no_mangle]
 pub unsafe extern "C" fn benchfs_unlink(path: *const c_char) -> c_int {

@@ -389,6 +389,18 @@ impl PyClient {
             .collect()
     }
 
+    /// The xxh3-128 of each chunk-aligned range of `path` as its servers read it back:
+    /// {"size", "chunk_size", "chunks": [32 hex digits, as xxhash's hexdigest]}.
+    fn checksum<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.with(py, |c| c.checksum(path))?;
+        let out = PyDict::new(py);
+        out.set_item("size", c.size)?;
+        out.set_item("chunk_size", c.chunk_size)?;
+        let hex: Vec<String> = c.chunks.iter().map(|h| format!("{h:032x}")).collect();
+        out.set_item("chunks", hex)?;
+        Ok(out)
+    }
+
     /// The cluster's capacity and each server's part (docs/python.md).
     fn statfs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.with(py, |c| c.statfs())?;
@@ -578,6 +590,12 @@ impl PyFile {
     #[getter]
     fn id(&self, py: Python<'_>) -> PyResult<String> {
         self.with(py, |_, f| Ok(f.attr.id.hex()))
+    }
+
+    /// Bytes per chunk of this file's layout (its checksum's ranges).
+    #[getter]
+    fn chunk_size(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |_, f| Ok(f.attr.layout.chunk_size))
     }
 
     #[getter]

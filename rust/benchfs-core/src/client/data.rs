@@ -7,12 +7,21 @@ use futures::stream::{self, StreamExt};
 
 use crate::chunking::split;
 use crate::error::{Error, Result};
-use crate::namespace::Attr;
-use crate::protocol::{Header, Op};
+use crate::namespace::{Attr, Kind};
+use crate::protocol::{Header, Op, CHECKSUM_LEN};
 use crate::telemetry::OpKind;
 
 use super::readahead::Part;
 use super::{Client, FileHandle};
+
+/// A file's checksum: the xxh3-128 of each chunk-aligned range, `[i * chunk_size, (i + 1) *
+/// chunk_size)` cut at `size`, in order (none for an empty file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileChecksum {
+    pub size: u64,
+    pub chunk_size: u64,
+    pub chunks: Vec<u128>,
+}
 
 impl Client {
     /// Writes `data` at `offset` of an open file; returns the bytes written.
@@ -148,6 +157,67 @@ impl Client {
         let targets = self.data_targets(&file.attr, 0, file.size());
         self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
         self.report_size(file)
+    }
+
+    /// The xxh3-128 of each chunk-aligned range of the file at `path` (links followed), as
+    /// the servers holding them read them back from their stores: the ranges of every server
+    /// are hashed at once, at most `client.max_inflight` requests in flight. This client's
+    /// writes behind of the file are waited for first.
+    pub fn checksum(&self, path: &str) -> Result<FileChecksum> {
+        let _call = self.telemetry_call(OpKind::Read);
+        let path = self.checked("checksum", path)?;
+        let attr = self.run(async {
+            let attr = self.stat_following(&path).await?;
+            if self.writes_behind(attr.id.0) {
+                self.settle_file(attr.id.0, true).await?;
+            }
+            Ok(attr)
+        })?;
+        if attr.kind != Kind::File {
+            return Err(Error::Path {
+                op: "checksum",
+                path,
+                errno: if attr.kind == Kind::Dir {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                },
+            });
+        }
+        let cs = attr.layout.chunk_size.max(1);
+        let count = attr.size.div_ceil(cs);
+        let window = self.config.client.max_inflight as usize;
+        let chunks = self.run(async {
+            let ready = Instant::now();
+            let attr = &attr;
+            let calls = (0..count).map(|chunk| async move {
+                let len = (attr.size - chunk * cs).min(cs);
+                let header = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, len);
+                let mut digest = [0u8; CHECKSUM_LEN];
+                let reply = self
+                    .call(self.route(attr, chunk), header, &[], Some(&mut digest[..]), ready)
+                    .await?;
+                if reply.length as usize != CHECKSUM_LEN {
+                    return Err(Error::Protocol(format!(
+                        "checksum reply of {} bytes, not {CHECKSUM_LEN}",
+                        reply.length
+                    )));
+                }
+                Ok((chunk, u128::from_le_bytes(digest)))
+            });
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut chunks = vec![0u128; count as usize];
+            while let Some(r) = results.next().await {
+                let (chunk, digest) = r?;
+                chunks[chunk as usize] = digest;
+            }
+            Ok(chunks)
+        })?;
+        Ok(FileChecksum {
+            size: attr.size,
+            chunk_size: cs,
+            chunks,
+        })
     }
 
     /// The (server, worker) pairs holding the chunks of `attr`'s bytes in `[from, to)`.

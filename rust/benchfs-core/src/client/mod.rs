@@ -41,6 +41,7 @@ use crate::telemetry::{ClientMetrics, OpKind};
 
 pub use self::capacity::{ClusterCapacity, ServerCapacity};
 use self::connect::Probing;
+pub use self::data::FileChecksum;
 pub use self::find::FindResult;
 use self::readahead::ReadAhead;
 use self::rpc::{make_worker, ServerLink, Shared};

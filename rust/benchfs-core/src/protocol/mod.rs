@@ -13,10 +13,13 @@ pub mod meta;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 /// 3: symbolic links (ops 30 and 31, a request's link target, an attribute's kind 3).
 /// 4: advisory locks (op 8).
-pub const VERSION: u16 = 4;
+/// 5: checksums of stored bytes (op 9).
+pub const VERSION: u16 = 5;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
+/// Bytes of a checksum reply's payload (`Op::Checksum`).
+pub const CHECKSUM_LEN: usize = 16;
 
 /// Active-message ids: requests travel client to server, replies server to client.
 pub const AM_REQUEST: u16 = 1;
@@ -44,6 +47,10 @@ pub enum Op {
     /// Reply: [`ReplyValue::Lock`]; a test that finds a conflicting lock carries it as the
     /// payload.
     Lock = 8,
+    /// The xxh3-128 of `length` bytes at `offset` within chunk `chunk` of `file_id`, as this
+    /// server reads them back from its store (never-written bytes count as zeros). Reply
+    /// payload: the 16-byte hash, little-endian ([`CHECKSUM_LEN`]).
+    Checksum = 9,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
@@ -98,6 +105,7 @@ impl Op {
             6 => Some(Op::Hello),
             7 => Some(Op::Statfs),
             8 => Some(Op::Lock),
+            9 => Some(Op::Checksum),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -127,6 +135,7 @@ impl Op {
             Op::Hello => "hello",
             Op::Statfs => "statfs",
             Op::Lock => "lock",
+            Op::Checksum => "checksum",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -147,7 +156,7 @@ impl Op {
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 23] = [
+    pub const ALL: [Op; 24] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -155,6 +164,7 @@ impl Op {
         Op::Hello,
         Op::Statfs,
         Op::Lock,
+        Op::Checksum,
         Op::Create,
         Op::Stat,
         Op::Unlink,

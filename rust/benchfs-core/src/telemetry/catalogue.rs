@@ -28,7 +28,8 @@ impl OpKind {
     pub fn of(op: Op) -> OpKind {
         match op {
             Op::WriteChunk => OpKind::Write,
-            Op::ReadChunk => OpKind::Read,
+            // A checksum reads a chunk back from the store, as a read does.
+            Op::ReadChunk | Op::Checksum => OpKind::Read,
             Op::Fsync => OpKind::Fsync,
             _ => OpKind::Meta,
         }
