@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import xxhash
@@ -41,6 +42,8 @@ def test_the_servers_hash_what_was_written(client: Client, size: int) -> None:
     with client.open("/f", "wb") as f:
         f.write(data)
         assert f.chunk_size == CHUNK
+        # Through the handle, before close published the size: the size it wrote.
+        assert f.checksum() == FileChecksum(size, CHUNK, ranges(data))
     got = client.checksum("/f")
     assert got == FileChecksum(size, CHUNK, ranges(data))
     hasher = ChunkHasher(CHUNK)
@@ -125,12 +128,12 @@ class DamagedOnArrival(BenchfsSide):
         super().__init__(root, lambda: client)
         self.data_dirs, self.marker = data_dirs, marker
 
-    def checksum(self, rel: str) -> FileChecksum | None:
+    def checksum(self, f: BinaryIO) -> FileChecksum | None:
         path, at = stored_at(self.data_dirs, self.marker)
-        with open(path, "r+b") as f:
-            f.seek(at)
-            f.write(b"X")
-        return super().checksum(rel)
+        with open(path, "r+b") as stored:
+            stored.seek(at)
+            stored.write(b"X")
+        return super().checksum(f)
 
 
 def test_a_byte_changed_on_a_server_fails_the_staging(

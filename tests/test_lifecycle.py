@@ -421,12 +421,25 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report["mib_s"]) == {"stage-in", "cp -r", "cp -r + sync"}
+    assert set(report["mib_s"]) == {"stage-in", "stage-out", "cp -r", "cp -r + sync"}
     assert all(v > 0 for v in report["mib_s"].values())
-    assert report["ratio_vs_cp"] == pytest.approx(
-        report["mib_s"]["stage-in"] / report["mib_s"]["cp -r"]
+    assert report["ratio_vs_cp_sync"] == pytest.approx(
+        report["mib_s"]["stage-in"] / report["mib_s"]["cp -r + sync"]
     )
+    assert report["stage_out_ratio_vs_cp_sync"] == pytest.approx(
+        report["mib_s"]["stage-out"] / report["mib_s"]["cp -r + sync"]
+    )
+    # What the device did: stage-in wrote the tree (direct writes) at least once.
+    if report["device"] is not None:
+        assert report["device_mib"]["stage-in"]["written"] >= 32
+    small = report["small"]
+    assert small["files"] == 200 and all(v > 0 for v in small["files_s"].values())
+    assert small["ratio_vs_create"] == pytest.approx(
+        small["files_s"]["stage-in"] / small["files_s"]["create"]
+    )
+    assert len(report["targets"]) == 3
     assert report["files"] == 4 and report["data_fs"] != "tmpfs"
     assert not Path(report["data_dir"]).exists()
-    assert "stage-in / cp -r" in rendered(staging.render, report)
+    text = rendered(staging.render, report)
+    assert "stage-out / cp -r + sync" in text and "small stage-in / create" in text
     assert descendants(os.getpid()) == []

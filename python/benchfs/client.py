@@ -200,6 +200,13 @@ class File(io.RawIOBase):
         """Bytes per chunk of the file's layout: the ranges of its checksum."""
         return self._core.chunk_size
 
+    def checksum(self) -> FileChecksum:
+        """As `Client.checksum`, at the size this handle knows (the size at open and its own
+        writes), without looking the path up again."""
+        self._check_open()
+        c = self._core.checksum()
+        return FileChecksum(c["size"], c["chunk_size"], tuple(c["chunks"]))
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pos={self._pos}"
         return f"<benchfs.File {self._core.path!r} mode={self._mode!r} {state}>"
@@ -511,6 +518,10 @@ class Client:
     def chmod(self, path: str, mode: int) -> None:
         """Sets the permission bits (stored and reported; BenchFS does not enforce them)."""
         self._core.set_attr(path, mode=mode & 0o7777)
+
+    def set_attrs(self, path: str, mode: int, mtime_ns: int) -> None:
+        """`chmod` and `utime` at once, in one request."""
+        self._core.set_attr(path, mode=mode & 0o7777, mtime_ns=mtime_ns)
 
     def utime(self, path: str, mtime_ns: int, follow_symlinks: bool = True) -> None:
         """Sets the modification time, in nanoseconds since the Unix epoch; with

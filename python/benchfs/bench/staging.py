@@ -1,11 +1,19 @@
-"""`benchfs-bench staging`: `benchfs stage-in` of a tree of large files beside `cp -r` of the
-same tree into a directory of the same file system, interleaved, medians.
+"""`benchfs-bench staging`: `benchfs stage-in` and `stage-out` beside `cp -r` and `cp -r` +
+`sync` of the same tree on the same disk, interleaved, medians; and a tree of many small files
+staged in beside the create rate of the same clients and servers.
 
 The servers keep their data on the disk under the scratch directory (direct writes, as by
-default), so both copies read the same source and write to the same device. `cp -r` returns
-with its data in the page cache; `cp -r` + `sync` is timed too, as the durable comparison.
-Stage-in includes what staging always does: an xxh3 checksum of every byte, the read-back
-from BenchFS that verifies it, and the modes and times set on every file.
+default), so every copy reads the same source and writes to the same device. `cp -r` returns
+with its data in the page cache; `cp -r` + `sync` is the durable comparison, and the one the
+targets use: stage-out fsyncs what it writes, and stage-in's copy is on the servers' device
+(direct writes) and verified there. Both stagings include what staging always does: a
+checksum of every byte read, the servers' checksums of what they store (read back from their
+device) compared with it, and the modes and times set on every file. The device's own counts
+(/proc/diskstats) of bytes read and written during each copy show where the time goes.
+
+Small files: `files` x 4 KiB staged in with the same threads, against the rate at which the
+same number of clients create empty files (`open(O_CREAT | O_EXCL)` + `close`, as
+`benchfs-bench meta` measures it) on the same servers.
 """
 
 from __future__ import annotations
@@ -14,35 +22,41 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from benchfs import Client
-from benchfs.bench.cluster import BenchCluster
+from benchfs.bench.cluster import BenchCluster, on_threads
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.bench.stats import interleave, median, ratio
 from benchfs.lifecycle.stage import BenchfsSide, LocalSide, stage
-from benchfs.units import MIB
+from benchfs.units import KIB, MIB
 
-TOOLS = ("stage-in", "cp -r", "cp -r + sync")
+TOOLS = ("stage-in", "stage-out", "cp -r", "cp -r + sync")
 TARGET = 0.8
-"""Stage-in at least this fraction of `cp -r`'s bandwidth (the issue's target)."""
+"""Stage-in and stage-out at least this fraction of `cp -r` + `sync`'s bandwidth."""
+SMALL_TARGET = 0.5
+"""Small files staged in at least this fraction of the create rate."""
+SMALL_SIZE = 4 * KIB
 
 
 @dataclass(frozen=True)
 class StagingSettings:
-    files: int = 16
+    files: int = 64
     file_size: int = 64 * MIB
+    small_files: int = 100_000
     servers: int = 2
     threads: int = 4
-    repeats: int = 3
+    repeats: int = 5
 
     @classmethod
     def quick(cls) -> StagingSettings:
-        return cls(files=4, file_size=8 * MIB, repeats=1)
+        return cls(files=4, file_size=8 * MIB, small_files=200, repeats=1)
 
 
 def _make_source(src: Path, settings: StagingSettings) -> None:
@@ -52,6 +66,16 @@ def _make_source(src: Path, settings: StagingSettings) -> None:
         with open(src / f"f{i:03d}", "wb") as f:
             for j in range(settings.file_size // MIB):
                 f.write(block[j % 7 :] + block[: j % 7])  # distinct blocks, no compression luck
+
+
+def _make_small(src: Path, count: int) -> None:
+    """`count` files of 4 KiB, 1,000 to a directory."""
+    data = os.urandom(SMALL_SIZE + count)
+    for i in range(count):
+        d = src / f"d{i // 1000:03d}"
+        if i % 1000 == 0:
+            d.mkdir(parents=True)
+        (d / f"s{i:06d}").write_bytes(data[i : i + SMALL_SIZE])
 
 
 def _remove_tree(client: Client, path: str) -> None:
@@ -64,41 +88,102 @@ def _remove_tree(client: Client, path: str) -> None:
     client.rmdir(path)
 
 
+def _device_of(path: Path) -> str | None:
+    """The /proc/diskstats name of the block device holding `path` (None if not listed)."""
+    dev = os.stat(path).st_dev
+    want = (os.major(dev), os.minor(dev))
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if (int(fields[0]), int(fields[1])) == want:
+                return fields[2]
+    return None
+
+
+def _device_bytes(device: str | None) -> tuple[int, int]:
+    """(read, written) bytes of `device` since boot; (0, 0) when unknown."""
+    if device is None:
+        return 0, 0
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] == device:
+                return int(fields[5]) * 512, int(fields[9]) * 512
+    return 0, 0
+
+
+def _timed(device: str | None, run: Callable[[], None]) -> tuple[float, int, int]:
+    """Seconds `run` took, and the device's bytes read and written meanwhile."""
+    r0, w0 = _device_bytes(device)
+    t0 = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - t0
+    r1, w1 = _device_bytes(device)
+    return elapsed, r1 - r0, w1 - w0
+
+
+def _cp(src: Path, dest: Path, sync: bool) -> None:
+    subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
+    if sync:
+        subprocess.run(["sync", "-f", str(dest)], check=True)
+
+
 def run_staging(root: Path, settings: StagingSettings, benchfsd: str) -> dict[str, Any]:
-    src = root / "src"
+    src, small = root / "src", root / "small"
     _make_source(src, settings)
+    _make_small(small, settings.small_files)
     total = settings.files * settings.file_size
+    device = _device_of(root)
     cluster = BenchCluster(
         root / "cluster", "staging", settings.servers, ["storage.direct_write=true"], benchfsd
     )
     cluster.start()
     seconds: dict[str, list[float]] = {tool: [] for tool in TOOLS}
+    device_mib: dict[str, list[tuple[float, float]]] = {tool: [] for tool in TOOLS}
+    subprocess.run(["sync", "-f", str(root)], check=True)
     try:
         config = cluster.config_text()
+
+        def connect() -> Client:
+            return Client(cluster.registry, config)
+
         for step in interleave(["tree"], settings.repeats, TOOLS):
-            if step.tool == "stage-in":
-                side = BenchfsSide(f"/in-{step.repeat}", lambda: Client(cluster.registry, config))
-                t0 = time.perf_counter()
-                stage(
-                    LocalSide(src), side, "in", root / f"stage-{step.repeat}.json", settings.threads
-                )
-                seconds[step.tool].append(time.perf_counter() - t0)
-                side.close()
-                with Client(cluster.registry, config) as c:
-                    _remove_tree(c, f"/in-{step.repeat}")
-            else:
-                dest = root / f"cp-{step.repeat}"
-                t0 = time.perf_counter()
-                subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
-                if step.tool == "cp -r + sync":
-                    subprocess.run(["sync", "-f", str(dest)], check=True)
-                seconds[step.tool].append(time.perf_counter() - t0)
+            n = step.repeat
+            if step.tool == "stage-out":
+                continue  # right after its stage-in, below, so the tree is there
+            if step.tool != "stage-in":
+                dest = root / f"cp-{n}"
+                measured = _timed(device, partial(_cp, src, dest, step.tool == "cp -r + sync"))
+                seconds[step.tool].append(measured[0])
+                device_mib[step.tool].append((measured[1] / MIB, measured[2] / MIB))
                 shutil.rmtree(dest)
-                subprocess.run(["sync", "-f", str(root)], check=True)  # the next case starts clean
+                subprocess.run(["sync", "-f", str(root)], check=True)  # the next starts clean
+                continue
+            for direction, src_side, dst_side in (
+                ("in", LocalSide(src), BenchfsSide(f"/in-{n}", connect)),
+                ("out", BenchfsSide(f"/in-{n}", connect), LocalSide(root / f"out-{n}")),
+            ):
+                tool = f"stage-{direction}"
+                manifest = root / f"{tool}-{n}.json"
+                copy = partial(stage, src_side, dst_side, direction, manifest, settings.threads)
+                measured = _timed(device, copy)
+                seconds[tool].append(measured[0])
+                device_mib[tool].append((measured[1] / MIB, measured[2] / MIB))
+                for side in (src_side, dst_side):
+                    if isinstance(side, BenchfsSide):
+                        side.close()
+                subprocess.run(["sync", "-f", str(root)], check=True)
+            shutil.rmtree(root / f"out-{n}")
+            with connect() as c:
+                _remove_tree(c, f"/in-{n}")
+        small_report = _small_files(root, small, settings, connect)
     finally:
         cluster.stop()
     mib_s = {tool: total / MIB / median(s) for tool, s in seconds.items()}
-    vs_cp = ratio(mib_s["stage-in"], mib_s["cp -r"])
+    durable = mib_s["cp -r + sync"]
+    in_vs = ratio(mib_s["stage-in"], durable)
+    out_vs = ratio(mib_s["stage-out"], durable)
+    small_vs = small_report["ratio_vs_create"]
     return {
         "files": settings.files,
         "file_size": settings.file_size,
@@ -107,16 +192,86 @@ def run_staging(root: Path, settings: StagingSettings, benchfsd: str) -> dict[st
         "repeats": settings.repeats,
         "seconds": seconds,
         "mib_s": mib_s,
-        "ratio_vs_cp": vs_cp,
-        "ratio_vs_cp_sync": ratio(mib_s["stage-in"], mib_s["cp -r + sync"]),
+        "device_mib": {
+            tool: {"read": median(r for r, _ in v), "written": median(w for _, w in v)}
+            for tool, v in device_mib.items()
+        },
+        "device": device,
+        "ratio_vs_cp": ratio(mib_s["stage-in"], mib_s["cp -r"]),
+        "ratio_vs_cp_sync": in_vs,
+        "stage_out_ratio_vs_cp_sync": out_vs,
+        "small": small_report,
         "targets": [
             {
-                "target": f"stage-in >= {TARGET}x cp -r",
-                "met": None if vs_cp is None else vs_cp >= TARGET,
-            }
+                "target": f"stage-in >= {TARGET}x cp -r + sync",
+                "met": None if in_vs is None else in_vs >= TARGET,
+            },
+            {
+                "target": f"stage-out >= {TARGET}x cp -r + sync",
+                "met": None if out_vs is None else out_vs >= TARGET,
+            },
+            {
+                "target": f"small files staged in >= {SMALL_TARGET}x the create rate",
+                "met": None if small_vs is None else small_vs >= SMALL_TARGET,
+            },
         ],
         "data_dir": str(root),
     }
+
+
+def _small_files(
+    root: Path, small: Path, settings: StagingSettings, connect: Callable[[], Client]
+) -> dict[str, Any]:
+    """The small tree staged in, `cp -r` + `sync` of it, and the create rate of as many
+    clients as staging has threads, interleaved; files per second, medians."""
+    count = settings.small_files
+    rates: dict[str, list[float]] = {"stage-in": [], "cp -r + sync": [], "create": []}
+    clients = [connect() for _ in range(settings.threads)]
+    try:
+        for step in interleave(["small"], settings.repeats, tuple(rates)):
+            n = step.repeat
+            if step.tool == "create":
+                rates["create"].append(_create_rate(clients, count // len(clients), f"/create-{n}"))
+            elif step.tool == "stage-in":
+                side = BenchfsSide(f"/small-{n}", connect)
+                t0 = time.perf_counter()
+                stage(LocalSide(small), side, "in", root / f"small-{n}.json", settings.threads)
+                rates["stage-in"].append(count / (time.perf_counter() - t0))
+                side.close()
+                _remove_tree(clients[0], f"/small-{n}")
+            else:
+                t0 = time.perf_counter()
+                _cp(small, root / f"small-cp-{n}", sync=True)
+                rates["cp -r + sync"].append(count / (time.perf_counter() - t0))
+                shutil.rmtree(root / f"small-cp-{n}")
+            subprocess.run(["sync", "-f", str(root)], check=True)
+    finally:
+        for c in clients:
+            c.close()
+    files_s = {tool: median(v) for tool, v in rates.items()}
+    return {
+        "files": count,
+        "file_size": SMALL_SIZE,
+        "files_s": files_s,
+        "ratio_vs_create": ratio(files_s["stage-in"], files_s["create"]),
+        "ratio_vs_cp_sync": ratio(files_s["stage-in"], files_s["cp -r + sync"]),
+    }
+
+
+def _create_rate(clients: list[Client], per_client: int, top: str) -> float:
+    """Empty files created per second by every client at once, each in its own directory
+    under `top` (removed afterwards)."""
+    clients[0].mkdir(top)
+    for i in range(len(clients)):
+        clients[0].mkdir(f"{top}/{i}")
+
+    def create(c: Client, i: int) -> None:
+        for k in range(per_client):
+            c.open(f"{top}/{i}/f{k}", os.O_RDWR | os.O_CREAT | os.O_EXCL).close()
+
+    took = on_threads(clients, create)[0]
+    _remove_tree(clients[0], top)
+    return per_client * len(clients) / took
 
 
 def render(console: Console, report: dict[str, Any]) -> None:
@@ -124,16 +279,33 @@ def render(console: Console, report: dict[str, Any]) -> None:
         f"benchfs-bench staging: {report['files']} files x {report['file_size'] // MIB} MiB, "
         f"{report['servers']} servers, {report['threads']} threads, median of "
         f"{report['repeats']}",
-        ["MiB/s", "seconds"],
+        ["MiB/s", "seconds", "device read MiB", "device written MiB"],
     )
     for tool in TOOLS:
-        table.add_row(tool, fmt(report["mib_s"][tool], 1), fmt(median(report["seconds"][tool]), 2))
+        dev = report["device_mib"][tool]
+        table.add_row(
+            tool,
+            fmt(report["mib_s"][tool], 1),
+            fmt(median(report["seconds"][tool]), 2),
+            fmt(dev["read"]),
+            fmt(dev["written"]),
+        )
+    console.print(table)
+    small = report["small"]
+    table = report_table(
+        f"small files: {small['files']} x {small['file_size'] // KIB} KiB", ["files/s"]
+    )
+    for tool, rate in small["files_s"].items():
+        table.add_row(tool, fmt(rate))
     console.print(table)
     print_lines_and_targets(
         console,
         [
             ("stage-in / cp -r", fmt(report["ratio_vs_cp"], 2) + "x"),
             ("stage-in / cp -r + sync", fmt(report["ratio_vs_cp_sync"], 2) + "x"),
+            ("stage-out / cp -r + sync", fmt(report["stage_out_ratio_vs_cp_sync"], 2) + "x"),
+            ("small stage-in / create", fmt(small["ratio_vs_create"], 2) + "x"),
+            ("small stage-in / cp -r + sync", fmt(small["ratio_vs_cp_sync"], 2) + "x"),
         ],
         report["targets"],
     )

@@ -27,7 +27,8 @@ from benchfs.cli.consoles import console
 from benchfs.cli.options import cluster_options
 from benchfs.cli.progress import make_progress
 from benchfs.client import Client
-from benchfs.errors import EXIT_FAILED, BenchfsError
+from benchfs.errors import EXIT_FAILED, BenchfsError, errno_name
+from benchfs.lifecycle.spread import NodeCopier
 from benchfs.lifecycle.stage import BenchfsSide, LocalSide, manifest_path_for, stage
 from benchfs.lifecycle.start import start_job
 from benchfs.lifecycle.state import JobState, find_job
@@ -120,6 +121,11 @@ _follow_option = click.option(
     "--follow-links", is_flag=True,
     help="Copy what symbolic links lead to, as cp -rL does [keep them as links, as cp -a].",
 )  # fmt: skip
+_nodes_option = click.option(
+    "--nodes", "across_nodes", is_flag=True,
+    help="Copy on every client node of the job, each its share, through the job's launcher "
+    "(the local directory must be seen at the same path on every node) [this process].",
+)  # fmt: skip
 
 
 @main.command()
@@ -189,8 +195,9 @@ def stop(job: str | None, keep_data: bool | None, stage_out: str | None) -> None
 
 def _stage(
     state: JobState, direction: str, source: str, destination: str, threads: int,
-    manifest: str | None, follow_links: bool = False,
+    manifest: str | None, follow_links: bool = False, across_nodes: bool = False,
 ) -> None:  # fmt: skip
+    state.use_network()
     config = Path(state.config).read_text()
     bfs = BenchfsSide(
         destination if direction == "in" else source, lambda: Client(state.registry, config)
@@ -204,8 +211,13 @@ def _stage(
         if manifest
         else manifest_path_for(Path(state.run_dir), direction, src.label, dst.label)
     )
+    copier = (
+        NodeCopier(state, direction, local.root, bfs.root, threads, _say) if across_nodes else None
+    )
     try:
-        report = stage(src, dst, direction, path, threads, say=_say, follow_links=follow_links)
+        report = stage(
+            src, dst, direction, path, threads, say=_say, follow_links=follow_links, copier=copier
+        )
     finally:
         bfs.close()
     m = report.manifest
@@ -222,15 +234,17 @@ def _stage(
 
 def _run_stage(
     direction: str, source: str, destination: str, job: str | None, threads: int,
-    manifest: str | None, follow_links: bool,
+    manifest: str | None, follow_links: bool, across_nodes: bool,
 ) -> None:  # fmt: skip
     try:
         _stage(
             JobState.load(find_job(job)), direction, source, destination, threads, manifest,
-            follow_links,
+            follow_links, across_nodes,
         )  # fmt: skip
     except BenchfsError as e:
         _fail(e)
+    except OSError as e:  # BenchFS unreachable, or the local side refused
+        _fail(BenchfsError(errno_name(e), str(e)))
 
 
 @main.command("stage-in")
@@ -240,15 +254,16 @@ def _run_stage(
 @_threads_option
 @_manifest_option
 @_follow_option
+@_nodes_option
 def stage_in(
     source: str, destination: str, job: str | None, threads: int, manifest: str | None,
-    follow_links: bool,
+    follow_links: bool, across_nodes: bool,
 ) -> None:  # fmt: skip
     """Copy the local directory SOURCE into the BenchFS directory DESTINATION [/]: in
     parallel, every file checked against the servers' checksums, sizes, modes and times
     kept, symbolic links kept as links; resumable (files already verified are skipped,
     damaged ones copied again)."""
-    _run_stage("in", source, destination, job, threads, manifest, follow_links)
+    _run_stage("in", source, destination, job, threads, manifest, follow_links, across_nodes)
 
 
 @main.command("stage-out")
@@ -258,13 +273,14 @@ def stage_in(
 @_threads_option
 @_manifest_option
 @_follow_option
+@_nodes_option
 def stage_out(
     source: str, destination: str, job: str | None, threads: int, manifest: str | None,
-    follow_links: bool,
+    follow_links: bool, across_nodes: bool,
 ) -> None:  # fmt: skip
     """Copy the BenchFS directory SOURCE into the local directory DESTINATION, as stage-in
     does the other way; every file and directory written is fsynced before it succeeds."""
-    _run_stage("out", source, destination, job, threads, manifest, follow_links)
+    _run_stage("out", source, destination, job, threads, manifest, follow_links, across_nodes)
 
 
 @main.command("find")
@@ -303,6 +319,7 @@ def find(
     newer_ns = Path(newer).stat().st_mtime_ns if newer else 0
     try:
         state = JobState.load(find_job(job))
+        state.use_network()
         with Client(state.registry, Path(state.config).read_text()) as c:
             result = c.find(
                 root,

@@ -81,9 +81,9 @@ class Side(Protocol):
         """A link at `rel` (replacing a file or link there), with its own time."""
         ...
 
-    def checksum(self, rel: str) -> FileChecksum | None:
-        """The file's checksum as its storage holds it, computed where it is stored; None
-        where only reading the file back could tell."""
+    def checksum(self, f: BinaryIO) -> FileChecksum | None:
+        """The checksum of a file open on this side, as its storage holds it, computed where
+        it is stored; None where only reading the file back could tell."""
         ...
 
     def sync(self, f: BinaryIO) -> None:
@@ -188,7 +188,7 @@ class LocalSide:
         os.symlink(target, path)
         os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
 
-    def checksum(self, rel: str) -> FileChecksum | None:
+    def checksum(self, f: BinaryIO) -> FileChecksum | None:
         return None
 
     def sync(self, f: BinaryIO) -> None:
@@ -290,9 +290,7 @@ class BenchfsSide:
         return st.st_size, st.st_mtime_ns
 
     def set_attrs(self, rel: str, mode: int, mtime_ns: int) -> None:
-        path = _join(self.root, rel)
-        self.client.chmod(path, mode)
-        self.client.utime(path, mtime_ns)
+        self.client.set_attrs(_join(self.root, rel), mode, mtime_ns)
 
     def symlink(self, rel: str, target: str, mtime_ns: int) -> None:
         path = _join(self.root, rel)
@@ -304,8 +302,9 @@ class BenchfsSide:
         self.client.symlink(target, path)
         self.client.utime(path, mtime_ns, follow_symlinks=False)
 
-    def checksum(self, rel: str) -> FileChecksum | None:
-        return self.client.checksum(_join(self.root, rel))
+    def checksum(self, f: BinaryIO) -> FileChecksum | None:
+        assert isinstance(f, File)
+        return f.checksum()
 
     def sync(self, f: BinaryIO) -> None:
         """Nothing: BenchFS holds the job's working copy, whose source stays where it was."""
@@ -322,6 +321,60 @@ class StageFailed(JobError):
 class StageReport:
     manifest: dict[str, Any]
     path: Path
+
+
+@dataclass
+class Copied:
+    """What copying a list of files did: a manifest record per file verified, an error per
+    file not staged, and the seconds spent in fsync."""
+
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    fsync_seconds: float = 0.0
+
+    @property
+    def bytes(self) -> int:
+        return sum(r["size"] for r in self.records.values())
+
+    def merge(self, other: Copied) -> None:
+        self.records.update(other.records)
+        self.errors.extend(other.errors)
+        self.fsync_seconds += other.fsync_seconds
+
+
+Copier = Callable[[list[Entry]], Copied]
+"""Copies the files listed (of the tree being staged) and verifies them."""
+
+
+def copy_files(
+    src: Side, dst: Side, todo: list[Entry], threads: int, say: Callable[[str], None]
+) -> Copied:
+    """Copy and verify `todo` on `threads` threads of this process, largest files first."""
+    progress = _Progress(say, len(todo), sum(e.size for e in todo))
+    copied = Copied()
+    lock = threading.Lock()
+    buffers = threading.local()
+
+    def one(e: Entry) -> None:
+        try:
+            sums, sync_s = _copy(src, dst, e, buffers)
+        except OSError as err:
+            with lock:
+                copied.errors.append(str(err) if e.path in str(err) else f"{e.path}: {err}")
+            return
+        with lock:
+            copied.records[e.path] = {
+                "path": e.path, "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns,
+                "chunk_size": sums.chunk_size, "chunks": list(sums.chunks), "verified": True,
+            }  # fmt: skip
+            copied.fsync_seconds += sync_s
+            progress.add(e.size)
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        # Largest first, so one big file does not finish alone at the end.
+        for f in as_completed([pool.submit(one, e) for e in sorted(todo, key=lambda e: -e.size)]):
+            f.result()
+    return copied
 
 
 @dataclass
@@ -386,9 +439,10 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         t0 = time.monotonic()
         dst.sync(w)
         synced = time.monotonic() - t0
+        # Through the open file: no lookup, and the size its handle knows.
+        side, f = (dst, w) if isinstance(w, File) else (src, r)
+        stored = side.checksum(f)
     sent = hasher.result()
-    side = dst if isinstance(dst, BenchfsSide) else src
-    stored = side.checksum(e.path)
     if stored is None:  # neither side is BenchFS: read the copy back
         back = ChunkHasher(sent.chunk_size)
         with dst.open_read(e.path) as r:
@@ -413,10 +467,12 @@ def stage(
     threads: int = 4,
     say: Callable[[str], None] = lambda _: None,
     follow_links: bool = False,
+    copier: Copier | None = None,
 ) -> StageReport:
     """Copy the tree of `src` into `dst` (see the module's docstring); the report of what
-    moved. Raises StageFailed when any file could not be staged whole (the manifest is
-    written first, with status "failed")."""
+    moved. The files are copied by `copier` (default: `threads` threads of this process; the
+    directories, links and the manifest are this process's). Raises StageFailed when any
+    file could not be staged whole (the manifest is written first, with status "failed")."""
     started_at, started = utc_now(), time.monotonic()
     entries, notes = src.walk(follow_links)
     files = [e for e in entries if e.kind == "file"]
@@ -441,31 +497,13 @@ def stage(
         todo.append(e)
     skipped = len(files) - len(todo)
     say(f"staging {len(todo)} files ({skipped} already verified) from {src.label} to {dst.label}")
-    progress = _Progress(say, len(todo), sum(e.size for e in todo))
-    errors: list[str] = []
-    lock = threading.Lock()
-    buffers = threading.local()
-    synced = [0.0]
-
-    def one(e: Entry) -> None:
-        try:
-            sums, sync_s = _copy(src, dst, e, buffers)
-        except OSError as err:
-            with lock:
-                errors.append(str(err) if e.path in str(err) else f"{e.path}: {err}")
-            return
-        with lock:
-            records[e.path] = {
-                "path": e.path, "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns,
-                "chunk_size": sums.chunk_size, "chunks": list(sums.chunks), "verified": True,
-            }  # fmt: skip
-            synced[0] += sync_s
-            progress.add(e.size)
-
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        # Largest first, so one big file does not finish alone at the end.
-        for f in as_completed([pool.submit(one, e) for e in sorted(todo, key=lambda e: -e.size)]):
-            f.result()
+    if copier is None:
+        copied = copy_files(src, dst, todo, threads, say)
+    else:
+        copied = copier(todo)
+    records.update(copied.records)
+    errors = list(copied.errors)
+    fsync_s = copied.fsync_seconds
     for link in links:
         try:
             dst.symlink(link.path, link.target, link.mtime_ns)
@@ -483,7 +521,7 @@ def stage(
             dst.sync_dir(rel)
         except OSError as err:
             errors.append(f"{_join(dst.label, rel)}: {err}")
-    synced[0] += time.monotonic() - t0
+    fsync_s += time.monotonic() - t0
     manifest = {
         "format": STAGE_FORMAT,
         "version": STAGE_VERSION,
@@ -496,11 +534,11 @@ def stage(
         "files": [records[e.path] for e in files if e.path in records],
         "dirs": [d.path for d in dirs],
         "links": [{"path": e.path, "target": e.target} for e in links],
-        "bytes_copied": progress.bytes,
-        "files_copied": progress.files,
+        "bytes_copied": copied.bytes,
+        "files_copied": len(copied.records),
         "files_skipped": skipped,
         "seconds": round(time.monotonic() - started, 3),
-        "fsync_seconds": round(synced[0], 3),
+        "fsync_seconds": round(fsync_s, 3),
         "errors": sorted(errors),
         "notes": notes,
     }

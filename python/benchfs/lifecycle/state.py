@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from benchfs.errors import JobError
+from benchfs.nodes import Node, load_nodes
 from benchfs.procs import ProcessRef
-from benchfs.results import read_json, write_json_atomic
+from benchfs.results import RunDir, read_json, write_json_atomic
 
 JOB_FILE = "job.json"
 ENV_FILE = "benchfs.env"
@@ -75,6 +76,24 @@ class JobState:
             refs += [ProcessRef(pid, start) for pid, start in p.get("children", [])]
             out.append((p, refs))
         return out
+
+    def client_nodes(self) -> list[Node]:
+        """The nodes the job's clients run on (every node if the record marks none)."""
+        run_dir = RunDir(Path(self.run_dir))
+        nodes = {n.name: n for n in load_nodes(run_dir.nodes_path)}
+        recorded = read_json(run_dir.manifest_path).get("nodes") or []
+        names = [r["name"] for r in recorded if r.get("ranks")] or [r["name"] for r in recorded]
+        return [nodes[name] for name in names if name in nodes] or list(nodes.values())
+
+    def use_network(self) -> None:
+        """This process's clients connect from the job's network: on nodes in network
+        namespaces, which this host is not part of, from the first client node's
+        (`BENCHFS_NETNS`, unless already set)."""
+        if os.environ.get("BENCHFS_NETNS"):
+            return
+        netns = next((n.netns for n in self.client_nodes() if n.netns), "")
+        if netns:
+            os.environ["BENCHFS_NETNS"] = netns
 
     def env_text(self) -> str:
         """The `export` lines of the job (what `eval "$(benchfs start ...)"` applies)."""

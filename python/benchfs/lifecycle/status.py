@@ -41,6 +41,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     not), "down" (none does) or "stopped"; per server its process, registration and
     capacity; the mount; the cluster's capacity."""
     state = JobState.load(job_dir)
+    state.use_network()
     here = state.host == this_host()
     registry = Path(state.registry)
     out: dict[str, Any] = {

@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use benchfs_core::client::{Client as CoreClient, FileHandle};
+use benchfs_core::client::{Client as CoreClient, FileChecksum, FileHandle};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
@@ -393,12 +393,7 @@ impl PyClient {
     /// {"size", "chunk_size", "chunks": [32 hex digits, as xxhash's hexdigest]}.
     fn checksum<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
         let c = self.with(py, |c| c.checksum(path))?;
-        let out = PyDict::new(py);
-        out.set_item("size", c.size)?;
-        out.set_item("chunk_size", c.chunk_size)?;
-        let hex: Vec<String> = c.chunks.iter().map(|h| format!("{h:032x}")).collect();
-        out.set_item("chunks", hex)?;
-        Ok(out)
+        checksum_dict(py, &c)
     }
 
     /// The cluster's capacity and each server's part (docs/python.md).
@@ -469,6 +464,17 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Dir => "dir",
         Kind::Symlink => "symlink",
     }
+}
+
+/// A checksum for Python: {"size", "chunk_size", "chunks": [32 hex digits, as xxhash's
+/// hexdigest]}.
+fn checksum_dict<'py>(py: Python<'py>, c: &FileChecksum) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("size", c.size)?;
+    out.set_item("chunk_size", c.chunk_size)?;
+    let hex: Vec<String> = c.chunks.iter().map(|h| format!("{h:032x}")).collect();
+    out.set_item("chunks", hex)?;
+    Ok(out)
 }
 
 fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
@@ -590,6 +596,12 @@ impl PyFile {
     #[getter]
     fn id(&self, py: Python<'_>) -> PyResult<String> {
         self.with(py, |_, f| Ok(f.attr.id.hex()))
+    }
+
+    /// As the client's checksum, for this file at the size this handle knows.
+    fn checksum<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.with(py, |c, f| c.checksum_file(f))?;
+        checksum_dict(py, &c)
     }
 
     /// Bytes per chunk of this file's layout (its checksum's ranges).

@@ -159,62 +159,69 @@ impl Client {
         self.report_size(file)
     }
 
-    /// The xxh3-128 of each chunk-aligned range of the file at `path` (links followed), as
-    /// the servers holding them read them back from their stores: the ranges of every server
-    /// are hashed at once, at most `client.max_inflight` requests in flight. This client's
-    /// writes behind of the file are waited for first.
+    /// The xxh3-128 of each chunk-aligned range of the file at `path` (links followed, its
+    /// size as its metadata owner knows it), as the servers holding them read them back from
+    /// their stores: the ranges of every server are hashed at once, at most
+    /// `client.max_inflight` requests in flight. This client's writes behind of the file are
+    /// waited for first.
     pub fn checksum(&self, path: &str) -> Result<FileChecksum> {
         let _call = self.telemetry_call(OpKind::Read);
         let path = self.checked("checksum", path)?;
-        let attr = self.run(async {
-            let attr = self.stat_following(&path).await?;
-            if self.writes_behind(attr.id.0) {
-                self.settle_file(attr.id.0, true).await?;
-            }
-            Ok(attr)
-        })?;
+        let attr = self.run(self.stat_following(&path))?;
         if attr.kind != Kind::File {
+            let errno = if attr.kind == Kind::Dir {
+                libc::EISDIR
+            } else {
+                libc::EINVAL
+            };
             return Err(Error::Path {
                 op: "checksum",
                 path,
-                errno: if attr.kind == Kind::Dir {
-                    libc::EISDIR
-                } else {
-                    libc::EINVAL
-                },
+                errno,
             });
         }
+        let size = attr.size;
+        self.run(self.checksum_of(&attr, size))
+    }
+
+    /// As [`Client::checksum`], for an open file: its size as this handle knows it (the
+    /// owner's at open and its own writes), so no lookup is needed.
+    pub fn checksum_file(&self, file: &FileHandle) -> Result<FileChecksum> {
+        let _call = self.telemetry_call(OpKind::Read);
+        self.run(self.checksum_of(&file.attr, file.size()))
+    }
+
+    async fn checksum_of(&self, attr: &Attr, size: u64) -> Result<FileChecksum> {
+        if self.writes_behind(attr.id.0) {
+            self.settle_file(attr.id.0, true).await?;
+        }
         let cs = attr.layout.chunk_size.max(1);
-        let count = attr.size.div_ceil(cs);
+        let count = size.div_ceil(cs);
         let window = self.config.client.max_inflight as usize;
-        let chunks = self.run(async {
-            let ready = Instant::now();
-            let attr = &attr;
-            let calls = (0..count).map(|chunk| async move {
-                let len = (attr.size - chunk * cs).min(cs);
-                let header = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, len);
-                let mut digest = [0u8; CHECKSUM_LEN];
-                let reply = self
-                    .call(self.route(attr, chunk), header, &[], Some(&mut digest[..]), ready)
-                    .await?;
-                if reply.length as usize != CHECKSUM_LEN {
-                    return Err(Error::Protocol(format!(
-                        "checksum reply of {} bytes, not {CHECKSUM_LEN}",
-                        reply.length
-                    )));
-                }
-                Ok((chunk, u128::from_le_bytes(digest)))
-            });
-            let mut results = stream::iter(calls).buffer_unordered(window);
-            let mut chunks = vec![0u128; count as usize];
-            while let Some(r) = results.next().await {
-                let (chunk, digest) = r?;
-                chunks[chunk as usize] = digest;
+        let ready = Instant::now();
+        let calls = (0..count).map(|chunk| async move {
+            let len = (size - chunk * cs).min(cs);
+            let header = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, len);
+            let mut digest = [0u8; CHECKSUM_LEN];
+            let reply = self
+                .call(self.route(attr, chunk), header, &[], Some(&mut digest[..]), ready)
+                .await?;
+            if reply.length as usize != CHECKSUM_LEN {
+                return Err(Error::Protocol(format!(
+                    "checksum reply of {} bytes, not {CHECKSUM_LEN}",
+                    reply.length
+                )));
             }
-            Ok(chunks)
-        })?;
+            Ok((chunk, u128::from_le_bytes(digest)))
+        });
+        let mut results = stream::iter(calls).buffer_unordered(window);
+        let mut chunks = vec![0u128; count as usize];
+        while let Some(r) = results.next().await {
+            let (chunk, digest) = r?;
+            chunks[chunk as usize] = digest;
+        }
         Ok(FileChecksum {
-            size: attr.size,
+            size,
             chunk_size: cs,
             chunks,
         })

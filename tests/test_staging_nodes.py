@@ -1,0 +1,123 @@
+"""Staging across the job's nodes (`benchfs stage-in --nodes`, `stage-out --nodes`): four
+nodes in their own network namespaces, each running a server and a client; every node's
+process copies its share of a tree (largest files first, shares balanced by bytes) and its
+bytes cross that node's own link; one manifest names the node of every file; the tree comes
+back out the same way, byte for byte."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchfs import schemas
+from benchfs.lifecycle.spread import shares
+from benchfs.lifecycle.stage import Entry
+from benchfs.results import read_json
+from conftest import benchfs_run_command
+from test_lifecycle import BIN, exports
+from test_netns_nodes import link_bytes
+from test_preload import own_env
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and ip"
+)
+
+TAG = f"st{os.getpid() % 100000}"
+NODES = ("n1", "n2", "n3", "n4")
+
+
+def test_shares_are_balanced_largest_first() -> None:
+    sizes = [64, 64, 64, 48, 30, 20, 10, 5, 5, 1, 0]
+    todo = [Entry(f"f{i}", "file", s, 0o644, 0) for i, s in enumerate(sizes)]
+    out = shares(todo, ["a", "b", "c"])
+    assert sorted(e.path for v in out.values() for e in v) == sorted(e.path for e in todo)
+    loads = {n: sum(e.size for e in v) for n, v in out.items()}
+    # The three largest go one to each; each next file to the least loaded node.
+    assert loads == {"a": 64 + 48, "b": 64 + 30 + 5 + 1, "c": 64 + 20 + 10 + 5 + 0}
+    assert [e.size for e in out["a"]] == sorted((e.size for e in out["a"]), reverse=True)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[dict[str, str]]:
+    nodes = tmp_path / "nodes.toml"
+    made = subprocess.run(
+        [*benchfs_run_command(), "nodes", "--netns", "4", "--netns-tag", TAG,
+         "--scratch", str(tmp_path / "scratch"), "-o", str(nodes)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    env = own_env()
+    try:
+        started = subprocess.run(
+            [str(BIN / "benchfs"), "start", "--nodes-file", str(nodes), "--servers", "4",
+             "--clients", "4", "--results-root", str(tmp_path / "results")],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        env.update(exports(started.stdout))
+        try:
+            yield env
+        finally:
+            stopped = subprocess.run(
+                [str(BIN / "benchfs"), "stop"], env=env, capture_output=True, text=True,
+                timeout=120,
+            )  # fmt: skip
+            assert stopped.returncode == 0, stopped.stderr
+    finally:
+        removed = subprocess.run(
+            [*benchfs_run_command(), "nodes", "--remove-netns", "--netns-tag", TAG],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert removed.returncode == 0, removed.stderr
+
+
+def benchfs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "benchfs"), *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.timeout(400)
+def test_every_node_stages_its_share(job: dict[str, str], tmp_path: Path) -> None:
+    rng = random.Random(7)
+    src = tmp_path / "src"
+    (src / "deep" / "er").mkdir(parents=True)
+    sizes = [8 << 20, 6 << 20, 5 << 20, 4 << 20, 3 << 20]
+    sizes += [rng.randrange(0, 300_000) for _ in range(40)]
+    for i, size in enumerate(sizes):
+        where = src if i % 3 == 0 else src / "deep" if i % 3 == 1 else src / "deep" / "er"
+        (where / f"f{i:02d}").write_bytes(rng.randbytes(size))
+    os.symlink("deep/er", src / "link")
+    sent = {n: link_bytes(f"{TAG}-{n}")[1] for n in NODES}
+    done = benchfs(job, "stage-in", "--nodes", str(src), "/data")
+    assert done.returncode == 0, done.stderr
+    staging = Path(job["BENCHFS_JOB_DIR"]) / "staging"
+    manifest_path = next(staging.glob("stage-in-*.json"))
+    manifest = read_json(manifest_path)
+    schemas.check(manifest, schemas.STAGE_MANIFEST, manifest_path)
+    assert manifest["status"] == "ok" and manifest["files_copied"] == len(sizes)
+    assert [link["path"] for link in manifest["links"]] == ["link"]
+    by_node = Counter(f["node"] for f in manifest["files"])
+    assert set(by_node) == set(NODES), by_node
+    # Each node's process copied its files (its log ends with them all) and sent what went to
+    # other nodes' servers through its own link: all in all, most of the bytes.
+    logs = next(staging.glob("shares-*"))
+    for n in NODES:
+        assert f"{by_node[n]}/{by_node[n]} files" in (logs / f"{n}.log").read_text(), n
+    moved = sum(link_bytes(f"{TAG}-{n}")[1] - sent[n] for n in NODES)
+    assert moved >= sum(sizes) // 2, moved
+
+    out = tmp_path / "out"
+    back = benchfs(job, "stage-out", "--nodes", "/data", str(out))
+    assert back.returncode == 0, back.stderr
+    assert "fsynced in" in back.stderr
+    assert subprocess.run(["diff", "-r", "--no-dereference", str(src), str(out)]).returncode == 0
+    out_manifest = read_json(next(staging.glob("stage-out-*.json")))
+    assert set(Counter(f["node"] for f in out_manifest["files"])) == set(NODES)
