@@ -332,6 +332,10 @@ def test_stop_keeps_the_data_after_a_failed_stage_out(tmp_path: Path) -> None:
         failed = benchfs("stage-out", "/r", str(bad), env=env)
         assert failed.returncode == 1 and "1 files not staged" in failed.stderr
         assert "Traceback" not in failed.stderr
+        # A destination that cannot be made: one line naming it.
+        nowhere = benchfs("stage-out", "/r", "/dev/null/out", env=env)
+        assert nowhere.returncode == 1 and "Traceback" not in nowhere.stderr
+        assert "error ENOTDIR: /dev/null/out: Not a directory" in nowhere.stderr
     finally:
         stopped = benchfs("stop", env=env)
     assert stopped.returncode == 1

@@ -173,13 +173,15 @@ static void file_per_process(void)
                  MAX_HASHES * 16, MPI_BYTE, next, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     if (other_count != count || memcmp(theirs, own_of_next, count * 16) != 0)
         FAIL("checksum of %s differs between two clients", other);
-    printf("checksum rank %d:", rank);
+    /* A short line per hash, each written at once: mpiexec interleaves the ranks' output,
+     * and a long line could be cut by another rank's. */
     for (size_t i = 0; i < count; i++) {
-        printf(" ");
+        char hex[33];
         for (int b = 0; b < 16; b++)
-            printf("%02x", mine[i][b]);
+            snprintf(hex + 2 * b, 3, "%02x", mine[i][b]);
+        printf("checksum rank %d range %zu %s\n", rank, i, hex);
+        fflush(stdout);
     }
-    printf("\n");
     EXPECT(benchfs_open(other, O_RDONLY, &f), 0);
     for (int i = 0; i < FPP_XFERS; i++)
         read_verify(f, (uint64_t)next, (uint64_t)i * XFER, "neighbour's file");

@@ -27,7 +27,7 @@ from benchfs.cli.consoles import console
 from benchfs.cli.options import cluster_options
 from benchfs.cli.progress import make_progress
 from benchfs.client import Client
-from benchfs.errors import EXIT_FAILED, BenchfsError, errno_name
+from benchfs.errors import EXIT_FAILED, BenchfsError, JobError, errno_name
 from benchfs.lifecycle.spread import NodeCopier
 from benchfs.lifecycle.stage import BenchfsSide, LocalSide, manifest_path_for, stage
 from benchfs.lifecycle.start import start_job
@@ -205,7 +205,10 @@ def _stage(
     local = LocalSide(Path(source if direction == "in" else destination).resolve())
     src, dst = (local, bfs) if direction == "in" else (bfs, local)
     if direction == "out":
-        local.root.mkdir(parents=True, exist_ok=True)
+        try:
+            local.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise JobError(errno_name(e), f"{local.root}: {e.strerror}") from e
     path = (
         Path(manifest)
         if manifest
@@ -218,6 +221,8 @@ def _stage(
         report = stage(
             src, dst, direction, path, threads, say=_say, follow_links=follow_links, copier=copier
         )
+    except OSError as e:  # BenchFS unreachable, or the local side refused: one line
+        raise JobError(errno_name(e), str(e)) from e
     finally:
         bfs.close()
     m = report.manifest
@@ -243,8 +248,6 @@ def _run_stage(
         )  # fmt: skip
     except BenchfsError as e:
         _fail(e)
-    except OSError as e:  # BenchFS unreachable, or the local side refused
-        _fail(BenchfsError(errno_name(e), str(e)))
 
 
 @main.command("stage-in")
