@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from benchfs.nodes import load_nodes
 from benchfs.simnodes import namespace_pids, namespaces
 from benchfs.units import MIB
 from conftest import InProcessCluster, benchfs_run_command
+from test_lifecycle import BIN, exports
+from test_preload import own_env
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and ip"
@@ -46,6 +49,37 @@ def link_bytes(ns: str) -> tuple[int, int]:
     )
     rx, tx = out.stdout.split()
     return int(rx), int(tx)
+
+
+@contextmanager
+def netns_job(base: Path, tag: str, *start_args: str) -> Iterator[dict[str, str]]:
+    """A job started by `benchfs start --nodes-file N START_ARGS` on 4 nodes in network
+    namespaces (`benchfs-run nodes --netns 4`, tag `tag`, under `base`): its environment
+    with the job's exports. Then stopped, and the namespaces removed."""
+    nodes = base / "nodes.toml"
+    made = run("nodes", "--netns", "4", "--netns-tag", tag, "--scratch", str(base / "scratch"),
+               "-o", str(nodes))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    env = own_env()
+    try:
+        started = subprocess.run(
+            [str(BIN / "benchfs"), "start", "--nodes-file", str(nodes), *start_args,
+             "--results-root", str(base / "results")],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        env.update(exports(started.stdout))
+        try:
+            yield env
+        finally:
+            stopped = subprocess.run(
+                [str(BIN / "benchfs"), "stop"], env=env, capture_output=True, text=True,
+                timeout=120,
+            )  # fmt: skip
+            assert stopped.returncode == 0, stopped.stderr
+    finally:
+        removed = run("nodes", "--remove-netns", "--netns-tag", tag)
+        assert removed.returncode == 0, removed.stderr
 
 
 @pytest.fixture

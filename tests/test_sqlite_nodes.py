@@ -16,10 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchfs.native import preload_env
-from conftest import benchfs_run_command
-from test_lifecycle import BIN, exports
-from test_netns_nodes import link_bytes
-from test_preload import own_env
+from test_netns_nodes import link_bytes, netns_job
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("sqlite3") is None,
@@ -52,39 +49,11 @@ def netns(node: str) -> str:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     base = tmp_path_factory.mktemp("sqlite-nodes")
-    nodes = base / "nodes.toml"
-    made = subprocess.run(
-        [*benchfs_run_command(), "nodes", "--netns", "4", "--netns-tag", TAG,
-         "--scratch", str(base / "scratch"), "-o", str(nodes)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    env = own_env()
-    try:
-        started = subprocess.run(
-            [str(BIN / "benchfs"), "start", "--nodes-file", str(nodes), "--server-nodes", "2",
-             "--mount", str(base / "mnt"), "--results-root", str(base / "results")],
-            env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert started.returncode == 0, started.stderr
-        env.update(exports(started.stdout))
-        # The first client node's mount is the one exported.
+    with netns_job(base, TAG, "--server-nodes", "2", "--mount", str(base / "mnt")) as env:
+        # Each client node mounts at DIR/NODE; the first one's is exported.
         assert env["BENCHFS_MOUNT"] == str(base / "mnt" / "n3")
-        try:
-            yield Job(env, base / "mnt", base / "prefix")
-        finally:
-            stopped = subprocess.run(
-                [str(BIN / "benchfs"), "stop"], env=env, capture_output=True, text=True,
-                timeout=120,
-            )  # fmt: skip
-            assert stopped.returncode == 0, stopped.stderr
-            assert not any(os.path.ismount(job_mnt) for job_mnt in (base / "mnt").iterdir())
-    finally:
-        removed = subprocess.run(
-            [*benchfs_run_command(), "nodes", "--remove-netns", "--netns-tag", TAG],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert removed.returncode == 0, removed.stderr
+        yield Job(env, base / "mnt", base / "prefix")
+    assert not any(os.path.ismount(mount) for mount in (base / "mnt").iterdir())
 
 
 def on_node(job: Job, node: str, face: str, out: Path) -> tuple[list[str], dict[str, str], str]:

@@ -20,10 +20,8 @@ from benchfs import schemas
 from benchfs.lifecycle.spread import shares
 from benchfs.lifecycle.stage import Entry
 from benchfs.results import read_json
-from conftest import benchfs_run_command
-from test_lifecycle import BIN, exports
-from test_netns_nodes import link_bytes
-from test_preload import own_env
+from test_lifecycle import BIN
+from test_netns_nodes import link_bytes, netns_job
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and ip"
@@ -46,36 +44,8 @@ def test_shares_are_balanced_largest_first() -> None:
 
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[dict[str, str]]:
-    nodes = tmp_path / "nodes.toml"
-    made = subprocess.run(
-        [*benchfs_run_command(), "nodes", "--netns", "4", "--netns-tag", TAG,
-         "--scratch", str(tmp_path / "scratch"), "-o", str(nodes)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    env = own_env()
-    try:
-        started = subprocess.run(
-            [str(BIN / "benchfs"), "start", "--nodes-file", str(nodes), "--servers", "4",
-             "--clients", "4", "--results-root", str(tmp_path / "results")],
-            env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert started.returncode == 0, started.stderr
-        env.update(exports(started.stdout))
-        try:
-            yield env
-        finally:
-            stopped = subprocess.run(
-                [str(BIN / "benchfs"), "stop"], env=env, capture_output=True, text=True,
-                timeout=120,
-            )  # fmt: skip
-            assert stopped.returncode == 0, stopped.stderr
-    finally:
-        removed = subprocess.run(
-            [*benchfs_run_command(), "nodes", "--remove-netns", "--netns-tag", TAG],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert removed.returncode == 0, removed.stderr
+    with netns_job(tmp_path, TAG, "--servers", "4", "--clients", "4") as env:
+        yield env
 
 
 def benchfs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
