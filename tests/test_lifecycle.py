@@ -23,9 +23,9 @@ import pytest
 from benchfs import schemas
 from benchfs.lifecycle.stage import LocalSide, stage
 from benchfs.mount import is_mounted
-from benchfs.procs import ProcessRef
+from benchfs.procs import ProcessRef, descendants
 from benchfs.results import read_json
-from conftest import run_bounded
+from conftest import alive, run_bounded
 from doc_examples import ROOT, examples
 
 BIN = Path(sys.executable).parent
@@ -344,6 +344,36 @@ def test_stop_keeps_the_data_after_a_failed_stage_out(tmp_path: Path) -> None:
     assert kept and all(Path(d).is_dir() for d in kept)
     for d in kept:
         shutil.rmtree(d)
+
+
+def test_an_interrupted_staging_across_nodes_leaves_no_copier(tmp_path: Path) -> None:
+    """Ctrl-C of `benchfs stage-in --nodes` stops the copying process it started on each node
+    (they run in sessions of their own, so the terminal's signal does not reach them)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    block = os.urandom(1 << 20)
+    for i in range(24):
+        (src / f"f{i:02d}").write_bytes(block * 32)
+    env = start(tmp_path)
+    try:
+        stager = subprocess.Popen(
+            [str(BIN / "benchfs"), "stage-in", "--nodes", "--threads", "1", str(src), "/d"],
+            env={**os.environ, **env}, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert stager.stderr is not None
+        said = [stager.stderr.readline() for _ in range(3)]  # the listing, then each node
+        assert sum("copying" in line for line in said) == 2, said
+        copiers = [
+            p for p in descendants(stager.pid)
+            if "benchfs.lifecycle.spread" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+        ]  # fmt: skip
+        assert copiers
+        stager.send_signal(signal.SIGINT)
+        _, err = stager.communicate(timeout=30)
+        assert stager.returncode != 0 and "Traceback" not in err, err
+        assert alive(copiers) == []
+    finally:
+        assert benchfs("stop", env=env).returncode in (0, 1)
 
 
 class ShrinkingSource(LocalSide):

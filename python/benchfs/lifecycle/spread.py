@@ -30,10 +30,12 @@ from benchfs.launch import Launcher, make_launcher
 from benchfs.lifecycle.stage import BenchfsSide, Copied, Entry, LocalSide, copy_files
 from benchfs.lifecycle.state import JobState
 from benchfs.nodes import Node
-from benchfs.procs import tail
+from benchfs.procs import descendants, kill_pids, stop_process, tail
 from benchfs.results import read_json, write_json_atomic
 
 PLAN_FORMAT = "benchfs-stage-share"
+SHARE_STOP_GRACE_S = 5.0
+"""How long an interrupted share has to stop before it is killed."""
 
 
 def shares(todo: list[Entry], nodes: list[str]) -> dict[str, list[Entry]]:
@@ -72,37 +74,46 @@ class NodeCopier:
         work.mkdir(parents=True, exist_ok=True)
         by_node = shares(todo, [n.name for n in nodes])
         started: list[tuple[Node, subprocess.Popen[bytes], Path, Path]] = []
-        for node in nodes:
-            share = by_node[node.name]
-            if not share:
-                continue
-            plan, result, log = (
-                work / f"{node.name}.{what}" for what in ("plan.json", "json", "log")
-            )
-            write_json_atomic(
-                plan,
-                {
-                    "format": PLAN_FORMAT,
-                    "direction": self.direction,
-                    "local": str(self.local_root),
-                    "benchfs": self.benchfs_root,
-                    "registry": self.state.registry,
-                    "config": self.state.config,
-                    "threads": self.threads,
-                    "files": [dataclasses.asdict(e) for e in share],
-                },
-            )
-            argv = [sys.executable, "-m", "benchfs.lifecycle.spread", str(plan), str(result)]
-            env = child_env(node.name)
-            if node.netns:  # it runs in its node's namespace already
-                env.pop("BENCHFS_NETNS", None)
-            proc, _ = launcher.spawn(node, argv, log, env)
-            started.append((node, proc, result, log))
-            size = sum(e.size for e in share)
-            self.say(f"{node.name}: copying {len(share)} files ({size / (1 << 20):.1f} MiB)")
+        try:
+            for node in nodes:
+                share = by_node[node.name]
+                if not share:
+                    continue
+                plan, result, log = (
+                    work / f"{node.name}.{what}" for what in ("plan.json", "json", "log")
+                )
+                write_json_atomic(
+                    plan,
+                    {
+                        "format": PLAN_FORMAT,
+                        "direction": self.direction,
+                        "local": str(self.local_root),
+                        "benchfs": self.benchfs_root,
+                        "registry": self.state.registry,
+                        "config": self.state.config,
+                        "threads": self.threads,
+                        "files": [dataclasses.asdict(e) for e in share],
+                    },
+                )
+                argv = [sys.executable, "-m", "benchfs.lifecycle.spread", str(plan), str(result)]
+                env = child_env(node.name)
+                if node.netns:  # it runs in its node's namespace already
+                    env.pop("BENCHFS_NETNS", None)
+                proc, _ = launcher.spawn(node, argv, log, env)
+                started.append((node, proc, result, log))
+                size = sum(e.size for e in share)
+                self.say(f"{node.name}: copying {len(share)} files ({size / (1 << 20):.1f} MiB)")
+            for _, proc, _, _ in started:
+                proc.wait()
+        finally:  # interrupted (Ctrl-C): the shares run in sessions of their own, stop them
+            for _, proc, _, _ in started:
+                if proc.poll() is None:
+                    children = descendants(proc.pid)
+                    stop_process(proc, SHARE_STOP_GRACE_S, sig=launcher.interrupt_signal)
+                    kill_pids(children, SHARE_STOP_GRACE_S)
         copied = Copied()
         for node, proc, result, log in started:
-            code = proc.wait()
+            code = proc.returncode
             if code == 0 and result.exists():
                 done = read_json(result)
                 for record in done["records"].values():
