@@ -2,11 +2,12 @@
 (i + 1) * chunk_size)` for each i, the last range cut at the file's size. The servers compute
 them over the bytes they store (`Client.checksum`), one range per chunk on the server that
 holds it; `ChunkHasher` computes the same over any stream of bytes, so a source read once
-can be compared with what BenchFS stores without reading it back (docs/staging.md)."""
+can be compared with what BenchFS stores without reading it back (docs/lifecycle.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
@@ -17,6 +18,11 @@ class FileChecksum:
     chunk_size: int
     chunks: tuple[str, ...]
     """Per range, the xxh3-128 as 32 hex digits (xxhash's hexdigest)."""
+
+    @classmethod
+    def from_core(cls, c: dict[str, Any]) -> FileChecksum:
+        """From the extension's form: {"size", "chunk_size", "chunks"}."""
+        return cls(c["size"], c["chunk_size"], tuple(c["chunks"]))
 
     def first_difference(self, other: FileChecksum) -> str | None:
         """Where `other` differs from this, in words; None if they are equal."""

@@ -204,8 +204,7 @@ class File(io.RawIOBase):
         """As `Client.checksum`, at the size this handle knows (the size at open and its own
         writes), without looking the path up again."""
         self._check_open()
-        c = self._core.checksum()
-        return FileChecksum(c["size"], c["chunk_size"], tuple(c["chunks"]))
+        return FileChecksum.from_core(self._core.checksum())
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pos={self._pos}"
@@ -540,8 +539,7 @@ class Client:
         holding the chunks read them back from their storage, every server at once
         (`benchfs.checksum`). Compare with `ChunkHasher` over the bytes that should be there.
         This client's own writes behind are waited for first."""
-        c = self._core.checksum(path)
-        return FileChecksum(c["size"], c["chunk_size"], tuple(c["chunks"]))
+        return FileChecksum.from_core(self._core.checksum(path))
 
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity: `total_bytes`, `free_bytes`, `avail_bytes`, `used_bytes`

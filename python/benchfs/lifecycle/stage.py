@@ -424,9 +424,10 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         buf = buffers.buf = bytearray(BLOCK)
     copied = 0
     with src.open_read(e.path) as r, dst.open_write(e.path, e.mode) as w:
-        # The ranges of the BenchFS side's layout (either side's, if both are BenchFS).
-        ends = [f.chunk_size for f in (w, r) if isinstance(f, File)]
-        hasher = ChunkHasher(ends[0] if ends else BLOCK)
+        # The BenchFS side's open file (the destination's, if both are): its layout gives the
+        # ranges, its servers the stored checksum, with no lookup and at the size it knows.
+        side, f = (src, r) if isinstance(r, File) and not isinstance(w, File) else (dst, w)
+        hasher = ChunkHasher(f.chunk_size if isinstance(f, File) else BLOCK)
         for block in _blocks(r, buf):
             hasher.update(block)
             _write_all(w, block)
@@ -439,8 +440,6 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         t0 = time.monotonic()
         dst.sync(w)
         synced = time.monotonic() - t0
-        # Through the open file: no lookup, and the size its handle knows.
-        side, f = (dst, w) if isinstance(w, File) else (src, r)
         stored = side.checksum(f)
     sent = hasher.result()
     if stored is None:  # neither side is BenchFS: read the copy back
