@@ -1,15 +1,18 @@
-"""Checksums of stored bytes (`Client.checksum`, protocol op 9): the servers hash each
-chunk-aligned range as they read it back from their storage, and the result equals xxhash's
-over the bytes that were written (holes as zeros, truncations cut), whichever server holds
-each chunk. A byte changed on a server's disk after the write shows in the checksum, and a
-staging that meets such a byte fails naming the range."""
+"""Checksums of stored bytes (`Client.checksum`, protocol op 9; checked writes, op 10, and
+`Client.put_files`): the servers hash each chunk-aligned range as they read it back from their
+storage, and the result equals xxhash's over the bytes that were written (holes as zeros,
+truncations cut), whichever server holds each chunk. A byte changed on a server's disk after
+the write shows in the checksum; a staging whose bytes were stored other than read fails
+naming the range, large files and small."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import pytest
 import xxhash
@@ -18,8 +21,11 @@ from hypothesis import strategies as st
 
 from benchfs import Client
 from benchfs.checksum import ChunkHasher, FileChecksum
-from benchfs.lifecycle.stage import BenchfsSide, LocalSide, StageFailed, stage
+from benchfs.lifecycle.stage import WHOLE_MAX, BenchfsSide, LocalSide, StageFailed, _join, stage
 from conftest import InProcessCluster
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
 
 CHUNK = 64 * 1024
 
@@ -120,35 +126,42 @@ def stored_at(data_dirs: list[Path], marker: bytes) -> tuple[Path, int]:
     raise AssertionError("marker not found in any data directory")
 
 
-class DamagedOnArrival(BenchfsSide):
-    """BenchFS as the destination, where a byte of a stored chunk changes on the server's disk
-    after the copy reached it and before it is checked (a device or server fault)."""
+class ChangedInFlight(BenchfsSide):
+    """BenchFS as the destination, where a byte of what is sent changes after the staging
+    hashed it and before a server stores it (as a fault of the network or of a server's
+    memory would change it): the servers' read-back no longer matches the source."""
 
-    def __init__(self, root: str, client: Client, data_dirs: list[Path], marker: bytes) -> None:
+    def __init__(self, root: str, client: Client, marker: bytes) -> None:
         super().__init__(root, lambda: client)
-        self.data_dirs, self.marker = data_dirs, marker
+        self.marker = marker
 
-    def checksum(self, f: BinaryIO) -> FileChecksum | None:
-        path, at = stored_at(self.data_dirs, self.marker)
-        with open(path, "r+b") as stored:
-            stored.seek(at)
-            stored.write(b"X")
-        return super().checksum(f)
+    def changed(self, data: Buffer) -> bytes:
+        return bytes(data).replace(self.marker, bytes([self.marker[0] ^ 0xFF]) + self.marker[1:])
+
+    def open_write(self, rel: str, mode: int) -> AbstractContextManager[BinaryIO]:
+        f = self.client.open(_join(self.root, rel), "w", perm=mode)
+        real = f.write_checked
+        f.write_checked = lambda data: real(self.changed(data))  # type: ignore[method-assign]
+        return f  # type: ignore[return-value]
+
+    def put_whole(self, files: list[tuple[str, bytes, int, int]]) -> list[FileChecksum | OSError]:
+        return super().put_whole([(r, self.changed(d), m, t) for r, d, m, t in files])
 
 
-def test_a_byte_changed_on_a_server_fails_the_staging(
-    inproc_cluster: Callable[..., InProcessCluster], tmp_path: Path
+@pytest.mark.parametrize("size", [5 * CHUNK, WHOLE_MAX + 3 * CHUNK])
+def test_a_byte_changed_on_its_way_fails_the_staging(
+    inproc_cluster: Callable[..., InProcessCluster], tmp_path: Path, size: int
 ) -> None:
+    """Small files (written whole) and large ones (written a block at a time)."""
     cluster = inproc_cluster(2, f"layout.chunk_size={CHUNK}", "storage.direct_write=false")
-    data_dirs = sorted(tmp_path.glob("data-*"))
     marker = os.urandom(16)
     src = tmp_path / "src"
     src.mkdir()
-    body = bytearray(os.urandom(5 * CHUNK))
+    body = bytearray(os.urandom(size))
     body[2 * CHUNK + 100 : 2 * CHUNK + 116] = marker
     (src / "f").write_bytes(bytes(body))
     with Client(str(cluster.registry), config=cluster.config) as c:
-        side = DamagedOnArrival("/in", c, data_dirs, marker)
+        side = ChangedInFlight("/in", c, marker)
         with pytest.raises(StageFailed, match=r"benchfs:/in/f: bytes 131072-196608 differ"):
             stage(LocalSide(src), side, "in", tmp_path / "m.json")
         # Undamaged, the same staging goes through, and stage-out of it checks the same way.
@@ -158,3 +171,73 @@ def test_a_byte_changed_on_a_server_fails_the_staging(
         assert (out / "f").read_bytes() == bytes(body)
         assert report.manifest["files"][0]["chunks"] == list(ranges(bytes(body)))
         assert report.manifest["fsync_seconds"] > 0
+
+
+def test_a_byte_changed_on_a_server_shows_in_the_checksum(
+    inproc_cluster: Callable[..., InProcessCluster], tmp_path: Path
+) -> None:
+    cluster = inproc_cluster(2, f"layout.chunk_size={CHUNK}", "storage.direct_write=false")
+    marker = os.urandom(16)
+    body = bytearray(os.urandom(3 * CHUNK))
+    body[CHUNK + 7 : CHUNK + 23] = marker
+    with Client(str(cluster.registry), config=cluster.config) as c:
+        with c.open("/f", "wb") as f:
+            f.write(body)
+        assert c.checksum("/f").chunks == ranges(bytes(body))
+        path, at = stored_at(sorted(tmp_path.glob("data-*")), marker)
+        with open(path, "r+b") as stored:
+            stored.seek(at)
+            stored.write(b"X")
+        body[CHUNK + 7] = ord("X")
+        assert c.checksum("/f").chunks == ranges(bytes(body))
+
+
+@pytest.mark.parametrize(
+    "offset,size", [(0, 0), (0, 1), (0, CHUNK), (0, 5 * CHUNK + 3), (CHUNK - 2, 7), (17, 3 * CHUNK)]
+)
+def test_checked_writes_answer_with_what_was_stored(client: Client, offset: int, size: int) -> None:
+    """One hash per chunk part of the range written, as xxhash gives it over those bytes."""
+    data = os.urandom(size)
+    with client.open("/w", "wb") as f:
+        f.seek(offset)
+        got = f.write_checked(data)
+        assert f.tell() == offset + size
+    inner = range((offset // CHUNK + 1) * CHUNK, offset + size, CHUNK)
+    cuts = sorted({offset, offset + size, *inner})
+    parts = [data[a - offset : b - offset] for a, b in itertools.pairwise(cuts)]
+    assert got == tuple(xxhash.xxh3_128_hexdigest(p) for p in parts)
+    with client.open("/w", "rb") as f:
+        assert f.read() == bytes(offset) + data
+
+
+def test_put_files_writes_whole_files_with_their_attributes(client: Client) -> None:
+    client.mkdir("/p")
+    client.mkdir("/p/dir")
+    with client.open("/p/longer", "wb") as f:  # replaced: truncated, then written
+        f.write(os.urandom(4 * CHUNK))
+    client.symlink("dir", "/p/link")
+    files = {
+        "/p/empty": b"",
+        "/p/small": os.urandom(100),
+        "/p/longer": os.urandom(CHUNK + 5),
+        "/p/link/through": os.urandom(3 * CHUNK),
+    }
+    batch = [(p, d, 0o640 + i, 10**18 + i) for i, (p, d) in enumerate(files.items())]
+    bad = [
+        ("/p/small/under", b"x", 0o644, 1),
+        ("relative", b"x", 0o644, 1),
+        ("/p/dir", b"x", 0o644, 1),
+    ]
+    results = client.put_files(batch[:2] + bad + batch[2:])
+    errors = results[2:5]
+    assert [type(e) for e in errors] == [NotADirectoryError, OSError, IsADirectoryError]
+    assert "relative" in str(errors[1])
+    for (path, data, mode, mtime), got in zip(batch, results[:2] + results[5:], strict=True):
+        assert got == FileChecksum(len(data), CHUNK, ranges(data))
+        st = client.stat(path)
+        assert (st.st_size, st.st_mode & 0o7777, st.st_mtime_ns) == (len(data), mode, mtime)
+        with client.open(path, "rb") as f:
+            assert f.read() == data
+    assert client.stat("/p/dir").kind == "dir"
+    with pytest.raises(NotADirectoryError):
+        client.stat("/p/small/under")

@@ -15,17 +15,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchfs import schemas
-from benchfs.lifecycle.stage import LocalSide, stage
+from benchfs import Client, schemas
+from benchfs.lifecycle.stage import WHOLE_MAX, BenchfsSide, LocalSide, StageFailed, stage
 from benchfs.mount import is_mounted
 from benchfs.procs import ProcessRef, descendants
 from benchfs.results import read_json
-from conftest import alive, run_bounded
+from conftest import InProcessCluster, alive, run_bounded
 from doc_examples import ROOT, examples
 
 BIN = Path(sys.executable).parent
@@ -404,6 +405,25 @@ def test_a_file_truncated_during_staging_fails_the_staging(tmp_path: Path) -> No
     doc = read_json(manifest)
     schemas.check(doc, schemas.STAGE_MANIFEST, manifest)
     assert doc["status"] == "failed" and [f["path"] for f in doc["files"]] == ["ok"]
+
+
+@pytest.mark.parametrize("size", [WHOLE_MAX, WHOLE_MAX + 1])
+def test_a_file_truncated_while_staged_into_benchfs_fails_the_staging(
+    inproc_cluster: Callable[..., InProcessCluster], tmp_path: Path, size: int
+) -> None:
+    """Into BenchFS, small files (written whole) and large ones."""
+    cluster = inproc_cluster(2)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ok").write_bytes(b"fine")
+    (src / "big").write_bytes(os.urandom(size))
+    manifest = tmp_path / "m.json"
+    with Client(str(cluster.registry), config=cluster.config) as c:
+        side = BenchfsSide("/in", lambda: c)
+        with pytest.raises(StageFailed, match=rf"{size} were listed: it changed or was truncated"):
+            stage(ShrinkingSource(src, src / "big"), side, "in", manifest)
+        assert c.open("/in/ok").read() == b"fine"
+    assert [f["path"] for f in read_json(manifest)["files"]] == ["ok"]
 
 
 def test_stop_after_the_whole_cluster_was_killed_cleans_up(tmp_path: Path) -> None:

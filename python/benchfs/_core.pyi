@@ -216,6 +216,9 @@ class Client:
     def checksum(self, path: str) -> dict[str, Any]:
         """{"size", "chunk_size", "chunks"}: the xxh3-128 (32 hex digits) of each
         chunk-aligned range of the file, as its servers read it back."""
+    def put_files(self, files: list[tuple[str, bytes, int, int]]) -> list[dict[str, Any] | OSError]:
+        """Write each (path, data, mode, mtime_ns) whole, many at once; per file, in order, the
+        checksum of what its servers stored (as checksum) or the OSError that stopped it."""
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity (total_bytes, free_bytes, avail_bytes, used_bytes, files)
         and `servers`: per server id, node, host, latency_s, error (None when it answered)
@@ -236,6 +239,9 @@ class File:
     """An open file: positional I/O; close publishes the size it wrote (close-to-open)."""
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> int: ...
+    def write_checked(self, offset: int, data: bytes | bytearray | memoryview) -> list[str]:
+        """As write; the xxh3-128 (32 hex digits) of each chunk part written, as the servers
+        read it back after writing it."""
     def read(self, offset: int, length: int) -> bytes:
         """Short at the end of the file; never-written ranges inside the file read as zeros."""
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int: ...

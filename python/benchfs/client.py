@@ -27,7 +27,7 @@ from benchfs.checksum import FileChecksum
 from benchfs.config import parse_config, resolve_config_text
 
 if TYPE_CHECKING:
-    from collections.abc import Buffer
+    from collections.abc import Buffer, Sequence
 
 Kind = Literal["file", "dir", "symlink"]
 
@@ -259,6 +259,20 @@ class File(io.RawIOBase):
             n = self._core.write(self._pos, _bytes_view(data))
             self._pos += n
             return n
+
+    def write_checked(self, data: Buffer) -> tuple[str, ...]:
+        """Writes all of `data` as `write` does; returns the xxh3-128 (32 hex digits) of each
+        chunk part of the range written, cut at chunk boundaries, as the servers read it back
+        after writing it. From a chunk-aligned position, in whole chunks, these are the
+        file's `checksum` ranges (`benchfs.checksum`)."""
+        self._check_writable()
+        with self._lock:
+            if self._append:
+                self._pos = self._core.size
+            view = _bytes_view(data)
+            digests = self._core.write_checked(self._pos, view)
+            self._pos += len(view)
+            return tuple(digests)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self._check_open()
@@ -540,6 +554,17 @@ class Client:
         (`benchfs.checksum`). Compare with `ChunkHasher` over the bytes that should be there.
         This client's own writes behind are waited for first."""
         return FileChecksum.from_core(self._core.checksum(path))
+
+    def put_files(
+        self, files: Sequence[tuple[str, Buffer, int, int]]
+    ) -> list[FileChecksum | OSError]:
+        """Writes each `(path, data, mode, mtime_ns)` whole: created (or truncated), written,
+        and given its size, mode and time, many files at once (`client.max_inflight`). For
+        each, in order, the checksum of what its servers stored, read back after writing (as
+        `checksum`), or the OSError that stopped it, returned, not raised: a failed file is
+        never published at its full size."""
+        results = self._core.put_files([(p, bytes(d), m, t) for p, d, m, t in files])
+        return [r if isinstance(r, OSError) else FileChecksum.from_core(r) for r in results]
 
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity: `total_bytes`, `free_bytes`, `avail_bytes`, `used_bytes`

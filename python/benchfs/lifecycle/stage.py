@@ -3,16 +3,17 @@
 
 Every file is checksummed while it is copied, in chunk-aligned ranges (`benchfs.checksum`):
 from the bytes read from the source, and by BenchFS's servers from the bytes they read back
-from their storage; the two must agree. So the bytes never travel back over the network, yet
-the check covers the network and the servers' storage. What staging writes outside BenchFS is
-fsynced, files and directories, before it reports success. Sizes, permission bits and
-modification times are kept, directories too. Symbolic
-links are kept as links, their targets as written, as `cp -a` keeps them; with
-`follow_links`, what they lead to is copied instead, as `cp -rL` does. A manifest
-records what moved; a later staging between the same two trees skips files it verified whose
-source and destination are unchanged, and copies again any whose destination was truncated or
-changed. A file that cannot be copied whole is an error: the staging fails, it never reports
-success for a short copy.
+from their storage (into BenchFS: in the answer to each write; out of it: asked once the file
+is read); the two must agree. So the bytes never travel back over the network, yet the check
+covers the network and the servers' storage. Into BenchFS, files up to `WHOLE_MAX` are written
+whole, many per call (`Client.put_files`: four requests a file). What staging writes outside
+BenchFS is fsynced, files and directories, before it reports success. Sizes, permission bits
+and modification times are kept, directories too. Symbolic links are kept as links, their
+targets as written, as `cp -a` keeps them; with `follow_links`, what they lead to is copied
+instead, as `cp -rL` does. A manifest records what moved; a later staging between the same two
+trees skips files it verified whose source and destination are unchanged, and copies again any
+whose destination was truncated or changed. A file that cannot be copied whole is an error:
+the staging fails, it never reports success for a short copy.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ STAGE_FORMAT = "benchfs-stage"
 STAGE_VERSION = 2
 BLOCK = 8 << 20
 """Bytes per read and write (a few chunks: every server of a stripe gets a request)."""
+WHOLE_MAX = 1 << 20
+"""Files up to this size are staged into BenchFS whole, in batches of at most `BATCH_FILES`
+files and `BATCH_BYTES` bytes (one call with many files in flight, instead of a call per
+request)."""
+BATCH_FILES = 256
+BATCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -306,6 +313,11 @@ class BenchfsSide:
         assert isinstance(f, File)
         return f.checksum()
 
+    def put_whole(self, files: list[tuple[str, bytes, int, int]]) -> list[FileChecksum | OSError]:
+        """Writes each `(rel, data, mode, mtime_ns)` whole (`Client.put_files`): per file, the
+        checksum its servers read back, or its error."""
+        return self.client.put_files([(_join(self.root, r), d, m, t) for r, d, m, t in files])
+
     def sync(self, f: BinaryIO) -> None:
         """Nothing: BenchFS holds the job's working copy, whose source stays where it was."""
 
@@ -355,13 +367,11 @@ def copy_files(
     lock = threading.Lock()
     buffers = threading.local()
 
-    def one(e: Entry) -> None:
-        try:
-            sums, sync_s = _copy(src, dst, e, buffers)
-        except OSError as err:
-            with lock:
-                copied.errors.append(str(err) if e.path in str(err) else f"{e.path}: {err}")
-            return
+    def failed(e: Entry, err: OSError) -> None:
+        with lock:
+            copied.errors.append(str(err) if e.path in str(err) else f"{e.path}: {err}")
+
+    def verified(e: Entry, sums: FileChecksum, sync_s: float) -> None:
         with lock:
             copied.records[e.path] = {
                 "path": e.path, "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns,
@@ -370,11 +380,104 @@ def copy_files(
             copied.fsync_seconds += sync_s
             progress.add(e.size)
 
+    def one(e: Entry) -> None:
+        try:
+            sums, sync_s = _copy(src, dst, e, buffers)
+        except OSError as err:
+            failed(e, err)
+            return
+        verified(e, sums, sync_s)
+
+    def batch(entries: list[Entry]) -> None:
+        assert isinstance(dst, BenchfsSide)
+        for e, outcome in zip(entries, _put_whole(src, dst, entries), strict=True):
+            if isinstance(outcome, OSError):
+                failed(e, outcome)
+            else:
+                verified(e, outcome, 0.0)
+
+    # Largest first, so one big file does not finish alone at the end; small files last, in
+    # batches written whole.
+    ordered = sorted(todo, key=lambda e: -e.size)
+    whole = [e for e in ordered if e.size <= WHOLE_MAX] if isinstance(dst, BenchfsSide) else []
+    single = ordered[: len(ordered) - len(whole)]
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        # Largest first, so one big file does not finish alone at the end.
-        for f in as_completed([pool.submit(one, e) for e in sorted(todo, key=lambda e: -e.size)]):
+        jobs = [pool.submit(one, e) for e in single]
+        jobs += [pool.submit(batch, b) for b in _batches(whole)]
+        for f in as_completed(jobs):
             f.result()
     return copied
+
+
+def _batches(entries: list[Entry]) -> Iterator[list[Entry]]:
+    """Consecutive runs of at most BATCH_FILES files and BATCH_BYTES bytes."""
+    run: list[Entry] = []
+    size = 0
+    for e in entries:
+        if run and (len(run) == BATCH_FILES or size + e.size > BATCH_BYTES):
+            yield run
+            run, size = [], 0
+        run.append(e)
+        size += e.size
+    if run:
+        yield run
+
+
+def _put_whole(src: Side, dst: BenchfsSide, entries: list[Entry]) -> list[FileChecksum | OSError]:
+    """Stages files into BenchFS whole, one batch: read each, write them all at once, and
+    compare what the servers read back with what was read."""
+    outcomes: list[FileChecksum | OSError | None] = [None] * len(entries)
+    todo: list[tuple[int, bytes]] = []
+    for i, e in enumerate(entries):
+        try:
+            with src.open_read(e.path) as r:
+                data = _read_all(r, e.size + 1)
+        except OSError as err:
+            outcomes[i] = err
+            continue
+        if len(data) != e.size:
+            outcomes[i] = _changed(src, e, len(data))
+            continue
+        todo.append((i, data))
+    stored = dst.put_whole(
+        [(entries[i].path, d, entries[i].mode, entries[i].mtime_ns) for i, d in todo]
+    )
+    for (i, data), got in zip(todo, stored, strict=True):
+        if not isinstance(got, OSError):
+            sent = ChunkHasher(got.chunk_size)
+            sent.update(data)
+            wrong = sent.result().first_difference(got)
+            if wrong is not None:
+                got = _damaged(dst, entries[i], wrong)
+        outcomes[i] = got
+    return [o for o in outcomes if o is not None]
+
+
+def _read_all(f: BinaryIO, limit: int) -> bytes:
+    """Up to `limit` bytes of `f`, reading until its end."""
+    parts = []
+    left = limit
+    while left > 0:
+        part = f.read(left)
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _changed(src: Side, e: Entry, got: int) -> OSError:
+    return OSError(
+        f"{_join(src.label, e.path)}: {got} bytes read where {e.size} were listed: it "
+        "changed or was truncated during the staging"
+    )
+
+
+def _damaged(side: Side, e: Entry, wrong: str) -> OSError:
+    return OSError(
+        f"{_join(side.label, e.path)}: {wrong} between the bytes staged and the bytes "
+        "stored: the copy is damaged"
+    )
 
 
 @dataclass
@@ -401,12 +504,19 @@ class _Progress:
 
 
 def _blocks(f: BinaryIO, buf: bytearray) -> Iterator[memoryview]:
+    """`f` in full buffers (only the last one short), so blocks stay aligned to its ranges."""
     view = memoryview(buf)
     while True:
-        n = f.readinto(view)
-        if not n:
+        n = 0
+        while n < len(view):
+            got = f.readinto(view[n:])
+            if not got:
+                break
+            n += got
+        if n:
+            yield view[:n]
+        if n < len(view):
             return
-        yield view[:n]
 
 
 def _write_all(f: BinaryIO, data: memoryview) -> None:
@@ -419,41 +529,46 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
 
 def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[FileChecksum, float]:
     """Copy one file and verify it; its checksum and the seconds its fsync took."""
-    buf = getattr(buffers, "buf", None)
-    if buf is None:
-        buf = buffers.buf = bytearray(BLOCK)
     copied = 0
     with src.open_read(e.path) as r, dst.open_write(e.path, e.mode) as w:
         # The BenchFS side's open file (the destination's, if both are): its layout gives the
         # ranges, its servers the stored checksum, with no lookup and at the size it knows.
         side, f = (src, r) if isinstance(r, File) and not isinstance(w, File) else (dst, w)
-        hasher = ChunkHasher(f.chunk_size if isinstance(f, File) else BLOCK)
-        for block in _blocks(r, buf):
-            hasher.update(block)
-            _write_all(w, block)
-            copied += len(block)
+        ranges = f.chunk_size if isinstance(f, File) else BLOCK
+        hasher = ChunkHasher(ranges)
+        # Into BenchFS, whole chunks per write, each answered with what its server stored.
+        checked: list[str] | None = [] if isinstance(w, File) else None
+        block = max(BLOCK // ranges, 1) * ranges
+        buf = getattr(buffers, "buf", None)
+        if buf is None or len(buf) != block:
+            buf = buffers.buf = bytearray(block)
+        for data in _blocks(r, buf):
+            hasher.update(data)
+            if checked is not None:
+                checked.extend(w.write_checked(data))  # type: ignore[attr-defined]
+            else:
+                _write_all(w, data)
+            copied += len(data)
         if copied != e.size:
-            raise OSError(
-                f"{_join(src.label, e.path)}: {copied} bytes read where {e.size} were listed: it "
-                "changed or was truncated during the staging"
-            )
+            raise _changed(src, e, copied)
         t0 = time.monotonic()
         dst.sync(w)
         synced = time.monotonic() - t0
-        stored = side.checksum(f)
+        stored = (
+            FileChecksum(copied, ranges, tuple(checked))
+            if checked is not None
+            else side.checksum(f)
+        )
     sent = hasher.result()
     if stored is None:  # neither side is BenchFS: read the copy back
         back = ChunkHasher(sent.chunk_size)
         with dst.open_read(e.path) as r:
-            for block in _blocks(r, buf):
-                back.update(block)
+            for data in _blocks(r, buf):
+                back.update(data)
         stored = back.result()
     wrong = sent.first_difference(stored)
     if wrong is not None:
-        raise OSError(
-            f"{_join(side.label, e.path)}: {wrong} between the bytes staged and the bytes "
-            "stored: the copy is damaged"
-        )
+        raise _damaged(side, e, wrong)
     dst.set_attrs(e.path, e.mode, e.mtime_ns)
     return sent, synced
 

@@ -711,24 +711,32 @@ impl MetaStore {
         Ok((attr, old))
     }
 
-    /// Sets the permission bits and/or the modification time (chmod, utimens); the change
-    /// time becomes now.
-    /// Sets the permission bits and/or the modification time. A link's own: only its time,
-    /// and only when asked for the link itself (`link`; lutimes). Otherwise chmod and utimes
-    /// follow links, and ELOOP tells the client to.
+    /// Sets the permission bits and/or the modification time (chmod, utimens), and a file's
+    /// size to at least `size` (a close's report, with the attributes a copy keeps); the
+    /// change time becomes now. A link's own: only its time, and only when asked for the link
+    /// itself (`link`; lutimes). Otherwise chmod and utimes follow links, and ELOOP tells the
+    /// client to.
     pub fn set_attr(
         &mut self,
         path: &str,
         mode: Option<u32>,
         mtime_ns: Option<u64>,
+        size: Option<u64>,
         link: bool,
     ) -> Result<Attr, Errno> {
         let node = self.nodes.get_mut(path).ok_or(libc::ENOENT)?;
         match (node.attr.kind, link) {
             (Kind::Symlink, false) => return Err(libc::ELOOP),
-            (Kind::Symlink, true) if mode.is_some() => return Err(libc::EOPNOTSUPP),
+            (Kind::Symlink, true) if mode.is_some() || size.is_some() => return Err(libc::EOPNOTSUPP),
             (_, true) if node.attr.kind != Kind::Symlink => return Err(libc::EINVAL),
+            (Kind::Dir, _) if size.is_some() => return Err(libc::EISDIR),
             _ => {}
+        }
+        if let Some(size) = size {
+            if size > node.attr.size {
+                node.attr.size = size;
+                node.attr.mtime_ns = now_ns();
+            }
         }
         if let Some(mode) = mode {
             node.attr.mode = mode & 0o7777;
@@ -933,7 +941,8 @@ mod tests {
             let start = m.dir_add("/d", "f", Kind::File, false).expect("entry f");
             let (file, _) = m.create("/d/f", CREATE, 0o640, start).expect("create");
             m.set_size("/d/f", 12345, SizeUpdate::AtLeast).expect("size");
-            m.set_attr("/d/f", Some(0o600), Some(42), false).expect("attr");
+            m.set_attr("/d/f", Some(0o600), Some(42), None, false)
+                .expect("attr");
             m.create("/d/g", CREATE, 0o644, None).expect("create g");
             m.dir_add("/d", "g", Kind::File, false).expect("entry g");
             m.unlink("/d/g").expect("unlink");

@@ -573,7 +573,7 @@ impl ServerState {
         let errno = |e: std::io::Error| -e.raw_os_error().unwrap_or(libc::EIO);
         let mut served = Served::default();
         match h.op {
-            Op::WriteChunk => {
+            Op::WriteChunk | Op::WriteChecked => {
                 let buf = match payload {
                     Payload::Eager(v) => Some((IoBuffer::Heap(v), 0)),
                     Payload::None => Some((IoBuffer::empty(), 0)),
@@ -599,6 +599,13 @@ impl ServerState {
                             (Ok(n), _) => served.count = n as u64,
                             (Err(e), _) => served.status = errno(e),
                         }
+                        // The write's buffer is back in the pool before the read-back takes one.
+                        if h.op == Op::WriteChecked && served.status == 0 {
+                            match self.stored_checksum(file, h.chunk, h.offset, len).await {
+                                Ok(d) => served.meta = Some((ReplyValue::Nothing, d.to_le_bytes().to_vec())),
+                                Err(status) => served.status = status,
+                            }
+                        }
                     }
                 }
             }
@@ -614,29 +621,10 @@ impl ServerState {
                 }
             }
             Op::Checksum => {
-                let buf = self.pool.acquire().await;
                 served.device_start = Some(Instant::now());
-                match self.store.read(file, h.chunk, h.offset, buf, len).await {
-                    (Ok((skip, n)), buf) => {
-                        let stored = &buf.as_slice(skip + n)[skip..];
-                        let digest = if n == len {
-                            // One pass over one slice: faster than the streaming state.
-                            xxhash_rust::xxh3::xxh3_128(stored)
-                        } else {
-                            let mut hash = xxhash_rust::xxh3::Xxh3::new();
-                            hash.update(stored);
-                            // Never-written bytes inside the range read as zeros, as for a read.
-                            let mut left = len - n;
-                            while left > 0 {
-                                let zeros = left.min(ZEROS.len());
-                                hash.update(&ZEROS[..zeros]);
-                                left -= zeros;
-                            }
-                            hash.digest128()
-                        };
-                        served.meta = Some((ReplyValue::Nothing, digest.to_le_bytes().to_vec()));
-                    }
-                    (Err(e), _) => served.status = errno(e),
+                match self.stored_checksum(file, h.chunk, h.offset, len).await {
+                    Ok(digest) => served.meta = Some((ReplyValue::Nothing, digest.to_le_bytes().to_vec())),
+                    Err(status) => served.status = status,
                 }
             }
             Op::TruncateData => {
@@ -691,6 +679,37 @@ impl ServerState {
             }
         }
         served
+    }
+
+    /// The xxh3-128 of `len` bytes at `offset` of a chunk as the store reads them back
+    /// (never-written bytes count as zeros, as a read gives them), or the negative errno.
+    async fn stored_checksum(
+        &self,
+        file: FileId,
+        chunk: u64,
+        offset: u64,
+        len: usize,
+    ) -> std::result::Result<u128, i32> {
+        let buf = self.pool.acquire().await;
+        match self.store.read(file, chunk, offset, buf, len).await {
+            (Ok((skip, n)), buf) => {
+                let stored = &buf.as_slice(skip + n)[skip..];
+                if n == len {
+                    // One pass over one slice: faster than the streaming state.
+                    return Ok(xxhash_rust::xxh3::xxh3_128(stored));
+                }
+                let mut hash = xxhash_rust::xxh3::Xxh3::new();
+                hash.update(stored);
+                let mut left = len - n;
+                while left > 0 {
+                    let zeros = left.min(ZEROS.len());
+                    hash.update(&ZEROS[..zeros]);
+                    left -= zeros;
+                }
+                Ok(hash.digest128())
+            }
+            (Err(e), _) => Err(-e.raw_os_error().unwrap_or(libc::EIO)),
+        }
     }
 
     /// A lock request: answered at once, or (one that waits and conflicts) queued and answered
@@ -781,7 +800,7 @@ impl ServerState {
         let started = served.device_start.unwrap_or(done);
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
         let kind = OpKind::of(h.op);
-        let moved = if matches!(h.op, Op::WriteChunk | Op::ReadChunk) {
+        let moved = if matches!(h.op, Op::WriteChunk | Op::WriteChecked | Op::ReadChunk) {
             served.count
         } else {
             0
@@ -831,9 +850,12 @@ impl ServerState {
             meta,
             ..
         } = served;
+        let data_op = matches!(h.op, Op::WriteChunk | Op::WriteChecked | Op::ReadChunk);
         let reply = match &meta {
+            // A checked write's hash: a data reply all the same (the server's time with it).
+            Some((_, body)) if data_op => h.reply(status, body.len() as u64).with_value(time),
             Some((value, body)) => h.reply(status, body.len() as u64).with_value(*value),
-            None if matches!(h.op, Op::WriteChunk | Op::ReadChunk) => h.reply(status, count).with_value(time),
+            None if data_op => h.reply(status, count).with_value(time),
             None => h.reply(status, count),
         };
         let payload: &[u8] = match (&data, &meta) {
@@ -940,7 +962,8 @@ impl ServerState {
             Op::SetAttr => {
                 let mode = (r.flags & meta::SET_MODE != 0).then_some(r.mode);
                 let mtime = (r.flags & meta::SET_MTIME != 0).then_some(r.arg);
-                meta.set_attr(&r.path, mode, mtime, r.flags & meta::SET_LINK != 0)
+                let size = (r.flags & meta::SET_SIZE != 0).then_some(r.size);
+                meta.set_attr(&r.path, mode, mtime, size, r.flags & meta::SET_LINK != 0)
                     .map(|a| (Nothing, attr(a)))
             }
             Op::SetSize => {

@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use benchfs_core::client::{Client as CoreClient, FileChecksum, FileHandle};
+use benchfs_core::client::{Client as CoreClient, FileChecksum, FileHandle, WholeFile};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
@@ -396,6 +396,33 @@ impl PyClient {
         checksum_dict(py, &c)
     }
 
+    /// Writes each `(path, data, mode, mtime_ns)` whole (created, or truncated), many at
+    /// once; for each, in order, the checksum of what its servers stored (as `checksum`) or
+    /// the OSError that stopped it (returned, not raised).
+    fn put_files<'py>(
+        &self,
+        py: Python<'py>,
+        files: Vec<(String, Vec<u8>, u32, u64)>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let whole: Vec<WholeFile<'_>> = files
+            .iter()
+            .map(|(path, data, mode, mtime_ns)| WholeFile {
+                path,
+                data,
+                mode: *mode,
+                mtime_ns: *mtime_ns,
+            })
+            .collect();
+        let results = self.with(py, |c| c.put_files(&whole))?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(sum) => Ok(checksum_dict(py, &sum)?.into_any()),
+                Err(e) => Ok(to_py(e).into_value(py).into_bound(py).into_any()),
+            })
+            .collect()
+    }
+
     /// The cluster's capacity and each server's part (docs/python.md).
     fn statfs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.with(py, |c| c.statfs())?;
@@ -526,6 +553,21 @@ impl PyFile {
             let b = bytes;
             c.write(f, offset, b.0)
         })
+    }
+
+    /// Writes as `write` does; returns the xxh3-128 (32 hex digits) of each chunk part of
+    /// the range, in order, as the servers read it back after writing it.
+    fn write_checked(&self, py: Python<'_>, offset: u64, data: PyBuffer<u8>) -> PyResult<Vec<String>> {
+        contiguous(&data, "data")?;
+        // SAFETY: the buffer is held (and its exporter pinned) for the whole call.
+        let bytes = OnThisThread(unsafe {
+            std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes())
+        });
+        let digests = self.with(py, move |c, f| {
+            let b = bytes;
+            c.write_checked(f, offset, b.0)
+        })?;
+        Ok(digests.iter().map(|h| format!("{h:032x}")).collect())
     }
 
     /// Reads up to `length` bytes from `offset` (short only at the end of the file).

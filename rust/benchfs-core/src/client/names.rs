@@ -207,9 +207,25 @@ impl Client {
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("open", path)?;
+        let (path, attr) = self.run(self.open_at(&path, flags, mode))?;
+        // Close-to-open: what was read ahead before this open may be stale.
+        self.forget_read_ahead(attr.id.0);
+        Ok(FileHandle {
+            path,
+            attr,
+            written_end: Cell::new(0),
+            reported_end: Cell::new(0),
+            known_size: Cell::new(attr.size),
+            next_read: Cell::new(0),
+            changes: Arc::default(),
+        })
+    }
+
+    /// [`Client::open`]'s requests: the path opened (links followed) and its attribute.
+    pub(super) async fn open_at(&self, path: &str, flags: u32, mode: u32) -> Result<(String, Attr)> {
         let follow = flags & meta::NO_FOLLOW == 0;
         let flags = flags & !meta::NO_FOLLOW;
-        let (path, attr) = self.run(self.through_links("open", &path, follow, |path| async move {
+        self.through_links("open", path, follow, |path| async move {
             let start = if flags & meta::CREATE != 0 {
                 let start = self.dir_add("open", &path, Kind::File, libc::EISDIR, 0).await?;
                 self.step_done("create", 1);
@@ -239,18 +255,8 @@ impl Client {
             // Only O_TRUNC makes the size smaller than it was.
             self.free_data(&attr, attr.size, old).await?;
             Ok((path, attr))
-        }))?;
-        // Close-to-open: what was read ahead before this open may be stale.
-        self.forget_read_ahead(attr.id.0);
-        Ok(FileHandle {
-            path,
-            attr,
-            written_end: Cell::new(0),
-            reported_end: Cell::new(0),
-            known_size: Cell::new(attr.size),
-            next_read: Cell::new(0),
-            changes: Arc::default(),
         })
+        .await
     }
 
     /// Publishes what this handle wrote (its size) so that later opens see it; with

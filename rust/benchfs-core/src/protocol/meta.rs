@@ -23,13 +23,16 @@ pub const SET_MODE: u32 = 1;
 pub const SET_MTIME: u32 = 2;
 /// Set-attribute: on a symbolic link itself (its modification time only), not followed.
 pub const SET_LINK: u32 = 4;
+/// Set-attribute: the size becomes at least the request's `size`, as a close reports its
+/// writes (before the time is set, so the time given stays).
+pub const SET_SIZE: u32 = 8;
 
 /// Readdir pages hold at most this many entries (and stay well under [`REPLY_MAX`]).
 pub const READDIR_PAGE: usize = 512;
 /// The largest metadata reply payload.
 pub const REPLY_MAX: usize = 64 * 1024;
-/// The fixed part of a metadata request: flags, mode, arg and three lengths.
-const REQUEST_FIXED: usize = 28;
+/// The fixed part of a metadata request: flags, mode, arg, size and three lengths.
+const REQUEST_FIXED: usize = 36;
 /// The largest metadata request payload: the fixed part, two paths, a link target and an
 /// attribute.
 pub const REQUEST_MAX: usize = REQUEST_FIXED + 3 * PATH_MAX + ATTR_LEN;
@@ -100,6 +103,8 @@ pub struct MetaRequest {
     pub flags: u32,
     pub mode: u32,
     pub arg: u64,
+    /// Set-attribute with [`SET_SIZE`]: the size; 0 otherwise.
+    pub size: u64,
     pub path: String,
     pub name: String,
     /// A link's target as its creator wrote it: any bytes but NUL, 1 to PATH_MAX - 1.
@@ -113,6 +118,7 @@ impl MetaRequest {
             flags: 0,
             mode: 0,
             arg: 0,
+            size: 0,
             path: path.to_string(),
             name: String::new(),
             target: String::new(),
@@ -126,6 +132,7 @@ impl MetaRequest {
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.mode.to_le_bytes());
         out.extend_from_slice(&self.arg.to_le_bytes());
+        out.extend_from_slice(&self.size.to_le_bytes());
         out.extend_from_slice(&(self.path.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
@@ -145,9 +152,9 @@ impl MetaRequest {
             return Err(format!("metadata payload of {} bytes", b.len()));
         }
         let (plen, nlen, tlen) = (
-            le_u32(b, 16) as usize,
-            le_u32(b, 20) as usize,
             le_u32(b, 24) as usize,
+            le_u32(b, 28) as usize,
+            le_u32(b, 32) as usize,
         );
         let rest = b.len() - REQUEST_FIXED;
         if plen > rest || nlen > rest - plen || tlen > rest - plen - nlen {
@@ -182,6 +189,7 @@ impl MetaRequest {
             flags: le_u32(b, 0),
             mode: le_u32(b, 4),
             arg: le_u64(b, 8),
+            size: le_u64(b, 16),
             path,
             name,
             target,

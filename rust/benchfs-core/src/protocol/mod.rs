@@ -14,11 +14,13 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 /// 3: symbolic links (ops 30 and 31, a request's link target, an attribute's kind 3).
 /// 4: advisory locks (op 8).
 /// 5: checksums of stored bytes (op 9).
-pub const VERSION: u16 = 5;
+/// 6: writes answered with the checksum of what was stored (op 10); a metadata request's size
+///    (set-attribute with SET_SIZE).
+pub const VERSION: u16 = 6;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
-/// Bytes of a checksum reply's payload (`Op::Checksum`).
+/// Bytes of a checksum reply's payload (`Op::Checksum`, `Op::WriteChecked`).
 pub const CHECKSUM_LEN: usize = 16;
 
 /// Active-message ids: requests travel client to server, replies server to client.
@@ -51,6 +53,10 @@ pub enum Op {
     /// server reads them back from its store (never-written bytes count as zeros). Reply
     /// payload: the 16-byte hash, little-endian ([`CHECKSUM_LEN`]).
     Checksum = 9,
+    /// As [`Op::WriteChunk`], then the server reads the range back from its store and answers
+    /// with its xxh3-128 as [`Op::Checksum`] would (reply `length`: [`CHECKSUM_LEN`], the
+    /// payload the hash; a reply without error means every byte was written).
+    WriteChecked = 10,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
@@ -106,6 +112,7 @@ impl Op {
             7 => Some(Op::Statfs),
             8 => Some(Op::Lock),
             9 => Some(Op::Checksum),
+            10 => Some(Op::WriteChecked),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -136,6 +143,7 @@ impl Op {
             Op::Statfs => "statfs",
             Op::Lock => "lock",
             Op::Checksum => "checksum",
+            Op::WriteChecked => "write_checked",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -156,7 +164,7 @@ impl Op {
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 24] = [
+    pub const ALL: [Op; 25] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -165,6 +173,7 @@ impl Op {
         Op::Statfs,
         Op::Lock,
         Op::Checksum,
+        Op::WriteChecked,
         Op::Create,
         Op::Stat,
         Op::Unlink,
@@ -225,7 +234,7 @@ pub enum ReplyValue {
     MoreFollows(bool),
     /// DirRemove, DirMark, DirConfirm: whether the entry was there (and changed).
     Existed(bool),
-    /// WriteChunk and ReadChunk: the server's own time for the request, in µs (saturated):
+    /// WriteChunk, WriteChecked and ReadChunk: the server's own time for the request, in µs (saturated):
     /// from its arrival to its hand-off to the storage engine (`queue_us`, the server's
     /// `queue_wait_ns`), and to its reply being ready (`total_us`, `total_ns`); 0 when the
     /// server did not serve it (a refusal). What the client's call stages split by.
@@ -257,7 +266,7 @@ impl ReplyValue {
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir | Op::Find => ReplyValue::MoreFollows(word != 0),
             Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
-            Op::WriteChunk | Op::ReadChunk => ReplyValue::Served {
+            Op::WriteChunk | Op::WriteChecked | Op::ReadChunk => ReplyValue::Served {
                 queue_us: (word >> 32) as u32,
                 total_us: word as u32,
             },
@@ -438,7 +447,7 @@ pub fn is_server_fault(status: i32) -> bool {
 pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<()> {
     let end = h.offset.checked_add(h.length);
     match h.op {
-        Op::WriteChunk | Op::ReadChunk if end.is_none_or(|e| e > chunk_size) => {
+        Op::WriteChunk | Op::WriteChecked | Op::ReadChunk if end.is_none_or(|e| e > chunk_size) => {
             Err(Error::Protocol(format!(
                 "{} range {}+{} exceeds the chunk size {chunk_size}",
                 h.op.name(),
@@ -446,8 +455,9 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
                 h.length
             )))
         }
-        Op::WriteChunk if h.length != payload_len as u64 => Err(Error::Protocol(format!(
-            "write_chunk header says {} bytes but {payload_len} arrived",
+        Op::WriteChunk | Op::WriteChecked if h.length != payload_len as u64 => Err(Error::Protocol(format!(
+            "{} header says {} bytes but {payload_len} arrived",
+            h.op.name(),
             h.length
         ))),
         Op::Hello if !(1..=HELLO_ADDRESS_MAX).contains(&payload_len) || h.length != payload_len as u64 => {

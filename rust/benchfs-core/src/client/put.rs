@@ -1,0 +1,139 @@
+//! Checked writes, and whole files written in one call, many at once (what staging does with
+//! a tree's files). A checked write's servers answer with the xxh3-128 of each chunk-aligned
+//! range as they read it back from their store after writing it, so the writer compares it
+//! with the hash of what it sent without a second request and without the bytes coming back.
+//! A whole file is four requests: the parent's entry, the inode (created or truncated), the
+//! checked writes, and its size, mode and time together; a batch runs them for
+//! `client.max_inflight` files at once.
+
+use std::time::Instant;
+
+use futures::stream::{self, StreamExt};
+
+use crate::chunking::split;
+use crate::error::{Error, Result};
+use crate::namespace::Attr;
+use crate::protocol::meta::{self, MetaRequest};
+use crate::protocol::{Header, Op, CHECKSUM_LEN};
+use crate::telemetry::OpKind;
+
+use super::data::FileChecksum;
+use super::{Client, FileHandle};
+
+/// A file to write whole: its path, all of its bytes, and the mode and time it gets.
+#[derive(Debug, Clone, Copy)]
+pub struct WholeFile<'a> {
+    pub path: &'a str,
+    pub data: &'a [u8],
+    pub mode: u32,
+    pub mtime_ns: u64,
+}
+
+impl Client {
+    /// Writes `data` at `offset` of an open file as [`Client::write`] does, and returns the
+    /// xxh3-128 of each chunk part of the range (cut at chunk boundaries, in order), as the
+    /// servers read it back after writing it. Writes behind of the file are waited for first.
+    pub fn write_checked(&self, file: &FileHandle, offset: u64, data: &[u8]) -> Result<Vec<u128>> {
+        let _call = self.telemetry_call(OpKind::Write);
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
+        self.forget_read_ahead(file.attr.id.0);
+        let digests = self.run(async {
+            if self.writes_behind(file.attr.id.0) {
+                self.settle_file(file.attr.id.0, true).await?;
+            }
+            self.write_checked_at(&file.attr, offset, data).await
+        })?;
+        if !data.is_empty() {
+            file.written_end.set(file.written_end.get().max(end));
+            file.changed();
+        }
+        Ok(digests)
+    }
+
+    /// Writes each file whole (created, or truncated if it exists; links followed), with its
+    /// mode and time, and returns for each, in order, the checksum of what its servers stored
+    /// (read back after writing) or why it failed. A failed file may be left shorter than its
+    /// data, never reported at the full size. The outer error: the client could not run.
+    pub fn put_files(&self, files: &[WholeFile<'_>]) -> Result<Vec<Result<FileChecksum>>> {
+        let _call = self.telemetry_call(OpKind::Write);
+        let window = self.config.client.max_inflight.max(1) as usize;
+        let out = self.run(async {
+            let calls = files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| async move { (i, self.put_one(f).await) });
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut out: Vec<Option<Result<FileChecksum>>> = files.iter().map(|_| None).collect();
+            while let Some((i, r)) = results.next().await {
+                out[i] = Some(r);
+            }
+            Ok(out)
+        });
+        Ok(out?
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Protocol("file not written".into()))))
+            .collect())
+    }
+
+    async fn put_one(&self, f: &WholeFile<'_>) -> Result<FileChecksum> {
+        let path = self.checked("put", f.path)?;
+        let (path, attr) = self
+            .open_at(&path, meta::CREATE | meta::TRUNCATE, f.mode & 0o7777)
+            .await?;
+        self.forget_read_ahead(attr.id.0);
+        let chunks = self.write_checked_at(&attr, 0, f.data).await?;
+        let mut req = MetaRequest::new(&path);
+        req.flags = meta::SET_SIZE | meta::SET_MODE | meta::SET_MTIME;
+        req.size = f.data.len() as u64;
+        req.mode = f.mode & 0o7777;
+        req.arg = f.mtime_ns;
+        self.meta_attr(Op::SetAttr, "put", &req).await?;
+        Ok(FileChecksum {
+            size: f.data.len() as u64,
+            chunk_size: attr.layout.chunk_size.max(1),
+            chunks,
+        })
+    }
+
+    /// Checked writes of `data` at `offset` of `attr`'s file, at most `client.max_inflight`
+    /// in flight: the stored hash of each chunk part, in order.
+    async fn write_checked_at(&self, attr: &Attr, offset: u64, data: &[u8]) -> Result<Vec<u128>> {
+        let window = self.config.client.max_inflight.max(1) as usize;
+        let ready = Instant::now();
+        let calls = split(offset, data.len() as u64, attr.layout.chunk_size)
+            .enumerate()
+            .map(|(i, p)| async move {
+                let header = Header::request(Op::WriteChecked, 0, attr.id.0, p.chunk, p.offset, p.len);
+                let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                let mut digest = [0u8; CHECKSUM_LEN];
+                let reply = self
+                    .call(
+                        self.route(attr, p.chunk),
+                        header,
+                        part,
+                        Some(&mut digest[..]),
+                        ready,
+                    )
+                    .await?;
+                if reply.length as usize != CHECKSUM_LEN {
+                    return Err(Error::Protocol(format!(
+                        "checked write reply of {} bytes, not {CHECKSUM_LEN}",
+                        reply.length
+                    )));
+                }
+                Ok((i, u128::from_le_bytes(digest)))
+            });
+        let mut results = stream::iter(calls).buffer_unordered(window);
+        let mut digests = Vec::new();
+        while let Some(r) = results.next().await {
+            let (i, d) = r?;
+            if digests.len() <= i {
+                digests.resize(i + 1, 0);
+            }
+            digests[i] = d;
+        }
+        Ok(digests)
+    }
+}
