@@ -348,8 +348,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644
         raise
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
 
 
 CSV_FLOAT_FORMAT = "%.6g"

@@ -122,14 +122,16 @@ class LocalSide:
         above: dict[str, frozenset[tuple[int, int]]] = {
             str(self.root): frozenset([(root_st.st_dev, root_st.st_ino)])
         }
-        for top, dirs, files in os.walk(self.root, followlinks=follow_links):
-            base = Path(top)
+        root = str(self.root)
+        # Plain strings and os.lstat: pathlib's objects cost more than the system calls.
+        for top, dirs, files in os.walk(root, followlinks=follow_links):
             ancestors = above.pop(top)
+            prefix = top[len(root) :].strip("/")
             descend = []
             for name in [*sorted(dirs), *sorted(files)]:
-                path = base / name
-                rel = path.relative_to(self.root).as_posix()
-                st = path.lstat()
+                path = os.path.join(top, name)
+                rel = f"{prefix}/{name}" if prefix else name
+                st = os.lstat(path)
                 if stat.S_ISLNK(st.st_mode) and not follow_links:
                     target = os.readlink(path)
                     entries.append(
@@ -138,7 +140,7 @@ class LocalSide:
                     continue
                 if stat.S_ISLNK(st.st_mode):
                     try:
-                        st = path.stat()
+                        st = os.stat(path)
                     except OSError as e:
                         notes.append(
                             f"{path}: a link that leads nowhere ({e.strerror}), not staged"
@@ -150,7 +152,7 @@ class LocalSide:
                         continue
                     kind = "dir"
                     descend.append(name)
-                    above[str(path)] = ancestors | {(st.st_dev, st.st_ino)}
+                    above[path] = ancestors | {(st.st_dev, st.st_ino)}
                 elif stat.S_ISREG(st.st_mode):
                     kind = "file"
                 else:
@@ -657,7 +659,8 @@ def stage(
         "notes": notes,
     }
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(manifest_path, manifest)
+    # Not indented: a record per file, and json's fast encoder only writes without indent.
+    write_json_atomic(manifest_path, manifest, indent=None)
     report = StageReport(manifest, manifest_path)
     if errors:
         more = f" (and {len(errors) - 1} more; see {manifest_path})" if len(errors) > 1 else ""
