@@ -1,4 +1,5 @@
-"""Staging across the job's nodes (`benchfs stage-in --nodes`, `stage-out --nodes`): four
+"""Staging across the job's nodes (`benchfs stage-in --nodes`, `stage-out --nodes`, `stop
+--stage-out --stage-nodes`): four
 nodes in their own network namespaces, each running a server and a client; every node's
 process copies its share of a tree (largest files first, shares balanced by bytes) and its
 bytes cross that node's own link; one manifest names the node of every file; the tree comes
@@ -91,3 +92,17 @@ def test_every_node_stages_its_share(job: dict[str, str], tmp_path: Path) -> Non
     assert subprocess.run(["diff", "-r", "--no-dereference", str(src), str(out)]).returncode == 0
     out_manifest = read_json(next(staging.glob("stage-out-*.json")))
     assert set(Counter(f["node"] for f in out_manifest["files"])) == set(NODES)
+
+    # The job's last stage-out, by `benchfs stop`, across the nodes too.
+    last = tmp_path / "last"
+    stopped = benchfs(job, "stop", "--stage-out", str(last), "--stage-nodes")
+    assert stopped.returncode == 0, stopped.stderr
+    # Everything under BenchFS's /: the tree staged in is /data.
+    assert sorted(p.name for p in last.iterdir()) == ["data"]
+    assert (
+        subprocess.run(["diff", "-r", "--no-dereference", str(src), str(last / "data")]).returncode
+        == 0
+    )
+    final = [read_json(p) for p in staging.glob("stage-out-*.json")]
+    final = [m for m in final if m["destination"] == str(last)]
+    assert len(final) == 1 and set(Counter(f["node"] for f in final[0]["files"])) == set(NODES)

@@ -313,6 +313,7 @@ def test_dry_run_prints_and_submits_nothing(tmp_path: Path) -> None:
         (["--", "--servers", "zero"], "launch arguments after `--`"),
         (["--run", "true", "--", "--file-size", "1M"], "start arguments after `--`"),
         (["--stage-in", "/x", "--", "--servers", "2"], "--stage-in and --stage-out go with --run"),
+        (["--run", "true", "--stage-nodes"], "--stage-nodes goes with --stage-in or --stage-out"),
         (["--", "--results-root", "/x"], "give --results-root to `submit`"),
         (["--", "--help"], "benchfs-run launch --help"),
     ],
@@ -436,7 +437,8 @@ def test_cancelled_job_tears_down_the_pipeline(slurm: LocalSlurm, tmp_path: Path
 @pytest.mark.timeout(120)
 def test_submit_runs_a_burst_buffer_job(slurm: LocalSlurm, tmp_path: Path) -> None:
     """`submit --run`: inside a real Slurm allocation, `benchfs start` (servers and the mount
-    as job steps), stage-in, the user's command on the mount, stage-out, `benchfs stop`."""
+    as job steps), stage-in, the user's command on the mount, stage-out, `benchfs stop`; the
+    stagings on the client nodes (`--stage-nodes`: a copying job step)."""
     data = tmp_path / "input"
     data.mkdir()
     (data / "words.txt").write_text("pear\napple\nfig\n")
@@ -448,7 +450,7 @@ def test_submit_runs_a_burst_buffer_job(slurm: LocalSlurm, tmp_path: Path) -> No
             "submit", "--scheduler", "slurm", "--nodes", "1", "--time-limit", "5",
             "--partition", "debug", "--results-root", str(results),
             "--run", 'sort "$BENCHFS_MOUNT/words.txt" > "$BENCHFS_MOUNT/sorted.txt"',
-            "--stage-in", str(data), "--stage-out", str(out),
+            "--stage-in", str(data), "--stage-out", str(out), "--stage-nodes",
             "--", "--servers", "2", "--mount", str(mount), "--set", "layout.chunk_size=65536",
         ],
         env=slurm.env(),

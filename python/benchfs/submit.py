@@ -152,6 +152,8 @@ class JobSpec:
     stage out, `benchfs stop` (always); None runs the benchmark pipeline."""
     stage_in: str | None = None
     stage_out: str | None = None
+    stage_nodes: bool = False
+    """Stage in and out on every client node, each its share (`benchfs stage-in --nodes`)."""
     benchfs: str = ""
     """The `benchfs` command, by absolute path (with `run_command`)."""
 
@@ -183,6 +185,8 @@ class JobSpec:
             )
         if self.run_command is None and (self.stage_in or self.stage_out):
             raise SubmitError("EINVAL", "--stage-in and --stage-out go with --run COMMAND")
+        if self.stage_nodes and not (self.stage_in or self.stage_out):
+            raise SubmitError("EINVAL", "--stage-nodes goes with --stage-in or --stage-out")
         if self.run_command is not None and not self.run_command.strip():
             raise SubmitError("EINVAL", "--run needs a command")
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
@@ -317,6 +321,7 @@ def render(spec: JobSpec, templates: Path | None = None) -> str:
     missing template or placeholder."""
     spec.validate()
     base = templates or templates_dir()
+    across = " --nodes" if spec.stage_nodes else ""
 
     def load(name: str) -> _JobTemplate:
         path = base / name
@@ -342,8 +347,9 @@ def render(spec: JobSpec, templates: Path | None = None) -> str:
         "start_args": shlex.join(spec.pipeline_args),
         "run_command": spec.run_command or "",
         "stage_in": "" if not spec.stage_in
-        else f'"$BENCHFS" stage-in {shlex.quote(spec.stage_in)} / || exit 1',
-        "stop_args": "" if not spec.stage_out else f"--stage-out {shlex.quote(spec.stage_out)}",
+        else f'"$BENCHFS" stage-in{across} {shlex.quote(spec.stage_in)} / || exit 1',
+        "stop_args": "" if not spec.stage_out
+        else f"--stage-out {shlex.quote(spec.stage_out)}" + (" --stage-nodes" if across else ""),
     }  # fmt: skip
     body = "body.sh" if spec.run_command is None else "lifecycle.sh"
     try:

@@ -63,7 +63,11 @@ def main() -> None:
     help="Mount BenchFS at DIR on every client host (exported as BENCHFS_MOUNT).",
 )
 @click.option("--stage-in", metavar="DIR", help="Stage DIR into BenchFS's / once it is up.")
-def start(mount: str | None, stage_in: str | None, **options: Any) -> None:
+@click.option(
+    "--stage-nodes", "across_nodes", is_flag=True,
+    help="With --stage-in: copy on every client node, each its share (as stage-in --nodes).",
+)  # fmt: skip
+def start(mount: str | None, stage_in: str | None, across_nodes: bool, **options: Any) -> None:
     """Start the servers (and mounts) and leave them running; print `export` lines.
 
     Use as `eval "$(benchfs start ...)"`: stdout carries only the exports (also written to
@@ -96,7 +100,7 @@ def start(mount: str | None, stage_in: str | None, **options: Any) -> None:
     _say(f"BenchFS is up: {job.servers} servers; job directory {job.run_dir}")
     if stage_in is not None:
         try:
-            _stage(job, "in", stage_in, "/", threads=4, manifest=None)
+            _stage(job, "in", stage_in, "/", threads=4, manifest=None, across_nodes=across_nodes)
         except BenchfsError as e:
             _say("the staging failed; stopping the cluster")
             stop_job(Path(job.run_dir), say=_say)
@@ -176,14 +180,23 @@ def status(job: str | None, as_json: bool) -> None:
     "--keep-data/--delete-data", default=None, help="Keep the servers' data [as started]."
 )
 @click.option("--stage-out", metavar="DIR", help="Stage BenchFS's / out to DIR before stopping.")
-def stop(job: str | None, keep_data: bool | None, stage_out: str | None) -> None:
+@click.option(
+    "--stage-nodes", "across_nodes", is_flag=True,
+    help="With --stage-out: copy on every client node, each its share (as stage-out --nodes).",
+)  # fmt: skip
+def stop(
+    job: str | None, keep_data: bool | None, stage_out: str | None, across_nodes: bool
+) -> None:
     """Stop the job's cluster: optional stage-out, unmount, stop the servers, delete their
     data unless kept, finish the manifest and analyse the run. Also cleans up after a crash;
     exit status 1 then, naming what had died."""
     try:
         job_dir = find_job(job)
         if stage_out is not None:
-            _stage(JobState.load(job_dir), "out", "/", stage_out, threads=4, manifest=None)
+            _stage(
+                JobState.load(job_dir), "out", "/", stage_out, threads=4, manifest=None,
+                across_nodes=across_nodes,
+            )  # fmt: skip
         report = stop_job(job_dir, keep_data, say=_say)
     except BenchfsError as e:
         _fail(e)

@@ -344,6 +344,11 @@ def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
 )
 @click.option("--stage-in", metavar="DIR", help="With --run: stage DIR into BenchFS first.")
 @click.option("--stage-out", metavar="DIR", help="With --run: stage BenchFS out to DIR at the end.")
+@click.option(
+    "--stage-nodes", is_flag=True,
+    help="Stage in and out on every client node of the job, each its share (stage-in --nodes); "
+    "DIRs must be seen at the same path on every node.",
+)  # fmt: skip
 @click.argument("pipeline_args", nargs=-1, type=click.UNPROCESSED)
 def submit(
     scheduler: str,
@@ -361,6 +366,7 @@ def submit(
     run_command: str | None,
     stage_in: str | None,
     stage_out: str | None,
+    stage_nodes: bool,
     pipeline_args: tuple[str, ...],
 ) -> None:
     """Render a batch job that runs `benchfs-run launch PIPELINE_ARGS` and submit it.
@@ -426,6 +432,7 @@ def submit(
             run_command=run_command,
             stage_in=None if stage_in is None else os.path.abspath(stage_in),
             stage_out=None if stage_out is None else os.path.abspath(stage_out),
+            stage_nodes=stage_nodes,
             benchfs=find_benchfs_run("benchfs") if run_command is not None else "",
         )
         if dry_run:
