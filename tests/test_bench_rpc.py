@@ -224,21 +224,24 @@ def test_cases_have_the_issue_names() -> None:
     assert by_name["rtt-read-4k"].perftest == ("ucp_am_lat", 4096)
     assert [by_name[n].op for n in CASE_NAMES] == ["write", "read", "null", "write", "read"]
     assert by_name["rtt-null"].server_op == "meta"
+    # ucx_perftest as BenchFS runs UCX: -e where BenchFS detects failed peers, its protocols.
+    assert by_name["write-4m"].perftest_as_benchfs(False) == (["-e"], {"UCX_PROTO_ENABLE": "n"})
+    assert Case(shm, "read-4m").perftest_as_benchfs(True) == ([], {"UCX_PROTO_ENABLE": "y"})
 
 
 def test_schedule_interleaves_benchfs_and_perftest() -> None:
     cases = [Case(t, n) for t in TRANSPORTS for n in CASE_NAMES]
     steps = interleave(cases, 3, tools=TOOLS)
-    assert len(steps) == 3 * len(cases) * 2
+    assert len(steps) == 3 * len(cases) * 3
     first = [(s.case.name, s.tool) for s in steps[:4]]
     assert first == [
         ("write-4m", "benchfs"),
         ("write-4m", "ucx_perftest"),
+        ("write-4m", "ucx_perftest_as_benchfs"),
         ("read-4m", "benchfs"),
-        ("read-4m", "ucx_perftest"),
     ]
-    second = [s for s in steps if s.repeat == 1]
-    assert (second[0].tool, second[1].tool) == ("ucx_perftest", "benchfs")
+    second = [s.tool for s in steps if s.repeat == 1][:3]
+    assert second == ["ucx_perftest_as_benchfs", "ucx_perftest", "benchfs"]
 
 
 def server(p50: float) -> dict[str, float]:
@@ -246,12 +249,21 @@ def server(p50: float) -> dict[str, float]:
 
 
 def test_bandwidth_case_summary_is_medians_and_their_ratio() -> None:
+    mode = "-e, UCX_PROTO_ENABLE=n"
     runs = {
         "benchfs": [{"mib_s": v, "server": server(9)} for v in (100.0, 300.0, 200.0)],
         "ucx_perftest": [{"mib_s": v} for v in (1000.0, 250.0, 400.0)],
+        "ucx_perftest_as_benchfs": [{"mib_s": v, "mode": mode} for v in (250.0, 150.0, 350.0)],
     }
     row = summarize_case(Case(TRANSPORTS[0], "write-4m"), runs)
     assert (row["mib_s"], row["perftest_mib_s"], row["ratio"]) == (200.0, 400.0, 0.5)
+    assert (row["perftest_as_benchfs_mib_s"], row["ratio_as_benchfs"]) == (250.0, 0.8)
+    assert row["perftest_as_benchfs"] == mode
+    assert row["spread_mib_s"] == {
+        "benchfs": [100.0, 300.0],
+        "ucx_perftest": [250.0, 1000.0],
+        "ucx_perftest_as_benchfs": [150.0, 350.0],
+    }
     assert row["p50_us"] is None and row["p99_us"] is None and row["perftest_us"] is None
     assert row["server_p50_us"] == 9 and row["raw"]["benchfs"] == runs["benchfs"]
 
@@ -311,8 +323,20 @@ def test_overload_summary_takes_the_best_window_as_peak() -> None:
 
 def test_targets_are_checked() -> None:
     cases = [
-        {"transport": "tcp", "name": "write-4m", "ratio": 0.85, "p50_us": None},
-        {"transport": "shm", "name": "read-4m", "ratio": 0.5, "p50_us": None},
+        {
+            "transport": "tcp",
+            "name": "write-4m",
+            "ratio": 0.5,
+            "ratio_as_benchfs": 0.95,
+            "p50_us": None,
+        },
+        {
+            "transport": "shm",
+            "name": "read-4m",
+            "ratio": 0.95,
+            "ratio_as_benchfs": 0.85,
+            "p50_us": None,
+        },
         {"transport": "shm", "name": "rtt-write-4k", "ratio": None, "p50_us": 30.0},
         {"transport": "tcp", "name": "rtt-read-4k", "ratio": None, "p50_us": 30.0},
         {"transport": "tcp", "name": "rtt-null", "ratio": None, "p50_us": 500.0},
@@ -326,8 +350,8 @@ def test_targets_are_checked() -> None:
     }
     met = {t["target"]: t["met"] for t in rpc.targets({"cases": cases, "overload": overload})}
     assert met == {
-        "write-4m over tcp: ratio >= 0.8": True,
-        "read-4m over shm: ratio >= 0.8": False,
+        "write-4m over tcp: ratio to ucx_perftest as BenchFS runs UCX >= 0.9": True,
+        "read-4m over shm: ratio to ucx_perftest as BenchFS runs UCX >= 0.9": False,
         "rtt-write-4k over shm: p50 <= 25 µs": False,
         "rtt-read-4k over tcp: p50 <= 60 µs": True,
         "overload: zero timeouts": True,
@@ -417,12 +441,19 @@ def test_rpc_quick_json_end_to_end() -> None:
     for case in report["cases"]:
         assert keys | {"perftest_us"} <= set(case)
         bandwidth = case["name"].endswith("-4m")
-        for key in ("mib_s", "perftest_mib_s", "ratio"):
+        for key in ("mib_s", "perftest_mib_s", "ratio", "perftest_as_benchfs_mib_s"):
             assert positive(case[key]) if bandwidth else case[key] is None, (case["name"], key)
         for key in ("p50_us", "p99_us", "perftest_us"):
             assert case[key] is None if bandwidth else positive(case[key]), (case["name"], key)
         if not bandwidth:
             assert case["p99_us"] >= case["p50_us"]
+            continue
+        tcp = case["transport"] == "tcp"
+        assert case["perftest_as_benchfs"] == ("-e, " if tcp else "") + "UCX_PROTO_ENABLE=n"
+        assert "UCX_PROTO_ENABLE=n" in case["raw"]["ucx_perftest_as_benchfs"][0]["command"]
+        # UCX cannot detect failed peers over shared memory alone: it refuses -e there.
+        refused = case["error_handling_refused"]
+        assert refused is None if tcp else "unreachable" in refused, refused
     over = report["overload"]
     for key in ("mib_s", "peak_mib_s", "p99_us"):
         assert positive(over[key]), key

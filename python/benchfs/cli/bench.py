@@ -233,7 +233,8 @@ def storage(
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),
-    help="Interleaved repeats of every case and load; medians are reported [3; --quick: 1].",
+    help="Interleaved repeats of every case and load; medians and ranges are reported "
+    "[5; --quick: 1].",
 )
 @click.option("--quick", is_flag=True, help="Short runs, 1 repeat, 4 load clients (for tests).")
 @JSON_OPTION

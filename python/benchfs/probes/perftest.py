@@ -235,17 +235,20 @@ def run_perftest(
     extra: Sequence[str] = (),
     perftest: str | None = None,
     apart: tuple[Sequence[str], Sequence[str], str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> PerftestResult:
     """One ucx_perftest measurement over `UCX_TLS=tls` on loopback; both processes always end.
     `apart` = (responder's prefix, initiator's prefix, responder's address) runs the two on
-    different nodes (network namespaces; each prefix must exec, keeping the pid).
+    different nodes (network namespaces; each prefix must exec, keeping the pid). `extra_env`
+    adds variables for both sides (`UCX_PROTO_ENABLE`).
 
     The responder gets a free port and its output goes to a log in `workdir`; the initiator
     starts once the responder listens. A run that exceeds `timeout_s`, exits non-zero or prints
     no result raises PerftestError with the command and the processes' last lines.
     """
     perftest = perftest or find_perftest()
-    env = {**os.environ, "UCX_TLS": tls}
+    variables = {**(extra_env or {}), "UCX_TLS": tls}
+    env = {**os.environ, **variables}
     last: PerftestError | None = None
     for _attempt in range(PORT_ATTEMPTS):
         port = free_port()
@@ -254,7 +257,7 @@ def run_perftest(
             *here,
             *perftest_command(perftest, port, test, size, iterations, warmup, extra, address),
         ]
-        shown = f"UCX_TLS={tls} {' '.join(argv)}"
+        shown = " ".join([*(f"{k}={v}" for k, v in variables.items()), *argv])
         log = workdir / f"perftest-responder-{port}.log"
         with open(log, "wb") as out:
             responder = subprocess.Popen(
