@@ -202,17 +202,10 @@ impl Client {
         let calls = (0..count).map(|chunk| async move {
             let len = (size - chunk * cs).min(cs);
             let header = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, len);
-            let mut digest = [0u8; CHECKSUM_LEN];
-            let reply = self
-                .call(self.route(attr, chunk), header, &[], Some(&mut digest[..]), ready)
+            let digest = self
+                .call_for_digest(self.route(attr, chunk), header, &[], ready)
                 .await?;
-            if reply.length as usize != CHECKSUM_LEN {
-                return Err(Error::Protocol(format!(
-                    "checksum reply of {} bytes, not {CHECKSUM_LEN}",
-                    reply.length
-                )));
-            }
-            Ok((chunk, u128::from_le_bytes(digest)))
+            Ok::<_, Error>((chunk, digest))
         });
         let mut results = stream::iter(calls).buffer_unordered(window);
         let mut chunks = vec![0u128; count as usize];
@@ -225,6 +218,28 @@ impl Client {
             chunk_size: cs,
             chunks,
         })
+    }
+
+    /// A request whose reply carries a stored range's xxh3-128 (checksum, write_checked).
+    pub(super) async fn call_for_digest(
+        &self,
+        target: (usize, usize),
+        header: Header,
+        payload: &[u8],
+        ready: Instant,
+    ) -> Result<u128> {
+        let mut digest = [0u8; CHECKSUM_LEN];
+        let reply = self
+            .call(target, header, payload, Some(&mut digest[..]), ready)
+            .await?;
+        if reply.length as usize != CHECKSUM_LEN {
+            return Err(Error::Protocol(format!(
+                "{} reply of {} bytes, not {CHECKSUM_LEN}",
+                header.op.name(),
+                reply.length
+            )));
+        }
+        Ok(u128::from_le_bytes(digest))
     }
 
     /// The (server, worker) pairs holding the chunks of `attr`'s bytes in `[from, to)`.

@@ -14,7 +14,7 @@ use crate::chunking::split;
 use crate::error::{Error, Result};
 use crate::namespace::Attr;
 use crate::protocol::meta::{self, MetaRequest};
-use crate::protocol::{Header, Op, CHECKSUM_LEN};
+use crate::protocol::{Header, Op};
 use crate::telemetry::OpKind;
 
 use super::data::FileChecksum;
@@ -107,23 +107,10 @@ impl Client {
             .map(|(i, p)| async move {
                 let header = Header::request(Op::WriteChecked, 0, attr.id.0, p.chunk, p.offset, p.len);
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                let mut digest = [0u8; CHECKSUM_LEN];
-                let reply = self
-                    .call(
-                        self.route(attr, p.chunk),
-                        header,
-                        part,
-                        Some(&mut digest[..]),
-                        ready,
-                    )
+                let digest = self
+                    .call_for_digest(self.route(attr, p.chunk), header, part, ready)
                     .await?;
-                if reply.length as usize != CHECKSUM_LEN {
-                    return Err(Error::Protocol(format!(
-                        "checked write reply of {} bytes, not {CHECKSUM_LEN}",
-                        reply.length
-                    )));
-                }
-                Ok((i, u128::from_le_bytes(digest)))
+                Ok::<_, Error>((i, digest))
             });
         let mut results = stream::iter(calls).buffer_unordered(window);
         let mut digests = Vec::new();
