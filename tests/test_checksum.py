@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from benchfs import Client
 from benchfs.checksum import ChunkHasher, FileChecksum
 from benchfs.lifecycle.stage import WHOLE_MAX, BenchfsSide, LocalSide, StageFailed, _join, stage
+from benchfs.results import read_json
 from conftest import InProcessCluster
 
 if TYPE_CHECKING:
@@ -171,6 +172,27 @@ def test_a_byte_changed_on_its_way_fails_the_staging(
         assert (out / "f").read_bytes() == bytes(body)
         assert report.manifest["files"][0]["chunks"] == list(ranges(bytes(body)))
         assert report.manifest["fsync_seconds"] > 0
+
+
+class Unreachable(BenchfsSide):
+    """BenchFS as the destination, whose client cannot send a batch of small files at all."""
+
+    def put_whole(self, files: list[tuple[str, bytes, int, int]]) -> list[FileChecksum | OSError]:
+        raise OSError(113, "server 0 lost")
+
+
+def test_a_batch_that_cannot_be_sent_fails_each_of_its_files(
+    client: Client, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"s{i}").write_bytes(os.urandom(100))
+    (src / "big").write_bytes(os.urandom(WHOLE_MAX + 1))  # written a block at a time: staged
+    with pytest.raises(StageFailed, match=r"3 files not staged: s0: \[Errno 113\] server 0 lost"):
+        stage(LocalSide(src), Unreachable("/in", lambda: client), "in", tmp_path / "m.json")
+    files = read_json(tmp_path / "m.json")["files"]
+    assert [f["path"] for f in files] == ["big"]
 
 
 def test_a_byte_changed_on_a_server_shows_in_the_checksum(

@@ -441,9 +441,12 @@ def _put_whole(src: Side, dst: BenchfsSide, entries: list[Entry]) -> list[FileCh
             outcomes[i] = _changed(src, e, len(data))
             continue
         todo.append((i, data))
-    stored = dst.put_whole(
-        [(entries[i].path, d, entries[i].mode, entries[i].mtime_ns) for i, d in todo]
-    )
+    try:
+        stored = dst.put_whole(
+            [(entries[i].path, d, entries[i].mode, entries[i].mtime_ns) for i, d in todo]
+        )
+    except OSError as err:  # the client could not run at all: every file of the batch failed
+        stored = [err] * len(todo)
     for (i, data), got in zip(todo, stored, strict=True):
         if not isinstance(got, OSError):
             sent = ChunkHasher(got.chunk_size)
