@@ -1016,7 +1016,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
         )
     console.print(table)
     over = report["overload"]
-    lines = [*case_lines(report["cases"])]
+    lines = case_lines(report["cases"])
     lines += overload_lines(over) if over is not None else scaling_lines(report["scaling"])
     study = report.get("rndv_threshold_study")
     if study:

@@ -392,7 +392,7 @@ def copy_files(
 
     def batch(entries: list[Entry]) -> None:
         assert isinstance(dst, BenchfsSide)
-        for e, outcome in zip(entries, _put_whole(src, dst, entries), strict=True):
+        for e, outcome in zip(entries, _stage_whole(src, dst, entries), strict=True):
             if isinstance(outcome, OSError):
                 failed(e, outcome)
             else:
@@ -425,7 +425,7 @@ def _batches(entries: list[Entry]) -> Iterator[list[Entry]]:
         yield run
 
 
-def _put_whole(src: Side, dst: BenchfsSide, entries: list[Entry]) -> list[FileChecksum | OSError]:
+def _stage_whole(src: Side, dst: BenchfsSide, entries: list[Entry]) -> list[FileChecksum | OSError]:
     """Stages files into BenchFS whole, one batch: read each, write them all at once, and
     compare what the servers read back with what was read."""
     outcomes: list[FileChecksum | OSError | None] = [None] * len(entries)

@@ -601,10 +601,7 @@ impl ServerState {
                         }
                         // The write's buffer is back in the pool before the read-back takes one.
                         if h.op == Op::WriteChecked && served.status == 0 {
-                            match self.stored_checksum(file, h.chunk, h.offset, len).await {
-                                Ok(d) => served.meta = Some((ReplyValue::Nothing, d.to_le_bytes().to_vec())),
-                                Err(status) => served.status = status,
-                            }
+                            self.answer_checksum(file, h, &mut served).await;
                         }
                     }
                 }
@@ -622,10 +619,7 @@ impl ServerState {
             }
             Op::Checksum => {
                 served.device_start = Some(Instant::now());
-                match self.stored_checksum(file, h.chunk, h.offset, len).await {
-                    Ok(digest) => served.meta = Some((ReplyValue::Nothing, digest.to_le_bytes().to_vec())),
-                    Err(status) => served.status = status,
-                }
+                self.answer_checksum(file, h, &mut served).await;
             }
             Op::TruncateData => {
                 served.device_start = Some(Instant::now());
@@ -681,8 +675,18 @@ impl ServerState {
         served
     }
 
-    /// The xxh3-128 of `len` bytes at `offset` of a chunk as the store reads them back
-    /// (never-written bytes count as zeros, as a read gives them), or the negative errno.
+    /// Answers with the xxh3-128 of the request's range of its chunk as the store reads it
+    /// back (never-written bytes count as zeros, as a read gives them), or its error.
+    async fn answer_checksum(&self, file: FileId, h: &Header, served: &mut Served) {
+        match self
+            .stored_checksum(file, h.chunk, h.offset, h.length as usize)
+            .await
+        {
+            Ok(d) => served.meta = Some((ReplyValue::Nothing, d.to_le_bytes().to_vec())),
+            Err(status) => served.status = status,
+        }
+    }
+
     async fn stored_checksum(
         &self,
         file: FileId,

@@ -59,22 +59,15 @@ impl Client {
     pub fn put_files(&self, files: &[WholeFile<'_>]) -> Result<Vec<Result<FileChecksum>>> {
         let _call = self.telemetry_call(OpKind::Write);
         let window = self.config.client.max_inflight.max(1) as usize;
-        let out = self.run(async {
+        let mut done: Vec<(usize, Result<FileChecksum>)> = self.run(async {
             let calls = files
                 .iter()
                 .enumerate()
                 .map(|(i, f)| async move { (i, self.put_one(f).await) });
-            let mut results = stream::iter(calls).buffer_unordered(window);
-            let mut out: Vec<Option<Result<FileChecksum>>> = files.iter().map(|_| None).collect();
-            while let Some((i, r)) = results.next().await {
-                out[i] = Some(r);
-            }
-            Ok(out)
-        });
-        Ok(out?
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Protocol("file not written".into()))))
-            .collect())
+            Ok(stream::iter(calls).buffer_unordered(window).collect().await)
+        })?;
+        done.sort_unstable_by_key(|(i, _)| *i);
+        Ok(done.into_iter().map(|(_, r)| r).collect())
     }
 
     async fn put_one(&self, f: &WholeFile<'_>) -> Result<FileChecksum> {
@@ -102,23 +95,19 @@ impl Client {
     async fn write_checked_at(&self, attr: &Attr, offset: u64, data: &[u8]) -> Result<Vec<u128>> {
         let window = self.config.client.max_inflight.max(1) as usize;
         let ready = Instant::now();
-        let calls = split(offset, data.len() as u64, attr.layout.chunk_size)
-            .enumerate()
-            .map(|(i, p)| async move {
-                let header = Header::request(Op::WriteChecked, 0, attr.id.0, p.chunk, p.offset, p.len);
-                let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                let digest = self
-                    .call_for_digest(self.route(attr, p.chunk), header, part, ready)
-                    .await?;
-                Ok::<_, Error>((i, digest))
-            });
+        let parts: Vec<_> = split(offset, data.len() as u64, attr.layout.chunk_size).collect();
+        let mut digests = vec![0u128; parts.len()];
+        let calls = parts.into_iter().enumerate().map(|(i, p)| async move {
+            let header = Header::request(Op::WriteChecked, 0, attr.id.0, p.chunk, p.offset, p.len);
+            let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+            let digest = self
+                .call_for_digest(self.route(attr, p.chunk), header, part, ready)
+                .await?;
+            Ok::<_, Error>((i, digest))
+        });
         let mut results = stream::iter(calls).buffer_unordered(window);
-        let mut digests = Vec::new();
         while let Some(r) = results.next().await {
             let (i, d) = r?;
-            if digests.len() <= i {
-                digests.resize(i + 1, 0);
-            }
             digests[i] = d;
         }
         Ok(digests)
