@@ -385,3 +385,64 @@ def test_a_forked_child_connects_its_own_client(
         "child exit 0",
         "parent read 200",
     ], out.stderr
+
+
+FORKED_BEHIND = r"""
+import os, sys
+from benchfs import Client
+
+config = open(sys.argv[2]).read()
+parent = Client(sys.argv[1], config=config)
+data = bytes(range(256)) * (32 * 1024)  # 8 MiB: 128 chunks, most still on their way
+f = parent.open("/behind-parent", "wb")
+f.write(data)
+pid = os.fork()
+if pid == 0:
+    try:
+        f.write(b"x")
+        print("the parent's file worked in the child")
+    except OSError as e:
+        print("parent's file in the child:", e.errno)
+    child = Client(sys.argv[1], config=config)
+    mine = data[::-1]
+    with child.open("/behind-child", "wb") as g:
+        g.write(mine)
+    with child.open("/behind-child", "rb") as g:
+        print("child read back", g.read() == mine)
+    sys.exit(0)  # a normal exit: the inherited client and file are dropped in the child
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status))
+f.close()
+with parent.open("/behind-parent", "rb") as g:
+    print("parent read back", g.read() == data)
+with parent.open("/behind-child", "rb") as g:
+    print("parent reads the child's", g.read() == data[::-1])
+"""
+
+
+def test_a_fork_while_writes_are_behind_leaves_them_to_the_parent(
+    daemon_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Writes behind are sent by the process's write-behind thread, which a fork does not copy:
+    the parent's writes in flight stay the parent's (its thread sends them, its close waits
+    for them), the child's copies of the parent's client and files refuse with EBADFD and are
+    dropped at its exit without waiting, and the child's own client writes behind through a
+    thread of its own."""
+    import subprocess
+    import sys
+
+    cluster = daemon_cluster(2, "layout.chunk_size=65536", "client.write_behind=32M")
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_BEHIND, str(cluster.registry_dir), str(cluster.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"parent's file in the child: {errno.EBADFD}",
+        "child read back True",
+        "child exit 0",
+        "parent read back True",
+        "parent reads the child's True",
+    ], out.stderr

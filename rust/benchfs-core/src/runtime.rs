@@ -376,6 +376,12 @@ impl Reactor {
         }
     }
 
+    /// Lowers the flag [`Notified`] resolves on, for a loop that waits for notifications
+    /// again and again (it checks what it waits for after lowering it).
+    pub fn reset_notified(&self) {
+        self.notified.set(false);
+    }
+
     fn wake(&self, waker: Waker) {
         self.woke.set(true);
         waker.wake();

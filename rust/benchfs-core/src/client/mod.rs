@@ -19,6 +19,7 @@ mod netns;
 mod put;
 mod readahead;
 mod rpc;
+mod sender;
 mod telemetry;
 mod window;
 mod writebehind;
@@ -49,7 +50,7 @@ use self::readahead::ReadAhead;
 use self::rpc::{make_worker, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
-use self::writebehind::WriteBehind;
+use self::writebehind::Behind;
 
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).
@@ -153,8 +154,8 @@ pub struct Client {
     /// `BENCHFS_CRASH_AT=op:step`: a test's crash point (see `Client::step_done`).
     crash_at: Option<(String, u32)>,
     read_ahead: ReadAhead,
-    /// Declared after `worker`: its buffers are freed only after the UCX worker is gone.
-    write_behind: WriteBehind,
+    /// This client's side of write-behind (client/writebehind.rs).
+    behind: Behind,
 }
 
 impl Client {
@@ -246,7 +247,7 @@ impl Client {
             telemetry,
             crash_at: crash_point()?,
             read_ahead: ReadAhead::default(),
-            write_behind: WriteBehind::default(),
+            behind: Behind::new(),
         };
         if !client.config.cluster.connect_at_start {
             return Ok(client);
@@ -393,6 +394,47 @@ mod tests {
             let outcome = t.join().expect("a rebuilding thread panicked");
             outcome.expect("a rebuild failed");
         }
+    }
+
+    /// Bytes written behind move while the program makes no call at all: the process's
+    /// write-behind thread sends them (an event loop run only inside calls never would).
+    #[test]
+    fn writes_behind_move_while_the_program_makes_no_call() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut config = Config::default();
+        config.cluster.expected_servers = 2;
+        config.layout.chunk_size = 64 * 1024;
+        config.client.write_behind = 4 << 20;
+        let servers = (0..2)
+            .map(|id| {
+                ServerHandle::spawn(ServerOptions {
+                    id,
+                    node: format!("node-{id}"),
+                    data_dir: dir.path().join(format!("data-{id}")),
+                    registry_dir: dir.path().join("registry"),
+                    config: config.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let client = Client::connect(&dir.path().join("registry"), config)?;
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        let f = client.open("/behind", meta::CREATE, 0o644)?;
+        assert_eq!(client.write(&f, 0, &data)?, data.len());
+        let start = Instant::now();
+        while client.any_writes_behind() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "writes behind did not move without calls"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(client.read(&f, 0, &mut back)?, data.len());
+        assert!(back == data, "the bytes written behind");
+        client.close(&f)?;
+        drop(client);
+        drop(servers);
+        Ok(())
     }
 
     fn rebuild_with_writes_behind() -> Result<()> {

@@ -650,7 +650,6 @@ impl Client {
         // The old worker's last reference: ucp_worker_destroy runs here.
         drop(std::mem::replace(&mut *self.worker.borrow_mut(), worker));
         drop((pending, detached, ahead));
-        self.resend_writes_behind();
         *self.address.borrow_mut() = address;
         let live: Vec<usize> = (0..self.server_count())
             .filter(|&i| {
