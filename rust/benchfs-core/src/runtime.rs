@@ -111,6 +111,11 @@ pub struct Notifier {
 }
 
 impl Notifier {
+    /// Whether both wake the same loop.
+    pub fn same_loop(&self, other: &Notifier) -> bool {
+        Arc::ptr_eq(&self.fd, &other.fd)
+    }
+
     pub fn notify(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a valid u64 to an eventfd we own.

@@ -184,6 +184,9 @@ pub struct ClientPool {
     limit: usize,
     /// New clients take descriptor numbers from here up (0: wherever the kernel puts them).
     fd_floor: i32,
+    /// The write-behind group of the pool's clients: a file written with one lease may be
+    /// flushed or closed with another.
+    write_behind: u64,
     state: Mutex<PoolState>,
     /// Signalled when a client goes back to the pool or a slot frees up.
     returned: Condvar,
@@ -243,6 +246,7 @@ impl ClientPool {
             config,
             limit: limit.max(1),
             fd_floor: floor,
+            write_behind: crate::client::write_behind_group(),
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
                 live: 0,
@@ -290,10 +294,11 @@ impl ClientPool {
                     pool: self.clone(),
                     client: None,
                 };
-                let client = {
+                let mut client = {
                     let _below = Occupied::below(self.fd_floor);
                     Client::connect(&self.registry, self.config.clone())?
                 };
+                client.write_behind_as(self.write_behind);
                 lease.client = Some(SendClient::new(client));
                 return Ok(lease);
             }

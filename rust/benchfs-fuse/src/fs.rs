@@ -88,6 +88,9 @@ pub struct Shared {
     /// reported at exit (they bound what one request can do).
     pub reads: IoCounter,
     pub writes: IoCounter,
+    /// The write-behind group of every worker's client: a file written through one thread
+    /// may be read, flushed or closed through another.
+    write_behind: u64,
 }
 
 /// Requests, bytes and the largest request of one direction.
@@ -142,6 +145,7 @@ impl Shared {
             notifier: OnceLock::new(),
             reads: IoCounter::default(),
             writes: IoCounter::default(),
+            write_behind: benchfs_core::client::write_behind_group(),
         }
     }
 
@@ -276,8 +280,9 @@ pub struct Worker {
 impl Worker {
     /// Connects a client (waiting for the configuration's expected servers).
     pub fn connect(registry: &Path, config: Config, shared: Arc<Shared>) -> Result<Worker, String> {
-        let client = Client::connect(registry, config)
+        let mut client = Client::connect(registry, config)
             .map_err(|e| format!("cannot connect to the cluster in {}: {e}", registry.display()))?;
+        client.write_behind_as(shared.write_behind);
         // The kernel follows links (readlink) and hands this mount resolved paths.
         client.set_resolve_links(false);
         Ok(Worker {
@@ -903,10 +908,9 @@ pub struct BenchFs {
 
 impl BenchFs {
     pub fn new(shared: Arc<Shared>, registry: PathBuf, config: &Config) -> BenchFs {
-        // Every write is answered only once it is done: another thread's client may serve
-        // the next read, and could not wait for this one's writes.
-        let mut config = config.clone();
-        config.client.write_behind = 0;
+        // Writes behind (client.write_behind) are the process's: a read, flush or close
+        // served by another thread's client waits for them (see `Shared::write_behind`).
+        let config = config.clone();
         BenchFs {
             waiters: Arc::new(Waiters::new(registry.clone(), config.clone(), shared.clone())),
             shared,

@@ -34,6 +34,7 @@ impl Client {
         let window = self.config.client.max_inflight as usize;
         self.forget_read_ahead(attr.id.0);
         if self.config.client.write_behind > 0 {
+            file.behind.set(true);
             self.run(self.write_behind(file, offset, data))?;
             if !data.is_empty() {
                 file.written_end.set(file.written_end.get().max(end));
@@ -144,10 +145,13 @@ impl Client {
     /// (write-behind, `client.write_behind`); returns the first of them that failed.
     pub fn flush(&self, file: &FileHandle) -> Result<()> {
         if !self.writes_behind(file.attr.id.0) {
+            file.behind.set(false);
             return Ok(());
         }
         let _call = self.telemetry_call(OpKind::Write);
-        self.run(self.settle_file(file.attr.id.0, true))
+        let settled = self.run(self.settle_file(file.attr.id.0, true));
+        file.behind.set(false);
+        settled
     }
 
     /// Makes this file's bytes durable on the servers holding them, then reports its size.

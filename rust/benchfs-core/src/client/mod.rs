@@ -50,6 +50,7 @@ use self::readahead::ReadAhead;
 use self::rpc::{make_worker, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
+pub use self::writebehind::write_behind_group;
 use self::writebehind::Behind;
 
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
@@ -67,6 +68,8 @@ pub struct FileHandle {
     /// Counts changes to the file's bytes (this handle's writes and truncates, and those of
     /// the handles it is shared with): read-ahead taken before a change is not used after it.
     changes: Arc<AtomicU64>,
+    /// Whether writes through this handle were left behind since its last flush.
+    behind: Cell<bool>,
 }
 
 impl FileHandle {
@@ -76,9 +79,9 @@ impl FileHandle {
     }
 
     /// True when this handle wrote past what it last published (its close would tell the
-    /// owner a new size).
+    /// owner a new size), or left writes behind that its close would wait for.
     pub fn unpublished(&self) -> bool {
-        self.written_end.get() > self.reported_end.get()
+        self.written_end.get() > self.reported_end.get() || self.behind.get()
     }
 
     /// Tells the handle the file is at least `size` long: what other handles of the same
@@ -433,6 +436,60 @@ mod tests {
         assert!(back == data, "the bytes written behind");
         client.close(&f)?;
         drop(client);
+        drop(servers);
+        Ok(())
+    }
+
+    /// Clients of one write-behind group (a mount's threads) writing at once with a small
+    /// budget: each waits for room in turn, and every one is woken (a group shares a number,
+    /// not an event loop).
+    #[test]
+    fn a_group_of_clients_writing_behind_at_once_all_finish() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut config = Config::default();
+        config.cluster.expected_servers = 2;
+        config.layout.chunk_size = 64 * 1024;
+        config.client.write_behind = 256 * 1024;
+        let servers = (0..2)
+            .map(|id| {
+                ServerHandle::spawn(ServerOptions {
+                    id,
+                    node: format!("node-{id}"),
+                    data_dir: dir.path().join(format!("data-{id}")),
+                    registry_dir: dir.path().join("registry"),
+                    config: config.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let group = write_behind_group();
+        let (done, finished) = std::sync::mpsc::channel();
+        for t in 0..3u8 {
+            let (registry, config, done) = (dir.path().join("registry"), config.clone(), done.clone());
+            std::thread::spawn(move || {
+                let outcome = (|| -> Result<bool> {
+                    let mut client = Client::connect(&registry, config)?;
+                    client.write_behind_as(group);
+                    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i % 249) as u8 ^ t).collect();
+                    let path = format!("/group-{t}");
+                    let f = client.open(&path, meta::CREATE, 0o644)?;
+                    for (i, piece) in data.chunks(48 * 1024).enumerate() {
+                        client.write(&f, (i * 48 * 1024) as u64, piece)?;
+                    }
+                    client.close(&f)?;
+                    let g = client.open(&path, 0, 0)?;
+                    let mut back = vec![0u8; data.len()];
+                    client.read(&g, 0, &mut back)?;
+                    Ok(back == data)
+                })();
+                let _ = done.send(outcome);
+            });
+        }
+        for _ in 0..3 {
+            let outcome = finished
+                .recv_timeout(Duration::from_secs(60))
+                .expect("a writer of the group never finished");
+            assert!(outcome?, "a writer's bytes");
+        }
         drop(servers);
         Ok(())
     }

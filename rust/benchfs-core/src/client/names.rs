@@ -218,6 +218,7 @@ impl Client {
             known_size: Cell::new(attr.size),
             next_read: Cell::new(0),
             changes: Arc::default(),
+            behind: Cell::new(false),
         })
     }
 

@@ -77,7 +77,7 @@ pub(super) struct State {
     bytes: u64,
     stopping: bool,
     /// Event loops of clients waiting for an answer or for room: woken at the next answer.
-    waiting: Vec<(u64, Notifier)>,
+    waiting: Vec<Notifier>,
 }
 
 impl State {
@@ -119,9 +119,11 @@ impl State {
         e
     }
 
-    pub(super) fn wait(&mut self, client: u64, loop_: &Notifier) {
-        if !self.waiting.iter().any(|(c, _)| *c == client) {
-            self.waiting.push((client, loop_.clone()));
+    /// Wakes `waiter` at the next answer. One entry per event loop: the clients of a group
+    /// share a number, not a loop.
+    pub(super) fn wait(&mut self, waiter: &Notifier) {
+        if !self.waiting.iter().any(|n| n.same_loop(waiter)) {
+            self.waiting.push(waiter.clone());
         }
     }
 
@@ -378,7 +380,7 @@ async fn send(client: &Client, part: Part) -> (Part, Result<()>) {
 fn wake_waiting(mut s: MutexGuard<'_, State>) {
     let waiting = std::mem::take(&mut s.waiting);
     drop(s);
-    for (_, n) in waiting {
+    for n in waiting {
         n.notify();
     }
 }

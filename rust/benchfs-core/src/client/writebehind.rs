@@ -124,7 +124,7 @@ impl Client {
                 if ready(&mut s) {
                     return Ok(());
                 }
-                s.wait(self.behind.number, &waker);
+                s.wait(&waker);
             }
             reactor.notified().await;
             reactor.reset_notified();
@@ -137,6 +137,23 @@ impl Client {
         }
         let n = self.runtime.reactor().notifier()?;
         Ok(self.behind.waker.get_or_init(|| n).clone())
+    }
+}
+
+/// A number for a group of clients that write behind as one (see
+/// [`Client::write_behind_as`]).
+pub fn write_behind_group() -> u64 {
+    super::sender::client_number()
+}
+
+impl Client {
+    /// Makes this client write behind as one with every client given the same `group`
+    /// ([`write_behind_group`]): each waits for the group's writes (unlink, rename, truncate)
+    /// and reports the failures of the group's writes of a file it flushes or closes. A mount
+    /// serves one file through the clients of several threads, so a failure must reach
+    /// whichever thread the file's close comes to. Call before the first write.
+    pub fn write_behind_as(&mut self, group: u64) {
+        self.behind.number = group;
     }
 }
 
