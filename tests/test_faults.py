@@ -137,7 +137,11 @@ def test_a_paused_server_is_greeted_again_and_answers_with_one_connection(
     good fails the client within cluster.connect_timeout_s, naming it and how many hellos it
     was sent."""
     tel = tmp_path / "telemetry"
-    cluster = daemon_cluster(2, f"telemetry.dir={tel}", "telemetry.interval_ms=100")
+    # Each write answered before it returns: one client, so one connection per server (a
+    # write-behind thread would connect a client of its own).
+    cluster = daemon_cluster(
+        2, f"telemetry.dir={tel}", "telemetry.interval_ms=100", "client.write_behind=0"
+    )
     assert cluster.config_path is not None
     config = resolve_config_text(cluster.config_path, ["cluster.connect_at_start=true"])
     cluster.kill(1, signal.SIGSTOP)
@@ -201,7 +205,11 @@ def test_servers_are_connected_on_first_use(daemon_cluster, tmp_path: Path) -> N
     (one connection, however many hellos); one paused for good fails the requests that need it
     within client.request_timeout_s, naming it, while requests to the others are served."""
     tel = tmp_path / "telemetry"
-    cluster = daemon_cluster(2, f"telemetry.dir={tel}", "telemetry.interval_ms=100")
+    # Each write answered before it returns: one client, so one connection per server (a
+    # write-behind thread would connect a client of its own).
+    cluster = daemon_cluster(
+        2, f"telemetry.dir={tel}", "telemetry.interval_ms=100", "client.write_behind=0"
+    )
     assert cluster.config_path is not None
     config = cluster.config_path.read_text()
     data = data_for(5, 0, 4 * MIB)  # 64 chunks of 64 KiB: both servers

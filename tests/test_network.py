@@ -105,6 +105,7 @@ def test_stopped_and_resumed_server_completes_every_request(
         try:
             start = time.monotonic()
             assert f.pwrite(data, 0) == len(data)
+            f.flush()  # answered here (written behind)
             assert time.monotonic() - start >= 1.0, "the write did not wait for the stopped server"
             assert f.pread(len(data), 0) == data
             f.close()

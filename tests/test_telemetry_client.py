@@ -56,7 +56,14 @@ def own_client_file(tel: Path) -> Path:
 
 def test_client_files_and_traces_from_a_real_run(daemon_cluster, tmp_path: Path) -> None:
     tel = tmp_path / "telemetry"
-    overrides = (f"telemetry.dir={tel}", "telemetry.trace=true", "telemetry.interval_ms=100")
+    # Writes answered before they return: every request is this client's (a write-behind
+    # thread's client would write a file of its own).
+    overrides = (
+        f"telemetry.dir={tel}",
+        "telemetry.trace=true",
+        "telemetry.interval_ms=100",
+        "client.write_behind=0",
+    )
     cluster = daemon_cluster(2, *overrides)
     config = config_text("cluster.expected_servers=2", *overrides)
     # Expected data requests per (op, target server) and bytes, from the chunking.

@@ -139,8 +139,9 @@ fn pool() -> Result<&'static Arc<ClientPool>, c_int> {
             .map(PathBuf::from);
         let mut config =
             config::resolve(file.as_deref(), &config::process_env(), &[]).map_err(|e| e.to_string())?;
-        // Writes behind move only while the program is inside a BenchFS call; a program
-        // does not know it holds any, so each write here is answered before it returns.
+        // Each write is answered before it returns: programs end with `_exit` (dash, a
+        // vforked child), which no exit handler sees, and start children that read what they
+        // wrote before it was closed (`system`, shells); neither may lose a write behind.
         config.client.write_behind = 0;
         // As for the C library and the mount: BENCHFS_REGISTRY (their argument), else the
         // configuration's (an effective configuration file ignores BENCHFS_* variables).

@@ -94,8 +94,7 @@ impl FileHandle {
     /// Makes this handle count changes to the file's bytes in `changes`, shared with other
     /// handles of the same file (a mount's, whose handles serve different clients), so that
     /// no client reads ahead across another's write or truncate. A write counts when it
-    /// returns: the writing clients must answer writes before returning (`client.write_behind
-    /// = 0`, as the mount's have it) for readers to see them at once.
+    /// returns, and once more when it is answered if it was written behind.
     pub fn share_changes(&mut self, changes: &Arc<AtomicU64>) {
         self.changes = changes.clone();
     }

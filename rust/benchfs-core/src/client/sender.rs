@@ -189,6 +189,16 @@ impl Sender {
         Ok(sender)
     }
 
+    /// The sender of the cluster at `registry` in this process, if one is running.
+    pub(super) fn running(registry: &Path, token: u64) -> Option<Arc<Sender>> {
+        let generation = benchfs_ucx::fork_generation();
+        let senders = SENDERS.lock().unwrap_or_else(PoisonError::into_inner);
+        senders
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|s| s.generation == generation && s.token == token && s.registry == registry)
+    }
+
     fn start(registry: &Path, token: u64, config: &Config) -> Result<Sender> {
         let mut config = config.clone();
         config.client.write_behind = 0;

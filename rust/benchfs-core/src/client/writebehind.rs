@@ -109,8 +109,14 @@ impl Client {
         Ok(self.behind.sender.get_or_init(|| s).clone())
     }
 
+    /// The process's sender, if one runs: a client that never wrote behind still waits for
+    /// the writes of the others (a mount's reader thread for its writer thread's).
     fn live_sender(&self) -> Option<&Arc<Sender>> {
-        self.behind.sender.get()
+        if let Some(s) = self.behind.sender.get() {
+            return Some(s);
+        }
+        let s = Sender::running(&self.registry_dir, self.token)?;
+        Some(self.behind.sender.get_or_init(|| s))
     }
 
     /// Runs `ready` on the shared state until it says so, sleeping in this client's event loop
