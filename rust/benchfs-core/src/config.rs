@@ -95,7 +95,7 @@ pub struct ClientConfig {
     /// Bytes of writes the clients of a process may have handed to its write-behind thread
     /// and not yet had answered, in all (0: every write waits for its answer). Failures are
     /// returned by the file's next write, fsync, flush or close. 32 MiB by measurement: one
-    /// writer through the mount 1.7-2.6x faster, many writers as fast (docs/storage.md).
+    /// writer through the mount 1.6-2.2x faster, many writers as fast (docs/storage.md).
     pub write_behind: u64,
     /// Host directories, `:`-separated, where this namespace is seen besides `$BENCHFS_MOUNT`
     /// and the interposition library's prefix: a link's absolute target under one of them
