@@ -76,6 +76,9 @@ pub(super) struct State {
     parts: usize,
     bytes: u64,
     stopping: bool,
+    /// The thread ended before it was told to (its event loop failed): nothing is queued any
+    /// more, and every part it had was failed.
+    pub(super) gone: bool,
     /// Event loops of clients waiting for an answer or for room: woken at the next answer.
     waiting: Vec<Notifier>,
 }
@@ -124,6 +127,20 @@ impl State {
     pub(super) fn wait(&mut self, waiter: &Notifier) {
         if !self.waiting.iter().any(|n| n.same_loop(waiter)) {
             self.waiting.push(waiter.clone());
+        }
+    }
+
+    /// After the thread ended unbidden: every part it had fails (each writer of a file with
+    /// parts left is told at its next write, flush or close), and nobody waits in vain.
+    fn give_up(&mut self) {
+        self.gone = true;
+        self.queue.clear();
+        let writers: Vec<u64> = self.clients.drain().map(|(c, _)| c).collect();
+        for f in self.files.values_mut().filter(|f| f.unanswered > 0) {
+            f.unanswered = 0;
+            for &c in &writers {
+                f.failed.entry(c).or_insert_with(thread_gone);
+            }
         }
     }
 
@@ -218,7 +235,13 @@ impl Sender {
                         Ok(n) => drop(started.send(Ok(n))),
                         Err(e) => return drop(started.send(Err(e))),
                     }
-                    serve(&state, &client);
+                    let served =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(&state, &client)));
+                    let mut s = lock(&state);
+                    if !s.stopping || served.is_err() {
+                        s.give_up();
+                    }
+                    wake_waiting(s);
                 })
                 .map_err(|e| Error::io("starting the write-behind thread", e))?
         };
@@ -272,6 +295,14 @@ impl Drop for Sender {
     }
 }
 
+/// The failure of a part whose thread ended before sending it.
+pub(super) fn thread_gone() -> Error {
+    Error::io(
+        "writing behind",
+        std::io::Error::other("the write-behind thread ended before these bytes were sent"),
+    )
+}
+
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -312,7 +343,9 @@ fn serve(state: &Mutex<State>, client: &Client) {
 
 /// Sends queued parts, at most `client.max_inflight` at once, until none is queued or in
 /// flight. Answered parts are freed at once, unless a request abandoned after a failure may
-/// still read memory (then they wait in `held` for the end of the wave).
+/// still read memory (then they wait in `held` for the end of the wave). A client probes lost
+/// servers (and re-admits those that answer) as a call starts; a stream of writes is one long
+/// wave, so the wave does it at each answer while a server is lost.
 async fn wave(state: &Mutex<State>, client: &Client, held: &RefCell<Vec<Part>>) {
     let most = client.config.client.max_inflight as usize;
     let reactor = client.runtime.reactor().clone();
@@ -321,6 +354,9 @@ async fn wave(state: &Mutex<State>, client: &Client, held: &RefCell<Vec<Part>>) 
     let mut flying: Vec<(u128, u64, u64)> = Vec::new();
     loop {
         {
+            if client.links.borrow().iter().any(|l| l.lost.is_some()) {
+                client.poll_probes();
+            }
             let mut s = lock(state);
             while running.len() < most {
                 let Some(next) = s.queue.front() else { break };

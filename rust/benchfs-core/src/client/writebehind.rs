@@ -42,11 +42,16 @@ impl Client {
                 buf: data[p.buf_offset as usize..(p.buf_offset + p.len) as usize].into(),
                 changes: file.changes.clone(),
             });
+            let mut gone = false;
             self.wait_behind(&sender, |s| {
-                part = part.take().and_then(|p| s.offer(p, budget));
-                part.is_none()
+                gone = s.gone;
+                part = part.take().filter(|_| !gone).and_then(|p| s.offer(p, budget));
+                gone || part.is_none()
             })
             .await?;
+            if gone {
+                return Err(super::sender::thread_gone());
+            }
             sender.handed_over();
         }
         Ok(())
