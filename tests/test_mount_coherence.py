@@ -291,6 +291,27 @@ def test_readers_while_another_thread_writes_and_truncates(
     readers_while_writing_and_truncating(mount, bs, direct)
 
 
+def test_a_mount_writing_behind_stays_coherent(
+    daemon_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """With client.write_behind set, a write returns before its servers answer; the mount's
+    other threads and processes still read every byte at once (a read waits for the process's
+    writes behind, whichever thread's client made them), fio's jobs verify, and a truncate
+    falls between writes as without it."""
+    cluster = daemon_cluster(3, "client.write_behind=32M")
+    mounted_ = checked_mount(cluster, tmp_path / "mnt")
+    mount = next(mounted_)
+    try:
+        direct_readers_of_a_fresh_write(mount)
+        readers_while_writing_and_truncating(mount, 47008, False)
+        readers_while_writing_and_truncating(mount, 4096, True)
+        if FIO is not None:
+            fio_interleaved(mount, 47008, 0, 3)
+            fio_interleaved(mount, MIB, 1, 4)
+    finally:
+        next(mounted_, None)
+
+
 def test_rename_noreplace_is_atomic_across_mounts(cluster: LocalCluster, tmp_path: Path) -> None:
     """Two mounts race RENAME_NOREPLACE onto the same names: exactly one wins each name and
     the name holds the winner's bytes (a check followed by a rename let both win)."""
