@@ -407,17 +407,7 @@ mod tests {
         config.cluster.expected_servers = 2;
         config.layout.chunk_size = 64 * 1024;
         config.client.write_behind = 4 << 20;
-        let servers = (0..2)
-            .map(|id| {
-                ServerHandle::spawn(ServerOptions {
-                    id,
-                    node: format!("node-{id}"),
-                    data_dir: dir.path().join(format!("data-{id}")),
-                    registry_dir: dir.path().join("registry"),
-                    config: config.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let servers = two_servers(dir.path(), &config)?;
         let client = Client::connect(&dir.path().join("registry"), config)?;
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
         let f = client.open("/behind", meta::CREATE, 0o644)?;
@@ -449,17 +439,7 @@ mod tests {
         config.cluster.expected_servers = 2;
         config.layout.chunk_size = 64 * 1024;
         config.client.write_behind = 256 * 1024;
-        let servers = (0..2)
-            .map(|id| {
-                ServerHandle::spawn(ServerOptions {
-                    id,
-                    node: format!("node-{id}"),
-                    data_dir: dir.path().join(format!("data-{id}")),
-                    registry_dir: dir.path().join("registry"),
-                    config: config.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let servers = two_servers(dir.path(), &config)?;
         let group = write_behind_group();
         let (done, finished) = std::sync::mpsc::channel();
         for t in 0..3u8 {
@@ -493,6 +473,21 @@ mod tests {
         Ok(())
     }
 
+    /// Two servers with their data and registry under `dir` (stopped when dropped).
+    fn two_servers(dir: &Path, config: &Config) -> Result<Vec<ServerHandle>> {
+        (0..2)
+            .map(|id| {
+                ServerHandle::spawn(ServerOptions {
+                    id,
+                    node: format!("node-{id}"),
+                    data_dir: dir.join(format!("data-{id}")),
+                    registry_dir: dir.join("registry"),
+                    config: config.clone(),
+                })
+            })
+            .collect()
+    }
+
     fn rebuild_with_writes_behind() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
         let mut config = Config::default();
@@ -503,17 +498,7 @@ mod tests {
         config.client.write_behind = 1 << 20;
         // No spinning: after the rebuild the client's loop waits in the kernel, as idle ones do.
         config.network.spin_us = 0;
-        let servers = (0..2)
-            .map(|id| {
-                ServerHandle::spawn(ServerOptions {
-                    id,
-                    node: format!("node-{id}"),
-                    data_dir: dir.path().join(format!("data-{id}")),
-                    registry_dir: dir.path().join("registry"),
-                    config: config.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let servers = two_servers(dir.path(), &config)?;
         let client = Client::connect(&dir.path().join("registry"), config)?;
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let f = client.open("/kept", meta::CREATE, 0o644)?;
