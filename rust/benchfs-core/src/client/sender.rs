@@ -182,6 +182,10 @@ pub(super) struct Sender {
 /// Every sender of this process (a sender ends with the last client using it).
 static SENDERS: Mutex<Vec<Weak<Sender>>> = Mutex::new(Vec::new());
 
+/// Whether this process ever started a sender: every read asks for one (`running`), and a
+/// process that never wrote behind must not take a global lock for that on each read.
+static EVER_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// A process-unique number per client: whose writes a part is.
 pub(super) fn client_number() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -202,12 +206,16 @@ impl Sender {
             return Ok(s);
         }
         let sender = Arc::new(Sender::start(registry, token, config)?);
+        EVER_STARTED.store(true, Ordering::Release);
         senders.push(Arc::downgrade(&sender));
         Ok(sender)
     }
 
     /// The sender of the cluster at `registry` in this process, if one is running.
     pub(super) fn running(registry: &Path, token: u64) -> Option<Arc<Sender>> {
+        if !EVER_STARTED.load(Ordering::Acquire) {
+            return None;
+        }
         let generation = benchfs_ucx::fork_generation();
         let senders = SENDERS.lock().unwrap_or_else(PoisonError::into_inner);
         senders
