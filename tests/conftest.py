@@ -45,10 +45,14 @@ def config_text(*overrides: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the user's BENCHFS_* variables out of the tests (each test sets what it needs)."""
+    """Keep the user's BENCHFS_* variables out of the tests (each test sets what it needs), and
+    no kernel tracing of runs."""
     for key in list(os.environ):
         if key.startswith("BENCHFS_"):
             monkeypatch.delenv(key)
+    # The kernel tracers cost seconds per run (compiling, folding profiles): only the tests of
+    # kernel tracing turn them on.
+    monkeypatch.setenv("BENCHFS_RUN_KERNEL_TRACE", "false")
 
 
 @dataclass

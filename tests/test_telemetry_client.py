@@ -201,6 +201,7 @@ def test_trace_settings_are_validated(tmp_path: Path) -> None:
 
 def test_benchfs_analyze_shows_rpc_by_target_from_real_client_files(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+    env["BENCHFS_RUN_KERNEL_TRACE"] = "false"
     run = subprocess.run(
         [
             *benchfs_run_command(), "launch", "--servers", "2", "--clients", "2",

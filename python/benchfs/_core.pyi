@@ -52,6 +52,14 @@ def config_with_overrides(effective: str, overrides: list[str]) -> str:
 def parse_size(text: str) -> int:
     """Bytes of "64M", "1MiB", "4096" or "2g" (every suffix binary); ValueError says why not."""
 
+def fold_perf_script(script: bytes) -> str:
+    """`perf script` output (without the period field) folded into stacks, one line each:
+    `comm-pid;outer;...;leaf COUNT`, kernel frames marked `_[k]`; ValueError if unreadable."""
+
+def flame_graph_svg(folded: str, title: str, subtitle: str | None = None) -> str:
+    """A flame graph (SVG text) of folded stacks (`outer;...;leaf COUNT` per line), colored by
+    function name; ValueError when there is nothing to draw."""
+
 def wait_for_servers(registry_dir: str, expected: int, timeout_s: float) -> list[dict]:
     """Wait until `expected` servers have registered; return them sorted by numeric id.
 

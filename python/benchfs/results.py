@@ -60,6 +60,7 @@ the worker's snapshots (format: docs/telemetry.md, "Per-operation traces")."""
 ANALYSIS_DIR = "analysis"
 """What `benchfs-analyze --save` writes: report.html, report.json, tables/<name>.csv."""
 IOSTAT_DIR = "iostat"
+KERNEL_DIR = "kernel"
 DIAGNOSE_DIR = "diagnose"
 EXCLUDED_JSON = "excluded.json"
 EXCLUDED_TXT = "excluded.txt"
@@ -155,6 +156,15 @@ class RunDir:
     def iostat_capture(self, node: str) -> Path:
         """One node's capture: the output of `iostat -x -y -t -o JSON` (text if no JSON)."""
         return self.iostat_dir / f"{node}.json"
+
+    @property
+    def kernel_dir(self) -> Path:
+        """The kernel's view of every host during the run (`benchfs-diagnose trace`)."""
+        return self.path / KERNEL_DIR
+
+    def kernel_capture(self, host: str) -> Path:
+        """One host's trace (`benchfs.probes.kerneltrace`, JSON lines)."""
+        return self.kernel_dir / f"{host}.jsonl"
 
     @property
     def diagnose_dir(self) -> Path:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchfs.analysis import kernel
 from benchfs.analysis.insights import CATALOG, Insight, Tables, evaluate
 from benchfs.analysis.run import (
     NO_CLIENT_TELEMETRY,
@@ -128,6 +129,10 @@ def compute_tables(
         rpc_timeseries=rpc_timeseries(run, interval_s),
         iostat_devices=iostat_devices(run),
         op_stages=op_time_stages(run.telemetry),
+        block_latency=kernel.block_latency(run.kernel, judgment),
+        block_heatmap=kernel.block_heatmap(run.kernel),
+        sched_time=kernel.sched_time(run.kernel),
+        top_frames=kernel.top_frames(run.kernel, run.manifest),
     )
 
 
@@ -201,6 +206,24 @@ class Analysis:
     @property
     def notes(self) -> list[str]:
         return self.run.notes
+
+    def flame_graphs(self) -> list[kernel.FlameGraph]:
+        """A flame graph per BenchFS server the kernel trace profiled (drawn once)."""
+        if "flame_graphs" not in self.run.cache:
+            self.run.cache["flame_graphs"] = kernel.flame_graphs(self.run.kernel, self.run.manifest)
+        graphs: list[kernel.FlameGraph] = self.run.cache["flame_graphs"]
+        return graphs
+
+    def write_flame_graphs(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Every flame graph as `<directory>/<host>-server-<id>.svg`; returns the paths."""
+        d = Path(directory)
+        paths = []
+        for g in self.flame_graphs():
+            d.mkdir(parents=True, exist_ok=True)
+            path = d / g.name
+            path.write_text(g.svg)
+            paths.append(path)
+        return paths
 
     @property
     def fired(self) -> list[Insight]:

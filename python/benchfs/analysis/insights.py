@@ -40,6 +40,11 @@ class Tables:
     rpc_timeseries: pd.DataFrame
     iostat_devices: pd.DataFrame
     op_stages: pd.DataFrame
+    block_latency: pd.DataFrame
+    """Kernel block I/O latency per host, device and direction (`analysis.kernel`)."""
+    block_heatmap: pd.DataFrame
+    sched_time: pd.DataFrame
+    top_frames: pd.DataFrame
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """Every table by its CSV name."""
@@ -56,6 +61,10 @@ class Tables:
             "rpc_timeseries": self.rpc_timeseries,
             "iostat_devices": self.iostat_devices,
             "op_time_stages": self.op_stages,
+            "block_latency": self.block_latency,
+            "block_heatmap": self.block_heatmap,
+            "sched_time": self.sched_time,
+            "top_frames": self.top_frames,
         }
 
 
@@ -526,6 +535,44 @@ def handle_thrash(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
+def _kernel_missing(run: LoadedRun) -> str:
+    """Why the run has no kernel trace: the tracers' own line, or that none was taken."""
+    from benchfs.analysis.kernel import NO_KERNEL
+
+    return next((n for n in run.notes if "unavailable" in n), NO_KERNEL)
+
+
+def device_latency_mode(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
+    i = _new(
+        "BFS-011",
+        "A device's latency has a slow mode its peers lack",
+        "high",
+        "the kernel's block latency histogram of a device has a second mode (diagnose.mode_gap "
+        "times slower than its main one) holding diagnose.mode_min_share more of its I/Os than "
+        "its peers hold there",
+        "A minority of the device's I/Os are slow while the rest are fast: averages (iostat's "
+        "r_await, fio's bandwidth) hide it, and every parallel step waits for its slowest I/O. "
+        "Check the device's health (smartctl, nvme error-log), its firmware and its slot; "
+        "exclude the node (benchfs-diagnose screen names it too) or replace the device.",
+    )
+    b = t.block_latency
+    if not run.kernel:
+        return _skip(i, _kernel_missing(run))
+    if b.empty:
+        return _skip(i, "the kernel trace holds no block I/O")
+    odd = b[b["odd"]]
+    i.data = {"devices": [f"{r.host}:{r.device}" for r in odd.itertuples()]}
+    for r in odd.itertuples():
+        i.fired = True
+        i.evidence.append(
+            f"{r.host}:{r.device} {r.op}s: {r.mode_share:.1%} of {int(r.ios):,} I/Os at "
+            f"{r.mode_lo_us / 1000:g}-{(r.mode_hi_us + 1) / 1000:g} ms, its peers "
+            f"{r.peer_share:.1%} there; mean {r.mean_us / 1000:.3g} ms, median "
+            f"{r.p50_us / 1000:.3g} ms"
+        )
+    return i
+
+
 CATALOG: tuple[Check, ...] = (
     depth_starvation,
     batching,
@@ -537,6 +584,7 @@ CATALOG: tuple[Check, ...] = (
     read_write_asymmetry,
     small_write_amplification,
     handle_thrash,
+    device_latency_mode,
 )
 """Every insight, in id order."""
 

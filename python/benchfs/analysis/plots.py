@@ -21,6 +21,8 @@ from benchfs.analysis.tables import DEPTH_RANGES, OP_TIME_RANGES
 __all__ = [
     "ReportFigure",
     "bandwidth_figure",
+    "block_heatmap_figure",
+    "block_latency_figure",
     "comparison_figure",
     "io_depth_figure",
     "iostat_figure",
@@ -28,6 +30,7 @@ __all__ = [
     "per_node_figure",
     "placement_figure",
     "rpc_figure",
+    "sched_figure",
     "timeseries_figure",
     "to_data_uri",
 ]
@@ -258,4 +261,98 @@ def bandwidth_figure(tables: Tables) -> Figure | None:
         axs[0].legend(fontsize=7, ncol=min(len(nodes) + 1, 6))
     axs[0].set_title("bandwidth over time, per node and in total (servers' byte counters)")
     axs[1].set_xlabel("seconds since the run started")
+    return fig
+
+
+def _devices_with_io(tables: Tables, op: str) -> list[tuple[str, str]]:
+    b = tables.block_latency
+    if b.empty:
+        return []
+    chosen = b[(b["op"] == op) & (b["ios"] > 0)].sort_values(["host", "device"])
+    return [(str(r.host), str(r.device)) for r in chosen.itertuples()]
+
+
+def block_latency_figure(tables: Tables, op: str = "read") -> Figure | None:
+    """The kernel's block latency histogram of each device over the run (share of its I/Os
+    per log2 bucket): a device whose second mode its peers lack stands out at once."""
+    h = tables.block_heatmap
+    devices = _devices_with_io(tables, op)
+    if h.empty or not devices:
+        return None
+    h = h[h["op"] == op]
+    fig = ReportFigure(figsize=(WIDTH, 3.4))
+    ax = fig.add_subplot()
+    odd = set()
+    b = tables.block_latency
+    for r in b[(b["op"] == op) & b["odd"]].itertuples():
+        odd.add((str(r.host), str(r.device)))
+    for host, device in devices:
+        g = h[(h["host"] == host) & (h["device"] == device)]
+        per = g.groupby("bucket_lo_us")["count"].sum().sort_index()
+        if per.sum() == 0:
+            continue
+        x = np.maximum(per.index.to_numpy(dtype=float), 1.0)
+        label = f"{host}:{device}" + (" (odd mode)" if (host, device) in odd else "")
+        ax.step(x, per.to_numpy() / per.sum(), where="post", label=label,
+                linewidth=2.2 if (host, device) in odd else 1.0)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, issue to complete (us, log2 buckets)")
+    ax.set_ylabel(f"share of the device's {op}s")
+    ax.set_title(f"Kernel block latency per device ({op}s)")
+    ax.legend(fontsize=7, ncol=3)
+    return fig
+
+
+def block_heatmap_figure(tables: Tables, op: str = "read", most: int = 8) -> Figure | None:
+    """Latency over time per device (I/Os per log2 bucket per second), up to `most` devices,
+    the odd ones first."""
+    h = tables.block_heatmap
+    devices = _devices_with_io(tables, op)
+    if h.empty or not devices:
+        return None
+    b = tables.block_latency
+    odd = {(str(r.host), str(r.device)) for r in b[(b["op"] == op) & b["odd"]].itertuples()}
+    devices = sorted(devices, key=lambda d: (d not in odd, d))[:most]
+    h = h[h["op"] == op]
+    t0 = h["t"].min()
+    fig = ReportFigure(figsize=(WIDTH, 1.0 + 1.6 * len(devices)))
+    axes = fig.subplots(len(devices), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (host, device) in zip(axes, devices, strict=True):
+        g = h[(h["host"] == host) & (h["device"] == device)]
+        grid = g.pivot_table(
+            index="bucket_lo_us", columns="t", values="count", aggfunc="sum", fill_value=0
+        ).sort_index()
+        seconds = (grid.columns - t0).total_seconds().to_numpy()
+        lo = np.maximum(grid.index.to_numpy(dtype=float), 1.0)
+        x_edges = np.append(seconds - 1.0, seconds[-1]) if len(seconds) else np.array([0, 1])
+        y_edges = np.append(lo, lo[-1] * 2)
+        mesh = ax.pcolormesh(x_edges, y_edges, np.log10(1 + grid.to_numpy()), cmap="viridis")
+        ax.set_yscale("log")
+        ax.set_ylabel("us")
+        ax.set_title(f"{host}:{device}" + (" (odd mode)" if (host, device) in odd else ""),
+                     fontsize=9)  # fmt: skip
+        fig.colorbar(mesh, ax=ax, label="log10(1 + I/Os)")
+    axes[-1].set_xlabel("seconds since the first interval")
+    return fig
+
+
+def sched_figure(tables: Tables) -> Figure | None:
+    """Seconds per program by reason: on CPU, runnable (waiting for a core), sleeping, waiting
+    for I/O."""
+    s = tables.sched_time
+    if s.empty:
+        return None
+    shown = s.assign(label=s["host"] + ":" + s["comm"]).head(16)
+    reasons = ["on CPU", "runnable", "waiting for I/O", "sleeping"]
+    fig = ReportFigure(figsize=(WIDTH, 0.8 + 0.32 * len(shown)))
+    ax = fig.add_subplot()
+    left = np.zeros(len(shown))
+    for reason in reasons:
+        values = shown[reason].to_numpy(dtype=float)
+        ax.barh(shown["label"], values, left=left, label=reason)
+        left += values
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (summed over threads)")
+    ax.set_title("Time on and off CPU per program, by reason")
+    ax.legend(fontsize=7, ncol=4)
     return fig

@@ -5,6 +5,7 @@ The HTML report embeds its figures as base64 PNGs and its style inline: one file
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -42,6 +43,7 @@ SECTIONS = (
     ("placement", "Placement"),
     ("rpc", "RPC latency and retries by target"),
     ("iostat", "iostat during the run"),
+    ("kernel", "The kernel's view: block latency, CPU time, profiles"),
     ("comparison", "Comparison with the baseline"),
     ("config", "Effective configuration"),
     ("notes", "Notes"),
@@ -287,6 +289,17 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
     if not t.op_stages.empty:
         cols = ["op", "call_p50_ms", *STAGES, "unattributed_ms", "attributed_share"]
         console.print(_rich_table("p50 call in stages (ms)", t.op_stages, cols))
+    if not t.block_latency.empty:
+        cols = ["host", "device", "op", "ios", "mean_us", "p50_us", "p99_us", "mode_share"]
+        cols += ["peer_share", "odd"]
+        console.print(_rich_table("kernel block latency per device", t.block_latency, cols))
+    if not t.sched_time.empty:
+        cols = ["host", "comm", "on CPU", "runnable", "waiting for I/O", "sleeping", "cpus"]
+        console.print(_rich_table("time on and off CPU (s)", t.sched_time.head(10), cols))
+    if not t.top_frames.empty:
+        top = t.top_frames.groupby(["host", "pid"]).head(5)
+        cols = ["host", "server", "function", "self", "self_share", "total_share"]
+        console.print(_rich_table("servers' top frames on CPU (perf)", top, cols))
     if baseline is not None:
         console.print(
             _rich_table(
@@ -352,6 +365,42 @@ def _insight_html(i: Insight) -> str:
     )
 
 
+def _svg_img(svg: str, alt: str) -> str:
+    data = base64.b64encode(svg.encode()).decode("ascii")
+    return f'<img class="flame" alt="{html.escape(alt)}" src="data:image/svg+xml;base64,{data}">'
+
+
+def _kernel_html(a: Analysis) -> str:
+    """Block latency per device (histograms, heat map), time on and off CPU per program, a
+    flame graph and the top frames per server; or the one line saying why there is none."""
+    t = a.tables
+    if not a.run.kernel:
+        why = next((n for n in a.notes if "unavailable" in n or "kernel trace" in n), "")
+        return f'<p class="note">{html.escape(why or "No kernel trace in this run.")}</p>'
+    out = [
+        "<h3>Block I/O latency per device</h3>",
+        _img(P.block_latency_figure(t, "read"), "block read latency per device"),
+        _img(P.block_latency_figure(t, "write"), "block write latency per device"),
+        _table_html(t.block_latency, "block_latency"),
+        "<h3>Read latency over time</h3>",
+        _img(P.block_heatmap_figure(t, "read"), "block read latency heat map"),
+        "<h3>Time on and off CPU</h3>",
+        _img(P.sched_figure(t), "time on and off CPU"),
+        _table_html(t.sched_time, "sched_time"),
+        "<h3>CPU profiles of the servers</h3>",
+    ]
+    graphs = a.flame_graphs()
+    if not graphs:
+        out.append('<p class="note">No server was profiled (perf).</p>')
+    for g in graphs:
+        out.append(f"<h4>{html.escape(g.title)}</h4>" + _svg_img(g.svg, g.title))
+    out.append(_table_html(t.top_frames, "top_frames"))
+    notes = [n for n in a.notes if "unavailable" in n or "failed" in n]
+    if notes:
+        out.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    return "".join(out)
+
+
 def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
     """One self-contained HTML page: every section of SECTIONS, figures embedded."""
     s = a.summary()
@@ -410,6 +459,7 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
         if a.run.iostat is not None
         else '<p class="note">No iostat captures in this run.</p>'
     )
+    parts["kernel"] = _kernel_html(a)
     if baseline is not None:
         parts["comparison"] = (
             f"<p>Baseline: {html.escape(str(baseline.run.path))}</p>"

@@ -18,6 +18,8 @@ import pandas as pd
 
 from benchfs import telemetry
 from benchfs.analysis import iostat as iostat_parser
+from benchfs.analysis.kernel import load_kernel
+from benchfs.probes.kerneltrace import HostTraceData
 from benchfs.results import RunDir, read_json
 
 __all__ = ["NO_CLIENT_TELEMETRY", "NO_IOSTAT", "NO_TRACE", "LoadedRun", "latest_run", "load_run"]
@@ -42,6 +44,8 @@ class LoadedRun:
     trace: pd.DataFrame | None
     iostat: pd.DataFrame | None
     notes: list[str] = field(default_factory=list)
+    kernel: dict[str, HostTraceData] = field(default_factory=dict)
+    """Per host, the kernel's trace of the run (`benchfs.probes.kerneltrace`)."""
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Arrays derived once from the trace (tables.trace_arrays)."""
 
@@ -139,7 +143,9 @@ def load_run(path: str | os.PathLike[str]) -> LoadedRun:
         notes.append(NO_IOSTAT)
     elif io["t"].isna().all():
         notes.append("iostat captures without timestamps (-t): not limited to the run's window")
-    return LoadedRun(rd.path, manifest, config, config_text, tel, trace, io, notes)
+    kernel, kernel_notes = load_kernel(rd.kernel_dir)
+    notes.extend(kernel_notes)
+    return LoadedRun(rd.path, manifest, config, config_text, tel, trace, io, notes, kernel)
 
 
 def latest_run(root: str | os.PathLike[str] = "results") -> Path:

@@ -8,9 +8,13 @@ severity drawn from a generator seeded with a recorded seed:
 - a slow device: every read and write of the node's device delayed by 2-20 ms;
 - slow above the device: a blkio throttle of the node's reads and writes at 25-50% of the
   bandwidth that node delivered in a calibration screen;
+- a bimodal device: 3-25% of the device's I/Os (of 128 KiB or less) delayed by 20 ms, the
+  rest untouched; named only from the kernel's latency histograms (the screen's judgment
+  without them, iostat's averages and fio, is reported beside: `iostat_only`);
 - nothing (a quarter of the trials).
 
-Ground truth: a node is slow if and only if something was planted on it. Background load
+`kinds` chooses among the three kinds (all by default). Ground truth: a node is slow if and
+only if something was planted on it. Background load
 (`stress-ng --cpu 2 --io 1`, on the one host all nodes share) runs throughout: noise, never a
 reason to exclude. The report gives precision and recall of the exclusions, the rate of
 healthy nodes excluded, whether the kind and the device were named, and the time a screen
@@ -20,6 +24,7 @@ and device right in every detected case.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -38,12 +43,13 @@ from benchfs import Client
 from benchfs.bench.render import fmt, print_lines_and_targets, report_table
 from benchfs.cluster import LocalCluster
 from benchfs.config import load_config, resolve_config_text, section
+from benchfs.diagnose import modes
 from benchfs.diagnose.inrun import judge_run
-from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE
+from benchfs.diagnose.judge import KIND_ABOVE, KIND_DEVICE, Flag, decide
 from benchfs.diagnose.screen import ScreenSettings, run_screen
 from benchfs.errors import BenchError
 from benchfs.nodes import Node
-from benchfs.probes import iostat
+from benchfs.probes import blocklat, iostat
 from benchfs.results import create_run_dir
 from benchfs.simnodes import Disk, Sim, background_load, build_delayfs, node, requirements
 from benchfs.simnodes import simulation as sim_context
@@ -54,7 +60,14 @@ DELAY_RANGES = ((2.0, 5.0), (5.0, 10.0), (10.0, 20.0))
 """Device delays (ms per I/O) drawn uniformly from 2-20 ms, reported in these ranges."""
 THROTTLE_RANGES = ((0.25, 0.375), (0.375, 0.5))
 """Throttles (share of the node's measured bandwidth) from 25-50%, reported in these ranges."""
-EXPECTED_KIND = {"device": KIND_DEVICE, "throttle": KIND_ABOVE}
+BIMODAL_RANGES = ((0.03, 0.06), (0.06, 0.12), (0.12, 0.25))
+"""Shares of a bimodal device's I/Os delayed, drawn uniformly from 3-25%, in these ranges."""
+BIMODAL_DELAY_MS = 20.0
+MODE_SHARE_TOLERANCE = 0.05
+"""The share a named mode holds must be within 5 points of the share planted."""
+KINDS = ("device", "throttle", "bimodal")
+RANGES = {"device": DELAY_RANGES, "throttle": THROTTLE_RANGES, "bimodal": BIMODAL_RANGES}
+EXPECTED_KIND = {"device": KIND_DEVICE, "throttle": KIND_ABOVE, "bimodal": KIND_DEVICE}
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,9 @@ class DiagnoseSettings:
     inrun_trials: int = 8
     """In-run trials: a cluster on the nodes reads while a node may slow at a random moment."""
     inrun_seconds: float = 8.0
+    kinds: tuple[str, ...] = KINDS
+    """The kinds planted in the screen trials, in turn (the in-run trials plant device and
+    throttle)."""
 
     @classmethod
     def quick(cls) -> DiagnoseSettings:
@@ -89,8 +105,9 @@ class Plan:
     """What one trial plants: nothing, or a kind on a node with a severity."""
 
     node: str | None
-    kind: str | None  # "device", "throttle" or None
-    severity: float | None  # ms per I/O, or the share of the node's bandwidth left
+    kind: str | None  # "device", "throttle", "bimodal" or None
+    severity: float | None
+    """ms per I/O, the share of the node's bandwidth left, or the share of I/Os delayed."""
 
 
 def plan_trials(settings: DiagnoseSettings, names: list[str], rng: random.Random) -> list[Plan]:
@@ -99,10 +116,11 @@ def plan_trials(settings: DiagnoseSettings, names: list[str], rng: random.Random
     range is tried, mild ones included) and are uniform within the range; then shuffled."""
     clean = round(settings.clean_share * settings.trials)
     plans = [Plan(None, None, None)] * clean
+    kinds = settings.kinds
     for i in range(settings.trials - clean):
-        kind = ("device", "throttle")[i % 2]
-        ranges = DELAY_RANGES if kind == "device" else THROTTLE_RANGES
-        lo, hi = ranges[(i // 2) % len(ranges)]
+        kind = kinds[i % len(kinds)]
+        ranges = RANGES[kind]
+        lo, hi = ranges[(i // len(kinds)) % len(ranges)]
         digits = 1 if kind == "device" else 3
         plans.append(Plan(rng.choice(names), kind, round(rng.uniform(lo, hi), digits)))
     rng.shuffle(plans)
@@ -112,11 +130,11 @@ def plan_trials(settings: DiagnoseSettings, names: list[str], rng: random.Random
 def severity_range(plan: Plan) -> str:
     if plan.kind is None or plan.severity is None:
         return "clean"
+    ranges = RANGES[plan.kind]
+    lo, hi = next(r for r in ranges if plan.severity < r[1] or r == ranges[-1])
     if plan.kind == "device":
-        lo, hi = next(r for r in DELAY_RANGES if plan.severity < r[1] or r == DELAY_RANGES[-1])
         return f"device {lo:g}-{hi:g} ms"
-    lo, hi = next(r for r in THROTTLE_RANGES if plan.severity < r[1] or r == THROTTLE_RANGES[-1])
-    return f"throttle {lo:.0%}-{hi:.0%}"
+    return f"{plan.kind} {lo:.0%}-{hi:.0%}"
 
 
 class SimCluster:
@@ -150,6 +168,9 @@ class SimCluster:
 def _planted(cluster: SimCluster, plan: Plan) -> Iterator[None]:
     if plan.kind == "device" and plan.node is not None and plan.severity is not None:
         cluster.disks[plan.node].fs.set_delay(plan.severity, plan.severity)
+    if plan.kind == "bimodal" and plan.node is not None and plan.severity is not None:
+        fs = cluster.disks[plan.node].fs
+        fs.set_delay(BIMODAL_DELAY_MS, BIMODAL_DELAY_MS, plan.severity)
     try:
         yield
     finally:
@@ -177,7 +198,25 @@ def score_trial(plan: Plan, result: dict[str, Any], disks: dict[str, Disk]) -> d
         "kind_right": None,
         "device_right": None,
         "named_kind": None,
+        "mode_share": None,
+        "mode_named": None,
+        "mode_flagged_healthy": [
+            n
+            for n, doc in by_name.items()
+            if n != plan.node and any(f["flag"] == "dev_latency_mode" for f in doc["flags"])
+        ],
+        "iostat_only": None,
     }
+    if plan.node is not None:
+        out["iostat_only"] = iostat_only(by_name[plan.node])
+    if plan.kind == "bimodal" and plan.node is not None and plan.severity is not None:
+        named = [m for m in by_name[plan.node]["latency"]["modes"] if m.get("flagged")]
+        out["mode_share"] = named[0]["share"] if named else None
+        out["mode_window"] = named[0]["probe"] if named else None
+        out["mode_named"] = bool(named) and (
+            abs(named[0]["share"] - plan.severity) <= MODE_SHARE_TOLERANCE
+            and named[0]["device"] == disks[plan.node].name
+        )
     if out["detected"]:
         doc = by_name[plan.node]
         out["named_kind"] = doc["verdict"]["kind"]
@@ -185,6 +224,40 @@ def score_trial(plan: Plan, result: dict[str, Any], disks: dict[str, Disk]) -> d
         device = disks[plan.node or ""].name
         out["device_right"] = any(device in r for r in doc["verdict"]["reasons"])
     return out
+
+
+def iostat_only(node: dict[str, Any]) -> str:
+    """The node's verdict without the kernel's latency distributions: its other flags
+    decided alone (the screen's judgment as it was before kernel tracing)."""
+    flags = [
+        Flag(
+            f["flag"],
+            f["kind"],
+            f["evidence"],
+            math.inf if f["severity"] is None else f["severity"],
+            f.get("excludable", True),
+            math.inf if f.get("worse") is None else f["worse"],
+            f.get("family", ""),
+        )
+        for f in node["flags"]
+        if f.get("family") != modes.FAMILY
+    ]
+    th = section(load_config(None), "diagnose")
+    # The node alone against an exclusion cap that cannot bind: its own grounds decide.
+    verdicts, _ = decide({"node": flags, "a": [], "b": [], "c": []}, th)
+    return verdicts["node"].status
+
+
+def tracer_cost(screen: Path) -> float | None:
+    """The block tracer's own CPU over its wall time in a screen, in % of one core."""
+    capture = screen / "raw" / "blocklat.json"
+    if not capture.exists():
+        return None
+    _, extra = blocklat.read_capture(capture)
+    cost = extra.get("tracer") or {}
+    if cost.get("cpu_s") is None or not cost.get("wall_s"):
+        return None
+    return 100.0 * cost["cpu_s"] / cost["wall_s"]
 
 
 INRUN_FILES = 6
@@ -367,6 +440,19 @@ def summarize(trials: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
         "median_screen_s": sorted(t["screen_s"] for t in trials)[len(trials) // 2]
         if trials
         else None,
+        "bimodal": sum(1 for t in planted if t["kind"] == "bimodal"),
+        "mode_named": sum(1 for t in planted if t.get("mode_named")),
+        "mode_flagged_healthy": sum(len(t.get("mode_flagged_healthy", [])) for t in trials),
+        "iostat_only_excluded": sum(
+            1 for t in planted if t["kind"] == "bimodal" and t.get("iostat_only") == "excluded"
+        ),
+        "iostat_only_flagged": sum(
+            1 for t in planted if t["kind"] == "bimodal" and t.get("iostat_only") != "ok"
+        ),
+        "tracer_cpu_pct_max": max(
+            (t["tracer_cpu_pct"] for t in trials if t.get("tracer_cpu_pct") is not None),
+            default=None,
+        ),
     }
 
 
@@ -409,19 +495,27 @@ def run_diagnose(
             progress(f"trial {i}/{settings.trials}: {what}")
             with _planted(cluster, plan):
                 began = time.monotonic()
-                _, result = run_screen(cluster.nodes(plan, i), config_text, th, screen, results)
+                where, result = run_screen(cluster.nodes(plan, i), config_text, th, screen, results)
                 seconds = time.monotonic() - began
             t = score_trial(plan, result.to_json(), cluster.disks)
             t["screen_s"] = seconds
             t["trial"] = i
+            t["tracing"] = result.tracing or "on"
+            t["tracer_cpu_pct"] = tracer_cost(where.path)
             trials.append(t)
             progress(
                 f"  excluded {t['excluded'] or 'none'}"
                 + (f"; kind {t['named_kind']}" if t["detected"] else "")
+                + (f"; mode share {t['mode_share']}" if plan.kind == "bimodal" else "")
+                + (f"; without the distributions: {t['iostat_only']}" if plan.node else "")
             )
         inrun: list[dict[str, Any]] = []
         plans = plan_trials(
-            DiagnoseSettings(trials=settings.inrun_trials, clean_share=settings.clean_share),
+            DiagnoseSettings(
+                trials=settings.inrun_trials,
+                clean_share=settings.clean_share,
+                kinds=("device", "throttle"),
+            ),
             cluster.names,
             rng,
         )
@@ -448,6 +542,23 @@ def run_diagnose(
             "met": summary["kind_right"] == summary["detected"] == summary["device_right"],
         },
     ]
+    if summary["bimodal"]:
+        targets.append(
+            {
+                "target": "every bimodal device named, its mode's share within 5 points of "
+                "what was planted",
+                "met": summary["mode_named"] == summary["bimodal"],
+            }
+        )
+    if any(t.get("tracer_cpu_pct") is not None for t in trials):
+        targets.append(
+            {
+                "target": "no healthy device flagged for a latency mode; the tracer at most 2% "
+                "of a core",
+                "met": summary["mode_flagged_healthy"] == 0
+                and (summary["tracer_cpu_pct_max"] or 0.0) <= 2.0,
+            }
+        )
     if inrun:
         targets.append(
             {
@@ -516,6 +627,21 @@ def render(console: Console, report: dict[str, Any]) -> None:
         ("false exclusions", f"{pct(x['false_exclusion_rate'])} of healthy-node screenings"),
         ("screen time", f"median {fmt(x['median_screen_s'], 1)} s"),
     ]
+    if x["bimodal"]:
+        lines.append(
+            (
+                "bimodal devices",
+                f"{x['mode_named']}/{x['bimodal']} named with the mode's share within 5 points; "
+                f"without the distributions {x['iostat_only_excluded']}/{x['bimodal']} excluded, "
+                f"{x['iostat_only_flagged']}/{x['bimodal']} flagged; healthy devices flagged for "
+                f"a mode: {x['mode_flagged_healthy']}",
+            )
+        )
+    if x["tracer_cpu_pct_max"] is not None:
+        lines.append(("block tracer", f"at most {x['tracer_cpu_pct_max']:.2f}% of a core"))
+    else:
+        reasons = {t.get("tracing") for t in report["trials"]} - {"on", None}
+        lines.append(("block tracer", "; ".join(sorted(reasons)) or "not run"))
     r = report["inrun"]["summary"]
     if r["trials"]:
         lines.append(

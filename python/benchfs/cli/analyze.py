@@ -198,6 +198,7 @@ def main(
                 rd.analysis_dir.mkdir(exist_ok=True)
                 write_json_atomic(rd.analysis_dir / "report.json", report)
                 a.write_csv(rd.analysis_tables_dir)
+                a.write_flame_graphs(rd.analysis_dir / "flamegraphs")
             except OSError as e:
                 raise AnalyzeError("EIO", f"{rd.analysis_dir}: {e.strerror or e}") from e
         if as_json:

@@ -696,6 +696,11 @@ def analysis(
 )
 @click.option("--no-load", is_flag=True, help="No stress-ng background load.")
 @click.option(
+    "--kinds",
+    help="Kinds planted in the screen trials, comma-separated, in turn: device, throttle, "
+    "bimodal [all three].",
+)
+@click.option(
     "--keep",
     type=click.Path(file_okay=False, path_type=Path),
     help="Copy every trial's screen and run directory into DIR, to read what was judged.",
@@ -710,10 +715,12 @@ def diagnose_case(
     seconds: float | None,
     inrun_trials: int | None,
     no_load: bool,
+    kinds: str | None,
     keep: Path | None,
 ) -> None:
-    """The screen's accuracy: trials on simulated nodes (loop devices; a delaying device or a
-    blkio throttle planted at random, a quarter of the trials clean) under stress-ng load."""
+    """The screen's accuracy: trials on simulated nodes (loop devices; a delaying device, a
+    blkio throttle or a bimodal device planted at random, a quarter of the trials clean) under
+    stress-ng load."""
     from benchfs.bench import diagnose as bench
 
     settings = bench.DiagnoseSettings.quick() if quick else bench.DiagnoseSettings()
@@ -728,6 +735,15 @@ def diagnose_case(
         changes["load"] = False
     if inrun_trials is not None:
         changes["inrun_trials"] = inrun_trials
+    if kinds:
+        chosen = tuple(k.strip() for k in kinds.split(",") if k.strip())
+        unknown = [k for k in chosen if k not in bench.KINDS]
+        if unknown or not chosen:
+            raise click.BadParameter(
+                f"{', '.join(unknown) or 'none given'} (choose among {', '.join(bench.KINDS)})",
+                param_hint="--kinds",
+            )
+        changes["kinds"] = chosen
     settings = dataclasses.replace(settings, **changes)
     err = console(stderr=True)
     reporter = _Reporter(err, as_json)

@@ -3,6 +3,7 @@
     benchfs-diagnose screen --nodes nodes.toml [--quick] [--json]   probes and judgment
     benchfs-diagnose judge RESULTS_DIR [--json]                      in-run judgment
     benchfs-diagnose show SCREEN_DIR [--csv | --json]                a screen's table
+    benchfs-diagnose trace [--seconds N] > host.jsonl                the kernel's view of a host
 
 Method, thresholds and outputs: docs/diagnose.md.
 """
@@ -133,6 +134,9 @@ def print_screen(console: Console, doc: dict[str, Any], path: Path | None) -> No
     console.print(
         f"[bold]excluded[/] {len(excluded)}: {', '.join(e['host'] for e in excluded) or 'none'}"
     )
+    tracing = doc.get("tracing")
+    if tracing:
+        console.print(f"[bold]tracing[/]  {escape(tracing)}", soft_wrap=True, highlight=False)
     if path is not None:
         console.print(f"[bold]screen[/]   {escape(str(path))}", soft_wrap=True, highlight=False)
 
@@ -382,6 +386,49 @@ def history(results_root: str, as_json: bool) -> None:
             r.recent,
         )
     console().print(table)
+
+
+@main.command()
+@click.option(
+    "--work",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the tracers' files while they run [a temporary directory].",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Stop after this long [at SIGINT or SIGTERM].",
+)
+@click.option("--no-profile", is_flag=True, help="No perf CPU profile (block and scheduler only).")
+def trace(work: Path | None, seconds: float | None, no_profile: bool) -> None:
+    """Trace this host until stopped: block I/O latency per device per second, time on and off
+    CPU per program by reason, CPU stacks per process; print them as JSON lines
+    (benchfs-analyze reads them from a run's kernel/ directory; docs/diagnose.md)."""
+    import signal
+    import tempfile
+    import threading
+
+    from benchfs.probes.kerneltrace import HostTrace
+
+    err = console(stderr=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    with tempfile.TemporaryDirectory(prefix="benchfs-trace-", dir=work) as tmp:
+        tracer = HostTrace(Path(tmp), profile=not no_profile)
+        if sys.stderr.isatty():
+            for note in tracer.notes:
+                err.print(f"[dim]benchfs-diagnose:[/] {escape(note)}", highlight=False)
+        tracer.announce(sys.stdout)
+        try:
+            stop.wait(seconds)
+        finally:
+            tracer.stop()
+            tracer.write(sys.stdout)
 
 
 @main.command()

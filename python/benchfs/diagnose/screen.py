@@ -25,7 +25,7 @@ from typing import Any
 
 from benchfs import schemas
 from benchfs.diagnose import fio as fioprobe
-from benchfs.diagnose import history
+from benchfs.diagnose import history, modes
 from benchfs.diagnose.judge import (
     KIND_ABOVE,
     KIND_DEVICE,
@@ -43,7 +43,7 @@ from benchfs.diagnose.network import PairResult, measure_pairs, pairs_of
 from benchfs.errors import BenchfsError, DiagnoseError, ParseError
 from benchfs.nodes import Exclusion, Node, write_exclusions, write_nodes
 from benchfs.peers import MetricSpec, Outlier, common_scale, outliers
-from benchfs.probes import iolimits, iostat, mdraid, smart, triage
+from benchfs.probes import blocklat, iolimits, iostat, mdraid, smart, triage
 from benchfs.probes.fio import FioResult
 from benchfs.results import ScreenDir, create_screen_dir, read_json, write_json_atomic
 from benchfs.units import MIB
@@ -138,6 +138,13 @@ class NodeProbe:
     """I/O limits (cgroup blkio / io.max) on the node's devices for processes of its prefix."""
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    watched: list[str] = field(default_factory=list)
+    """The devices iostat and the kernel tracer watched."""
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per fio probe, its measured window (wall clock, seconds since the epoch)."""
+    latency: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
+    """Per judged probe window, per device, its read latency histogram from the kernel
+    (`modes.summarize_windows`); empty when kernel tracing was unavailable."""
 
 
 def block_device_of(path: str) -> str | None:
@@ -200,6 +207,7 @@ def probe_node(
     raw = screen.raw_dir / node.name
     raw.mkdir(parents=True, exist_ok=True)
     watched, probe.members = watched_devices(node)
+    probe.watched = watched
     try:
         probe.md = [a.to_json() for a in mdraid.read_md_arrays()]
     except ParseError as e:
@@ -238,7 +246,7 @@ def probe_node(
     cap = (
         iostat.Capture(raw / "iostat.json", watched, 1.0, node.command_prefix) if watched else None
     )
-    windows: dict[str, tuple[float, float]] = {}
+    windows = probe.windows
     try:
         for name in fioprobe.PROBES:
             seconds = settings.workload_seconds if name == "workload" else settings.short_seconds
@@ -344,6 +352,8 @@ class ScreenResult:
     excluded: list[Exclusion]
     pairs: list[dict[str, Any]]
     thresholds: Thresholds
+    tracing: str | None = None
+    """Why kernel tracing did not run (one line), or None when it ran."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -352,6 +362,7 @@ class ScreenResult:
             "excluded": [e.to_json() for e in self.excluded],
             "pairs": self.pairs,
             "thresholds": self.thresholds.to_dict(),
+            "tracing": self.tracing or "block latency traced",
         }
 
 
@@ -611,6 +622,7 @@ def judge_screen(
     th: Thresholds,
     repeated: Mapping[str, set[str]] | None = None,
     pairs_again: Mapping[str, PairResult] | None = None,
+    tracing: str | None = None,
 ) -> ScreenResult:
     """Metrics, flags, verdicts and exclusions of a screen (pure: no probing). With
     `repeated` (per node, the measured flags a second probe of every node at once raised), a
@@ -639,6 +651,9 @@ def judge_screen(
                 )
         else:
             _judge_group(members, metrics, flags, peer_notes, th)
+    latency_flags, found_modes = modes.mode_flags(_latencies(probes), groups, th)
+    for n, fs in latency_flags.items():
+        flags[n].extend(_with_iostat(f, metrics[n]) for f in fs)
     _kinds(names, metrics, flags, by_name, th)
     dropped: dict[str, list[str]] = {n: [] for n in names}
     if repeated is not None:
@@ -671,10 +686,28 @@ def judge_screen(
                 "health": p.health,
                 "triage": p.triage,
                 "notes": [*p.notes, *peer_notes[n], *dropped[n]],
+                "latency": {"histograms": p.latency, "modes": found_modes.get(n, [])},
             }
         )
     exclusions = [Exclusion(by_name[n].node.host, tuple(verdicts[n].reasons)) for n in excluded]
-    return ScreenResult(nodes, exclusions, pair_rows, th)
+    return ScreenResult(nodes, exclusions, pair_rows, th, tracing)
+
+
+def _latencies(probes: Sequence[NodeProbe]) -> list[modes.Latency]:
+    return [
+        modes.Latency(p.node.name, p.node.host, device, probe, blocklat.Histogram.from_json(h))
+        for p in probes
+        for probe, per_device in p.latency.items()
+        for device, h in per_device.items()
+    ]
+
+
+def _with_iostat(f: Flag, m: Mapping[str, Any]) -> Flag:
+    """The averages beside the distribution: what iostat alone said of the device."""
+    r_await = m.get("dev_qd1_r_await_ms")
+    if r_await is not None:
+        f.evidence += f"; iostat's mean r_await at 1 in flight: {r_await:.3g} ms"
+    return f
 
 
 def shares_one_stack(a: Node, b: Node) -> bool:
@@ -863,9 +896,9 @@ def run_screen(
     began = time.monotonic()
     deadline = began + settings.budget_s
     progress(f"probing {len(nodes)} nodes at once into {screen.path}")
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        futures = [pool.submit(probe_node, n, screen, settings, deadline) for n in nodes]
-        probes = [f.result() for f in futures]
+    probes, tracing = _probe_round(nodes, screen, settings, deadline)
+    if tracing is not None:
+        progress(tracing)
     repeated = _probe_again(nodes, probes, screen, settings, th, began, deadline, progress)
     pairs: list[PairResult] = []
     if settings.network and len(nodes) >= 2:
@@ -890,9 +923,58 @@ def run_screen(
                 deadline, True,
             )
         }  # fmt: skip
-    result = judge_screen(probes, pairs, th, repeated, again)
+    result = judge_screen(probes, pairs, th, repeated, again, tracing)
     write_screen(screen, result)
     return screen, result
+
+
+def start_tracer(raw_dir: Path) -> tuple[blocklat.Capture | None, str | None]:
+    """The host's block latency tracer, attached, into `raw_dir`; or why it cannot run."""
+    why = blocklat.unavailable()
+    if why is not None:
+        return None, why
+    tracer = None
+    try:
+        tracer = blocklat.Capture(raw_dir / "blocklat.json")
+        tracer.wait_attached()
+    except (ParseError, OSError) as e:
+        if tracer is not None:
+            tracer.stop()
+        return None, f"kernel tracing unavailable: {e}"
+    return tracer, None
+
+
+def latency_of(
+    probes: Sequence[NodeProbe], tracer: blocklat.Capture | None, path: Path | None = None
+) -> str | None:
+    """Each probe's read latency histograms per judged window, from the stopped tracer's
+    capture (or the capture at `path`); a line when it cannot be read."""
+    capture = path or (tracer.path if tracer is not None else None)
+    if capture is None:
+        return None
+    try:
+        samples, _ = blocklat.read_capture(capture)
+    except ParseError as e:
+        return f"kernel tracing failed: {e}"
+    for p in probes:
+        p.latency = modes.summarize_windows(samples, p.windows, p.watched)
+    return None
+
+
+def _probe_round(
+    nodes: Sequence[Node], screen: ScreenDir, settings: ScreenSettings, deadline: float
+) -> tuple[list[NodeProbe], str | None]:
+    """Every node probed at once, with one block latency tracer for this host whatever the
+    number of nodes on it; the probes, and why tracing did not run (None when it did)."""
+    tracer, why = start_tracer(screen.raw_dir)
+    try:
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            futures = [pool.submit(probe_node, n, screen, settings, deadline) for n in nodes]
+            probes = [f.result() for f in futures]
+    finally:
+        if tracer is not None:
+            tracer.stop()
+    return probes, why or latency_of(probes, tracer)
 
 
 def _measured(result: ScreenResult) -> dict[str, set[str]]:
@@ -951,10 +1033,7 @@ def _probe_again(
         return None
     flagged = sorted(n for n, names in first.items() if names)
     progress(f"probing every node again to confirm: {', '.join(flagged)} flagged")
-    again = ScreenDir(screen.path / "confirm")
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        futures = [pool.submit(probe_node, n, again, settings, deadline) for n in nodes]
-        second = [f.result() for f in futures]
+    second, _ = _probe_round(nodes, ScreenDir(screen.path / "confirm"), settings, deadline)
     return _repeated(first, second, th)
 
 
@@ -990,19 +1069,37 @@ def run_screen_mpi(
         mine = on_host[0] if len(on_host) == 1 else nodes[rank]
     began = time.monotonic()
     deadline = began + settings.budget_s
-    probes = comm.gather(probe_node(mine, screen, settings, deadline), root=0)
+    # One tracer per host: the lowest rank of each host traces while its ranks probe.
+    host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+
+    def probe_traced(where: ScreenDir) -> tuple[NodeProbe, str | None]:
+        raw = where.raw_dir / f"host-{mine.name}"
+        tracer, why = start_tracer(raw) if host_comm.Get_rank() == 0 else (None, None)
+        path = host_comm.bcast(None if tracer is None else str(tracer.path), root=0)
+        why = host_comm.bcast(why, root=0)
+        host_comm.Barrier()
+        try:
+            probe = probe_node(mine, where, settings, deadline)
+        finally:
+            host_comm.Barrier()
+            if tracer is not None:
+                tracer.stop()
+            host_comm.Barrier()
+        return probe, why or (latency_of([probe], None, Path(path)) if path else None)
+
+    mine_probe, tracing = probe_traced(screen)
+    probes = comm.gather(mine_probe, root=0)
+    reasons = comm.gather(tracing, root=0)
     # A flag without a cause must repeat: rank 0 decides, every rank probes its node again.
     first = _second_probe_for(probes, th, began, deadline) if probes is not None else None
     first = comm.bcast(first, root=0)
     repeated = None
     if first is not None:
-        second = comm.gather(
-            probe_node(mine, ScreenDir(screen.path / "confirm"), settings, deadline), root=0
-        )
+        second = comm.gather(probe_traced(ScreenDir(screen.path / "confirm"))[0], root=0)
         repeated = _repeated(first, second, th) if second is not None else None
     if rank != 0:
         return None
-    assert probes is not None
-    result = judge_screen(probes, [], th, repeated)
+    assert probes is not None and reasons is not None
+    result = judge_screen(probes, [], th, repeated, tracing=next((r for r in reasons if r), None))
     write_screen(screen, result)
     return screen, result

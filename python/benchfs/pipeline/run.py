@@ -30,7 +30,14 @@ from benchfs.pipeline.context import RunContext
 from benchfs.pipeline.roles import NodeRoles, apply_exclusions, plan_roles
 from benchfs.pipeline.screen import screen_nodes
 from benchfs.pipeline.spec import VIA, WORKLOADS, MessageSink, ProgressSink, RunReport, RunSpec
-from benchfs.pipeline.stages import IostatCapture, JobDirs, Mounts, Servers, Stage
+from benchfs.pipeline.stages import (
+    IostatCapture,
+    JobDirs,
+    KernelTrace,
+    Mounts,
+    Servers,
+    Stage,
+)
 from benchfs.pipeline.workload import Workload, check_workload_options
 from benchfs.probes.system import tool_version
 from benchfs.results import Manifest, RunDir, create_run_dir, write_text_atomic
@@ -266,6 +273,7 @@ class Pipeline:
 
         self._start(JobDirs(ctx))
         self._start(IostatCapture(ctx))
+        self._start(KernelTrace(ctx, config))
         servers = Servers(ctx, config)
         self._start(servers)
         with manifest.phase("wait_servers"):

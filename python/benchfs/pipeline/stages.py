@@ -15,6 +15,8 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +27,7 @@ from benchfs.errors import RunError, errno_name
 from benchfs.mount import detach_command
 from benchfs.nodes import Node
 from benchfs.pipeline.context import RunContext
+from benchfs.probes.kerneltrace import READY
 from benchfs.procs import descendants, kill_pids, stop_process, tail
 
 SERVER_STOP_GRACE_S = 10.0
@@ -141,6 +144,81 @@ class IostatCapture(Stage):
         for started in self.captures:
             children = descendants(started.proc.pid)
             started.record["exit_status"] = stop_process(started.proc, 5.0, sig=None)
+            kill_pids(children, 2.0)
+        return None
+
+
+class KernelTrace(Stage):
+    """`benchfs-diagnose trace` on every host (one per host, whatever the number of nodes on
+    it: the nodes on this host count as one), its JSON lines into `kernel/<host>.jsonl`
+    (run.kernel_trace; docs/diagnose.md). A host that cannot trace says why in its file and
+    the run goes on."""
+
+    phase = "kernel_trace"
+
+    def __init__(self, ctx: RunContext, config: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.enabled = bool(config["run"]["kernel_trace"])
+        self.tracers: list[Started] = []
+
+    def start(self) -> None:
+        ctx = self.ctx
+        assert ctx.roles is not None
+        # A cluster left serving (`benchfs start`) lasts as long as the job: its profiles
+        # would grow without bound, so it is not traced.
+        if not self.enabled or ctx.spec.serve:
+            return
+        ctx.run_dir.kernel_dir.mkdir(exist_ok=True)
+        hosts: dict[str, Node] = {}
+        for node in ctx.roles.nodes():
+            hosts.setdefault("localhost" if ctx.here(node) else node.host, node)
+        for host, node in hosts.items():
+            argv = [sys.executable, "-m", "benchfs.cli.diagnose", "trace"]
+            argv += ["--work", str(ctx.job_dir(node))]
+            path = ctx.run_dir.kernel_capture(host)
+            proc, cmd = ctx.launcher.spawn(node, argv, path, child_env(node.name))
+            record = {"role": "kernel_trace", "node": node.name, "host": host, "pid": proc.pid}
+            record.update(argv=cmd, output=str(path))
+            self.tracers.append(Started(proc, record, node))
+            ctx.manifest.processes.append(record)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until every tracer says it is attached (bpftrace compiles its programs first: a
+        second or two), so that the run is traced from its start; a tracer that exits or is
+        late is an event of the run, not its failure."""
+        deadline = time.monotonic() + timeout_s
+        waiting = list(self.tracers)
+        while waiting and time.monotonic() < deadline:
+            for started in list(waiting):
+                path = Path(started.record["output"])
+                with contextlib.suppress(OSError):
+                    if f'"{READY}"'.encode() in path.read_bytes():
+                        waiting.remove(started)
+                        continue
+                if started.proc.poll() is not None:
+                    waiting.remove(started)
+                    self.ctx.manifest.event(
+                        "kernel-trace", f"the tracer of {started.record['host']} exited "
+                        f"{started.proc.returncode} (see {path})",
+                    )  # fmt: skip
+            time.sleep(0.05)
+        for started in waiting:
+            self.ctx.manifest.event(
+                "kernel-trace",
+                f"the tracer of {started.record['host']} was not ready within {timeout_s:g} s",
+            )
+
+    def stop(self) -> RunError | None:
+        """SIGINT, then time for the tracers to print and perf to fold its stacks."""
+        sig = self.ctx.launcher.interrupt_signal
+        for started in self.tracers:
+            if started.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    started.proc.send_signal(sig)
+        for started in self.tracers:
+            children = descendants(started.proc.pid)
+            started.record["exit_status"] = stop_process(started.proc, 300.0, sig=None)
             kill_pids(children, 2.0)
         return None
 

@@ -99,12 +99,19 @@ class DelayFS:
     mountpoint: Path
     proc: subprocess.Popen[bytes]
 
-    def set_delay(self, read_ms: float, write_ms: float = 0.0) -> None:
-        (self.mountpoint / ".delay").write_text(f"{int(read_ms * 1000)} {int(write_ms * 1000)}\n")
+    def set_delay(self, read_ms: float, write_ms: float = 0.0, share: float = 1.0) -> None:
+        """Delay `share` of the reads and writes (evenly spread; of FUSE requests, which are
+        block I/Os at 128 KiB or less) by these many milliseconds."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share {share} is not between 0 and 1")
+        (self.mountpoint / ".delay").write_text(
+            f"{int(read_ms * 1000)} {int(write_ms * 1000)} {round(share * 1_000_000)}\n"
+        )
 
-    def delay(self) -> tuple[float, float]:
-        r, w = (self.mountpoint / ".delay").read_text().split()
-        return int(r) / 1000, int(w) / 1000
+    def delay(self) -> tuple[float, float, float]:
+        """(read ms, write ms, share)."""
+        r, w, share = (self.mountpoint / ".delay").read_text().split()
+        return int(r) / 1000, int(w) / 1000, int(share) / 1_000_000
 
 
 @dataclass

@@ -11,9 +11,15 @@
  * page cache in the way), requests are served by many threads and the kernel may keep many in
  * the background, so delayed requests overlap as they do on a device with a queue.
  *
- * The delay is read from and set through the virtual file MOUNTPOINT/.delay, which holds two
- * numbers, "READ_US WRITE_US": `echo "20000 0" > MOUNTPOINT/.delay` makes every read take 20 ms
- * more from then on, while the file system is in use.
+ * The delay is read from and set through the virtual file MOUNTPOINT/.delay, which holds
+ * "READ_US WRITE_US [SHARE_PPM]": `echo "20000 0" > MOUNTPOINT/.delay` makes every read take
+ * 20 ms more from then on, while the file system is in use; `echo "20000 0 100000"` delays one
+ * request in ten (a bimodal device: 10% of its I/Os at 20 ms more, the rest untouched).
+ *
+ * The share is of FUSE requests, counted per direction: every (1/share)-th request, spread
+ * evenly, so the share is exact over any run of requests. The kernel splits a request above
+ * 128 KiB (FUSE's max_pages) into several, so the share equals the share of block I/Os only
+ * for I/Os of 128 KiB or less; a larger block I/O is delayed if any of its pieces is.
  */
 #define FUSE_USE_VERSION 31
 #define _GNU_SOURCE
@@ -35,6 +41,11 @@
 static char backing[PATH_MAX];
 static atomic_long read_delay_us;
 static atomic_long write_delay_us;
+/* Delayed requests per million; the counters number each direction's requests. */
+#define PPM 1000000L
+static atomic_long share_ppm = PPM;
+static atomic_ulong read_count;
+static atomic_ulong write_count;
 static const char CONTROL[] = "/.delay";
 #define CONTROL_FH ((uint64_t)-1)
 
@@ -51,8 +62,17 @@ static void sleep_us(long us) {
 }
 
 static int control_text(char *buf, size_t size) {
-    return snprintf(buf, size, "%ld %ld\n", atomic_load(&read_delay_us),
-                    atomic_load(&write_delay_us));
+    return snprintf(buf, size, "%ld %ld %ld\n", atomic_load(&read_delay_us),
+                    atomic_load(&write_delay_us), atomic_load(&share_ppm));
+}
+
+/* Whether request number n of a direction is delayed: the n-th crosses a multiple of PPM
+ * when share*n does, so `share` of any run of requests is. */
+static int chosen(atomic_ulong *count) {
+    long share = atomic_load(&share_ppm);
+    if (share >= PPM) return 1;
+    unsigned long n = atomic_fetch_add(count, 1);
+    return (n + 1) * (unsigned long)share / PPM != n * (unsigned long)share / PPM;
 }
 
 static void *d_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
@@ -134,7 +154,7 @@ static int d_read(const char *path, char *buf, size_t size, off_t off, struct fu
         memcpy(buf, text + off, len);
         return (int)len;
     }
-    sleep_us(atomic_load(&read_delay_us));
+    if (chosen(&read_count)) sleep_us(atomic_load(&read_delay_us));
     ssize_t n = pread((int)fi->fh, buf, size, off);
     return n == -1 ? -errno : (int)n;
 }
@@ -147,13 +167,15 @@ static int d_write(const char *path, const char *buf, size_t size, off_t off,
         size_t len = size < sizeof text - 1 ? size : sizeof text - 1;
         memcpy(text, buf, len);
         text[len] = '\0';
-        long r, w;
-        if (sscanf(text, "%ld %ld", &r, &w) != 2 || r < 0 || w < 0) return -EINVAL;
+        long r, w, share = PPM;
+        int got = sscanf(text, "%ld %ld %ld", &r, &w, &share);
+        if (got < 2 || r < 0 || w < 0 || share < 0 || share > PPM) return -EINVAL;
         atomic_store(&read_delay_us, r);
         atomic_store(&write_delay_us, w);
+        atomic_store(&share_ppm, share);
         return (int)size;
     }
-    sleep_us(atomic_load(&write_delay_us));
+    if (chosen(&write_count)) sleep_us(atomic_load(&write_delay_us));
     ssize_t n = pwrite((int)fi->fh, buf, size, off);
     return n == -1 ? -errno : (int)n;
 }

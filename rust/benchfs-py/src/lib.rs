@@ -1145,6 +1145,21 @@ fn write_trace(
     synthetic::write_trace(&directory, server, worker, node, &records).map_err(to_py)
 }
 
+/// `perf script` output folded into stacks, one line per stack: `comm-pid;outer;...;leaf N`.
+#[pyfunction]
+fn fold_perf_script(py: Python<'_>, script: &[u8]) -> PyResult<String> {
+    py.detach(|| benchfs_tools::profile::fold_perf_script(script))
+        .map_err(|e| PyValueError::new_err(format!("perf script output not folded: {e}")))
+}
+
+/// A flame graph (SVG text) of folded stacks (`outer;...;leaf N` per line).
+#[pyfunction]
+#[pyo3(signature = (folded, title, subtitle=None))]
+fn flame_graph_svg(py: Python<'_>, folded: &str, title: &str, subtitle: Option<&str>) -> PyResult<String> {
+    py.detach(|| benchfs_tools::profile::flame_graph_svg(folded, title, subtitle))
+        .map_err(|e| PyValueError::new_err(format!("no flame graph of {title}: {e}")))
+}
+
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -1164,5 +1179,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlacementStudy>()?;
     m.add_class::<PySyntheticTelemetry>()?;
     m.add_function(wrap_pyfunction!(write_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(fold_perf_script, m)?)?;
+    m.add_function(wrap_pyfunction!(flame_graph_svg, m)?)?;
     Ok(())
 }

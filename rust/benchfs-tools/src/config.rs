@@ -56,6 +56,9 @@ pub struct RunConfig {
     pub results_root: String,
     /// Node-local scratch directory; empty means a fresh directory under /tmp per run.
     pub scratch_dir: String,
+    /// Trace each host's kernel during the run (block latency, scheduler, perf profiles) when
+    /// root, tracefs, bpftrace and perf allow; otherwise one line says why not.
+    pub kernel_trace: bool,
 }
 
 impl Default for RunConfig {
@@ -68,6 +71,7 @@ impl Default for RunConfig {
             repetitions: 1,
             results_root: "results".into(),
             scratch_dir: String::new(),
+            kernel_trace: true,
         }
     }
 }
@@ -112,6 +116,10 @@ pub struct DiagnoseConfig {
     /// One kind of evidence this many times worse than the peers excludes a node alone; below
     /// it, two independent kinds must agree.
     pub overwhelming_ratio: f64,
+    /// Block latency (kernel tracing): a device's slow mode, this many times its main mode ...
+    pub mode_gap: f64,
+    /// ... is flagged when it holds at least this share of its reads more than its peers do.
+    pub mode_min_share: f64,
     /// Judgment of a run: a node's latency rose when its level after a change point is this
     /// many times the level before.
     pub rise_ratio: f64,
@@ -140,6 +148,8 @@ impl Default for DiagnoseConfig {
             above_device_ratio: 4.0,
             max_exclude_share: 0.25,
             overwhelming_ratio: 4.0,
+            mode_gap: 8.0,
+            mode_min_share: 0.02,
             rise_ratio: 2.0,
             min_ops: 100,
             persist_share: 0.5,
@@ -230,6 +240,7 @@ impl DiagnoseConfig {
             ("group_ratio", self.group_ratio),
             ("member_ratio", self.member_ratio),
             ("overwhelming_ratio", self.overwhelming_ratio),
+            ("mode_gap", self.mode_gap),
             ("rise_ratio", self.rise_ratio),
         ];
         for (key, value) in ratios {
@@ -254,6 +265,7 @@ impl DiagnoseConfig {
         }
         for (key, value) in [
             ("max_exclude_share", self.max_exclude_share),
+            ("mode_min_share", self.mode_min_share),
             ("persist_share", self.persist_share),
         ] {
             if value.is_nan() || !(0.0..=1.0).contains(&value) {

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod ior;
 pub mod placement_study;
+pub mod profile;
 pub mod storage_bench;
 pub mod synthetic;
 pub mod transfer;
