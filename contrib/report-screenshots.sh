@@ -19,7 +19,7 @@ run_dir() { "$bin/benchfs-run" launch "$@" --results-root "$work/runs" --json | 
 base=$(run_dir --file-size 256M --set client.max_inflight=4)
 run=$(run_dir --file-size 1G)
 "$bin/benchfs-analyze" "$run" --baseline "$base" --html "$work/report.html" >/dev/null
-shot "$work/report.html" docs/images/report.png 9000
+shot "$work/report.html" docs/images/report.png 15000
 cat > "$work/sweep.toml" <<'TOML'
 name = "chunk-size-x-ior-transfer"
 repetitions = 3

@@ -78,6 +78,7 @@ def make_run(
     overrides: tuple[str, ...] = (),
     workload: dict | None = None,
     name: str = "20270115T080000Z-local-abcdef",
+    kernel: dict[str, list[str]] | None = None,
 ) -> Path:
     """A results directory with manifest.json, config.toml and telemetry of `servers`."""
     run = root / name
@@ -175,7 +176,39 @@ def make_run(
         (run / "iostat").mkdir()
         for node, text in iostat.items():
             (run / "iostat" / f"{node}.json").write_text(text)
+    if kernel:
+        (run / "kernel").mkdir()
+        for host, lines in kernel.items():
+            (run / "kernel" / f"{host}.jsonl").write_text("\n".join(lines) + "\n")
     return run
+
+
+def kernel_lines(reads: dict[str, dict[int, int]], seconds: int = 4) -> list[str]:
+    """A host's kernel trace as `benchfs-diagnose trace` writes it: per device, reads whose
+    latency buckets (lowest us -> count per second) are given, over `seconds` intervals, a
+    server's folded stacks and the scheduler's totals."""
+    numbers = {name: str((259 << 20) | i) for i, name in enumerate(reads)}
+    out = [json.dumps({"source": "host", "host": "h", "cpus": 2})]
+
+    def block(record: dict) -> None:
+        out.append(json.dumps({"source": "block", "record": record}))
+
+    for k in range(seconds):
+        block({"type": "printf", "data": json.dumps({"tick": str(T0 / 1e9 + k + 1)}) + "\n"})
+        hists = {
+            f"{numbers[name]},R,1": [
+                {"min": lo, "max": 2 * lo - 1, "count": c} for lo, c in sorted(per.items())
+            ]
+            for name, per in reads.items()
+        }
+        block({"type": "hist", "data": {"@device": hists}})
+    block({"type": "devices", "data": {v: k for k, v in numbers.items()}})
+    block({"type": "tracer", "data": {"startup_cpu_s": 0.3, "cpu_s": 0.01, "wall_s": 4.0}})
+    sched = {"@cpu": {"benchfs-s0-w0": 2 * 10**9}, "@runq": {"benchfs-s0-w0": 10**8}}
+    out.append(json.dumps({"source": "sched", "record": {"type": "map", "data": sched}}))
+    for stack in ("benchfs-s0-w0-4242;main;serve;io_uring_enter_[k] 40", "benchfsd-4242;main 2"):
+        out.append(json.dumps({"source": "perf", "folded": stack}))
+    return out
 
 
 def iostat_json(node: str, samples: list[dict[str, dict[str, float]]], start_ns: int) -> str:

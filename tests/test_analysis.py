@@ -26,7 +26,17 @@ from benchfs.analysis import iostat
 from benchfs.analysis.thresholds import resolve_thresholds
 from benchfs.config import Section, load_config, section
 from benchfs.telemetry import TelemetryFormatError, load, load_trace
-from synth_run import MIB, SECOND, T0, ClientSpec, ServerSpec, iostat_json, make_run, ms
+from synth_run import (
+    MIB,
+    SECOND,
+    T0,
+    ClientSpec,
+    ServerSpec,
+    iostat_json,
+    kernel_lines,
+    make_run,
+    ms,
+)
 from tel_writer import TelWriter, trace_record, write_trace
 
 TH = Section(
@@ -486,6 +496,14 @@ def _slow_iostat() -> dict[str, str]:
     return io
 
 
+HEALTHY_DEVICES = {f"nvme{i}n1": {32: 250, 64: 10} for i in range(2)}
+
+
+def healthy_kernel() -> dict[str, list[str]]:
+    """One host's kernel trace: three devices whose reads take 32-127 us."""
+    return {"h": kernel_lines({**HEALTHY_DEVICES, "nvme2n1": {32: 240, 128: 5}})}
+
+
 def _depth_starved() -> dict:
     spec = dataclasses.replace(
         healthy("node-0", n=1000),
@@ -528,19 +546,24 @@ PLANTED = {
     "BFS-010": lambda: {
         "servers": cluster(s2=dataclasses.replace(healthy("node-2"), handle_misses=10**6))
     },
+    "BFS-011": lambda: {
+        "servers": cluster(),
+        "kernel": {"h": kernel_lines({**HEALTHY_DEVICES, "nvme2n1": {32: 225, 16384: 25}})},
+    },
 }
 
 
 def test_catalog_ids_are_complete() -> None:
     a = [c.__name__ for c in A.CATALOG]
-    assert len(a) == len(PLANTED) == 10
-    assert sorted(PLANTED) == [f"BFS-{k:03d}" for k in range(1, 11)]
+    assert len(a) == len(PLANTED) == 11
+    assert sorted(PLANTED) == [f"BFS-{k:03d}" for k in range(1, 12)]
 
 
 def test_healthy_run_is_silent(tmp_path: Path) -> None:
     run = make_run(
-        tmp_path, cluster(), clients=healthy_clients(), iostat=healthy_iostat(), trace=True
-    )
+        tmp_path, cluster(), clients=healthy_clients(), iostat=healthy_iostat(), trace=True,
+        kernel=healthy_kernel(),
+    )  # fmt: skip
     a = A.analyze(run, TH)
     assert [(i.id, i.reason) for i in a.insights if not i.evaluated] == []
     assert [(i.id, i.evidence) for i in a.fired] == []
@@ -554,6 +577,7 @@ def test_each_insight_fires_on_its_planted_case(tmp_path: Path, ident: str) -> N
         case["servers"],
         clients=case.get("clients") or healthy_clients(case["servers"]),
         iostat=case.get("iostat") or healthy_iostat(),
+        kernel=case.get("kernel") or healthy_kernel(),
     )
     a = A.analyze(run, TH)
     fired = {i.id: i for i in a.fired}

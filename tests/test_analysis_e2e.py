@@ -148,11 +148,11 @@ def test_the_report_a_run_saves_shows_how_it_went(real_run: Path) -> None:
 
 def test_cli_terminal_json_csv_and_save(real_run: Path, tmp_path: Path) -> None:
     out = analyze_cli(str(real_run)).stdout
-    assert "insights: 0 fired of 10" in out and "per node" in out and "local-0" in out
+    assert "insights: 0 fired of 11" in out and "per node" in out and "local-0" in out
     assert "RPC by target" in out  # the workload's clients wrote client telemetry
     report = json.loads(analyze_cli(str(real_run), "--json").stdout)
     assert set(report) >= {"summary", "insights", "tables", "notes", "thresholds"}
-    assert [i["id"] for i in report["insights"]] == [f"BFS-{k:03d}" for k in range(1, 11)]
+    assert [i["id"] for i in report["insights"]] == [f"BFS-{k:03d}" for k in range(1, 12)]
     assert len(report["tables"]["per_node"]) == 2
     csv_dir = tmp_path / "csv"
     analyze_cli(str(real_run), "--csv", str(csv_dir))
@@ -322,23 +322,37 @@ def test_full_synthetic_report_has_every_section(tmp_path: Path) -> None:
     assert "BFS-006" in dom and "Retry storm" in dom
 
 
-def _execute(path: Path, results_dir: Path, workdir: Path) -> nbformat.NotebookNode:
+def _execute(
+    path: Path, results_dir: Path, workdir: Path, baseline: Path | None = None
+) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1, f"{path.name} needs one cell tagged 'parameters'"
-    params[0].source = f"RESULTS_DIR = {str(results_dir)!r}"
+    params[0].source = re.sub(
+        r"^RESULTS_DIR = .*$", f"RESULTS_DIR = {str(results_dir)!r}", params[0].source, flags=re.M
+    )
+    if baseline is not None:
+        params[0].source = re.sub(
+            r"^BASELINE_DIR = .*$",
+            f"BASELINE_DIR = {str(baseline)!r}",
+            params[0].source,
+            flags=re.M,
+        )
     NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
     ).execute()
     return nb
 
 
-def test_notebooks_run_against_the_real_run(real_run: Path, tmp_path: Path) -> None:
+def test_notebooks_run_against_the_real_run(
+    real_run: Path, baseline_run: Path, tmp_path: Path
+) -> None:
     assert {p.name for p in NOTEBOOKS} >= {
         "overview.ipynb", "io_depth.ipynb", "per_node_latency.ipynb", "placement.ipynb",
+        "kernel.ipynb",
     }  # fmt: skip
     for path in NOTEBOOKS:
-        nb = _execute(path, real_run, tmp_path)
+        nb = _execute(path, real_run, tmp_path, baseline_run)
         code = [c for c in nb.cells if c.cell_type == "code"]
         for cell in code:
             assert (
@@ -360,6 +374,9 @@ def test_notebooks_run_against_the_real_run(real_run: Path, tmp_path: Path) -> N
                 image = Image.open(io.BytesIO(base64.b64decode(pngs[0]))).convert("L")
                 colors = image.getcolors(maxcolors=1 << 16) or []
                 assert len(colors) > 8, f"{path.name}: {cell.source} is blank"
+            if "FlameGraphs(" in cell.source:
+                html = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
+                assert html.count("data:image/svg+xml;base64,") == 4, f"{path.name}: flame graphs"
             if "insights_table(" in cell.source:
                 html = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
                 assert "<table" in html and "BFS-" in html, f"{path.name}: no insights table"

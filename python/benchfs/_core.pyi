@@ -22,6 +22,8 @@ __all__ = [
     "bench_telemetry",
     "bench_transfers",
     "config_with_overrides",
+    "flame_graph_svg",
+    "fold_perf_script",
     "ior_phase",
     "parse_size",
     "resolve_config",

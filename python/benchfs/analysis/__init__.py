@@ -34,6 +34,7 @@ from benchfs.analysis.run import (
     LoadedRun,
     latest_run,
     load_run,
+    previous_run,
 )
 from benchfs.analysis.tables import (
     DEPTH_RANGES,
@@ -81,6 +82,7 @@ __all__ = [
     "per_node",
     "placement",
     "placement_summary",
+    "previous_run",
     "resolve_thresholds",
     "rpc_by_target",
     "rpc_timeseries",

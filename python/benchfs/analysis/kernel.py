@@ -148,7 +148,7 @@ def block_heatmap(traces: Mapping[str, HostTraceData]) -> pd.DataFrame:
         return frame
     keys = ["host", "device", "op", "t", "bucket_lo_us", "bucket_hi_us"]
     frame = frame.groupby(keys, as_index=False)["count"].sum()
-    frame["t"] = pd.to_datetime(frame["t"], unit="s", utc=True)
+    frame["t"] = pd.to_datetime(frame["t"], unit="s", utc=True).dt.round("ms")
     return frame
 
 

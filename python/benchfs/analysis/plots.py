@@ -303,17 +303,22 @@ def block_latency_figure(tables: Tables, op: str = "read") -> Figure | None:
     return fig
 
 
-def block_heatmap_figure(tables: Tables, op: str = "read", most: int = 8) -> Figure | None:
-    """Latency over time per device (I/Os per log2 bucket per second), up to `most` devices,
-    the odd ones first."""
+def block_heatmap_figure(tables: Tables, op: str | None = None, most: int = 8) -> Figure | None:
+    """Latency over time per device (I/Os per log2 bucket per second; of one direction, or
+    reads and writes together), up to `most` devices, the odd ones first."""
     h = tables.block_heatmap
-    devices = _devices_with_io(tables, op)
-    if h.empty or not devices:
+    if h.empty:
         return None
+    if op is not None:
+        h = h[h["op"] == op]
     b = tables.block_latency
-    odd = {(str(r.host), str(r.device)) for r in b[(b["op"] == op) & b["odd"]].itertuples()}
-    devices = sorted(devices, key=lambda d: (d not in odd, d))[:most]
-    h = h[h["op"] == op]
+    odd = {(str(r.host), str(r.device)) for r in b[b["odd"]].itertuples()} if not b.empty else set()
+    devices = sorted(
+        {(str(x.host), str(x.device)) for x in h[h["count"] > 0].itertuples()},
+        key=lambda d: (d not in odd, d),
+    )[:most]
+    if not devices:
+        return None
     t0 = h["t"].min()
     fig = ReportFigure(figsize=(WIDTH, 1.0 + 1.6 * len(devices)))
     axes = fig.subplots(len(devices), 1, sharex=True, squeeze=False)[:, 0]
@@ -324,12 +329,13 @@ def block_heatmap_figure(tables: Tables, op: str = "read", most: int = 8) -> Fig
         ).sort_index()
         seconds = (grid.columns - t0).total_seconds().to_numpy()
         lo = np.maximum(grid.index.to_numpy(dtype=float), 1.0)
-        x_edges = np.append(seconds - 1.0, seconds[-1]) if len(seconds) else np.array([0, 1])
+        x_edges = np.append(seconds - 1.0, seconds[-1])
         y_edges = np.append(lo, lo[-1] * 2)
         mesh = ax.pcolormesh(x_edges, y_edges, np.log10(1 + grid.to_numpy()), cmap="viridis")
         ax.set_yscale("log")
         ax.set_ylabel("us")
-        ax.set_title(f"{host}:{device}" + (" (odd mode)" if (host, device) in odd else ""),
+        what = f"{op}s" if op else "reads and writes"
+        ax.set_title(f"{host}:{device}, {what}" + (" (odd mode)" if (host, device) in odd else ""),
                      fontsize=9)  # fmt: skip
         fig.colorbar(mesh, ax=ax, label="log10(1 + I/Os)")
     axes[-1].set_xlabel("seconds since the first interval")

@@ -26,6 +26,7 @@ from benchfs.units import shown_value
 
 __all__ = [
     "SECTIONS",
+    "FlameGraphs",
     "compare",
     "config_diff",
     "print_terminal",
@@ -365,6 +366,22 @@ def _insight_html(i: Insight) -> str:
     )
 
 
+class FlameGraphs:
+    """Flame graphs side by side (one column per run), shown as HTML in Jupyter."""
+
+    def __init__(self, *analyses: Analysis) -> None:
+        self.columns = [(a.run.name, a.flame_graphs()) for a in analyses]
+
+    def _repr_html_(self) -> str:
+        cells = []
+        for name, graphs in self.columns:
+            body = "".join(_svg_img(g.svg, g.title) for g in graphs) or (
+                '<p class="note">No server was profiled.</p>'
+            )
+            cells.append(f'<td style="vertical-align:top"><b>{html.escape(name)}</b>{body}</td>')
+        return f'<table style="width:100%;table-layout:fixed"><tr>{"".join(cells)}</tr></table>'
+
+
 def _svg_img(svg: str, alt: str) -> str:
     data = base64.b64encode(svg.encode()).decode("ascii")
     return f'<img class="flame" alt="{html.escape(alt)}" src="data:image/svg+xml;base64,{data}">'
@@ -382,8 +399,8 @@ def _kernel_html(a: Analysis) -> str:
         _img(P.block_latency_figure(t, "read"), "block read latency per device"),
         _img(P.block_latency_figure(t, "write"), "block write latency per device"),
         _table_html(t.block_latency, "block_latency"),
-        "<h3>Read latency over time</h3>",
-        _img(P.block_heatmap_figure(t, "read"), "block read latency heat map"),
+        "<h3>Latency over time</h3>",
+        _img(P.block_heatmap_figure(t), "block latency heat map"),
         "<h3>Time on and off CPU</h3>",
         _img(P.sched_figure(t), "time on and off CPU"),
         _table_html(t.sched_time, "sched_time"),

@@ -22,7 +22,15 @@ from benchfs.analysis.kernel import load_kernel
 from benchfs.probes.kerneltrace import HostTraceData
 from benchfs.results import RunDir, read_json
 
-__all__ = ["NO_CLIENT_TELEMETRY", "NO_IOSTAT", "NO_TRACE", "LoadedRun", "latest_run", "load_run"]
+__all__ = [
+    "NO_CLIENT_TELEMETRY",
+    "NO_IOSTAT",
+    "NO_TRACE",
+    "LoadedRun",
+    "latest_run",
+    "load_run",
+    "previous_run",
+]
 
 NO_CLIENT_TELEMETRY = "no client telemetry in this run (RPC latency and retries by target need it)"
 NO_TRACE = (
@@ -146,6 +154,16 @@ def load_run(path: str | os.PathLike[str]) -> LoadedRun:
     kernel, kernel_notes = load_kernel(rd.kernel_dir)
     notes.extend(kernel_notes)
     return LoadedRun(rd.path, manifest, config, config_text, tel, trace, io, notes, kernel)
+
+
+def previous_run(path: str | os.PathLike[str]) -> Path:
+    """The results directory made just before `path` under the same root (names start with
+    their UTC start time); FileNotFoundError when there is none."""
+    p = Path(path).resolve()
+    runs = sorted(q for q in p.parent.glob("*") if (q / "manifest.json").is_file() and q < p)
+    if not runs:
+        raise FileNotFoundError(f"no results directory before {p.name} in {p.parent}")
+    return runs[-1]
 
 
 def latest_run(root: str | os.PathLike[str] = "results") -> Path:

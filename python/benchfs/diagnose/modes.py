@@ -63,34 +63,43 @@ def mode_flags(
     """Per node, its flag (at most one: the first window where a device of it is odd, the
     rule of `benchfs.latencymodes`) and the modes found on its devices, flagged or not."""
     group_of = {n: g for g, members in groups.items() for n in members}
-    node_of = {(x.host, x.device): x.node for x in latencies}
+    nodes_of: dict[tuple[str, str], list[str]] = {}
+    for x in latencies:
+        nodes_of.setdefault((x.host, x.device), [])
+        if x.node not in nodes_of[(x.host, x.device)]:
+            nodes_of[(x.host, x.device)].append(x.node)
     flags: dict[str, list[Flag]] = {}
     found: dict[str, list[dict[str, Any]]] = {}
     for probe, _small, what in WINDOWS:
-        # One histogram per device of a host (nodes of one host may share a device).
+        # One histogram per device of a host: nodes of one host may share a device, which
+        # is then judged once, and its mode is every such node's.
         hists = {(x.host, x.device): x.hist for x in latencies if x.probe == probe}
-        groups_of = {key: group_of.get(node_of[key]) for key in hists}
+        groups_of = {key: group_of.get(nodes_of[key][0]) for key in hists}
         for finding in latencymodes.find_modes(hists, groups_of, th):
             host, device = cast(tuple[str, str], finding.key)
-            node, mode = node_of[(host, device)], finding.mode
-            record: dict[str, Any] = {"probe": probe, "device": device, **mode.to_json()}
-            found.setdefault(node, []).append(record)
-            if finding.peer_share is None or finding.worse is None:
-                record["judged"] = "no peer device to compare with"
-                continue
-            record.update(peer_share=round(finding.peer_share, 4), worse=round(finding.worse, 3))
-            if not finding.odd or node in flags:
-                continue
-            flags[node] = [
-                Flag(
-                    "dev_latency_mode",
-                    KIND_DEVICE,
-                    f"{device}: a second latency mode in {what}: {mode.describe()}; its "
-                    f"peers have {finding.peer_share:.1%} of theirs there ({finding.worse:.1f}x)",
-                    common_scale(finding.worse, th),
-                    worse=finding.worse,
-                    family=FAMILY,
+            mode = finding.mode
+            for node in nodes_of[(host, device)]:
+                record: dict[str, Any] = {"probe": probe, "device": device, **mode.to_json()}
+                found.setdefault(node, []).append(record)
+                if finding.peer_share is None or finding.worse is None:
+                    record["judged"] = "no peer device to compare with"
+                    continue
+                record.update(
+                    peer_share=round(finding.peer_share, 4), worse=round(finding.worse, 3)
                 )
-            ]
-            record["flagged"] = True
+                if not finding.odd or node in flags:
+                    continue
+                flags[node] = [
+                    Flag(
+                        "dev_latency_mode",
+                        KIND_DEVICE,
+                        f"{device}: a second latency mode in {what}: {mode.describe()}; its "
+                        f"peers have {finding.peer_share:.1%} of theirs there "
+                        f"({finding.worse:.1f}x)",
+                        common_scale(finding.worse, th),
+                        worse=finding.worse,
+                        family=FAMILY,
+                    )
+                ]
+                record["flagged"] = True
     return flags, found

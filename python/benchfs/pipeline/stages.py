@@ -169,15 +169,17 @@ class KernelTrace(Stage):
         if not self.enabled or ctx.spec.serve:
             return
         ctx.run_dir.kernel_dir.mkdir(exist_ok=True)
-        hosts: dict[str, Node] = {}
+        hosts: dict[str, list[Node]] = {}
         for node in ctx.roles.nodes():
-            hosts.setdefault("localhost" if ctx.here(node) else node.host, node)
-        for host, node in hosts.items():
+            hosts.setdefault("localhost" if ctx.here(node) else node.host, []).append(node)
+        for host, on_host in hosts.items():
+            node = on_host[0]
             argv = [sys.executable, "-m", "benchfs.cli.diagnose", "trace"]
             argv += ["--work", str(ctx.job_dir(node))]
             path = ctx.run_dir.kernel_capture(host)
             proc, cmd = ctx.launcher.spawn(node, argv, path, child_env(node.name))
             record = {"role": "kernel_trace", "node": node.name, "host": host, "pid": proc.pid}
+            record["nodes"] = [n.name for n in on_host]
             record.update(argv=cmd, output=str(path))
             self.tracers.append(Started(proc, record, node))
             ctx.manifest.processes.append(record)
