@@ -232,11 +232,11 @@ def iostat_only(node: dict[str, Any]) -> str:
     flags = [
         Flag(
             f["flag"],
-            f["kind"],
-            f["evidence"],
-            math.inf if f["severity"] is None else f["severity"],
+            f.get("kind", ""),
+            f.get("evidence", ""),
+            math.inf if f.get("severity", 1.0) is None else f.get("severity", 1.0),
             f.get("excludable", True),
-            math.inf if f.get("worse") is None else f["worse"],
+            math.inf if f.get("worse", 1.0) is None else f.get("worse", 1.0),
             f.get("family", ""),
         )
         for f in node["flags"]
