@@ -79,6 +79,7 @@ def make_run(
     workload: dict | None = None,
     name: str = "20270115T080000Z-local-abcdef",
     kernel: dict[str, list[str]] | None = None,
+    manifest_extra: dict | None = None,
 ) -> Path:
     """A results directory with manifest.json, config.toml and telemetry of `servers`."""
     run = root / name
@@ -96,6 +97,7 @@ def make_run(
         "membership": [{"id": i, "node": s.node} for i, s in servers.items()],
         "workload": workload or {"ranks": 2, "write_mib_s": 100.0, "read_mib_s": 90.0},
         "outcome": {"status": "ok", "code": None, "message": None, "exit_code": 0},
+        **(manifest_extra or {}),
     }
     (run / "manifest.json").write_text(json.dumps(manifest))
     for sid, spec in servers.items():
@@ -183,10 +185,13 @@ def make_run(
     return run
 
 
-def kernel_lines(reads: dict[str, dict[int, int]], seconds: int = 4) -> list[str]:
+def kernel_lines(
+    reads: dict[str, dict[int, int]], seconds: int = 4, queued: int = 1, runnable_s: float = 0.1
+) -> list[str]:
     """A host's kernel trace as `benchfs-diagnose trace` writes it: per device, reads whose
-    latency buckets (lowest us -> count per second) are given, over `seconds` intervals, a
-    server's folded stacks and the scheduler's totals."""
+    latency buckets (lowest us -> count per second) are given, over `seconds` intervals (their
+    whole time in the block layer `queued` times longer), a server's folded stacks and the
+    scheduler's totals (`runnable_s` waiting for a core, 2 s on CPU)."""
     numbers = {name: str((259 << 20) | i) for i, name in enumerate(reads)}
     out = [json.dumps({"source": "host", "host": "h", "cpus": 2})]
 
@@ -202,9 +207,17 @@ def kernel_lines(reads: dict[str, dict[int, int]], seconds: int = 4) -> list[str
             for name, per in reads.items()
         }
         block({"type": "hist", "data": {"@device": hists}})
+        whole = {
+            key: [{**b, "min": b["min"] * queued, "max": b["min"] * queued * 2 - 1} for b in v]
+            for key, v in hists.items()
+        }
+        block({"type": "hist", "data": {"@block": whole}})
     block({"type": "devices", "data": {v: k for k, v in numbers.items()}})
     block({"type": "tracer", "data": {"startup_cpu_s": 0.3, "cpu_s": 0.01, "wall_s": 4.0}})
-    sched = {"@cpu": {"benchfs-s0-w0": 2 * 10**9}, "@runq": {"benchfs-s0-w0": 10**8}}
+    sched = {
+        "@cpu": {"benchfs-s0-w0": 2 * 10**9},
+        "@runq": {"benchfs-s0-w0": int(runnable_s * 1e9)},
+    }
     out.append(json.dumps({"source": "sched", "record": {"type": "map", "data": sched}}))
     for stack in ("benchfs-s0-w0-4242;main;serve;io_uring_enter_[k] 40", "benchfsd-4242;main 2"):
         out.append(json.dumps({"source": "perf", "folded": stack}))

@@ -504,6 +504,24 @@ def healthy_kernel() -> dict[str, list[str]]:
     return {"h": kernel_lines({**HEALTHY_DEVICES, "nvme2n1": {32: 240, 128: 5}})}
 
 
+def _one_shared_disk() -> dict:
+    """Four nodes on one host (network namespaces) whose servers all store on vda, every node
+    reading 25 times slower than it writes: their reads queue in the block layer 8x longer
+    than the device takes."""
+    servers = {k: healthy(f"node-{k}", write=1, read=25) for k in range(4)}
+    nodes = [
+        {"name": f"node-{k}", "host": f"bfs-n{k}", "netns": f"bfs-n{k}", "servers": [k],
+         "ranks": [2 * k, 2 * k + 1]}
+        for k in range(4)
+    ]  # fmt: skip
+    tracer = {"role": "kernel_trace", "host": "localhost", "nodes": [n["name"] for n in nodes]}
+    return {
+        "servers": servers,
+        "kernel": {"localhost": kernel_lines({"vda": {512: 200, 1024: 60}}, queued=8)},
+        "manifest_extra": {"nodes": nodes, "processes": [tracer]},
+    }
+
+
 def _depth_starved() -> dict:
     spec = dataclasses.replace(
         healthy("node-0", n=1000),
@@ -550,13 +568,14 @@ PLANTED = {
         "servers": cluster(),
         "kernel": {"h": kernel_lines({**HEALTHY_DEVICES, "nvme2n1": {32: 225, 16384: 25}})},
     },
+    "BFS-012": lambda: _one_shared_disk(),
 }
 
 
 def test_catalog_ids_are_complete() -> None:
     a = [c.__name__ for c in A.CATALOG]
-    assert len(a) == len(PLANTED) == 11
-    assert sorted(PLANTED) == [f"BFS-{k:03d}" for k in range(1, 12)]
+    assert len(a) == len(PLANTED) == 12
+    assert sorted(PLANTED) == [f"BFS-{k:03d}" for k in range(1, 13)]
 
 
 def test_healthy_run_is_silent(tmp_path: Path) -> None:
@@ -578,6 +597,7 @@ def test_each_insight_fires_on_its_planted_case(tmp_path: Path, ident: str) -> N
         clients=case.get("clients") or healthy_clients(case["servers"]),
         iostat=case.get("iostat") or healthy_iostat(),
         kernel=case.get("kernel") or healthy_kernel(),
+        manifest_extra=case.get("manifest_extra"),
     )
     a = A.analyze(run, TH)
     fired = {i.id: i for i in a.fired}

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchfs.analysis.limits import Inputs, Limit, shared_limits
 from benchfs.analysis.run import NO_CLIENT_TELEMETRY, NO_IOSTAT, LoadedRun
 from benchfs.analysis.thresholds import Thresholds
 from benchfs.slownodes import slow_node_names
@@ -425,6 +426,16 @@ def read_write_asymmetry(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
             found.append((row, relative))
     bw_ratio = wbw / rbw if wbw and rbw else math.nan
     i.data = {"nodes": [str(r.node) for r, _ in found], "write_over_read_bw": bw_ratio}
+    shared = [x for x in _limits(run, t) if x.binding and x.kind != "the network"]
+    if shared and 2 * len(found) >= len(ok) > 1:
+        # Most nodes alike, sharing a resource that was the limit: per-node advice cannot
+        # apply (BFS-012 names what they share).
+        i.data["shared"] = [x.kind for x in shared]
+        i.evidence.append(
+            f"{len(found)} of {len(ok)} nodes read slower than they wrote alike; they share "
+            f"{', '.join(x.kind for x in shared)}: no per-node cause (BFS-012)"
+        )
+        return i
     for row, relative in found:
         i.fired = True
         versus = f", {relative:.1f}x the other nodes' ratio" if math.isfinite(relative) else ""
@@ -573,6 +584,52 @@ def device_latency_mode(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
+def _limits(run: LoadedRun, t: Tables) -> list[Limit]:
+    """The run's shared limits (`analysis.limits`), found once per run."""
+    if "shared_limits" not in run.cache:
+        inputs = Inputs(t.block_latency, t.iostat_devices, t.sched_time, t.io_depth, t.op_stages)
+        run.cache["shared_limits"] = shared_limits(run, inputs)
+    found: list[Limit] = run.cache["shared_limits"]
+    return found
+
+
+def shared_limit(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
+    i = _new(
+        "BFS-012",
+        "The nodes share one limit",
+        "high",
+        "no node was judged slow on its own (BFS-003), and a resource the nodes share was the "
+        "limit: one device and its queue, the CPU (processes per core), the network, or depth 1 "
+        "at the servers while many ranks wait (analysis.limits)",
+        "When every node is slow alike, comparing nodes finds nothing: fix what they share "
+        "(the evidence names it and what to do).",
+    )
+    nodes = len((run.manifest or {}).get("nodes", [])) or len(t.per_node)
+    if nodes < 2:
+        return _skip(i, "one node: nothing is shared between nodes")
+    slow = t.slow_nodes
+    judged_slow = sorted(set(slow.loc[slow["slow"], "node"])) if not slow.empty else []
+    found = _limits(run, t)
+    i.data = {
+        "limits": [
+            {"kind": x.kind, "binding": x.binding, "own": x.own, "evidence": x.evidence}
+            for x in found
+        ],
+        "slow_nodes": judged_slow,
+    }
+    if not found and not run.kernel:
+        return _skip(i, _kernel_missing(run))
+    binding = [x for x in found if x.binding]
+    if judged_slow or not binding:
+        return i
+    i.fired = True
+    for x in binding:
+        i.evidence.append(f"{x.kind}: {x.evidence}")
+    what = " ".join(f"{x.kind.capitalize()}: {x.recommendation}." for x in binding)
+    i.recommendation = f"{what} {i.recommendation}"
+    return i
+
+
 CATALOG: tuple[Check, ...] = (
     depth_starvation,
     batching,
@@ -585,6 +642,7 @@ CATALOG: tuple[Check, ...] = (
     small_write_amplification,
     handle_thrash,
     device_latency_mode,
+    shared_limit,
 )
 """Every insight, in id order."""
 

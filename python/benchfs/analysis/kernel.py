@@ -46,6 +46,7 @@ BLOCK_COLUMNS = [
     "op",
     "ios",
     "mean_us",
+    "block_mean_us",
     "p50_us",
     "p99_us",
     "max_us",
@@ -93,22 +94,24 @@ def _quantile(h: blocklat.Histogram, q: float) -> float:
 
 
 def _merged(
-    traces: Mapping[str, HostTraceData], op: str
+    traces: Mapping[str, HostTraceData], op: str, measure: str = "device"
 ) -> dict[tuple[str, str], blocklat.Histogram]:
     out = {}
     for host, data in traces.items():
-        for device, h in blocklat.merge(data.block, measure="device", op=op).items():
+        for device, h in blocklat.merge(data.block, measure=measure, op=op).items():
             out[(host, device)] = h
     return out
 
 
 def block_latency(traces: Mapping[str, HostTraceData], th: Thresholds) -> pd.DataFrame:
     """Per host, device and direction over the run: I/Os, mean and quantiles (estimated in
-    log2 buckets), the slow mode if any and whether its peers (every other device of the run
-    with as many I/Os) lack it (`benchfs.latencymodes`)."""
+    log2 buckets) of issue to complete, the mean of the whole time in the block layer
+    (queueing included; NaN before Linux 6.5), the slow mode if any and whether its peers
+    (every other device of the run with as many I/Os) lack it (`benchfs.latencymodes`)."""
     rows: list[dict[str, Any]] = []
     for op in ("read", "write"):
         hists = _merged(traces, op)
+        whole = _merged(traces, op, "block")
         findings = {f.key: f for f in latencymodes.find_modes(hists, {}, th)}
         for key, h in sorted(hists.items()):
             f = findings.get(key)
@@ -120,6 +123,7 @@ def block_latency(traces: Mapping[str, HostTraceData], th: Thresholds) -> pd.Dat
                     "op": op,
                     "ios": h.total,
                     "mean_us": h.mean_us(),
+                    "block_mean_us": whole[key].mean_us() if key in whole else math.nan,
                     "p50_us": _quantile(h, 0.5),
                     "p99_us": _quantile(h, 0.99),
                     "max_us": float(nonzero[-1]) if nonzero else math.nan,
