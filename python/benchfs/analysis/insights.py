@@ -593,14 +593,34 @@ def _limits(run: LoadedRun, t: Tables) -> list[Limit]:
     return found
 
 
+def _slow_alike(t: Tables, th: Thresholds) -> list[str]:
+    """What says the nodes were slow together: an op's median time over slow_op_ms, or half
+    the nodes (or more) reading read_write_ratio times slower than they wrote."""
+    out = []
+    for row in t.op_time.itertuples():
+        if row.op in ("read", "write") and row.p50_ms >= th.slow_op_ms:
+            out.append(f"the servers' median {row.op} took {_ms(row.p50_ms)} over {int(row.ops):,}")
+    p = t.per_node
+    if not p.empty:
+        asym = p[p["read_write_ratio"] >= th.read_write_ratio]
+        if len(p) > 1 and 2 * len(asym) >= len(p):
+            out.append(
+                f"{len(asym)} of {len(p)} nodes read >= {th.read_write_ratio:g}x slower than "
+                "they wrote, alike"
+            )
+    return out
+
+
 def shared_limit(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i = _new(
         "BFS-012",
         "The nodes share one limit",
         "high",
-        "no node was judged slow on its own (BFS-003), and a resource the nodes share was the "
-        "limit: one device and its queue, the CPU (processes per core), the network, or depth 1 "
-        "at the servers while many ranks wait (analysis.limits)",
+        "the nodes were slow alike (an op's median >= slow_op_ms, or half the nodes reading "
+        "read_write_ratio x slower than they wrote) with no node judged slow on its own "
+        "(BFS-003), and a resource they share was the limit: one device and its queue, the "
+        "CPU (processes per core), the network, or depth 1 at the servers while many ranks "
+        "wait (analysis.limits)",
         "When every node is slow alike, comparing nodes finds nothing: fix what they share "
         "(the evidence names it and what to do).",
     )
@@ -620,9 +640,12 @@ def shared_limit(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     if not found and not run.kernel:
         return _skip(i, _kernel_missing(run))
     binding = [x for x in found if x.binding]
-    if judged_slow or not binding:
+    symptoms = _slow_alike(t, th)
+    i.data["symptoms"] = symptoms
+    if judged_slow or not binding or not symptoms:
         return i
     i.fired = True
+    i.evidence.extend(symptoms)
     for x in binding:
         i.evidence.append(f"{x.kind}: {x.evidence}")
     what = " ".join(f"{x.kind.capitalize()}: {x.recommendation}." for x in binding)
