@@ -12,8 +12,9 @@ and BenchFS's own telemetry:
 - the CPU: the processes (servers and ranks) of a host per core, and the share of their
   ready time spent waiting for a core (`runnable`, scheduler tracepoints); the limit at
   `RUNNABLE_SHARE` or more;
-- depth 1 at the servers: BenchFS's own; most submissions found the device idle
-  (`DEPTH1_SHARE`) while there were at least `RANKS_PER_SERVER` ranks per server;
+- depth 1 at the servers: most submissions found the device idle (`DEPTH1_SHARE`) while there
+  were at least `RANKS_PER_SERVER` ranks per server: BenchFS's own, unless the CPU was the
+  limit (servers waiting for a core run too rarely to gather requests);
 - the network: the transport holding `TRANSPORT_SHARE` of a call's median time (client
   telemetry).
 
@@ -242,10 +243,20 @@ def _network_limit(t: Inputs) -> list[Limit]:
 def shared_limits(run: LoadedRun, t: Inputs) -> list[Limit]:
     """Every shared resource of the run found, the binding ones first."""
     hosts = hosts_of(run)
-    found = [
-        *_device_limits(t, hosts),
-        *_cpu_limits(t, hosts),
-        *_depth_limit(run, t, hosts),
-        *_network_limit(t),
-    ]
+    cpu = _cpu_limits(t, hosts)
+    depth = _depth_limit(run, t, hosts)
+    if any(x.binding for x in cpu):
+        # Servers that wait for a core run too rarely to gather requests: their depth 1 is
+        # the CPU's doing, not theirs.
+        depth = [
+            Limit(
+                x.kind,
+                x.binding,
+                x.evidence + "; with the CPU the limit, the servers ran too rarely to gather "
+                "requests",
+                "follows from the CPU: fewer processes per core first",
+            )
+            for x in depth
+        ]
+    found = [*_device_limits(t, hosts), *cpu, *depth, *_network_limit(t)]
     return sorted(found, key=lambda x: not x.binding)

@@ -24,6 +24,7 @@ from typing import Any
 
 from benchfs.cluster import Daemon, LocalCluster, ServerExited, child_env
 from benchfs.errors import RunError, errno_name
+from benchfs.launch import LocalLauncher
 from benchfs.mount import detach_command
 from benchfs.nodes import Node
 from benchfs.pipeline.context import RunContext
@@ -171,13 +172,19 @@ class KernelTrace(Stage):
         ctx.run_dir.kernel_dir.mkdir(exist_ok=True)
         hosts: dict[str, list[Node]] = {}
         for node in ctx.roles.nodes():
-            hosts.setdefault("localhost" if ctx.here(node) else node.host, []).append(node)
+            here = ctx.here(node) or node.netns
+            hosts.setdefault("localhost" if here else node.host, []).append(node)
         for host, on_host in hosts.items():
             node = on_host[0]
             argv = [sys.executable, "-m", "benchfs.cli.diagnose", "trace"]
             argv += ["--work", str(ctx.job_dir(node))]
             path = ctx.run_dir.kernel_capture(host)
-            proc, cmd = ctx.launcher.spawn(node, argv, path, child_env(node.name))
+            launcher = ctx.launcher
+            if host == "localhost":
+                # This host's tracer runs outside any network namespace or prefix: `ip netns
+                # exec` gives its processes a sysfs of their own, without tracefs.
+                node, launcher = replace(node, prefix=(), netns=None), LocalLauncher()
+            proc, cmd = launcher.spawn(node, argv, path, child_env(node.name))
             record = {"role": "kernel_trace", "node": node.name, "host": host, "pid": proc.pid}
             record["nodes"] = [n.name for n in on_host]
             record.update(argv=cmd, output=str(path))

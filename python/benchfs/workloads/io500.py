@@ -30,7 +30,7 @@ from typing import Any
 
 from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
-from benchfs.workloads.steps import UsageError, agreed_step
+from benchfs.workloads.steps import UsageError, agreed_step, wait_for_all
 
 ROOT = "/io500"
 
@@ -306,7 +306,7 @@ class Io500Rank:
 
         try:
             _, failures = agreed_step(self.comm, "io500", "find connect", connect)
-            self.comm.Barrier()
+            wait_for_all(self.comm)
             if not failures:
                 _, failures = agreed_step(self.comm, "io500", "find", search)
         finally:

@@ -31,7 +31,7 @@ from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
 from benchfs.spread import spread
 from benchfs.units import KIB, MIB, parse_size
-from benchfs.workloads.steps import UsageError, WorkloadError, agreed_step
+from benchfs.workloads.steps import UsageError, WorkloadError, agreed_step, wait_for_all
 
 VERSION = "4.0.0"
 """The IOR version whose output formats this workload writes."""
@@ -672,7 +672,7 @@ class IorRank:
 
         if not self.step(f"{access} prepare", prepare):
             return None
-        self.comm.Barrier()
+        wait_for_all(self.comm)
         try:
             ok = self.step(access, run)
             if ok and wear_out:
@@ -702,7 +702,7 @@ class IorRank:
                 except FileNotFoundError:
                     pass
 
-        self.comm.Barrier()
+        wait_for_all(self.comm)
         return self.step("remove", run)
 
     def iteration(self, it: int) -> bool:

@@ -27,7 +27,7 @@ from benchfs.config import resolve_config_text
 from benchfs.errors import EXIT_USAGE
 from benchfs.parsers import MDTEST_OPERATIONS, RateRow
 from benchfs.results import write_json_atomic
-from benchfs.workloads.steps import UsageError, VerificationError, agreed_step
+from benchfs.workloads.steps import UsageError, VerificationError, agreed_step, wait_for_all
 
 PHASES = ("create", "stat", "read", "remove")
 # What this workload measures, in mdtest's order and words (benchfs.parsers.MDTEST_OPERATIONS).
@@ -133,7 +133,7 @@ class MdtestRank:
             span[2] = work()
             span[1] = wtime()
 
-        self.comm.Barrier()
+        wait_for_all(self.comm)
         ok = self.step(name, run)
         self.record_rate(name, ok, (span[0], span[1], int(span[2])))
         return ok
@@ -157,7 +157,7 @@ class MdtestRank:
             span[0] = wtime()
             made[0] = make(0, self.a.items, span[0] + self.a.stonewall)
 
-        self.comm.Barrier()
+        wait_for_all(self.comm)
         ok = self.step("create", until_deadline)
         target = self.comm.allreduce(made[0], op=self.MPI.MAX) if ok else 0
 
@@ -273,7 +273,7 @@ class MdtestRank:
         if not ok or "remove" not in a.phases:
             return ok
         # Tree removal: the leaves (per rank), then the shared levels (rank 0), as one phase.
-        self.comm.Barrier()
+        wait_for_all(self.comm)
         t0 = self.MPI.Wtime()
         ok = self.step("tree_remove", remove_unique) and self.step("tree_remove", remove_tree)
         elapsed = self.MPI.Wtime() - t0

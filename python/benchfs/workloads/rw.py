@@ -35,7 +35,7 @@ from benchfs.config import resolve_config_text
 from benchfs.results import write_json_atomic
 from benchfs.spread import spread
 from benchfs.units import MIB, parse_size
-from benchfs.workloads.steps import VerificationError, agreed_step
+from benchfs.workloads.steps import VerificationError, agreed_step, wait_for_all
 
 WORD = 8
 RANK_SHIFT = 40
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         """Prepare (untimed), meet at a barrier, then run the timed work: IOR's phase shape."""
         if not step(name, prepare):
             return False
-        comm.Barrier()
+        wait_for_all(comm)
         return step(name, work)
 
     def connect() -> None:
