@@ -648,7 +648,7 @@ def shared_limit(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     i.evidence.extend(symptoms)
     for x in binding:
         i.evidence.append(f"{x.kind}: {x.evidence}")
-    what = " ".join(f"{x.kind.capitalize()}: {x.recommendation}." for x in binding)
+    what = " ".join(f"{x.kind[:1].upper()}{x.kind[1:]}: {x.recommendation}." for x in binding)
     i.recommendation = f"{what} {i.recommendation}"
     return i
 

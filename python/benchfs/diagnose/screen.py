@@ -9,6 +9,7 @@ iostat capturing the node's devices throughout; then, one pair at a time, the ne
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -929,19 +930,16 @@ def run_screen(
 
 
 def start_tracer(raw_dir: Path) -> tuple[blocklat.Capture | None, str | None]:
-    """The host's block latency tracer, attached, into `raw_dir`; or why it cannot run."""
+    """The host's block latency tracer, started into `raw_dir`, or why it cannot run. It is
+    not waited for: it compiles and attaches (a second or two) while the sequential probes
+    run, long before the judged windows (`latency_of` says if it never attached)."""
     why = blocklat.unavailable()
     if why is not None:
         return None, why
-    tracer = None
     try:
-        tracer = blocklat.Capture(raw_dir / "blocklat.json")
-        tracer.wait_attached()
-    except (ParseError, OSError) as e:
-        if tracer is not None:
-            tracer.stop()
+        return blocklat.Capture(raw_dir / "blocklat.json"), None
+    except OSError as e:
         return None, f"kernel tracing unavailable: {e}"
-    return tracer, None
 
 
 def latency_of(
@@ -953,7 +951,12 @@ def latency_of(
     if capture is None:
         return None
     try:
+        if b'"attached_probes"' not in capture.read_bytes()[:4096]:
+            why = tracer.messages() if tracer is not None else "no message"
+            return f"kernel tracing failed: bpftrace did not attach: {why}"
         samples, _ = blocklat.read_capture(capture)
+    except OSError as e:
+        return f"kernel tracing failed: {capture}: {e.strerror}"
     except ParseError as e:
         return f"kernel tracing failed: {e}"
     for p in probes:
@@ -970,6 +973,10 @@ def _probe_round(
     try:
         with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
             futures = [pool.submit(probe_node, n, screen, settings, deadline) for n in nodes]
+            if tracer is not None:
+                # Attaching overlaps the probes; waited for here only to time its cost.
+                with contextlib.suppress(ParseError):
+                    tracer.wait_attached()
             probes = [f.result() for f in futures]
     finally:
         if tracer is not None:
@@ -1075,6 +1082,9 @@ def run_screen_mpi(
     def probe_traced(where: ScreenDir) -> tuple[NodeProbe, str | None]:
         raw = where.raw_dir / f"host-{mine.name}"
         tracer, why = start_tracer(raw) if host_comm.Get_rank() == 0 else (None, None)
+        if tracer is not None:
+            with contextlib.suppress(ParseError):
+                tracer.wait_attached()
         path = host_comm.bcast(None if tracer is None else str(tracer.path), root=0)
         why = host_comm.bcast(why, root=0)
         host_comm.Barrier()
