@@ -92,6 +92,7 @@ class HostTrace:
                 except ValueError:
                     continue  # a line cut off when the tracer was killed
                 line({"source": source, "record": record})
+        out.flush()  # kept even if folding the profile outlasts the caller's patience
         if self.perf is not None:
             try:
                 folded = self.perf.fold()

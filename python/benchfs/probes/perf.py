@@ -29,6 +29,10 @@ __all__ = ["HZ", "Folded", "Recording", "parse_folded", "unavailable"]
 HZ = 99
 """Samples per second per CPU: not a multiple of common timer rates, so no lockstep."""
 STACK_BYTES = 8192
+MAX_SIZE = "1G"
+"""perf stops writing samples at this size: a sample with its stack copy is about 8.5 KiB, so
+about 10 minutes of a 2-CPU host at 99 Hz (less with more CPUs); the rest of a longer run is
+not profiled, and the file stays bounded."""
 SCRIPT_FIELDS = "comm,pid,tid,cpu,time,event,ip,sym,dso"
 """perf script's fields: without the period, so a folded count is a number of samples."""
 
@@ -55,7 +59,8 @@ class Recording:
         self.data.parent.mkdir(parents=True, exist_ok=True)
         self.log = self.data.with_suffix(".log")
         argv = ["perf", "record", "-F", str(HZ), "-a", "-e", "cpu-clock"]
-        argv += ["--call-graph", f"dwarf,{STACK_BYTES}", "-o", str(self.data)]
+        argv += ["--call-graph", f"dwarf,{STACK_BYTES}", "--max-size", MAX_SIZE]
+        argv += ["-o", str(self.data)]
         self.argv = argv
         self.started = time.monotonic()
         self.cpu_s: float | None = None
