@@ -155,12 +155,7 @@ def read_capture(path: str | os.PathLike[str]) -> tuple[list[Sample], dict[str, 
     """The samples of a capture file and what else it says (`tracer`: its cost,
     `bpftrace.Capture`); ParseError naming the file on a malformed line (a truncated last line
     is skipped)."""
-    p = Path(path)
-    try:
-        lines = p.read_text(errors="replace").splitlines()
-    except OSError as e:
-        raise ParseError(f"{p}: {e.strerror}", "ENOENT") from e
-    return parse_capture(lines, str(p))
+    return parse_capture(bpftrace.read_lines(path), str(path))
 
 
 def parse_capture(lines: Sequence[str], p: str) -> tuple[list[Sample], dict[str, Any]]:

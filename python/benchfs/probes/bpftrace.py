@@ -20,12 +20,22 @@ from pathlib import Path
 
 from benchfs.errors import ParseError, ProbeError
 from benchfs.probes.system import cpu_seconds
+from benchfs.procs import stop_process
 
-__all__ = ["COST", "TRACEFS", "Capture", "unavailable"]
+__all__ = ["COST", "TRACEFS", "Capture", "read_lines", "unavailable"]
 
 TRACEFS = Path("/sys/kernel/tracing")
 COST = "tracer"
 """The record type of a capture's cost."""
+
+
+def read_lines(path: str | os.PathLike[str]) -> list[str]:
+    """A capture's lines; ParseError naming the file when it cannot be read."""
+    p = Path(path)
+    try:
+        return p.read_text(errors="replace").splitlines()
+    except OSError as e:
+        raise ParseError(f"{p}: {e.strerror}", "ENOENT") from e
 
 
 def unavailable() -> str | None:
@@ -103,17 +113,10 @@ class Capture:
             if self.attached is not None:
                 at, at_cpu = self.attached
                 cost.update(startup_cpu_s=at_cpu, cpu_s=cpu - at_cpu, wall_s=time.monotonic() - at)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        status = stop_process(self.proc, grace_s, group=True, sig=signal.SIGINT)
         with open(self.path, "a") as out:
             out.write(json.dumps({"type": COST, "data": cost}) + "\n")
-        return self.proc.returncode
+        return status
 
     def __enter__(self) -> Capture:
         return self

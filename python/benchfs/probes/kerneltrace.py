@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from benchfs.errors import ParseError
-from benchfs.probes import blocklat, perf, sched
+from benchfs.probes import blocklat, bpftrace, perf, sched
 
 __all__ = ["READY", "HostTrace", "HostTraceData", "parse_host_trace", "read_host_trace"]
 
@@ -162,9 +162,4 @@ def parse_host_trace(lines: Sequence[str], where: str) -> HostTraceData:
 
 
 def read_host_trace(path: str | os.PathLike[str]) -> HostTraceData:
-    p = Path(path)
-    try:
-        lines = p.read_text(errors="replace").splitlines()
-    except OSError as e:
-        raise ParseError(f"{p}: {e.strerror}", "ENOENT") from e
-    return parse_host_trace(lines, str(p))
+    return parse_host_trace(bpftrace.read_lines(path), str(path))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchfs.errors import ParseError, ProbeError
 from benchfs.probes.system import cpu_seconds
+from benchfs.procs import stop_process
 
 __all__ = ["HZ", "Folded", "Recording", "parse_folded", "unavailable"]
 
@@ -77,15 +78,7 @@ class Recording:
         with contextlib.suppress(ProbeError):
             self.cpu_s = cpu_seconds(self.proc.pid)
         self.wall_s = time.monotonic() - self.started
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, grace_s, group=True, sig=signal.SIGINT)
 
     def fold(self, timeout_s: float = 600.0) -> str:
         """The recording's samples folded per process (`comm-pid;outer;...;leaf COUNT`);

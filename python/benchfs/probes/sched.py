@@ -20,7 +20,6 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchfs.errors import ParseError
@@ -90,12 +89,7 @@ class SchedTime:
 def read_capture(path: str | os.PathLike[str]) -> tuple[list[SchedTime], dict[str, Any]]:
     """Per task name, its seconds by reason (REASONS), most time on CPU first; and the
     tracer's cost. ParseError names the file on a malformed record."""
-    p = Path(path)
-    try:
-        lines = p.read_text(errors="replace").splitlines()
-    except OSError as e:
-        raise ParseError(f"{p}: {e.strerror}", "ENOENT") from e
-    return parse_capture(lines, str(p))
+    return parse_capture(bpftrace.read_lines(path), str(path))
 
 
 def parse_capture(lines: Sequence[str], p: str) -> tuple[list[SchedTime], dict[str, Any]]:
