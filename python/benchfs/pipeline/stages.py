@@ -56,6 +56,19 @@ class Started:
     node: Node | None = None
 
 
+def interrupt_all(started: Sequence[Started], sig: int, grace_s: float) -> None:
+    """`sig` to every process at once (so they finish their output side by side), then the
+    bounded stop of each, its exit status recorded, and of whatever still runs under it."""
+    for s in started:
+        if s.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                s.proc.send_signal(sig)
+    for s in started:
+        children = descendants(s.proc.pid)
+        s.record["exit_status"] = stop_process(s.proc, grace_s, sig=None)
+        kill_pids(children, 2.0)
+
+
 class JobDirs(Stage):
     """A job directory on every node of the run (servers' data, mount points); deleted at the
     end unless --keep-data."""
@@ -137,15 +150,7 @@ class IostatCapture(Stage):
 
     def stop(self) -> RunError | None:
         """SIGINT, so that iostat closes its JSON document; then the usual bounded stop."""
-        sig = self.ctx.launcher.interrupt_signal
-        for started in self.captures:
-            if started.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    started.proc.send_signal(sig)
-        for started in self.captures:
-            children = descendants(started.proc.pid)
-            started.record["exit_status"] = stop_process(started.proc, 5.0, sig=None)
-            kill_pids(children, 2.0)
+        interrupt_all(self.captures, self.ctx.launcher.interrupt_signal, 5.0)
         return None
 
 
@@ -220,15 +225,7 @@ class KernelTrace(Stage):
 
     def stop(self) -> RunError | None:
         """SIGINT, then time for the tracers to print and perf to fold its stacks."""
-        sig = self.ctx.launcher.interrupt_signal
-        for started in self.tracers:
-            if started.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    started.proc.send_signal(sig)
-        for started in self.tracers:
-            children = descendants(started.proc.pid)
-            started.record["exit_status"] = stop_process(started.proc, 300.0, sig=None)
-            kill_pids(children, 2.0)
+        interrupt_all(self.tracers, self.ctx.launcher.interrupt_signal, 300.0)
         return None
 
 

@@ -164,16 +164,7 @@ def parse_capture(lines: Sequence[str], p: str) -> tuple[list[Sample], dict[str,
     raw: list[tuple[float, str, str, str, bool, list[dict[str, int]]]] = []
     extra: dict[str, Any] = {}
     now = math.nan
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-            kind, data = doc["type"], doc["data"]
-        except (ValueError, KeyError, TypeError) as e:
-            if number == len(lines):
-                break  # cut off while being written
-            raise ParseError(f"{p}:{number}: not a bpftrace JSON line ({e})") from e
+    for number, kind, data in bpftrace.records(lines, p):
         try:
             if kind == "printf":
                 now = float(json.loads(data)["tick"])

@@ -16,13 +16,15 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from benchfs.errors import ParseError, ProbeError
 from benchfs.probes.system import cpu_seconds
 from benchfs.procs import stop_process
 
-__all__ = ["COST", "TRACEFS", "Capture", "read_lines", "unavailable"]
+__all__ = ["COST", "TRACEFS", "Capture", "read_lines", "records", "unavailable"]
 
 TRACEFS = Path("/sys/kernel/tracing")
 COST = "tracer"
@@ -36,6 +38,22 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
         return p.read_text(errors="replace").splitlines()
     except OSError as e:
         raise ParseError(f"{p}: {e.strerror}", "ENOENT") from e
+
+
+def records(lines: Sequence[str], where: str) -> Iterator[tuple[int, str, Any]]:
+    """(line number, type, data) of each bpftrace JSON record; a last line cut off while
+    being written is skipped, a malformed one elsewhere is a ParseError naming `where`."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            kind, data = doc["type"], doc["data"]
+        except (ValueError, KeyError, TypeError) as e:
+            if number == len(lines):
+                return
+            raise ParseError(f"{where}:{number}: not a bpftrace JSON line ({e})") from e
+        yield number, kind, data
 
 
 def unavailable() -> str | None:

@@ -16,7 +16,6 @@ threads add up under `benchfsd`) over the whole capture, printed at its end.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,12 +100,8 @@ def parse_capture(lines: Sequence[str], p: str) -> tuple[list[SchedTime], dict[s
         row = per.setdefault(comm, dict.fromkeys(REASONS, 0.0))
         row[reason] += int(ns) / 1e9
 
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, kind, data in bpftrace.records(lines, p):
         try:
-            doc = json.loads(line)
-            kind, data = doc["type"], doc["data"]
             if kind == bpftrace.COST:
                 extra[bpftrace.COST] = data
             if kind != "map":
@@ -121,8 +116,6 @@ def parse_capture(lines: Sequence[str], p: str) -> tuple[list[SchedTime], dict[s
                         comm, state = key.rsplit(",", 1)
                         add(comm, _STATES.get(int(state), "other"), ns)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if number == len(lines):
-                break  # cut off while being written
             raise ParseError(f"{p}:{number}: not a scheduler tracer record ({e})") from e
     rows = [SchedTime(comm, seconds) for comm, seconds in per.items()]
     rows.sort(key=lambda r: -r.seconds["on CPU"])
