@@ -25,6 +25,7 @@ __all__ = [
     "flame_graph_svg",
     "fold_perf_script",
     "ior_phase",
+    "metadata_server",
     "parse_size",
     "resolve_config",
     "wait_for_servers",
@@ -50,6 +51,9 @@ def resolve_config(
 
 def config_with_overrides(effective: str, overrides: list[str]) -> str:
     """An effective configuration's text with `overrides` applied (no environment)."""
+
+def metadata_server(path: str, servers: int, workers: int) -> int:
+    """The index of the server keeping `path`'s metadata in a cluster of that shape."""
 
 def parse_size(text: str) -> int:
     """Bytes of "64M", "1MiB", "4096" or "2g" (every suffix binary); ValueError says why not."""
@@ -184,7 +188,7 @@ class Client:
         ENOTDIR, ELOOP, ENAMETOOLONG or EINVAL on failure."""
     def stat(self, path: str) -> dict[str, int | str]:
         """Links followed: kind ("file"/"dir"), size, mode, id (hex), mtime_ns, ctime_ns,
-        chunk_size, stripe_count, stripe_start."""
+        chunk_size, stripe_count, stripe_start, replicas."""
     def lstat(self, path: str) -> dict[str, int | str]:
         """As stat, a symbolic link's own (kind "symlink", size: its target's length)."""
     def symlink(self, target: str, path: str) -> None:
@@ -229,6 +233,30 @@ class Client:
     def put_files(self, files: list[tuple[str, bytes, int, int]]) -> list[dict[str, Any] | OSError]:
         """Write each (path, data, mode, mtime_ns) whole, many at once; per file, in order, the
         checksum of what its servers stored (as checksum) or the OSError that stopped it."""
+    def reachable_files(self, root: str) -> tuple[list[tuple[str, int]], list[tuple[int, str]]]:
+        """Every file under `root` the answering metadata owners hold, as (path, size), and
+        (server id, error) per owner whose server is gone (its files are not listed)."""
+    def lost_servers(self) -> dict[str, list[int]]:
+        """The registry's record: {"lost": ids declared lost for the job, "repaired": ids
+        whose copies were re-created since}."""
+    def locate_metadata(self, path: str) -> int:
+        """The id of the server keeping `path`'s metadata."""
+    def declare_lost(self, ids: list[int]) -> None:
+        """Declare servers lost for the job: no copies are placed on them again."""
+    def record_repaired(self, ids: list[int]) -> None:
+        """Record that the copies these servers held were re-created."""
+    def locate_copies(self, path: str, offset: int) -> list[int]:
+        """The ids of the servers holding the copies of byte `offset`, in the order reads
+        try them."""
+    def copies_left(
+        self, paths: list[str], lost: list[int]
+    ) -> list[tuple[int, int | None] | OSError]:
+        """Per path: (copies asked, the fewest any chunk keeps on servers not in `lost`; None
+        for a file without data), or the OSError that stopped it."""
+    def repair(self, paths: list[str]) -> list[dict[str, int] | OSError]:
+        """Re-create the copies servers declared lost held, on the servers standing in for
+        them, each checked against its source: per path {"copies", "bytes", "lost_chunks"} or
+        the OSError that stopped it."""
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity (total_bytes, free_bytes, avail_bytes, used_bytes, files)
         and `servers`: per server id, node, host, latency_s, error (None when it answered)
@@ -302,6 +330,11 @@ class PlacementStudy:
         """The same files after the cluster grew (stored layouts do not change)."""
     def servers_into(self, files: Buffer, chunks: Buffer, out: Buffer) -> None:
         """out[i] = server index of chunk chunks[i] of file files[i] (uint64, uint64, uint32)."""
+    def copies_into(
+        self, files: Buffer, chunks: Buffer, replicas: int, domains: list[str], out: Buffer
+    ) -> None:
+        """out[i * replicas + r] = server index of copy r of chunk chunks[i] of file files[i],
+        over servers in failure domains `domains` (stored layouts only)."""
 
 @final
 class SyntheticTelemetry:

@@ -61,6 +61,8 @@ class Stat:
     chunk_size: int
     stripe_count: int
     stripe_start: int
+    #: Copies of each chunk (`layout.replicas` when the file was created; 0: no data).
+    replicas: int
 
     @property
     def st_mtime(self) -> float:
@@ -93,6 +95,7 @@ def _stat_of(a: dict[str, int | str]) -> Stat:
         chunk_size=int(a["chunk_size"]),
         stripe_count=int(a["stripe_count"]),
         stripe_start=int(a["stripe_start"]),
+        replicas=int(a["replicas"]),
     )
 
 
@@ -547,6 +550,51 @@ class Client:
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""
         return self._core.locate(path, offset)
+
+    def locate_metadata(self, path: str) -> int:
+        """The id of the server keeping `path`'s metadata (its name, size and layout)."""
+        return self._core.locate_metadata(path)
+
+    def locate_copies(self, path: str, offset: int) -> list[int]:
+        """The ids of the servers holding the copies of byte `offset` of the file at `path`
+        (`layout.replicas` of them), in the order reads try them."""
+        return self._core.locate_copies(path, offset)
+
+    def lost_servers(self) -> dict[str, list[int]]:
+        """The servers declared lost for the job (a change of a file of several copies went on
+        without them: they are not used again) and those whose copies `repair` re-created:
+        {"lost": [ids], "repaired": [ids]}."""
+        return self._core.lost_servers()
+
+    def declare_lost(self, ids: list[int]) -> None:
+        """Declares servers lost for the job (what `benchfs repair` does with servers that do
+        not answer): files of several copies are no longer placed on, or read from, them."""
+        self._core.declare_lost(ids)
+
+    def record_repaired(self, ids: list[int]) -> None:
+        """Records that the copies the servers `ids` held were re-created elsewhere."""
+        self._core.record_repaired(ids)
+
+    def reachable_files(
+        self, root: str = "/"
+    ) -> tuple[list[tuple[str, int]], list[tuple[int, str]]]:
+        """Every file under `root` as (path, size), from the metadata owners that answer, and
+        (server id, error) per owner whose server is gone (its files are not listed: a file's
+        metadata has one copy, on its owner)."""
+        return self._core.reachable_files(root)
+
+    def copies_left(
+        self, paths: list[str], lost: list[int]
+    ) -> list[tuple[int, int | None] | OSError]:
+        """Per path: (copies asked, the fewest any of its chunks keeps on servers not in
+        `lost`; None for an empty file), or the OSError that stopped it (returned)."""
+        return self._core.copies_left(paths, lost)
+
+    def repair(self, paths: list[str]) -> list[dict[str, int] | OSError]:
+        """Re-creates the copies that servers declared lost held of each file's chunks, on
+        the servers that took their place, each checked against its source's checksum: per
+        path {"copies", "bytes", "lost_chunks"} or the OSError that stopped it (returned)."""
+        return self._core.repair(paths)
 
     def checksum(self, path: str) -> FileChecksum:
         """The xxh3-128 of each chunk-aligned range of the file at `path`, as the servers

@@ -22,9 +22,11 @@ from benchfs.errors import BenchfsError
 from benchfs.native import find_binary
 from benchfs.procs import pid_alive, stop_process, tail
 
-__all__ = ["Daemon", "LocalCluster", "ServerExited", "child_env", "find_benchfsd"]
+__all__ = ["DOMAIN_ENV", "Daemon", "LocalCluster", "ServerExited", "child_env", "find_benchfsd"]
 
 NODE_ENV = "BENCHFS_NODE_NAME"
+DOMAIN_ENV = "BENCHFS_DOMAIN"
+"""A server's failure domain (default: its node's name)."""
 Spawn = Callable[[Sequence[str], Path], tuple["subprocess.Popen[bytes]", list[str]]]
 """Starts argv with output to a log file; returns the process and the command it ran."""
 WAIT_SLICE_S = 0.2

@@ -10,6 +10,7 @@ for several nodes in tests:
     devices = ["nvme0n1", "nvme1n1"]  # optional: block devices behind the scratch directory
     prefix = ["taskset", "-c", "1"]   # optional: command prefix of its processes
     netns = "bfs-n1"                  # optional: its network namespace (benchfs-run nodes --netns)
+    domain = "rack3"                  # optional: its failure domain (default: its host)
 
 On a cluster it is generated from the allocation (`from_allocation`: SLURM_JOB_NODELIST through
 `scontrol show hostnames`, or PBS_NODEFILE). Exclusions are a list of `{host, reasons}`
@@ -48,7 +49,7 @@ __all__ = [
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
-_KEYS = {"name", "host", "scratch", "devices", "prefix", "netns"}
+_KEYS = {"name", "host", "scratch", "devices", "prefix", "netns", "domain"}
 
 
 class NodesFileError(InputError):
@@ -68,6 +69,14 @@ class Node:
     netns: str = ""
     """The node's network namespace: its processes run under `ip netns exec`, except MPI ranks,
     whose BenchFS client enters it after MPI has started (`BENCHFS_NETNS`)."""
+    domain: str = ""
+    """The node's failure domain, when not its host: copies of a chunk (`layout.replicas`) go
+    to servers of distinct domains."""
+
+    @property
+    def failure_domain(self) -> str:
+        """Where a fault takes everything down at once: the domain given, else the host."""
+        return self.domain or self.host
 
     @property
     def command_prefix(self) -> list[str]:
@@ -86,6 +95,8 @@ class Node:
             table["prefix"] = list(self.prefix)
         if self.netns:
             table["netns"] = self.netns
+        if self.domain:
+            table["domain"] = self.domain
         return table
 
 
@@ -124,7 +135,10 @@ def _node(entry: Any, where: str) -> Node:
     netns = entry.get("netns", "")
     if not isinstance(netns, str) or (netns and not _NAME_RE.match(netns)):
         raise NodesFileError(f"{where}.netns {netns!r}: a namespace name (`ip netns list`)")
-    return Node(values["name"], values["host"], values["scratch"], devices, prefix, netns)
+    domain = entry.get("domain", "")
+    if not isinstance(domain, str) or (domain and not _NAME_RE.match(domain)):
+        raise NodesFileError(f"{where}.domain {domain!r}: use letters, digits, '.', '_' and '-'")
+    return Node(values["name"], values["host"], values["scratch"], devices, prefix, netns, domain)
 
 
 def parse_nodes(text: str, source: str) -> list[Node]:

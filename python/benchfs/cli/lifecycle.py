@@ -28,6 +28,7 @@ from benchfs.cli.options import cluster_options
 from benchfs.cli.progress import make_progress
 from benchfs.client import Client
 from benchfs.errors import EXIT_FAILED, BenchfsError, JobError, errno_name
+from benchfs.lifecycle.repair import repair_job
 from benchfs.lifecycle.spread import NodeCopier
 from benchfs.lifecycle.stage import BenchfsSide, LocalSide, manifest_path_for, stage
 from benchfs.lifecycle.start import start_job
@@ -171,7 +172,62 @@ def status(job: str | None, as_json: bool) -> None:
         if s["mount"]:
             m = s["mount"]
             out.print(f"mount {m['path']} on {m['node']}: {m['mounted']}")
+        _print_copies(s.get("copies"))
     sys.exit(0 if s["state"] in ("running", "stopped") else EXIT_FAILED)
+
+
+def _print_copies(copies: dict[str, Any] | None) -> None:
+    """The copies part of `status`: lost servers and the files short of copies."""
+    if not copies or not (copies["lost"] or copies["not_answering"]):
+        return
+    out = console()
+
+    def ids(key: str) -> str:
+        return ", ".join(map(str, copies[key])) or "none"
+
+    out.print(
+        f"servers declared lost: {ids('lost')}; repaired: {ids('repaired')}; "
+        f"not answering: {ids('not_answering')}"
+    )
+    if copies["files_short"] is None:
+        return
+    out.print(f"{copies['files_short_count']} files have fewer live copies than asked")
+    for f in copies["files_short"]:
+        out.print(f"  {escape(f['path'])}: {f['left']} of {f['asked']}", soft_wrap=True)
+    for e in copies["owners_not_answering"]:
+        out.print(f"[yellow]not listed: {escape(e)}[/]", soft_wrap=True)
+    if copies["files_short_count"]:
+        out.print("`benchfs repair` re-creates their copies on live servers")
+
+
+@main.command()
+@_job_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def repair(job: str | None, as_json: bool) -> None:
+    """Re-create, on live servers, the copies of chunks that lost servers held (files of
+    layout.replicas 2 or 3). Servers that do not answer are declared lost first. Exit status
+    0 when every file was reached and every chunk has its copies again."""
+    try:
+        report = repair_job(find_job(job), say=_say)
+    except BenchfsError as e:
+        _fail(e)
+    except (OSError, ValueError, TimeoutError) as e:
+        _fail(BenchfsError("EHOSTDOWN", str(e)))
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    else:
+        _say(
+            f"repaired {report.files} files: {report.copies} chunk copies, "
+            f"{human_size(report.bytes)}, each checked against its source"
+        )
+        for path, error in report.failed:
+            _say(f"benchfs: {path}: {error}")
+        for sid, e in report.owners_not_answering:
+            lost = " (its files' names are lost with it)" if sid in report.lost else ""
+            _say(f"benchfs: not reached: {e}{lost}")
+        if report.lost_chunks:
+            _say(f"benchfs: {report.lost_chunks} chunks have no copy left on a live server")
+    sys.exit(0 if report.complete else EXIT_FAILED)
 
 
 @main.command()

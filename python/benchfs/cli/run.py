@@ -152,6 +152,12 @@ def main() -> None:
     help="Fault tests only: SIGKILL the last server this many seconds into the workload.",
 )
 @click.option(
+    "--kill-node",
+    is_flag=True,
+    hidden=True,
+    help="Fault tests only: with --kill-server-after, every server of the last server's node.",
+)
+@click.option(
     "--workload",
     type=click.Choice(WORKLOADS),
     default="rw",
@@ -201,6 +207,7 @@ def launch(
     results_root: str | None,
     timeout: float,
     kill_server_after: float | None,
+    kill_node: bool,
     workload: str,
     ior_args: str | None,
     mdtest_args: str | None,
@@ -247,6 +254,7 @@ def launch(
         results_root=results_root,
         timeout_s=timeout,
         kill_server_after_s=kill_server_after,
+        kill_node=kill_node,
         workload=workload,
         workload_args={"ior": ior_args, "mdtest": mdtest_args}.get(workload)
         or (shlex.join(io500_args) if io500_args else None),

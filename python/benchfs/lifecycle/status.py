@@ -36,6 +36,44 @@ def _mount_state(path: str, process_alive: bool | None) -> str:
     return "disconnected" if process_alive is False else "mounted"
 
 
+SHORT_FILES_LISTED = 100
+"""`status` lists at most this many files short of copies (and counts them all)."""
+
+
+def unanswering(capacity: dict[str, Any]) -> list[int]:
+    """The ids of the servers that did not answer a statfs."""
+    return sorted(s["id"] for s in capacity["servers"] if s.get("error") is not None)
+
+
+def copies_status(client: Client, capacity: dict[str, Any]) -> dict[str, Any]:
+    """Servers declared lost, repaired and not answering; when any is lost, the files with
+    fewer live copies than they asked for (from the metadata owners that answer)."""
+    record = client.lost_servers()
+    # A repaired server's copies are on the servers standing in for it.
+    lost = sorted((set(unanswering(capacity)) | set(record["lost"])) - set(record["repaired"]))
+    out: dict[str, Any] = {**record, "not_answering": unanswering(capacity), "files_short": None}
+    if not lost:
+        return out
+    files, missing = client.reachable_files("/")
+    short: list[dict[str, Any]] = []
+    count = 0
+    lefts = client.copies_left([p for p, _ in files], lost)
+    for (path, _), left in zip(files, lefts, strict=True):
+        if isinstance(left, OSError):
+            continue
+        asked, fewest = left
+        if fewest is not None and fewest < asked:
+            count += 1
+            if len(short) < SHORT_FILES_LISTED:
+                short.append({"path": path, "asked": asked, "left": fewest})
+    out.update(
+        files_short=short,
+        files_short_count=count,
+        owners_not_answering=[message for _, message in missing],
+    )
+    return out
+
+
 def job_status(job_dir: Path) -> dict[str, Any]:
     """The job's status: `state` is "running" (every server answers), "degraded" (some do
     not), "down" (none does) or "stopped"; per server its process, registration and
@@ -52,6 +90,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
         "exports": state.exports,
         "mount": None,
         "capacity": None,
+        "copies": None,
         "error": None,
     }
     servers: dict[int, dict[str, Any]] = {}
@@ -87,6 +126,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     try:
         with Client(registry, config) as client:
             capacity = client.statfs()
+            out["copies"] = copies_status(client, capacity)
     except (OSError, ValueError, TimeoutError) as e:
         out["error"] = str(e)
         capacity = None

@@ -29,6 +29,8 @@ class RunSpec:
     results_root: str | None = None
     timeout_s: float = 300.0
     kill_server_after_s: float | None = None
+    kill_node: bool = False
+    """With `kill_server_after_s`: every server of the last server's node, not only it."""
     workload: str = "rw"
     """"rw" (write, cross-read, verify), "ior", "mdtest" (benchfs.workloads.*) or "command"."""
     workload_args: str | None = None

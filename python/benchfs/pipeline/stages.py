@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchfs.cluster import Daemon, LocalCluster, ServerExited, child_env
+from benchfs.cluster import DOMAIN_ENV, Daemon, LocalCluster, ServerExited, child_env
 from benchfs.errors import RunError, errno_name
 from benchfs.launch import LocalLauncher
 from benchfs.mount import detach_command
@@ -241,8 +241,10 @@ class Servers(Stage):
         self.cluster: LocalCluster | None = None
         self.children: dict[int, list[int]] = {}
         """Per daemon (launcher) pid, the pids found under it once the membership was full."""
-        self.killed: int | None = None
-        """The server id killed on purpose (--kill-server-after): its exit is no error."""
+        self.killed: list[int] = []
+        """The server ids killed on purpose (--kill-server-after): their exit is no error."""
+        self.outlived: set[int] = set()
+        """Servers whose death the run outlived (copies of their chunks are elsewhere)."""
 
     def start(self) -> None:
         ctx = self.ctx
@@ -268,7 +270,8 @@ class Servers(Stage):
             def spawn(
                 argv: Sequence[str], log: Path, node: Node = node, pin: list[str] = pin
             ) -> tuple[subprocess.Popen[bytes], list[str]]:
-                return launcher.spawn(node, [*pin, *argv], log, child_env(node.name))
+                env = {**child_env(node.name), DOMAIN_ENV: node.failure_domain}
+                return launcher.spawn(node, [*pin, *argv], log, env)
 
             daemon = self.cluster.start(
                 sid, ctx.job_dir(node) / f"server-{sid}", ctx.run_dir.server_log(sid), node.name,
@@ -297,15 +300,30 @@ class Servers(Stage):
         ctx.manifest.membership = membership
         ctx.manifest.write(ctx.run_dir)
 
-    def kill_last(self) -> Daemon:
-        """SIGKILL the last server and what runs under it (fault injection)."""
-        assert self.cluster is not None
-        victim = self.cluster.daemons[-1]
-        for pid in reversed([victim.pid, *descendants(victim.pid)]):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.killed = victim.server_id
-        return victim
+    def kill_last(self, whole_node: bool = False) -> list[Daemon]:
+        """SIGKILL the last server (`whole_node`: every server of its node) and what runs
+        under them (fault injection)."""
+        assert self.cluster is not None and self.ctx.roles is not None
+        last = self.cluster.daemons[-1]
+        node_of = {sid: node.name for sid, node in self.ctx.roles.servers}
+        victims = [
+            d
+            for d in self.cluster.daemons
+            if d is last or (whole_node and node_of.get(d.server_id) == node_of[last.server_id])
+        ]
+        for victim in victims:
+            for pid in reversed([victim.pid, *descendants(victim.pid)]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.killed.append(victim.server_id)
+        return victims
+
+    def outlives(self, dead: list[int]) -> bool:
+        """Whether files keep a copy of every chunk with the servers `dead` gone: they span
+        fewer failure domains than `layout.replicas` copies."""
+        assert self.ctx.roles is not None
+        domain = {sid: node.failure_domain for sid, node in self.ctx.roles.servers}
+        return len({domain[sid] for sid in dead}) < int(self.config["layout"]["replicas"])
 
     def stop(self) -> RunError | None:
         ctx, cluster = self.ctx, self.cluster
@@ -326,7 +344,9 @@ class Servers(Stage):
         unclean = {
             sid: code
             for sid, code in codes.items()
-            if not self._clean_exit(sid, code) and sid != self.killed
+            if not self._clean_exit(sid, code)
+            and sid not in self.killed
+            and sid not in self.outlived
         }
         if not unclean:
             return None

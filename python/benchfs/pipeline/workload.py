@@ -306,17 +306,27 @@ class Workload:
                 moved = follower.poll()
                 ctx.progress.moved(moved["write"], moved["read"])
                 next_progress = now + PROGRESS_S
-            if kill_after is not None and self.servers.killed is None and now - start >= kill_after:
-                victim = self.servers.kill_last()
-                manifest.event(
-                    "fault-injection",
-                    f"killed server {victim.server_id} (pid {victim.pid}) with SIGKILL "
-                    f"{now - start:.1f} s into the workload (--kill-server-after)",
-                    server_id=victim.server_id,
-                    pid=victim.pid,
-                )
+            if kill_after is not None and not self.servers.killed and now - start >= kill_after:
+                for victim in self.servers.kill_last(spec.kill_node):
+                    manifest.event(
+                        "fault-injection",
+                        f"killed server {victim.server_id} (pid {victim.pid}) with SIGKILL "
+                        f"{now - start:.1f} s into the workload (--kill-server-after)",
+                        server_id=victim.server_id,
+                        pid=victim.pid,
+                    )
             if server_failure is None:
                 for daemon in cluster.exited():
+                    if daemon.server_id in self.servers.outlived:
+                        continue
+                    gone = [*self.servers.outlived, daemon.server_id]
+                    if self.servers.outlives(gone):
+                        self.servers.outlived.add(daemon.server_id)
+                        headline = ServerExited(daemon).headline
+                        note = f"{headline}; the files keep copies on the other servers"
+                        manifest.event("server-died", note, server_id=daemon.server_id)
+                        ctx.progress.message(note)
+                        continue
                     server_failure = ServerExited(daemon).headline
                     manifest.event("server-died", server_failure, server_id=daemon.server_id)
                     ctx.progress.message(f"{server_failure}; waiting for the clients to notice")

@@ -970,6 +970,7 @@ mod tests {
                 ServerHandle::spawn(ServerOptions {
                     id,
                     node: format!("capi-{id}"),
+                    domain: String::new(),
                     data_dir: dir.path().join(format!("data-{id}")),
                     registry_dir: registry.clone(),
                     config: config.clone(),

@@ -65,11 +65,17 @@ impl Default for ClusterConfig {
 pub struct LayoutConfig {
     /// Bytes per chunk; a file's byte range is split on these boundaries.
     pub chunk_size: u64,
+    /// Copies of each chunk of a file created from now on, on servers of distinct failure
+    /// domains (1 to 3).
+    pub replicas: u8,
 }
 
 impl Default for LayoutConfig {
     fn default() -> Self {
-        LayoutConfig { chunk_size: 4 << 20 }
+        LayoutConfig {
+            chunk_size: 4 << 20,
+            replicas: 1,
+        }
     }
 }
 
@@ -298,6 +304,9 @@ impl Config {
         let bad = |m: &str| Err(Error::Config(m.to_string()));
         if self.layout.chunk_size == 0 || self.layout.chunk_size > (1 << 30) {
             return bad("layout.chunk_size must be between 1 byte and 1 GiB");
+        }
+        if !(1..=crate::placement::MAX_REPLICAS).contains(&self.layout.replicas) {
+            return bad("layout.replicas must be 1, 2 or 3");
         }
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");

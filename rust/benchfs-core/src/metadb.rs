@@ -27,7 +27,8 @@ const SHAPE: &[u8] = b"m:shape";
 /// The store's format: 2 since symbolic links (an inode's value may end with a link target).
 /// A store without it was written before and is refused.
 const FORMAT: &[u8] = b"m:format";
-const FORMAT_VERSION: u32 = 2;
+/// 2 kept symbolic links; 3 keeps each file's copy count in its layout.
+const FORMAT_VERSION: u32 = 3;
 
 /// One change to persist; a call persists several in one commit.
 pub enum Change<'a> {
@@ -147,7 +148,7 @@ impl MetaDb {
         if format != Some(FORMAT_VERSION) {
             return Err(Error::Config(format!(
                 "metadata store {}: format {} (this BenchFS reads format {FORMAT_VERSION}, which \
-                 keeps symbolic links): start the job on an empty data directory",
+                 keeps each file's copy count): start the job on an empty data directory",
                 self.path,
                 format.map_or("1".to_string(), |f| f.to_string())
             )));
@@ -279,11 +280,7 @@ mod tests {
             size: 6,
             mtime_ns: 1,
             ctime_ns: 1,
-            layout: Layout {
-                chunk_size: 0,
-                stripe_count: 0,
-                start: 0,
-            },
+            layout: Layout::NONE,
         }
     }
 

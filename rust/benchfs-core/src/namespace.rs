@@ -286,16 +286,19 @@ impl MetaStore {
                 size: 0,
                 mtime_ns: t,
                 ctime_ns: t,
-                layout: Layout {
-                    chunk_size: 0,
-                    stripe_count: 0,
-                    start: 0,
-                },
+                layout: Layout::NONE,
             },
             entries: Some(BTreeMap::new()),
             added: 0,
             target: None,
         }
+    }
+
+    /// Files created from now on keep `replicas` copies of each chunk (`layout.replicas`);
+    /// those made before keep the layout they were made with.
+    pub fn with_replicas(mut self, replicas: u8) -> MetaStore {
+        self.layouts = self.layouts.with_replicas(replicas);
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -403,11 +406,7 @@ impl MetaStore {
         if self.nodes.contains_key(path) {
             return Err(libc::EEXIST);
         }
-        let none = Layout {
-            chunk_size: 0,
-            stripe_count: 0,
-            start: 0,
-        };
+        let none = Layout::NONE;
         self.new_inode(
             path,
             Kind::Symlink,

@@ -22,11 +22,132 @@ pub struct Layout {
     pub stripe_count: u32,
     /// Index of the server holding chunk 0.
     pub start: u32,
+    /// Copies of each chunk, on that many servers of distinct failure domains
+    /// ([`Domains::replica_servers`]); 1 to [`MAX_REPLICAS`].
+    pub replicas: u8,
 }
 
+/// The most copies of a chunk a layout may ask for.
+pub const MAX_REPLICAS: u8 = 3;
+
 impl Layout {
+    /// The layout of what has no data of its own (directories, links).
+    pub const NONE: Layout = Layout {
+        chunk_size: 0,
+        stripe_count: 0,
+        start: 0,
+        replicas: 0,
+    };
+
     pub fn server_index(&self, chunk: u64) -> u32 {
         stripe_index(self.start, chunk, self.stripe_count)
+    }
+}
+
+/// The servers' failure domains, as placement sees them: a ring of the server indexes in which
+/// the domains take turns (the first server of each domain, then the second of each, ...), so
+/// that a server's next one on the ring is in another domain whenever the domains are of equal
+/// size. A chunk's copies are its primary server and the next servers on the ring of domains
+/// not yet used; since "next" is a one-to-one map, the copies spread as evenly as the
+/// primaries do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Domains {
+    /// Server index -> its domain's number.
+    domain: Vec<u32>,
+    /// The ring: server indexes, domains taking turns.
+    ring: Vec<u32>,
+    /// Server index -> its position on the ring.
+    position: Vec<u32>,
+}
+
+impl Domains {
+    /// From each server's domain name, in membership order.
+    pub fn new<S: AsRef<str>>(names: &[S]) -> Domains {
+        let mut numbers: Vec<&str> = Vec::new();
+        let mut members: Vec<Vec<u32>> = Vec::new();
+        let domain: Vec<u32> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let d = match numbers.iter().position(|&m| m == n.as_ref()) {
+                    Some(d) => d,
+                    None => {
+                        numbers.push(n.as_ref());
+                        members.push(Vec::new());
+                        numbers.len() - 1
+                    }
+                };
+                members[d].push(i as u32);
+                d as u32
+            })
+            .collect();
+        let rounds = members.iter().map(Vec::len).max().unwrap_or(0);
+        let ring: Vec<u32> = (0..rounds)
+            .flat_map(|k| members.iter().filter_map(move |m| m.get(k).copied()))
+            .collect();
+        let mut position = vec![0u32; names.len()];
+        for (p, &s) in ring.iter().enumerate() {
+            position[s as usize] = p as u32;
+        }
+        Domains {
+            domain,
+            ring,
+            position,
+        }
+    }
+
+    /// Every server in a domain of its own.
+    pub fn distinct(servers: usize) -> Domains {
+        let names: Vec<String> = (0..servers).map(|i| i.to_string()).collect();
+        Domains::new(&names)
+    }
+
+    /// How many domains the servers span.
+    pub fn count(&self) -> usize {
+        self.domain.iter().max().map_or(0, |&d| d as usize + 1)
+    }
+
+    /// The domain number of the server at `index`.
+    pub fn of(&self, index: usize) -> u32 {
+        self.domain.get(index).copied().unwrap_or(0)
+    }
+
+    /// The servers holding the copies of `chunk`, primary first: walking the ring from the
+    /// primary, servers of the stripe not in `skip` (servers declared lost) whose domain no
+    /// copy has yet; when the domains run out, servers of used domains not yet chosen. Fewer
+    /// than `layout.replicas` only when the stripe has fewer servers outside `skip`. A layout
+    /// of one copy ignores `skip`: its chunk is on its primary or nowhere.
+    pub fn replica_servers(&self, layout: &Layout, chunk: u64, skip: &[usize]) -> Vec<usize> {
+        let want = layout.replicas.max(1) as usize;
+        let primary = layout.server_index(chunk) as usize;
+        // One copy has nowhere else to be: its server, lost or not.
+        if want == 1 || primary >= self.ring.len() {
+            return vec![primary];
+        }
+        self.walk(layout, primary, skip, want)
+    }
+
+    fn walk(&self, layout: &Layout, primary: usize, skip: &[usize], want: usize) -> Vec<usize> {
+        let n = self.ring.len();
+        let from = self.position[primary] as usize;
+        let in_stripe = |s: usize| s < layout.stripe_count.max(1) as usize && !skip.contains(&s);
+        let mut out: Vec<usize> = Vec::with_capacity(want);
+        for distinct_domains in [true, false] {
+            for k in 0..n {
+                if out.len() == want {
+                    return out;
+                }
+                let s = self.ring[(from + k) % n] as usize;
+                if !in_stripe(s) || out.contains(&s) {
+                    continue;
+                }
+                if distinct_domains && out.iter().any(|&o| self.domain[o] == self.domain[s]) {
+                    continue;
+                }
+                out.push(s);
+            }
+        }
+        out
     }
 }
 
@@ -98,6 +219,7 @@ pub struct LayoutAllocator {
     next: u64,
     stripe_count: u32,
     chunk_size: u64,
+    replicas: u8,
 }
 
 impl LayoutAllocator {
@@ -108,7 +230,14 @@ impl LayoutAllocator {
             next: stagger,
             stripe_count,
             chunk_size,
+            replicas: 1,
         }
+    }
+
+    /// Layouts handed out from now on keep `replicas` copies of each chunk.
+    pub fn with_replicas(mut self, replicas: u8) -> LayoutAllocator {
+        self.replicas = replicas.clamp(1, MAX_REPLICAS);
+        self
     }
 
     pub fn stripe_count(&self) -> u32 {
@@ -121,6 +250,7 @@ impl LayoutAllocator {
             chunk_size: self.chunk_size,
             stripe_count: self.stripe_count,
             start,
+            replicas: self.replicas,
         })
     }
 
@@ -132,6 +262,7 @@ impl LayoutAllocator {
             chunk_size: self.chunk_size,
             stripe_count: self.stripe_count,
             start,
+            replicas: self.replicas,
         }
     }
 }
@@ -198,6 +329,57 @@ mod tests {
         assert_eq!(b.allocate().start, 5);
         let mut c = LayoutAllocator::new(3, 32, 16, 1 << 20);
         assert_eq!(c.allocate().start, 1);
+    }
+
+    fn layout(stripe: u32, replicas: u8) -> Layout {
+        Layout {
+            chunk_size: 1,
+            stripe_count: stripe,
+            start: 0,
+            replicas,
+        }
+    }
+
+    /// Copies go to distinct domains; the load of 16 servers on 4 nodes (ids consecutive per
+    /// node) stays even; a skipped server's copies move to the next server of another domain.
+    #[test]
+    fn copies_are_on_distinct_domains_and_spread_evenly() {
+        let names: Vec<String> = (0..16).map(|i| format!("node{}", i / 4)).collect();
+        let d = Domains::new(&names);
+        assert_eq!(d.count(), 4);
+        let l = layout(16, 2);
+        let mut load = [0u32; 16];
+        for c in 0..16_000u64 {
+            let r = d.replica_servers(&l, c, &[]);
+            assert_eq!(r.len(), 2);
+            assert_ne!(d.of(r[0]), d.of(r[1]), "chunk {c}: {r:?}");
+            assert_eq!(r[0], l.server_index(c) as usize);
+            for s in r {
+                load[s] += 1;
+            }
+        }
+        assert!(load.iter().all(|&n| n == 2000), "{load:?}");
+        let r3 = layout(16, 3);
+        for c in 0..100 {
+            let r = d.replica_servers(&r3, c, &[5]);
+            assert_eq!(r.len(), 3);
+            assert!(!r.contains(&5));
+            let mut doms: Vec<u32> = r.iter().map(|&s| d.of(s)).collect();
+            doms.dedup();
+            assert_eq!(doms.len(), 3, "chunk {c}: {r:?}");
+        }
+    }
+
+    /// One domain for all (one host): copies on distinct servers; more copies than servers:
+    /// as many as there are.
+    #[test]
+    fn too_few_domains_fall_back_to_distinct_servers() {
+        let d = Domains::new(&["a", "a", "a"]);
+        let r = d.replica_servers(&layout(3, 2), 2, &[]);
+        assert_eq!(r, vec![2, 0]);
+        assert_eq!(d.replica_servers(&layout(2, 3), 0, &[]), vec![0, 1]);
+        assert_eq!(d.replica_servers(&layout(3, 1), 1, &[]), vec![1]);
+        assert_eq!(d.replica_servers(&layout(3, 2), 1, &[1]), vec![2, 0]);
     }
 
     #[test]

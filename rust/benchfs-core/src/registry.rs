@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Version 2 added `address_check`.
-pub const ENTRY_VERSION: u32 = 2;
+/// Version 2 added `address_check`, 3 `domain`.
+pub const ENTRY_VERSION: u32 = 3;
 
 /// What a server publishes about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,6 +22,8 @@ pub struct RegistryEntry {
     /// Numeric server id; membership is ordered by it, never by a string.
     pub id: u32,
     pub node: String,
+    /// The failure domain: copies of a chunk go to servers of distinct domains.
+    pub domain: String,
     pub host: String,
     pub pid: u32,
     /// One UCX worker address per server worker (event loop), hex encoded.
@@ -37,12 +39,19 @@ impl RegistryEntry {
         RegistryEntry {
             version: ENTRY_VERSION,
             id,
+            domain: node.clone(),
             node,
             host,
             pid: std::process::id(),
             ucx_addresses: addresses.iter().map(|a| hex(a)).collect(),
             address_check: address_check(addresses),
         }
+    }
+
+    /// The same entry in failure domain `domain`.
+    pub fn in_domain(mut self, domain: String) -> RegistryEntry {
+        self.domain = domain;
+        self
     }
 
     /// The decoded worker addresses, in worker order, checked against `address_check`.
@@ -341,10 +350,10 @@ mod tests {
         let not_hex = good.replace("0102ff", "zz");
         // One byte of the address changed: hex still, but not the address the server had.
         let damaged = good.replace("0102ff", "0103ff");
-        let old = good.replace("\"version\":2", "\"version\":1");
+        let old = good.replace("\"version\":3", "\"version\":1");
         let cases: [(&str, &str); 7] = [
             ("", "empty"),
-            ("{\"version\":2,\"id\":0,\"no", "truncated"),
+            ("{\"version\":3,\"id\":0,\"no", "truncated"),
             ("\u{0}garbage", "malformed"),
             (&renamed, "disagrees"),
             (&not_hex, "not hex"),

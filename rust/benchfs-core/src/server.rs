@@ -48,6 +48,9 @@ const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 pub struct ServerOptions {
     pub id: u32,
     pub node: String,
+    /// The failure domain this server is in (empty: its node): copies of a chunk go to
+    /// servers of distinct domains.
+    pub domain: String,
     pub data_dir: PathBuf,
     pub registry_dir: PathBuf,
     pub config: Config,
@@ -1308,12 +1311,18 @@ fn meta_store(opts: &ServerOptions, index: u32) -> Result<MetaStore> {
     let owners = config.cluster.expected_servers * config.server.workers;
     let (stripe, chunk) = (config.cluster.expected_servers, config.layout.chunk_size);
     let durable = match config.storage.durability {
-        Durability::Memory => return Ok(MetaStore::new(owner, owners, stripe, chunk, id_nonce())),
-        Durability::None => false,
-        Durability::Fsync | Durability::Close => true,
+        Durability::Memory => Ok(MetaStore::new(owner, owners, stripe, chunk, id_nonce())),
+        Durability::None => Err(false),
+        Durability::Fsync | Durability::Close => Err(true),
     };
-    let dir = opts.data_dir.join(format!("meta-w{index}"));
-    MetaStore::open(&dir, durable, (owner, owners), stripe, chunk, id_nonce())
+    let store = match durable {
+        Ok(store) => store,
+        Err(durable) => {
+            let dir = opts.data_dir.join(format!("meta-w{index}"));
+            MetaStore::open(&dir, durable, (owner, owners), stripe, chunk, id_nonce())?
+        }
+    };
+    Ok(store.with_replicas(config.layout.replicas))
 }
 
 fn id_nonce() -> u32 {
@@ -1406,7 +1415,12 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHand
         opts.node.clone()
     };
     let addresses: Vec<Vec<u8>> = ready.iter().flatten().map(|r| r.address.clone()).collect();
-    let entry = RegistryEntry::new(opts.id, node, host, &addresses);
+    let domain = if opts.domain.is_empty() {
+        node.clone()
+    } else {
+        opts.domain.clone()
+    };
+    let entry = RegistryEntry::new(opts.id, node, host, &addresses).in_domain(domain);
     let stop = StopHandle {
         notifiers,
         registry_dir: opts.registry_dir.clone(),

@@ -26,6 +26,7 @@ fn start(dir: &Path, n: u32, c: &Config) -> Result<Vec<ServerHandle>> {
             ServerHandle::spawn(ServerOptions {
                 id,
                 node: format!("node-{id}"),
+                domain: String::new(),
                 data_dir: dir.join(format!("data-{id}")),
                 registry_dir: dir.join("registry"),
                 config: c.clone(),

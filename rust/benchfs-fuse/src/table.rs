@@ -232,6 +232,7 @@ mod tests {
                 chunk_size: 1 << 20,
                 stripe_count: 1,
                 start: 0,
+                replicas: 1,
             },
         }
     }

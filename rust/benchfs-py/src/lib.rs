@@ -150,6 +150,7 @@ impl PyServer {
             node: node
                 .or_else(|| std::env::var("BENCHFS_NODE_NAME").ok())
                 .unwrap_or_default(),
+            domain: std::env::var("BENCHFS_DOMAIN").unwrap_or_default(),
             data_dir,
             registry_dir,
             config,
@@ -256,7 +257,7 @@ impl PyClient {
     }
 
     /// Attributes of `path`, links followed: kind ("file" or "dir"), size, mode, id (32 hex
-    /// digits), mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start.
+    /// digits), mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start, replicas.
     fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
         let a = self.with(py, |c| c.stat(path))?;
         attr_dict(py, &a)
@@ -345,6 +346,106 @@ impl PyClient {
             .map(|f| (f.path, kind_name(f.kind), f.size, f.mtime_ns))
             .collect();
         Ok((r.examined, r.matched, found))
+    }
+
+    /// Every file under `root` that the metadata owners answering hold, as (path, size), and
+    /// per owner whose server is gone, (server id, error) (its files are not listed).
+    #[allow(clippy::type_complexity)]
+    fn reachable_files(
+        &self,
+        py: Python<'_>,
+        root: &str,
+    ) -> PyResult<(Vec<(String, u64)>, Vec<(u32, String)>)> {
+        let req = FindRequest {
+            kind: Some(Kind::File),
+            ..FindRequest::new(root)
+        };
+        let (r, missing) = self.with(py, |c| c.find_reachable(&req, true))?;
+        let files = r.found.into_iter().map(|f| (f.path, f.size)).collect();
+        let missing = missing
+            .into_iter()
+            .map(|e| {
+                let server = match &e {
+                    Error::ServerLost { server, .. } | Error::Timeout { server, .. } => *server,
+                    _ => u32::MAX,
+                };
+                (server, e.to_string())
+            })
+            .collect();
+        Ok((files, missing))
+    }
+
+    /// The registry's record of servers declared lost for the job, and of those repaired:
+    /// {"lost": [ids], "repaired": [ids]}.
+    fn lost_servers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let record = self.with(py, |c| c.lost_servers())?;
+        let d = PyDict::new(py);
+        d.set_item("lost", record.lost)?;
+        d.set_item("repaired", record.repaired)?;
+        Ok(d)
+    }
+
+    /// The id of the server keeping `path`'s metadata (name, size, layout).
+    fn locate_metadata(&self, py: Python<'_>, path: &str) -> PyResult<u32> {
+        self.with(py, |c| c.locate_metadata(path))
+    }
+
+    /// Declares the servers `ids` lost for the job: no client places copies on them or sends
+    /// them requests for files of several copies again.
+    fn declare_lost(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        self.with(py, |c| {
+            c.declare_lost_servers(&ids);
+            Ok(())
+        })
+    }
+
+    /// Records that the copies servers `ids` held were re-created (after a complete repair).
+    fn record_repaired(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        self.with(py, |c| c.record_repaired(&ids))
+    }
+
+    /// The ids of the servers holding the copies of byte `offset` of `path`, in the order
+    /// reads try them.
+    fn locate_copies(&self, py: Python<'_>, path: &str, offset: u64) -> PyResult<Vec<u32>> {
+        self.with(py, |c| c.locate_copies(path, offset))
+    }
+
+    /// For each path: (copies asked, the fewest any chunk keeps on servers not in `lost`, None
+    /// for a file without data), or the OSError that stopped it (returned, not raised).
+    fn copies_left<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<String>,
+        lost: Vec<u32>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let results = self.with(py, |c| c.copies_left(&paths, &lost))?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(left) => Ok((left.asked, left.fewest).into_pyobject(py)?.into_any()),
+                Err(e) => Ok(to_py(e).into_value(py).into_bound(py).into_any()),
+            })
+            .collect()
+    }
+
+    /// Re-creates the copies that servers declared lost held of each path's chunks, on the
+    /// servers standing in for them, each checked against its source's checksum: per path
+    /// {"copies", "bytes", "lost_chunks"}, or the OSError that stopped it (returned).
+    fn repair<'py>(&self, py: Python<'py>, paths: Vec<String>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let results = self.with(py, |c| c.repair(&paths))?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(done) => {
+                    let d = PyDict::new(py);
+                    d.set_item("copies", done.copies)?;
+                    d.set_item("bytes", done.bytes)?;
+                    d.set_item("lost_chunks", done.lost_chunks)?;
+                    Ok(d.into_any())
+                }
+                Err(e) => Ok(to_py(e).into_value(py).into_bound(py).into_any()),
+            })
+            .collect()
     }
 
     /// Renames within the file system (data does not move).
@@ -514,6 +615,7 @@ fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("ctime_ns", a.ctime_ns)?;
     d.set_item("chunk_size", a.layout.chunk_size)?;
     d.set_item("stripe_count", a.layout.stripe_count)?;
+    d.set_item("replicas", a.layout.replicas)?;
     d.set_item("stripe_start", a.layout.start)?;
     Ok(d)
 }
@@ -795,6 +897,69 @@ impl PyPlacementStudy {
         })
     }
 
+    /// Fills `out[i * replicas + r]` (uint32) with the server index of copy `r` of chunk
+    /// `chunks[i]` of file `files[i]` under stored layouts, over servers whose failure domains
+    /// are `domains` (one name per server): the copies the clients place.
+    fn copies_into(
+        &self,
+        py: Python<'_>,
+        files: PyBuffer<u64>,
+        chunks: PyBuffer<u64>,
+        replicas: u8,
+        domains: Vec<String>,
+        out: PyBuffer<u32>,
+    ) -> PyResult<()> {
+        if !(1..=benchfs_core::placement::MAX_REPLICAS).contains(&replicas) {
+            return Err(PyValueError::new_err("replicas must be 1, 2 or 3"));
+        }
+        if !(files.is_c_contiguous() && chunks.is_c_contiguous() && out.is_c_contiguous()) || out.readonly() {
+            return Err(PyValueError::new_err(
+                "files, chunks and out must be contiguous; out writable",
+            ));
+        }
+        let n = files.item_count();
+        let r = replicas as usize;
+        if chunks.item_count() != n || out.item_count() != n * r {
+            return Err(PyValueError::new_err(
+                "chunks must be as long as files, and out replicas times as long",
+            ));
+        }
+        let domains = benchfs_core::placement::Domains::new(&domains);
+        // SAFETY: as in servers_into.
+        let (f, c, o) = unsafe {
+            (
+                OnThisThread(std::slice::from_raw_parts(files.buf_ptr() as *const u64, n)),
+                OnThisThread(std::slice::from_raw_parts(chunks.buf_ptr() as *const u64, n)),
+                OnThisThread(std::slice::from_raw_parts_mut(out.buf_ptr() as *mut u32, n * r)),
+            )
+        };
+        let study = &self.study;
+        let bad = detached(py, (f, c, o), |(f, c, o)| {
+            for ((&file, &chunk), slots) in f.0.iter().zip(c.0.iter()).zip(o.0.chunks_mut(r)) {
+                match study.copies(file as usize, chunk, replicas, &domains) {
+                    Some(copies) if copies.len() == r => {
+                        for (slot, s) in slots.iter_mut().zip(copies) {
+                            *slot = s as u32;
+                        }
+                    }
+                    Some(_) => return Some(Err(file)),
+                    None => return Some(Ok(file)),
+                }
+            }
+            None
+        });
+        match bad {
+            Some(Ok(file)) => Err(PyValueError::new_err(format!(
+                "file number {file} out of range (0..{})",
+                self.files
+            ))),
+            Some(Err(_)) => Err(PyValueError::new_err(format!(
+                "{replicas} copies need at least {replicas} servers"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Fills `out[i]` (uint32) with the server index of chunk `chunks[i]` of file `files[i]`
     /// (both uint64, file numbers index the paths given at construction).
     fn servers_into(
@@ -842,6 +1007,16 @@ impl PyPlacementStudy {
             None => Ok(()),
         }
     }
+}
+
+/// The index of the server keeping `path`'s metadata in a cluster of `servers` servers of
+/// `workers` workers each (what a client of that cluster computes; no cluster is needed).
+#[pyfunction]
+fn metadata_server(path: &str, servers: usize, workers: usize) -> PyResult<usize> {
+    if servers == 0 || workers == 0 {
+        return Err(PyValueError::new_err("servers and workers must be at least 1"));
+    }
+    Ok(benchfs_core::placement::metadata_target(path, servers, workers).0)
 }
 
 /// Times the native client moving `file_size` bytes per path in `transfer_size` transfers,
@@ -1167,6 +1342,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("JOB_SECRET_FILE", registry::SECRET_FILE)?;
     m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(metadata_server, m)?)?;
     m.add_function(wrap_pyfunction!(config_with_overrides, m)?)?;
     m.add_function(wrap_pyfunction!(wait_for_servers, m)?)?;
     m.add_function(wrap_pyfunction!(bench_storage, m)?)?;

@@ -3,7 +3,7 @@
 //! `studies/placement/` drives it through `benchfs._core.PlacementStudy`, and
 //! docs/namespace.md gives its numbers.
 
-use benchfs_core::placement::{directory_rotation, metadata_owner, Layout, LayoutAllocator};
+use benchfs_core::placement::{directory_rotation, metadata_owner, Domains, Layout, LayoutAllocator};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The naive stripe mapping `start + chunk mod n` (for the study only: it falls into the trap).
@@ -120,6 +120,7 @@ impl Study {
                         chunk_size: 1,
                         stripe_count: servers,
                         start,
+                        replicas: 1,
                     },
                     owner_layout: owners[metadata_owner(p, servers) as usize].allocate(),
                 }
@@ -148,6 +149,15 @@ impl Study {
                 })
                 .collect(),
         }
+    }
+
+    /// The server indexes of the `replicas` copies of chunk `chunk` of file number `file` under
+    /// BenchFS's default scheme (stored layouts), over `domains`: what the clients compute. None
+    /// for a bad file index.
+    pub fn copies(&self, file: usize, chunk: u64, replicas: u8, domains: &Domains) -> Option<Vec<usize>> {
+        let f = self.files.get(file)?;
+        let layout = Layout { replicas, ..f.layout };
+        Some(domains.replica_servers(&layout, chunk, &[]))
     }
 
     /// The server index of chunk `chunk` of file number `file`, or None for a bad file index.

@@ -30,6 +30,10 @@ struct Args {
     /// Node name recorded in the registry (default: $BENCHFS_NODE_NAME, else the host name).
     #[arg(long)]
     node: Option<String>,
+    /// Failure domain recorded in the registry (default: $BENCHFS_DOMAIN, else the node name):
+    /// copies of a chunk go to servers of distinct domains.
+    #[arg(long)]
+    domain: Option<String>,
     /// Override a configuration key: section.key=value (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     overrides: Vec<String>,
@@ -54,6 +58,10 @@ fn run(args: Args) -> Result<(), String> {
     let opts = ServerOptions {
         id,
         node,
+        domain: args
+            .domain
+            .or_else(|| std::env::var("BENCHFS_DOMAIN").ok())
+            .unwrap_or_default(),
         data_dir: args.data_dir,
         registry_dir,
         config,

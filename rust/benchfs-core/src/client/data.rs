@@ -33,7 +33,9 @@ impl Client {
         let attr = &file.attr;
         let window = self.config.client.max_inflight as usize;
         self.forget_read_ahead(attr.id.0);
-        if self.config.client.write_behind > 0 {
+        // A file of several copies is written through: each write is answered when every live
+        // copy has it.
+        if self.config.client.write_behind > 0 && attr.layout.replicas <= 1 {
             file.behind.set(true);
             self.run(self.write_behind(file, offset, data))?;
             if !data.is_empty() {
@@ -44,10 +46,16 @@ impl Client {
         }
         let written = self.run(async {
             let ready = Instant::now();
-            let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| {
+            let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| async move {
                 let header = Header::request(Op::WriteChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                self.call(self.route(attr, p.chunk), header, part, None, ready)
+                if attr.layout.replicas <= 1 {
+                    return self
+                        .call(self.route(attr, p.chunk), header, part, None, ready)
+                        .await;
+                }
+                let copies = self.copies(attr, p.chunk);
+                Ok(self.change_copies(copies, header, part, ready, false).await?.0)
             });
             let mut results = stream::iter(calls).buffer_unordered(window);
             let mut written = 0u64;
@@ -119,9 +127,7 @@ impl Client {
                         }
                     };
                     let header = Header::request(Op::ReadChunk, 0, attr.id.0, server.0, server.1, len);
-                    let reply = self
-                        .call(self.route(attr, server.0), header, &[], Some(&mut *head), ready)
-                        .await?;
+                    let reply = self.read_copies(attr, header, Some(&mut *head), ready).await?;
                     let got = (reply.length as usize).min(head.len());
                     // Never-written ranges inside the size are holes.
                     head[got..].fill(0);
@@ -206,9 +212,15 @@ impl Client {
         let calls = (0..count).map(|chunk| async move {
             let len = (size - chunk * cs).min(cs);
             let header = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, len);
-            let digest = self
-                .call_for_digest(self.route(attr, chunk), header, &[], ready)
-                .await?;
+            let mut d = [0u8; CHECKSUM_LEN];
+            let reply = self.read_copies(attr, header, Some(&mut d[..]), ready).await?;
+            if reply.length as usize != CHECKSUM_LEN {
+                return Err(Error::Protocol(format!(
+                    "checksum reply of {} bytes, not {CHECKSUM_LEN}",
+                    reply.length
+                )));
+            }
+            let digest = u128::from_le_bytes(d);
             Ok::<_, Error>((chunk, digest))
         });
         let mut results = stream::iter(calls).buffer_unordered(window);
@@ -246,17 +258,20 @@ impl Client {
         Ok(u128::from_le_bytes(digest))
     }
 
-    /// The (server, worker) pairs holding the chunks of `attr`'s bytes in `[from, to)`.
+    /// The (server, worker) pairs holding the chunks (every copy) of `attr`'s bytes in
+    /// `[from, to)`.
     pub(super) fn data_targets(&self, attr: &Attr, from: u64, to: u64) -> Vec<(usize, usize)> {
         let cs = attr.layout.chunk_size.max(1);
         let (first, last) = (from / cs, to.div_ceil(cs));
         let stripe = attr.layout.stripe_count as usize;
+        let copies = attr.layout.replicas.max(1) as u64;
         let mut targets: Vec<(usize, usize)> = if last - first > (stripe * self.workers(0) * 4) as u64 {
             (0..stripe)
+                .filter(|&s| copies == 1 || !self.is_declared(s))
                 .flat_map(|s| (0..self.workers(s)).map(move |w| (s, w)))
                 .collect()
         } else {
-            (first..last).map(|c| self.route(attr, c)).collect()
+            (first..last).flat_map(|c| self.copies(attr, c)).collect()
         };
         targets.sort_unstable();
         targets.dedup();
@@ -273,15 +288,31 @@ impl Client {
     ) -> Result<()> {
         let window = self.config.client.max_inflight as usize;
         let ready = Instant::now();
-        let calls = targets.into_iter().map(|t| {
-            self.call(
-                t,
-                Header::request(op, 0, attr.id.0, 0, 0, length),
-                &[],
-                None,
-                ready,
-            )
-        });
+        let header = Header::request(op, 0, attr.id.0, 0, 0, length);
+        if attr.layout.replicas > 1 {
+            // Each target holds copies whose others are elsewhere: one gone is declared lost.
+            let calls = targets
+                .into_iter()
+                .map(|t| self.change_copies(vec![t], header, &[], ready, false));
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let (mut took, mut fault) = (false, None);
+            while let Some(r) = results.next().await {
+                match r {
+                    Ok(_) => took = true,
+                    Err(e) if super::replicas::is_fault(&e) => {
+                        fault.get_or_insert(e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            return match fault {
+                Some(e) if !took => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let calls = targets
+            .into_iter()
+            .map(|t| self.call(t, header, &[], None, ready));
         let mut results = stream::iter(calls).buffer_unordered(window);
         while let Some(r) = results.next().await {
             r?;

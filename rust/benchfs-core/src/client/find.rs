@@ -28,6 +28,17 @@ impl Client {
     /// Runs `req` on every metadata owner at once (each pages its matches) and merges the
     /// answers. `req.after` is ignored: each owner is paged from its start.
     pub fn find(&self, req: &FindRequest) -> Result<FindResult> {
+        let (all, missing) = self.find_reachable(req, false)?;
+        match missing.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(all),
+        }
+    }
+
+    /// As [`Client::find`], with `partial`: what the owners that answer hold, and for each
+    /// owner whose server is gone, the error (its names are not listed). Without `partial`
+    /// the first error of any owner.
+    pub fn find_reachable(&self, req: &FindRequest, partial: bool) -> Result<(FindResult, Vec<Error>)> {
         let _call = self.telemetry_call(OpKind::Meta);
         let root = self.checked("find", &req.root)?;
         let req = FindRequest {
@@ -47,14 +58,22 @@ impl Client {
         let answers =
             self.run(async { Ok(join_all(owners.iter().map(|&o| self.find_on(o, &req))).await) })?;
         let mut all = FindResult::default();
+        let mut missing = Vec::new();
         for answer in answers {
-            let part = answer?;
+            let part = match answer {
+                Ok(part) => part,
+                Err(e) if partial && super::replicas::is_fault(&e) => {
+                    missing.push(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             all.examined += part.examined;
             all.matched += part.matched;
             all.found.extend(part.found);
         }
         all.found.sort_unstable_by(|x, y| x.path.cmp(&y.path));
-        Ok(all)
+        Ok((all, missing))
     }
 
     /// One owner's part, page after page.

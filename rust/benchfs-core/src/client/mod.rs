@@ -18,6 +18,7 @@ mod names;
 mod netns;
 mod put;
 mod readahead;
+mod replicas;
 mod rpc;
 mod sender;
 mod telemetry;
@@ -37,6 +38,7 @@ use benchfs_ucx::Worker;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::namespace::{Attr, Kind};
+use crate::placement::Domains;
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::Runtime;
 use crate::telemetry::{ClientMetrics, OpKind};
@@ -47,6 +49,7 @@ pub use self::data::FileChecksum;
 pub use self::find::FindResult;
 pub use self::put::WholeFile;
 use self::readahead::ReadAhead;
+pub use self::replicas::{append_lost, read_lost, CopiesLeft, LostServers, Repaired, LOST_FILE};
 use self::rpc::{make_worker, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
@@ -130,6 +133,11 @@ pub struct Client {
     /// One window per (server, worker), indexed like `links[server].endpoints[worker]`.
     windows: Vec<Vec<Window>>,
     membership: Vec<RegistryEntry>,
+    /// The membership's failure domains: where a chunk's copies go.
+    domains: Domains,
+    /// Servers declared lost for the job (client/replicas.rs), by index: no copy is placed
+    /// on them and no request goes to them for a file of several copies.
+    declared: RefCell<Vec<usize>>,
     /// Where the servers publish their entries: a lost server is looked up there again, in
     /// case it restarted at other addresses.
     registry_dir: std::path::PathBuf,
@@ -222,6 +230,7 @@ impl Client {
             })
             .collect();
         let telemetry = ClientTelemetry::new(&config, &membership)?;
+        let domains = Domains::new(&membership.iter().map(|e| e.domain.as_str()).collect::<Vec<_>>());
         let link_roots = links::link_roots(&config.client.link_roots);
         let client = Client {
             runtime,
@@ -230,6 +239,8 @@ impl Client {
             links: RefCell::new(links),
             windows,
             membership,
+            domains,
+            declared: RefCell::new(Vec::new()),
             shared,
             next_request: Cell::new(1),
             rng: Cell::new(
@@ -251,6 +262,7 @@ impl Client {
             read_ahead: ReadAhead::default(),
             behind: Behind::new(),
         };
+        client.refresh_declared();
         if !client.config.cluster.connect_at_start {
             return Ok(client);
         }
@@ -480,6 +492,7 @@ mod tests {
                 ServerHandle::spawn(ServerOptions {
                     id,
                     node: format!("node-{id}"),
+                    domain: String::new(),
                     data_dir: dir.join(format!("data-{id}")),
                     registry_dir: dir.join("registry"),
                     config: config.clone(),

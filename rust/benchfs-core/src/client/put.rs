@@ -100,9 +100,14 @@ impl Client {
         let calls = parts.into_iter().enumerate().map(|(i, p)| async move {
             let header = Header::request(Op::WriteChecked, 0, attr.id.0, p.chunk, p.offset, p.len);
             let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-            let digest = self
-                .call_for_digest(self.route(attr, p.chunk), header, part, ready)
-                .await?;
+            let digest = if attr.layout.replicas <= 1 {
+                self.call_for_digest(self.route(attr, p.chunk), header, part, ready)
+                    .await?
+            } else {
+                let copies = self.copies(attr, p.chunk);
+                let (_, digest) = self.change_copies(copies, header, part, ready, true).await?;
+                digest.unwrap_or_default()
+            };
             Ok::<_, Error>((i, digest))
         });
         let mut results = stream::iter(calls).buffer_unordered(window);

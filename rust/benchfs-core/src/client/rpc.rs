@@ -268,8 +268,12 @@ impl Client {
                     next_at: Instant::now() + PROBE_FIRST,
                     ..Probing::idle()
                 };
+            } else {
+                return;
             }
         }
+        // Another client may have declared it (or others) lost for the job already.
+        self.refresh_declared();
     }
 
     /// Workers of the server at `index`.
@@ -277,11 +281,21 @@ impl Client {
         self.membership[index].ucx_addresses.len()
     }
 
-    /// Where a chunk of a file lives: (server index, worker index), by the file's layout.
+    /// Where a chunk of a file is read from: (server index, worker index), by the file's
+    /// layout; of several copies, the first whose server answers.
     pub(super) fn route(&self, attr: &Attr, chunk: u64) -> Target {
-        chunk_target(attr.id, &attr.layout, chunk, self.server_count(), |s| {
-            self.workers(s)
-        })
+        if attr.layout.replicas <= 1 {
+            return chunk_target(attr.id, &attr.layout, chunk, self.server_count(), |s| {
+                self.workers(s)
+            });
+        }
+        let copies = self.copies(attr, chunk);
+        copies
+            .iter()
+            .copied()
+            .find(|t| !self.is_lost(t.0))
+            .or_else(|| copies.first().copied())
+            .unwrap_or((0, 0))
     }
 
     /// The (server, worker) that owns `path`'s metadata.
@@ -302,8 +316,24 @@ impl Client {
         target: (usize, usize),
         header: Header,
         payload: &[u8],
+        dest: Option<&mut [u8]>,
+        ready: Instant,
+    ) -> Result<Header> {
+        let retries = self.config.client.max_retries;
+        self.call_retrying(target, header, payload, dest, ready, retries)
+            .await
+    }
+
+    /// As [`Client::call`], with at most `retries` retries after a timeout (a read with
+    /// another copy to go to retries none: the other copy is its retry).
+    pub(super) async fn call_retrying(
+        &self,
+        target: (usize, usize),
+        header: Header,
+        payload: &[u8],
         mut dest: Option<&mut [u8]>,
         ready: Instant,
+        retries: u32,
     ) -> Result<Header> {
         let (index, worker) = target;
         let client = &self.config.client;
@@ -371,7 +401,7 @@ impl Client {
                     busy_retries += 1;
                     ready = Instant::now();
                 }
-                Err(Error::Timeout { .. }) if idempotent && attempt < client.max_retries => {
+                Err(Error::Timeout { .. }) if idempotent && attempt < retries => {
                     let ceiling = client.retry_backoff_ms.saturating_mul(1 << attempt.min(16));
                     let pause = Duration::from_millis(self.jitter(ceiling));
                     self.runtime.reactor().sleep(pause).await;

@@ -4,7 +4,7 @@
 
 use crate::chunking::FileId;
 use crate::namespace::{normalize, Attr, Kind, NAME_MAX, PATH_MAX};
-use crate::placement::Layout;
+use crate::placement::{Layout, MAX_REPLICAS};
 
 /// Open flags on the wire (the client maps O_* to these).
 pub const CREATE: u32 = 1;
@@ -54,7 +54,8 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 impl Attr {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.kind as u8);
-        out.extend_from_slice(&[0; 3]);
+        out.push(self.layout.replicas);
+        out.extend_from_slice(&[0; 2]);
         out.extend_from_slice(&self.mode.to_le_bytes());
         out.extend_from_slice(&self.id.0.to_le_bytes());
         out.extend_from_slice(&self.size.to_le_bytes());
@@ -75,9 +76,14 @@ impl Attr {
             chunk_size: le_u64(b, 48),
             stripe_count: le_u32(b, 56),
             start: le_u32(b, 60),
+            replicas: b[1],
         };
         let kind = Kind::from_u8(b[0])?;
-        if kind == Kind::File && (layout.chunk_size == 0 || layout.stripe_count == 0) {
+        if kind == Kind::File
+            && (layout.chunk_size == 0
+                || layout.stripe_count == 0
+                || !(1..=MAX_REPLICAS).contains(&layout.replicas))
+        {
             return None;
         }
         if layout.stripe_count > 0 && layout.start >= layout.stripe_count {
