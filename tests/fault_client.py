@@ -37,6 +37,8 @@ class Recorder:
         self.error_count = 0
         #: The wall-clock time of the last successful write per server id.
         self.last_ok: dict[int, float] = {}
+        #: The server keeping the metadata of the file being worked on (errors name it).
+        self.owner: int | None = None
 
     def call(self, what: str, fn: Any, *args: Any) -> Any:
         start = time.monotonic()
@@ -46,7 +48,13 @@ class Recorder:
             self.error_count += 1
             if len(self.errors) < 50:
                 self.errors.append(
-                    {"call": what, "errno": e.errno, "message": str(e), "at": time.time()}
+                    {
+                        "call": what,
+                        "errno": e.errno,
+                        "message": str(e),
+                        "at": time.time(),
+                        "owner": self.owner,
+                    }
                 )
             raise
         finally:
@@ -76,6 +84,7 @@ def main() -> int:
         seed = seed_base + i % 1000
         i += 1
         data = Pattern(seed).bytes_at(0, size)
+        rec.owner = client.locate_metadata(path)
         try:
             f = rec.call("open", client.open, path, "wb")
             try:
@@ -104,6 +113,8 @@ def main() -> int:
         set(json.loads(killed_file.read_text())) if killed_file and killed_file.exists() else set()
     )
     verified, unreachable, mismatches, bad_errors = 0, 0, [], []
+    #: Files whose metadata lives on a live server that could not be read back.
+    unreachable_data = 0
     verified_on: dict[int, int] = {}
     for path, seed in written.items():
         try:
@@ -117,6 +128,8 @@ def main() -> int:
                 verified_on[server] = verified_on.get(server, 0) + 1
         except OSError as e:
             unreachable += 1
+            if client.locate_metadata(path) not in killed:
+                unreachable_data += 1
             if e.errno not in FAULT_ERRNOS or not any(f"server {k}" in str(e) for k in killed):
                 bad_errors.append({"path": path, "errno": e.errno, "message": str(e)})
     report = {
@@ -129,6 +142,7 @@ def main() -> int:
         "verified": verified,
         "verified_on": verified_on,
         "unreachable": unreachable,
+        "unreachable_data": unreachable_data,
         "mismatches": mismatches,
         "bad_errors": bad_errors,
     }

@@ -56,18 +56,25 @@ def test_e2e_quick_json(tmp_path: Path, netns: bool) -> None:
         assert case["mib_s"] > 0 and case["fio_mib_s"] > 0, case
         assert case["ratio"] == pytest.approx(case["mib_s"] / case["fio_mib_s"])
         assert len(case["samples"]) == len(case["fio_samples"]) == 1
+        assert case["copies_mib_s"] > 0 and len(case["copies_samples"]) == 1, case
+        assert case["copies_ratio"] == pytest.approx(case["copies_mib_s"] / case["mib_s"])
     chunks = {c["name"]: c["chunk_size"] for c in report["cases"]}
     assert chunks["read-t2m-chunk1m"] == 1 << 20
     assert report["data_dir"].startswith(str(tmp_path)) and report["data_fs"] != "tmpfs"
     assert not Path(report["data_dir"]).exists()
-    assert len(report["targets"]) == len(CASES)
+    assert len(report["targets"]) == 2 * len(CASES)
     text = rendered(e2e.render, report)
     assert "read-t2m-chunk1m" in text and "target write-t1m" in text
     assert report["ranks"] == 2 and report["block_size"] == 8 << 20
     assert report["netns"] is netns
     wanted = {"write": "0.85", "read": "0.9"}
-    for case, target in zip(report["cases"], report["targets"], strict=True):
+    fio_targets, copies_targets = report["targets"][: len(CASES)], report["targets"][len(CASES) :]
+    for case, target in zip(report["cases"], fio_targets, strict=True):
         assert target["target"].endswith(f">= {'0.8' if netns else wanted[case['direction']]}")
+    copies_wanted = {"write": "0.45", "read": "0.95"}
+    for case, target in zip(report["cases"], copies_targets, strict=True):
+        assert target["target"].endswith(f"2 copies >= {copies_wanted[case['direction']]}x of one")
+    assert "the cost of 2 copies" in text
     assert ("ranks on n3" in text) is netns
     assert descendants(os.getpid()) == []
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -701,6 +702,34 @@ def _server_paused_round(fault: FaultRound) -> None:
     fault.check(reports)
 
 
+def _replicated_server_killed_round(fault: FaultRound) -> None:
+    """Two copies of every chunk (layout.replicas=2): one server SIGKILLed while the writers
+    write, read back and check. No file whose name lives on a live server fails, during the
+    round or in the final check: its data's other copy answers."""
+    writers = [fault.writer(f"w{i}") for i in range(3)]
+    for proc in writers:
+        fault.wait_line(proc, "wrote 8")
+    config = fault.cluster.config_path.read_text()
+    with Client(str(fault.cluster.registry_dir), config) as client:
+        root = client.locate_metadata("/")
+    victim = fault.rng.choice([s for s in range(4) if s != root])
+    time.sleep(fault.rng.uniform(0.0, 0.8))
+    fault.kill_server(victim)
+    print(f"server {victim} SIGKILLed (two copies of every chunk)")
+    time.sleep(2.0)
+    reports = fault.finish()
+    fault.check(reports)
+    for name, r in reports.items():
+        assert r["unreachable_data"] == 0, (name, r)
+        # The only failures: files whose metadata (one copy, issue of its own) was on it.
+        assert all(e["owner"] == victim for e in r["errors"]), (name, r["errors"])
+        assert r["verified"] > 8, (name, r)
+    checked = sum(r["verified"] for r in reports.values())
+    unreachable = sum(r["unreachable"] for r in reports.values())
+    size = int(tomllib.loads(config)["layout"]["chunk_size"])
+    print(f"{checked} files ({checked * size} bytes) checked; {unreachable} named on server {victim}")
+
+
 LOCK_CLIENT = Path(__file__).with_name("lock_client.py")
 #: A killed holder's lock goes to a waiter within this (docs/namespace.md, "Locks").
 LOCK_RELEASE_S = 2.0
@@ -812,12 +841,17 @@ ROUNDS = {
     "server-killed": (_server_killed_round, 3),
     "server-paused": (_server_paused_round, 4),
     "lock-holders": (_lock_holders_round, 3),
+    "replicated-server-killed": (_replicated_server_killed_round, 4),
 }
+
+#: Overrides a round runs with besides FAULT_OVERRIDES.
+ROUND_OVERRIDES = {"replicated-server-killed": ("layout.replicas=2",)}
 
 
 def _run_round(daemon_cluster: Any, base: Path, seed: int, name: str) -> None:
     body, servers = ROUNDS[name]
-    fault = FaultRound(daemon_cluster(servers, *FAULT_OVERRIDES), base, seed)
+    overrides = (*FAULT_OVERRIDES, *ROUND_OVERRIDES.get(name, ()))
+    fault = FaultRound(daemon_cluster(servers, *overrides), base, seed)
     try:
         body(fault)
     finally:

@@ -54,7 +54,15 @@ def test_placement_quick_json_shape_and_targets() -> None:
     }
     assert {r["scheme"] for r in rows if r["default"]} == {"layout"}
     assert report["targets"] and all(t["met"] for t in report["targets"]), report["targets"]
-    by = {(r["scheme"], r["workload"], r["names"], r["servers"]): r for r in rows}
+    # Every copy counted (layout.replicas 2 and 3, nodes of four servers): as even.
+    copies = [r for r in rows if r["replicas"] > 1 and r["servers"] == 16]
+    assert {r["replicas"] for r in copies} == {2, 3}
+    assert all(r["max_over_mean"] <= 1.10 for r in copies), copies
+    by = {
+        (r["scheme"], r["workload"], r["names"], r["servers"]): r
+        for r in rows
+        if r["replicas"] == 1
+    }
     # The seed's trap, reproduced by the naive stripe and by the original system.
     assert by[("layout-naive", "shared-16chunks", "sequential", 16)]["step_max_over_mean"] == 8
     assert by[("original", "fpp-2chunks", "sequential", 16)]["max_over_mean"] > 2
@@ -80,6 +88,16 @@ def test_placement_study_rejects_bad_input() -> None:
     study.servers_into(files[:2], chunks[:2], out[:2])
     # Two files of one directory start on consecutive servers.
     assert (int(out[1]) - int(out[0])) % 4 == 1
+    # Copies: on distinct servers of distinct domains where there are enough domains.
+    copies = np.empty(4, dtype=np.uint32)
+    domains = ["a", "a", "b", "b"]
+    study.copies_into(files[:2], chunks[:2], 2, domains, copies)
+    for first, second in copies.reshape(2, 2):
+        assert domains[first] != domains[second], copies
+    with pytest.raises(ValueError, match="replicas must be 1, 2 or 3"):
+        study.copies_into(files[:2], chunks[:2], 4, domains, np.empty(8, dtype=np.uint32))
+    with pytest.raises(ValueError, match="replicas times as long"):
+        study.copies_into(files[:2], chunks[:2], 2, domains, copies[:3])
 
 
 def test_meta_quick_json_shape() -> None:

@@ -38,6 +38,12 @@ SCALES = (16, 64, 256, 1024, 4096)
 
 MDTEST_FILES = 100_000
 
+COPIES = (2, 3)
+"""The copy counts (`layout.replicas`) the default scheme is studied with besides one."""
+
+SERVERS_PER_DOMAIN = 4
+"""Servers per failure domain in the copies' rows (a node of four servers)."""
+
 RENDEZVOUS_BUDGET = 3_000_000_000
 """Rendezvous hashing costs one hash per server per chunk: rows beyond this many hashes are
 left out (reported as skipped) rather than taking hours."""
@@ -156,6 +162,8 @@ class Row:
     steps_sampled: int = 0
     steps_total: int = 0
     skipped: str | None = None
+    replicas: int = 1
+    """Copies of each chunk counted (on servers of distinct domains of SERVERS_PER_DOMAIN)."""
 
     def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -173,9 +181,15 @@ def _max_over_mean(counts: np.ndarray) -> float:
 
 
 def study_row(
-    scheme: str, workload: Workload, servers: int, random_names: bool, max_steps: int
+    scheme: str,
+    workload: Workload,
+    servers: int,
+    random_names: bool,
+    max_steps: int,
+    replicas: int = 1,
 ) -> Row:
-    """Places every chunk of (up to `max_steps` evenly spaced) steps and counts per server."""
+    """Places every chunk of (up to `max_steps` evenly spaced) steps and counts per server;
+    with `replicas` > 1 (stored layouts only) every copy counts, and no move is measured."""
     total_steps, step = workload.steps(servers)
     sampled = _sample(total_steps, max_steps)
     names = "random" if random_names else "sequential"
@@ -191,6 +205,7 @@ def study_row(
         None,
         len(sampled),
         total_steps,
+        replicas=replicas,
     )
     lookups = sum(len(step(k).files) for k in sampled[:1]) * len(sampled)
     if scheme == "rendezvous" and lookups * servers > RENDEZVOUS_BUDGET:
@@ -199,6 +214,8 @@ def study_row(
         )
         return row
     study = PlacementStudy(scheme, servers, workload.paths(servers, random_names))
+    if replicas > 1:
+        return _copies_row(row, study, step, sampled)
     grown = study.with_servers(servers + 1)
     overall = np.zeros(servers, dtype=np.int64)
     worst_step = 0.0
@@ -221,6 +238,27 @@ def study_row(
     return row
 
 
+def _copies_row(
+    row: Row, study: PlacementStudy, step: Callable[[int], Step], sampled: list[int]
+) -> Row:
+    """`row` filled with the load of every copy, domains of SERVERS_PER_DOMAIN servers."""
+    servers, replicas = row.servers, row.replicas
+    domains = [f"node{i // SERVERS_PER_DOMAIN}" for i in range(servers)]
+    overall = np.zeros(servers, dtype=np.int64)
+    worst_step = 0.0
+    for k in sampled:
+        s = step(k)
+        out = np.empty(len(s.files) * replicas, dtype=np.uint32)
+        study.copies_into(s.files, s.chunks, replicas, domains, out)
+        counts = np.bincount(out, minlength=servers)
+        overall += counts
+        worst_step = max(worst_step, _max_over_mean(counts))
+    row.max_over_mean = _max_over_mean(overall)
+    row.step_max_over_mean = worst_step
+    row.cv = float(overall.std() / overall.mean()) if overall.mean() > 0 else math.nan
+    return row
+
+
 def rows(
     scales: tuple[int, ...] = SCALES,
     schemes: list[str] | None = None,
@@ -233,6 +271,15 @@ def rows(
             for random_names in (False, True):
                 for scheme in schemes or PlacementStudy.schemes():
                     row = study_row(scheme, workload, servers, random_names, max_steps)
+                    if on_row is not None:
+                        on_row(row)
+                    yield row
+                if schemes is not None and DEFAULT_SCHEME not in schemes:
+                    continue
+                for replicas in COPIES:
+                    row = study_row(
+                        DEFAULT_SCHEME, workload, servers, random_names, max_steps, replicas
+                    )
                     if on_row is not None:
                         on_row(row)
                     yield row

@@ -38,14 +38,16 @@ def main() -> None:
         f"Regenerate: `.venv/bin/python studies/placement/run.py --max-steps {args.max_steps}`"
         f" ({elapsed:.0f} s here). Chunks per server: max/mean over the whole run and at the",
         "worst synchronised step (every client on its k-th transfer), coefficient of variation,",
-        "and the fraction of chunks that move when one server is added. `*` marks the default.",
+        "and the fraction of chunks that move when one server is added. `*` marks the default;",
+        "`x2` and `x3` count every copy of `layout.replicas` 2 and 3 (nodes of four servers).",
         f"Steps are sampled (at most {args.max_steps}, evenly spaced) where a workload has more.",
         "",
         "| servers | workload | names | scheme | max/mean | step max/mean | CV | moved |",
         "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        scheme = r["scheme"] + (" *" if r["default"] else "")
+        copies = f" x{r['replicas']}" if r["replicas"] > 1 else ""
+        scheme = r["scheme"] + copies + (" *" if r["default"] else "")
         moved = "skipped" if r["skipped"] else fmt(r["moved_fraction"])
         lines.append(
             f"| {r['servers']} | {r['workload']} | {r['names']} | {scheme} | "

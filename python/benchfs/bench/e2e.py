@@ -18,6 +18,10 @@ is created, so the 1 MiB-chunk case has its own 2-server cluster started with
 interleaved (`benchfs.bench.stats.interleave`), the page cache is dropped before every write
 and read (`drop_caches`, as the storage bench does), and the report gives medians.
 
+The cost of copies: each case runs a third tool, `benchfs-x2`, the same IOR on clusters of the
+same shape started with `layout.replicas=2` (every chunk on both servers), reported as its
+ratio to `benchfs` (one copy) in the same interleaved schedule.
+
 With `--netns` the nodes are apart (`benchfs.simnodes.apart_nodes`): the servers on n1 and
 n2, the ranks on n3, each node its own network namespace, so every byte crosses a link over
 TCP; fio runs on the disk as before.
@@ -50,10 +54,15 @@ from benchfs.probes.system import drop_caches, remove_path
 from benchfs.simnodes import ApartNodes, apart_nodes
 from benchfs.units import MIB, format_size
 
-TOOLS = ("benchfs", "fio")
+TOOLS = ("benchfs", "benchfs-x2", "fio")
 DIRECTIONS = ("write", "read")
 TARGET_RATIO = {"write": 0.85, "read": 0.9}
 """Per direction, on one host."""
+COPIES_TARGET = {"write": 0.45, "read": 0.95}
+"""Two copies against one, per direction: a write moves and stores every byte twice over a
+network and a disk both copies share here; a read reads one copy."""
+COPIES = 2
+"""The copy count of `benchfs-x2`."""
 NETNS_TARGET_RATIO = 0.8
 """Between nodes in network namespaces (--netns)."""
 RANKS = 2
@@ -100,7 +109,7 @@ class E2EBench:
         self,
         root: Path,
         settings: E2ESettings,
-        clusters: dict[int | None, BenchCluster],
+        clusters: dict[tuple[int | None, int], BenchCluster],
         rank_env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
@@ -113,14 +122,16 @@ class E2EBench:
         self.fio_dir = root / "fio"
         self.fio_dir.mkdir()
         self.launcher = MpiLauncher()
-        self.configs: dict[int | None, Path] = {k: c.config_path for k, c in clusters.items()}
+        self.configs = {k: c.config_path for k, c in clusters.items()}
         self.cache_dropped = True
 
     def drop(self) -> None:
         self.cache_dropped = drop_caches() and self.cache_dropped
 
-    def ior(self, g: Geometry, direction: str) -> float:
-        """One IOR phase as 2 ranks; MiB/s from the workload's own JSON."""
+    def ior(self, g: Geometry, direction: str, copies: int = 1) -> float:
+        """One IOR phase as 2 ranks on the cluster of `copies`; MiB/s from the workload's own
+        JSON."""
+        key = (g.chunk, copies)
         out = self.root / "ior.json"
         remove_path(out)
         argv = [
@@ -130,8 +141,8 @@ class E2EBench:
             *(["-w", "-k"] if direction == "write" else ["-r"]),
             *("-F", "-t", str(g.transfer), "-b", str(self.settings.block_size)),
             *("-o", f"/e2e-{g.name}", "--json", str(out)),
-            *("--registry", str(self.clusters[g.chunk].registry)),
-            *("--config", str(self.configs[g.chunk])),
+            *("--registry", str(self.clusters[key].registry)),
+            *("--config", str(self.configs[key])),
         ]
         cmd = self.launcher.command(RANKS, argv)
         proc = subprocess.Popen(
@@ -181,6 +192,8 @@ class E2EBench:
             self.drop()
             if tool == "benchfs":
                 result[direction] = self.ior(g, direction)
+            elif tool == "benchfs-x2":
+                result[direction] = self.ior(g, direction, COPIES)
             else:
                 result[direction] = self.fio_run(g, direction)
         if tool == "fio":
@@ -193,11 +206,21 @@ def e2e_targets(cases: list[dict[str, Any]], netns: bool = False) -> list[dict[s
     def target(case: dict[str, Any]) -> float:
         return NETNS_TARGET_RATIO if netns else TARGET_RATIO[case["direction"]]
 
+    def met(value: float | None, floor: float) -> bool | None:
+        return None if value is None else value >= floor
+
     return [
         {
             "target": f"{c['name']}: ratio >= {target(c):g}",
             "value": c["ratio"],
-            "met": None if c["ratio"] is None else c["ratio"] >= target(c),
+            "met": met(c["ratio"], target(c)),
+        }
+        for c in cases
+    ] + [
+        {
+            "target": f"{c['name']}: {COPIES} copies >= {COPIES_TARGET[c['direction']]:g}x of one",
+            "value": c["copies_ratio"],
+            "met": met(c["copies_ratio"], COPIES_TARGET[c["direction"]]),
         }
         for c in cases
     ]
@@ -230,14 +253,19 @@ def _run_e2e(
         f"storage.direct_write={str(bool(storage['direct_write'])).lower()}",
         f"storage.direct_read={str(bool(storage['direct_read'])).lower()}",
     ]
-    clusters: dict[int | None, BenchCluster] = {
-        None: BenchCluster(root / "cluster", "e2e", 2, overrides, benchfsd)
-    }
+    clusters: dict[tuple[int | None, int], BenchCluster] = {}
     for g in GEOMETRIES:
-        if g.chunk is not None and g.chunk not in clusters:
-            chunk = [*overrides, f"layout.chunk_size={g.chunk}"]
-            clusters[g.chunk] = BenchCluster(
-                root / f"cluster-chunk{g.chunk}", f"e2e-c{g.chunk}", 2, chunk, benchfsd
+        for copies in (1, COPIES):
+            if (g.chunk, copies) in clusters:
+                continue
+            layout = [] if g.chunk is None else [f"layout.chunk_size={g.chunk}"]
+            name = "e2e" + ("" if g.chunk is None else f"-c{g.chunk}") + f"-x{copies}"
+            clusters[(g.chunk, copies)] = BenchCluster(
+                root / f"cluster-{name}",
+                name,
+                2,
+                [*overrides, *layout, f"layout.replicas={copies}"],
+                benchfsd,
             )
     if nodes is not None:
         for cluster in clusters.values():
@@ -260,6 +288,7 @@ def _run_e2e(
     for g in GEOMETRIES:
         for direction in DIRECTIONS:
             ours = samples[(g.name, direction, "benchfs")]
+            copies = samples[(g.name, direction, "benchfs-x2")]
             theirs = samples[(g.name, direction, "fio")]
             cases.append(
                 {
@@ -272,6 +301,9 @@ def _run_e2e(
                     "chunk_size": g.chunk or int(load_config()["layout"]["chunk_size"]),
                     "samples": ours,
                     "fio_samples": theirs,
+                    "copies_mib_s": median(copies),
+                    "copies_ratio": ratio(median(copies), median(ours)),
+                    "copies_samples": copies,
                 }
             )
     return {
@@ -280,6 +312,7 @@ def _run_e2e(
         "netns": nodes is not None,
         "data_dir": str(root),
         "servers": 2,
+        "copies": COPIES,
         "ranks": RANKS,
         "block_size": settings.block_size,
         "repeats": settings.repeats,
@@ -297,6 +330,17 @@ def render(console: Console, report: dict[str, Any]) -> None:
         ("benchfs", "fio"),
         "fio_mib_s",
         report["cases"],
+    )
+    print_ratio_cases(
+        console,
+        f"the cost of {report['copies']} copies (layout.replicas={report['copies']})",
+        (f"benchfs x{report['copies']}", "benchfs"),
+        "one_copy_mib_s",
+        [
+            {"name": c["name"], "mib_s": c["copies_mib_s"], "one_copy_mib_s": c["mib_s"],
+             "ratio": c["copies_ratio"]}  # fmt: skip
+            for c in report["cases"]
+        ],
     )
     io = f"direct_write={report['direct_write']}, direct_read={report['direct_read']}"
     lines = [

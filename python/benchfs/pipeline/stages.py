@@ -320,10 +320,14 @@ class Servers(Stage):
 
     def outlives(self, dead: list[int]) -> bool:
         """Whether files keep a copy of every chunk with the servers `dead` gone: they span
-        fewer failure domains than `layout.replicas` copies."""
+        fewer failure domains than `layout.replicas` copies (or, where the servers span
+        fewer domains than that and copies share domains, they are fewer servers)."""
         assert self.ctx.roles is not None
+        copies = int(self.config["layout"]["replicas"])
         domain = {sid: node.failure_domain for sid, node in self.ctx.roles.servers}
-        return len({domain[sid] for sid in dead}) < int(self.config["layout"]["replicas"])
+        if len(set(domain.values())) < copies:
+            return len(set(dead)) < copies
+        return len({domain[sid] for sid in dead}) < copies
 
     def stop(self) -> RunError | None:
         ctx, cluster = self.ctx, self.cluster

@@ -320,4 +320,23 @@ mod tests {
         );
         Ok(())
     }
+
+    /// Format 2 kept no copy count in its layouts: its files would read as having none.
+    #[test]
+    fn a_store_written_before_copies_is_refused_in_one_line() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let db = MetaDb::open(dir.path(), false)?;
+        db.init(0, 1, 7)?;
+        let mut w = db.env.write_txn().map_err(|e| db.err("begin", e))?;
+        db.db
+            .put(&mut w, FORMAT, &2u32.to_le_bytes())
+            .map_err(|e| db.err("write", e))?;
+        w.commit().map_err(|e| db.err("commit", e))?;
+        let refused = db.load(0, 1).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            refused.contains("format 2") && refused.contains("copy count") && !refused.contains('\n'),
+            "{refused}"
+        );
+        Ok(())
+    }
 }

@@ -210,6 +210,10 @@ impl Client {
         let (path, attr) = self.run(self.open_at(&path, flags, mode))?;
         // Close-to-open: what was read ahead before this open may be stale.
         self.forget_read_ahead(attr.id.0);
+        if attr.layout.replicas > 1 {
+            // And so may be a server another client declared lost since (client/replicas.rs).
+            self.refresh_declared();
+        }
         Ok(FileHandle {
             path,
             attr,
