@@ -727,7 +727,9 @@ def _replicated_server_killed_round(fault: FaultRound) -> None:
     checked = sum(r["verified"] for r in reports.values())
     unreachable = sum(r["unreachable"] for r in reports.values())
     size = int(tomllib.loads(config)["layout"]["chunk_size"])
-    print(f"{checked} files ({checked * size} bytes) checked; {unreachable} named on server {victim}")
+    print(
+        f"{checked} files ({checked * size} bytes) checked; {unreachable} named on server {victim}"
+    )
 
 
 LOCK_CLIENT = Path(__file__).with_name("lock_client.py")

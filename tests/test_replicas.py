@@ -186,10 +186,17 @@ def test_builtin_ior_completes_through_a_killed_server(tmp_path: Path) -> None:
     ior = f"-w -r -W -R -C -i 10 -t 1M -b 32M -o {test_file}"
     result = _run(
         [
-            "launch", "--servers=4", "--clients=4", "--workload=ior", f"--ior-args={ior}",
-            "--set=layout.replicas=2", f"--set=client.request_timeout_s={TIMEOUT_S}",
-            "--kill-server-after=2.0", f"--results-root={tmp_path / 'results'}", "--json",
-        ],  # fmt: skip
+            "launch",
+            "--servers=4",
+            "--clients=4",
+            "--workload=ior",
+            f"--ior-args={ior}",
+            "--set=layout.replicas=2",
+            f"--set=client.request_timeout_s={TIMEOUT_S}",
+            "--kill-server-after=2.0",
+            f"--results-root={tmp_path / 'results'}",
+            "--json",
+        ],
         timeout=170,
         cwd=tmp_path,
     )
@@ -206,4 +213,3 @@ def test_builtin_ior_completes_through_a_killed_server(tmp_path: Path) -> None:
     assert manifest["timings_s"]["workload"] > 3.0, manifest["timings_s"]
     summary = read_json(run / "workload" / "summary.json")
     assert summary["errors"] == [] and summary["verified"] and summary["verify_requested"], summary
-

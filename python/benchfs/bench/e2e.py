@@ -337,8 +337,12 @@ def render(console: Console, report: dict[str, Any]) -> None:
         (f"benchfs x{report['copies']}", "benchfs"),
         "one_copy_mib_s",
         [
-            {"name": c["name"], "mib_s": c["copies_mib_s"], "one_copy_mib_s": c["mib_s"],
-             "ratio": c["copies_ratio"]}  # fmt: skip
+            {
+                "name": c["name"],
+                "mib_s": c["copies_mib_s"],
+                "one_copy_mib_s": c["mib_s"],
+                "ratio": c["copies_ratio"],
+            }
             for c in report["cases"]
         ],
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,11 +109,18 @@ def stop_job(
 
     servers = state.refs("benchfsd")
     say(f"stopping {len(servers)} servers")
+    copies = int(tomllib.loads(Path(state.config).read_text())["layout"]["replicas"])
+    lost = (
+        "the names it kept are lost; its chunks have other copies (layout.replicas="
+        f"{copies}) unless as many servers were lost"
+        if copies > 1
+        else "the data it held is lost"
+    )
     for record, refs in servers:
         if not refs or not refs[0].alive():
             report.problems.append(
                 f"server {record['server_id']} on {record['node']} was not running at stop "
-                f"(crashed or killed): the data it held is lost; log {record['log']}"
+                f"(crashed or killed): {lost}; log {record['log']}"
             )
     survivors = stop_refs(
         [r for _, refs in servers for r in refs], stop_signal, SERVER_STOP_GRACE_S
