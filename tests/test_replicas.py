@@ -10,7 +10,10 @@ Placement and balance are tested in Rust (placement.rs) and by the placement stu
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +25,8 @@ from benchfs.cluster import LocalCluster
 from benchfs.lifecycle.repair import repair
 from benchfs.lifecycle.status import copies_status
 from benchfs.results import read_json
-from conftest import data_for
+from benchfs.simnodes import apart_nodes
+from conftest import config_text, data_for
 from test_faults import _run
 from test_persistence import kill, restart
 
@@ -148,6 +152,65 @@ def test_a_silent_server_is_left_within_the_request_timeout(
         assert client.lost_servers()["lost"] == [victim]
     with Client(cluster.registry_dir, cluster.config_path.read_text()) as client:
         _check(client, {first: later})
+
+
+#: A client on a node of its own: writes files, says which server holds the first copy of the
+#: chunk of a file whose names live elsewhere, then, told to, reads it back and times the read.
+LINK_CLIENT = """
+import json, sys, time
+from benchfs import Client
+client = Client(sys.argv[1], open(sys.argv[2]).read())
+root = client.locate_metadata("/")
+data = bytes(range(256)) * 256
+for i in range(40):
+    path = f"/cut{i}"
+    with client.open(path, "wb") as f:
+        f.write(data)
+    first = client.locate_copies(path, 0)[0]
+    if first not in (root, client.locate_metadata(path)):
+        break
+print(json.dumps({"path": path, "first": first}), flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+with client.open(path, "rb") as f:
+    same = f.read() == data
+print(json.dumps({"same": same, "read_s": time.monotonic() - started}), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@pytest.mark.timeout(120)
+def test_a_node_whose_link_is_cut_is_left_within_the_request_timeout(tmp_path: Path) -> None:
+    """Servers on three nodes apart (network namespaces on a bridge), a client on a fourth;
+    the link of the node holding a chunk's first copy is cut (`ip link set eth0 down`): the
+    client's read of it goes to the other copy within one request timeout."""
+    config = config_text(*OVERRIDES)
+    with apart_nodes(4) as nodes:
+        cluster = LocalCluster.start_in(
+            tmp_path / "cluster", config, ["n1", "n2", "n3"], 30.0,
+            prefixes=[nodes.prefix(n) for n in ("n1", "n2", "n3")],
+        )  # fmt: skip
+        try:
+            client = subprocess.Popen(
+                [*nodes.prefix("n4"), sys.executable, "-c", LINK_CLIENT,
+                 str(cluster.registry_dir), str(cluster.config_path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert client.stdout is not None and client.stdin is not None
+            placed = json.loads(client.stdout.readline())
+            namespace = nodes.nodes[f"n{placed['first'] + 1}"].namespace
+            subprocess.run(
+                ["ip", "netns", "exec", namespace, "ip", "link", "set", "eth0", "down"], check=True
+            )
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            read = json.loads(client.stdout.readline())
+            assert client.wait(30) == 0
+            assert read["same"], read
+            # One timeout on the silent copy, then the other copy.
+            assert TIMEOUT_S - 0.5 < read["read_s"] < TIMEOUT_S + 1.0, read
+        finally:
+            cluster.stop(grace_s=5.0)
 
 
 @pytest.mark.timeout(120)
