@@ -24,6 +24,7 @@ from benchfs import Client, _core
 from benchfs.cluster import LocalCluster
 from benchfs.lifecycle.repair import repair
 from benchfs.lifecycle.status import copies_status
+from benchfs.nodes import NodesFileError, dump_nodes, parse_nodes
 from benchfs.results import read_json
 from benchfs.simnodes import apart_nodes
 from conftest import config_text, data_for
@@ -274,5 +275,20 @@ def test_builtin_ior_completes_through_a_killed_server(tmp_path: Path) -> None:
     # The kill landed a second or more before the workload ended: phases ran without server 3.
     manifest = read_json(run / "manifest.json")
     assert manifest["timings_s"]["workload"] > 3.0, manifest["timings_s"]
+    # Simulated nodes of one host are one failure domain: copies on distinct servers of it.
+    assert len({m["domain"] for m in manifest["membership"]}) == 1, manifest["membership"]
     summary = read_json(run / "workload" / "summary.json")
     assert summary["errors"] == [] and summary["verified"] and summary["verify_requested"], summary
+
+
+def test_a_nodes_file_names_failure_domains() -> None:
+    """`domain` in the nodes file, its default (the host), its round trip and bad values."""
+    text = (
+        '[[node]]\nname = "a"\nhost = "h1"\nscratch = "/s"\ndomain = "rack1"\n'
+        '[[node]]\nname = "b"\nhost = "h1"\nscratch = "/s"\n'
+    )
+    a, b = parse_nodes(text, "nodes.toml")
+    assert (a.failure_domain, b.failure_domain) == ("rack1", "h1")
+    assert parse_nodes(dump_nodes([a, b]), "again") == [a, b]
+    with pytest.raises(NodesFileError, match=r"nodes.toml: node\[0\].domain 'a b': use letters"):
+        parse_nodes(text.replace('"rack1"', '"a b"'), "nodes.toml")

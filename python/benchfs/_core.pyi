@@ -69,8 +69,9 @@ def flame_graph_svg(folded: str, title: str, subtitle: str | None = None) -> str
 def wait_for_servers(registry_dir: str, expected: int, timeout_s: float) -> list[dict]:
     """Wait until `expected` servers have registered; return them sorted by numeric id.
 
-    Each entry is {"id": int, "node": str, "host": str, "pid": int}. Raises TimeoutError naming
-    the expected, found and missing ids, and ValueError naming a malformed registry file.
+    Each entry is {"id": int, "node": str, "host": str, "domain": str, "pid": int}. Raises
+    TimeoutError naming the expected, found and missing ids, and ValueError naming a malformed
+    registry file.
     """
 
 def bench_storage(

@@ -191,7 +191,10 @@ def _print_copies(copies: dict[str, Any] | None) -> None:
     )
     if copies["files_short"] is None:
         return
-    out.print(f"{copies['files_short_count']} files have fewer live copies than asked")
+    if not copies["files_short_count"]:
+        out.print("every file listed keeps the copies it asked for")
+    else:
+        out.print(f"{copies['files_short_count']} files have fewer live copies than asked")
     for f in copies["files_short"]:
         out.print(f"  {escape(f['path'])}: {f['left']} of {f['asked']}", soft_wrap=True)
     for e in copies["owners_not_answering"]:

@@ -119,6 +119,7 @@ fn wait_for_servers<'py>(
             d.set_item("id", e.id)?;
             d.set_item("node", &e.node)?;
             d.set_item("host", &e.host)?;
+            d.set_item("domain", &e.domain)?;
             d.set_item("pid", e.pid)?;
             Ok(d)
         })
