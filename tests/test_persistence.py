@@ -326,3 +326,26 @@ def test_a_server_down_between_the_steps_leaves_a_namespace_that_agrees(
         else:
             client.unlink(source)
         assert not agree(client, source)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("layout", ["chunkfile", "packed"])
+def test_a_file_cut_after_a_restart_keeps_no_stale_byte(
+    daemon_cluster: Callable[..., LocalCluster], layout: str
+) -> None:
+    """Chunks written before a restart are known to the restarted store: a truncate cuts
+    them, so the file grown again reads zeros where they were (not their old bytes)."""
+    cluster = daemon_cluster(2, f"storage.layout={layout}", "layout.chunk_size=65536")
+    config = cluster.config_path.read_text()
+    data = data_for(5, 0, 300_000)
+    with Client(cluster.registry_dir, config) as client:
+        with client.open("/cut", "w") as f:
+            f.write(data)
+    kill_and_restart(cluster, [0, 1])
+    with Client(cluster.registry_dir, config) as client:
+        client.truncate("/cut", 1000)
+        with client.open("/cut", "r+b") as f:
+            f.seek(250_000)
+            f.write(b"x")
+        with client.open("/cut") as f:
+            assert f.read() == data[:1000] + bytes(249_000) + b"x"

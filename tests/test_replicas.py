@@ -215,26 +215,43 @@ def test_a_node_whose_link_is_cut_is_left_within_the_request_timeout(tmp_path: P
 
 
 @pytest.mark.timeout(120)
-def test_a_restarted_server_with_stale_copies_is_not_read(
+def test_a_restarted_server_is_not_read_until_repair_catches_it_up(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:
     """Killed, written without, restarted on its old data: its copies are stale, and no
-    client reads them (it stays declared lost); a file of one copy on it is served again."""
+    client reads them (it stays declared lost). `benchfs repair` catches it up (a file cut
+    meanwhile is cut there too), and it is used again: with the third server then killed,
+    every chunk it shares with that server is served by it alone, byte for byte."""
     cluster = daemon_cluster(3, *OVERRIDES)
     config = cluster.config_path.read_text()
     with Client(cluster.registry_dir, config) as client:
         root = client.locate_metadata("/")
-        victim = next(s for s in range(3) if s != root)
-        paths = _files_off(client, {victim}, 6)
+        victim, other = (s for s in range(3) if s != root)
+        paths = _files_off(client, {victim, other}, 6)
         files = {p: data_for(i, 0, 250_000) for i, p in enumerate(paths)}
         _write(client, files)
         kill(cluster, [victim])
         files = {p: data_for(100 + i, 0, 250_000) for i, p in enumerate(paths)}
         _write(client, files)
+        client.truncate(paths[0], 1000)  # its stale bytes beyond must not come back
+        files[paths[0]] = files[paths[0]][:1000]
     restart(cluster, [victim])
     with Client(cluster.registry_dir, config) as client:
         _check(client, files)
         assert client.lost_servers()["lost"] == [victim]
+        report = repair(client)
+        assert report.complete and report.rejoining == [victim], report.as_dict()
+        assert report.copies > 0
+        assert client.lost_servers() == {"lost": [], "repaired": []}
+        with client.open(paths[0], "r+b") as f:  # regrown: a hole, not the old bytes
+            f.seek(200_000)
+            f.write(b"end")
+        files[paths[0]] += bytes(200_000 - 1000) + b"end"
+        _check(client, files)
+    kill(cluster, [other])
+    with Client(cluster.registry_dir, config) as client:
+        assert any(client.locate_copies(p, 0)[0] == victim for p in paths)
+        _check(client, files)
 
 
 @pytest.mark.timeout(180)

@@ -246,6 +246,8 @@ class Client:
         """Declare servers lost for the job: no copies are placed on them again."""
     def record_repaired(self, ids: list[int]) -> None:
         """Record that the copies these servers held were re-created."""
+    def record_rejoined(self, ids: list[int]) -> None:
+        """Record that these servers were caught up and are used again."""
     def locate_copies(self, path: str, offset: int) -> list[int]:
         """The ids of the servers holding the copies of byte `offset`, in the order reads
         try them."""
@@ -254,10 +256,12 @@ class Client:
     ) -> list[tuple[int, int | None] | OSError]:
         """Per path: (copies asked, the fewest any chunk keeps on servers not in `lost`; None
         for a file without data), or the OSError that stopped it."""
-    def repair(self, paths: list[str]) -> list[dict[str, int] | OSError]:
+    def repair(
+        self, paths: list[str], rejoining: list[int] = ...
+    ) -> list[dict[str, int] | OSError]:
         """Re-create the copies servers declared lost held, on the servers standing in for
-        them, each checked against its source: per path {"copies", "bytes", "lost_chunks"} or
-        the OSError that stopped it."""
+        them and on the declared servers `rejoining` (caught up), each checked against its
+        source: per path {"copies", "bytes", "lost_chunks"} or the OSError that stopped it."""
     def statfs(self) -> dict[str, Any]:
         """The cluster's capacity (total_bytes, free_bytes, avail_bytes, used_bytes, files)
         and `servers`: per server id, node, host, latency_s, error (None when it answered)

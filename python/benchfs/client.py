@@ -575,6 +575,10 @@ class Client:
         """Records that the copies the servers `ids` held were re-created elsewhere."""
         self._core.record_repaired(ids)
 
+    def record_rejoined(self, ids: list[int]) -> None:
+        """Records that the servers `ids` were caught up: every client uses them again."""
+        self._core.record_rejoined(ids)
+
     def reachable_files(
         self, root: str = "/"
     ) -> tuple[list[tuple[str, int]], list[tuple[int, str]]]:
@@ -590,11 +594,15 @@ class Client:
         `lost`; None for an empty file), or the OSError that stopped it (returned)."""
         return self._core.copies_left(paths, lost)
 
-    def repair(self, paths: list[str]) -> list[dict[str, int] | OSError]:
+    def repair(
+        self, paths: list[str], rejoining: list[int] | None = None
+    ) -> list[dict[str, int] | OSError]:
         """Re-creates the copies that servers declared lost held of each file's chunks, on
-        the servers that took their place, each checked against its source's checksum: per
-        path {"copies", "bytes", "lost_chunks"} or the OSError that stopped it (returned)."""
-        return self._core.repair(paths)
+        the servers that took their place and on the declared servers `rejoining` (which
+        answer again: caught up, their chunks cut at each file's size first), each checked
+        against its source's checksum: per path {"copies", "bytes", "lost_chunks"} or the
+        OSError that stopped it (returned)."""
+        return self._core.repair(paths, rejoining or [])
 
     def checksum(self, path: str) -> FileChecksum:
         """The xxh3-128 of each chunk-aligned range of the file at `path`, as the servers

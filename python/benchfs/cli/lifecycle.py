@@ -201,6 +201,10 @@ def _print_copies(copies: dict[str, Any] | None) -> None:
         out.print(f"[yellow]not listed: {escape(e)}[/]", soft_wrap=True)
     if copies["files_short_count"]:
         out.print("`benchfs repair` re-creates their copies on live servers")
+    back = sorted(set(copies["lost"]) - set(copies["not_answering"]))
+    if back:
+        ids = ", ".join(map(str, back))
+        out.print(f"servers {ids} answer again: `benchfs repair` catches them up and uses them")
 
 
 @main.command()
@@ -208,8 +212,9 @@ def _print_copies(copies: dict[str, Any] | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def repair(job: str | None, as_json: bool) -> None:
     """Re-create, on live servers, the copies of chunks that lost servers held (files of
-    layout.replicas 2 or 3). Servers that do not answer are declared lost first. Exit status
-    0 when every file was reached and every chunk has its copies again."""
+    layout.replicas 2 or 3), and catch up the lost servers that answer again (restarted or
+    resumed), which are then used again. Servers that do not answer are declared lost first.
+    Exit status 0 when every file was reached and every chunk has its copies again."""
     try:
         report = repair_job(find_job(job), say=_say)
     except BenchfsError as e:
@@ -223,6 +228,8 @@ def repair(job: str | None, as_json: bool) -> None:
             f"repaired {report.files} files: {report.copies} chunk copies, "
             f"{human_size(report.bytes)}, each checked against its source"
         )
+        if report.rejoining and report.complete:
+            _say(f"servers {', '.join(map(str, report.rejoining))} caught up and used again")
         for path, error in report.failed:
             _say(f"benchfs: {path}: {error}")
         for sid, e in report.owners_not_answering:

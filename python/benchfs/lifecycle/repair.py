@@ -1,11 +1,13 @@
-"""`benchfs repair`: re-create the chunk copies lost servers held, on live servers.
+"""`benchfs repair`: re-create the chunk copies lost servers held, on live servers, and catch
+up the lost servers that answer again.
 
 Servers that do not answer are declared lost for the job first (no client places copies on,
 or reads from, them again); then every file the answering metadata owners hold is repaired by
-the core (`Client.repair`: each chunk a lost server held is read from a copy left, written to
-the server standing in for the lost one and checked against its source's checksum). Only a
-repair that reached every file, with no chunk left without a copy, records the servers as
-repaired. docs/lifecycle.md, "Copies".
+the core (`Client.repair`): each chunk a lost server held is read from a copy left, written to
+the server standing in for the lost one, and to a declared server that answers again
+(restarted, resumed), and checked against its source's checksum. Only a repair that reached
+every file, with no chunk left without a copy, records the servers as repaired, and those
+that answer again as rejoined: clients use them again. docs/lifecycle.md, "Copies".
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class RepairReport:
     and bytes it wrote, and what it could not do."""
 
     lost: list[int] = field(default_factory=list)
+    rejoining: list[int] = field(default_factory=list)
+    """Declared lost and answering again: caught up, then used again."""
     files: int = 0
     copies: int = 0
     bytes: int = 0
@@ -51,6 +55,7 @@ class RepairReport:
     def as_dict(self) -> dict[str, object]:
         return {
             "lost": self.lost,
+            "rejoining": self.rejoining,
             "files": self.files,
             "copies": self.copies,
             "bytes": self.bytes,
@@ -78,16 +83,20 @@ def repair(client: Client, say: Callable[[str], None] = lambda _: None) -> Repai
         say(f"declaring servers {', '.join(map(str, gone))} lost: they do not answer")
         client.declare_lost(gone)
     record = client.lost_servers()
-    report.lost = sorted(set(record["lost"]) - set(record["repaired"]))
-    if not report.lost:
+    report.rejoining = sorted(set(record["lost"]) - set(gone))
+    report.lost = sorted(set(record["lost"]) - set(record["repaired"]) - set(report.rejoining))
+    if not report.lost and not report.rejoining:
         say("no server is lost: nothing to repair")
         return report
     files, report.owners_not_answering = client.reachable_files("/")
     paths = [p for p, _ in files]
-    say(f"repairing {len(paths)} files of servers {', '.join(map(str, report.lost))}")
+    if report.lost:
+        say(f"repairing {len(paths)} files of servers {', '.join(map(str, report.lost))}")
+    if report.rejoining:
+        say(f"catching up servers {', '.join(map(str, report.rejoining))}: they answer again")
     for start in range(0, len(paths), BATCH):
         batch = paths[start : start + BATCH]
-        for path, done in zip(batch, client.repair(batch), strict=True):
+        for path, done in zip(batch, client.repair(batch, report.rejoining), strict=True):
             report.files += 1
             if isinstance(done, OSError):
                 report.failed.append((path, str(done)))
@@ -97,4 +106,5 @@ def repair(client: Client, say: Callable[[str], None] = lambda _: None) -> Repai
             report.lost_chunks += done["lost_chunks"]
     if report.complete:
         client.record_repaired(report.lost)
+        client.record_rejoined(report.rejoining)
     return report

@@ -405,6 +405,11 @@ impl PyClient {
         self.with(py, |c| c.record_repaired(&ids))
     }
 
+    /// Records that servers `ids` were caught up and are used again (after a complete repair).
+    fn record_rejoined(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        self.with(py, |c| c.record_rejoined(&ids))
+    }
+
     /// The ids of the servers holding the copies of byte `offset` of `path`, in the order
     /// reads try them.
     fn locate_copies(&self, py: Python<'_>, path: &str, offset: u64) -> PyResult<Vec<u32>> {
@@ -430,10 +435,17 @@ impl PyClient {
     }
 
     /// Re-creates the copies that servers declared lost held of each path's chunks, on the
-    /// servers standing in for them, each checked against its source's checksum: per path
-    /// {"copies", "bytes", "lost_chunks"}, or the OSError that stopped it (returned).
-    fn repair<'py>(&self, py: Python<'py>, paths: Vec<String>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let results = self.with(py, |c| c.repair(&paths))?;
+    /// servers standing in for them and on the declared servers `rejoining` (caught up), each
+    /// checked against its source's checksum: per path {"copies", "bytes", "lost_chunks"}, or
+    /// the OSError that stopped it (returned).
+    #[pyo3(signature = (paths, rejoining=Vec::new()))]
+    fn repair<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<String>,
+        rejoining: Vec<u32>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let results = self.with(py, |c| c.repair(&paths, &rejoining))?;
         results
             .into_iter()
             .map(|r| match r {

@@ -138,6 +138,8 @@ pub struct Client {
     /// Servers declared lost for the job (client/replicas.rs), by index: no copy is placed
     /// on them and no request goes to them for a file of several copies.
     declared: RefCell<Vec<usize>>,
+    /// Of those, the ones whose declaration could not be written to the record.
+    unrecorded: RefCell<Vec<usize>>,
     /// Where the servers publish their entries: a lost server is looked up there again, in
     /// case it restarted at other addresses.
     registry_dir: std::path::PathBuf,
@@ -241,6 +243,7 @@ impl Client {
             membership,
             domains,
             declared: RefCell::new(Vec::new()),
+            unrecorded: RefCell::new(Vec::new()),
             shared,
             next_request: Cell::new(1),
             rng: Cell::new(

@@ -25,19 +25,22 @@ use crate::protocol::{Header, Op};
 
 use super::Client;
 
-/// The registry directory's record of servers declared lost (`lost <id>`) and repaired
-/// (`repaired <id>`), one line each, appended.
+/// The registry directory's record of servers declared lost (`lost <id>`), repaired
+/// (`repaired <id>`: their copies re-created on the servers standing in for them) and back
+/// (`rejoined <id>`: caught up with every change made without them, and used again), one line
+/// each, appended.
 pub const LOST_FILE: &str = "lost-servers";
 
-/// The servers declared lost and those whose copies were repaired since, by id.
+/// The servers declared lost now, and those of them whose copies were repaired, by id.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LostServers {
     pub lost: Vec<u32>,
     pub repaired: Vec<u32>,
 }
 
-/// Reads the registry's record of lost servers (none when it has no record). Lines it does
-/// not know are skipped: a record is only ever appended to.
+/// Reads the registry's record of lost servers (none when it has no record), in order: a
+/// server is lost from its `lost` line until a later `rejoined` line. Lines it does not know
+/// are skipped: a record is only ever appended to.
 pub fn read_lost(registry_dir: &std::path::Path) -> Result<LostServers> {
     let path = registry_dir.join(LOST_FILE);
     let text = match std::fs::read_to_string(&path) {
@@ -51,15 +54,21 @@ pub fn read_lost(registry_dir: &std::path::Path) -> Result<LostServers> {
             Some((w, id)) => (w, id.trim().parse::<u32>()),
             None => continue,
         };
+        let Ok(id) = id else {
+            continue;
+        };
         let list = match what {
             "lost" => &mut out.lost,
             "repaired" => &mut out.repaired,
+            "rejoined" => {
+                out.lost.retain(|&l| l != id);
+                out.repaired.retain(|&r| r != id);
+                continue;
+            }
             _ => continue,
         };
-        if let Ok(id) = id {
-            if !list.contains(&id) {
-                list.push(id);
-            }
+        if !list.contains(&id) {
+            list.push(id);
         }
     }
     Ok(out)
@@ -156,16 +165,20 @@ impl Client {
     }
 
     /// Re-creates, for each path (links not followed), the copies of its chunks that servers
-    /// declared lost held, on the servers standing in for them (see [`Client::copies`]);
-    /// files at once, at most `client.max_inflight` chunks in flight. Per path, what was done
-    /// or why it failed.
-    pub fn repair(&self, paths: &[String]) -> Result<Vec<Result<Repaired>>> {
+    /// declared lost held: on the servers standing in for them (see [`Client::copies`]), and
+    /// on the declared servers `rejoining` (ids), which answer again and are caught up (their
+    /// chunks of each file cut at its size, then every chunk they hold copied from a copy
+    /// left). Files at once, at most `client.max_inflight` chunks in flight. Per path, what was
+    /// done or why it failed.
+    pub fn repair(&self, paths: &[String], rejoining: &[u32]) -> Result<Vec<Result<Repaired>>> {
         self.refresh_declared();
+        let rejoining = self.indexes_of(rejoining);
         self.run(async {
+            let rejoining = &rejoining;
             let calls = paths.iter().map(|p| async move {
                 let path = self.checked("repair", p)?;
                 let attr = self.lookup(&path).await?;
-                self.repair_file(&attr, attr.size).await
+                self.repair_file(&attr, attr.size, rejoining).await
             });
             Ok(stream::iter(calls).buffered(4).collect().await)
         })
@@ -183,6 +196,15 @@ impl Client {
     pub fn record_repaired(&self, ids: &[u32]) -> Result<()> {
         ids.iter()
             .try_for_each(|id| append_lost(&self.registry_dir, &format!("repaired {id}")))
+    }
+
+    /// Records that servers `ids` were caught up (`repair` with them rejoining): every client
+    /// uses them again from its next look at the record.
+    pub fn record_rejoined(&self, ids: &[u32]) -> Result<()> {
+        ids.iter()
+            .try_for_each(|id| append_lost(&self.registry_dir, &format!("rejoined {id}")))?;
+        self.refresh_declared();
+        Ok(())
     }
 
     /// Server indexes of the ids given (unknown ids are left out).
@@ -228,20 +250,24 @@ impl Client {
         );
         if let Err(e) = append_lost(&self.registry_dir, &format!("lost {id}")) {
             eprintln!("benchfs: {e}");
+            self.unrecorded.borrow_mut().push(index);
         }
     }
 
     /// Reads the registry's record again: servers other clients declared lost are out here too.
+    /// A server that rejoined (caught up by `repair`) is used again.
     pub(super) fn refresh_declared(&self) {
         let Ok(record) = read_lost(&self.registry_dir) else {
             return;
         };
+        let recorded = self.indexes_of(&record.lost);
         let mut declared = self.declared.borrow_mut();
-        for id in record.lost {
-            if let Some(i) = self.membership.iter().position(|e| e.id == id) {
-                if !declared.contains(&i) {
-                    declared.push(i);
-                }
+        // Declarations this client could not record stay; recorded ones follow the record.
+        let unrecorded = self.unrecorded.borrow();
+        declared.retain(|i| recorded.contains(i) || unrecorded.contains(i));
+        for i in recorded {
+            if !declared.contains(&i) {
+                declared.push(i);
             }
         }
     }
@@ -368,7 +394,7 @@ impl Client {
     /// took a declared-lost server's place: each chunk read from a copy left, written checked,
     /// and its stored checksum compared with the source's. At most `client.max_inflight`
     /// chunks at once.
-    pub(super) async fn repair_file(&self, attr: &Attr, size: u64) -> Result<Repaired> {
+    pub(super) async fn repair_file(&self, attr: &Attr, size: u64, rejoining: &[usize]) -> Result<Repaired> {
         let mut done = Repaired::default();
         if attr.kind != Kind::File || attr.layout.replicas <= 1 {
             return Ok(done);
@@ -377,6 +403,19 @@ impl Client {
         let count = size.div_ceil(cs);
         let window = self.config.client.max_inflight.max(1) as usize;
         let ready = Instant::now();
+        if !rejoining.is_empty() {
+            // What a rejoining server holds beyond the size (the file was cut without it) goes
+            // first, so no stale byte shows in a hole once the file grows again.
+            let stripe = attr.layout.stripe_count as usize;
+            let cut = rejoining
+                .iter()
+                .filter(|&&s| s < stripe)
+                .flat_map(|&s| (0..self.workers(s)).map(move |w| (s, w)));
+            for target in cut {
+                let header = Header::request(Op::TruncateData, 0, attr.id.0, 0, 0, size);
+                self.call(target, header, &[], None, ready).await?;
+            }
+        }
         let calls = (0..count).map(|chunk| async move {
             let now = self.copies(attr, chunk);
             let before: Vec<usize> = self
@@ -389,7 +428,18 @@ impl Client {
                 .copied()
                 .filter(|t| before.contains(&t.0) && !self.is_lost(t.0))
                 .collect();
-            let places: Vec<Target> = now.iter().copied().filter(|t| !before.contains(&t.0)).collect();
+            let worker = |s: usize| chunk_worker(attr.id, chunk, self.server_count(), self.workers(s));
+            let places: Vec<Target> = now
+                .iter()
+                .copied()
+                .filter(|t| !before.contains(&t.0))
+                .chain(
+                    before
+                        .iter()
+                        .filter(|s| rejoining.contains(s))
+                        .map(|&s| (s, worker(s))),
+                )
+                .collect();
             if places.is_empty() {
                 return Ok::<_, Error>((0u64, 0u64, false));
             }

@@ -108,6 +108,9 @@ pub struct ChunkStore {
     dirty: RefCell<HashMap<FileId, HashSet<u64>>>,
     /// Every chunk this store wrote, so a chunk file that vanished is an error, not a hole.
     stored: RefCell<HashMap<FileId, HashSet<u64>>>,
+    /// The store holds chunks of an earlier life of its server (a restart on its data): a
+    /// file `stored` does not know may still have chunks on disk.
+    reopened: bool,
     /// Handle-cache lookups (chunk-file layout): hits, misses.
     handle_hits: Cell<u64>,
     handle_misses: Cell<u64>,
@@ -176,6 +179,11 @@ impl ChunkStore {
                 }
             }
         };
+        let reopened = match &layout {
+            Layout::ChunkFiles { root, .. } => (0..256)
+                .any(|i| fs::read_dir(root.join(format!("{i:02x}"))).is_ok_and(|mut d| d.next().is_some())),
+            Layout::Packed(p) => !p.is_empty(),
+        };
         Ok(ChunkStore {
             layout,
             policy,
@@ -183,9 +191,32 @@ impl ChunkStore {
             reactor,
             dirty: RefCell::new(HashMap::new()),
             stored: RefCell::new(HashMap::new()),
+            reopened,
             handle_hits: Cell::new(0),
             handle_misses: Cell::new(0),
         })
+    }
+
+    /// The chunks of `file` on disk: its chunk files (in its fan-out directory), or its
+    /// packed slots.
+    fn chunks_on_disk(&self, file: FileId) -> io::Result<HashSet<u64>> {
+        match &self.layout {
+            Layout::ChunkFiles { root, .. } => {
+                let hex = file.hex();
+                let prefix = format!("{hex}.");
+                let mut found = HashSet::new();
+                for entry in fs::read_dir(root.join(&hex[..2]))? {
+                    let name = entry?.file_name();
+                    let chunk = name
+                        .to_str()
+                        .and_then(|n| n.strip_prefix(&prefix))
+                        .and_then(|c| c.parse::<u64>().ok());
+                    found.extend(chunk);
+                }
+                Ok(found)
+            }
+            Layout::Packed(p) => Ok(p.chunks_of(file)),
+        }
     }
 
     /// Handle-cache lookups so far: (hits, misses); zeros for the packed layout.
@@ -370,8 +401,16 @@ impl ChunkStore {
 
     /// Frees what this store holds of `file` at and beyond byte `size` (chunks of
     /// `chunk_size`): later chunks are removed, the chunk containing `size` is cut, so that a
-    /// file that grows again reads zeros there. Only chunks this store wrote are known.
+    /// file that grows again reads zeros there. The chunks this store wrote are known; in a
+    /// reopened store, those of a file it did not write since are looked up on disk (a file cut
+    /// after a restart keeps no stale byte beyond its size).
     pub fn truncate(&self, file: FileId, size: u64, chunk_size: u64) -> io::Result<()> {
+        if self.reopened && !self.stored.borrow().contains_key(&file) {
+            let found = self.chunks_on_disk(file)?;
+            if !found.is_empty() {
+                self.stored.borrow_mut().insert(file, found);
+            }
+        }
         let chunks: Vec<u64> = match self.stored.borrow().get(&file) {
             Some(c) => c
                 .iter()

@@ -224,6 +224,22 @@ impl Packed {
         Ok(())
     }
 
+    /// Whether no chunk is stored.
+    pub fn is_empty(&self) -> bool {
+        self.index.borrow().is_empty()
+    }
+
+    /// The chunks of `file` stored (a scan of the index: for a file written in an earlier
+    /// life of the server only).
+    pub fn chunks_of(&self, file: FileId) -> std::collections::HashSet<u64> {
+        self.index
+            .borrow()
+            .keys()
+            .filter(|(f, _)| *f == file)
+            .map(|&(_, c)| c)
+            .collect()
+    }
+
     pub fn locate(&self, file: FileId, chunk: u64, create: bool) -> io::Result<Option<SlotLocation>> {
         let existing = self.index.borrow().get(&(file, chunk)).map(|s| (s.slot, s.len));
         let (slot, len) = match existing {
