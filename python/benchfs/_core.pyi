@@ -238,7 +238,7 @@ class Client:
         """Every file under `root` the answering metadata owners hold, as (path, size), and
         (server id, error) per owner whose server is gone (its files are not listed)."""
     def lost_servers(self) -> dict[str, list[int]]:
-        """The registry's record: {"lost": ids declared lost for the job, "repaired": ids
+        """The registry's record: {"lost": ids declared lost now, "repaired": ids
         whose copies were re-created since}."""
     def locate_metadata(self, path: str) -> int:
         """The id of the server keeping `path`'s metadata."""

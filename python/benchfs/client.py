@@ -561,13 +561,13 @@ class Client:
         return self._core.locate_copies(path, offset)
 
     def lost_servers(self) -> dict[str, list[int]]:
-        """The servers declared lost for the job (a change of a file of several copies went on
-        without them: they are not used again) and those whose copies `repair` re-created:
-        {"lost": [ids], "repaired": [ids]}."""
+        """The servers declared lost (a change of a file of several copies went on without
+        them: they are not used until `repair` catches them up) and those whose copies `repair`
+        re-created: {"lost": [ids], "repaired": [ids]}."""
         return self._core.lost_servers()
 
     def declare_lost(self, ids: list[int]) -> None:
-        """Declares servers lost for the job (what `benchfs repair` does with servers that do
+        """Declares servers lost (what `benchfs repair` does with servers that do
         not answer): files of several copies are no longer placed on, or read from, them."""
         self._core.declare_lost(ids)
 

@@ -1,8 +1,8 @@
 """`benchfs repair`: re-create the chunk copies lost servers held, on live servers, and catch
 up the lost servers that answer again.
 
-Servers that do not answer are declared lost for the job first (no client places copies on,
-or reads from, them again); then every file the answering metadata owners hold is repaired by
+Servers that do not answer are declared lost first (no client places copies on, or reads
+from, them until they rejoin); then every file the answering metadata owners hold is repaired by
 the core (`Client.repair`): each chunk a lost server held is read from a copy left, written to
 the server standing in for the lost one, and to a declared server that answers again
 (restarted, resumed), and checked against its source's checksum. Only a repair that reached

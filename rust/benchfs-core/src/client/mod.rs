@@ -135,7 +135,7 @@ pub struct Client {
     membership: Vec<RegistryEntry>,
     /// The membership's failure domains: where a chunk's copies go.
     domains: Domains,
-    /// Servers declared lost for the job (client/replicas.rs), by index: no copy is placed
+    /// Servers declared lost (client/replicas.rs), by index, until they rejoin: no copy is placed
     /// on them and no request goes to them for a file of several copies.
     declared: RefCell<Vec<usize>>,
     /// Of those, the ones whose declaration could not be written to the record.

@@ -3,13 +3,15 @@
 //! and the repair that re-creates the copies a lost server held (docs/lifecycle.md, "Copies").
 //!
 //! A server is *lost* to a client while it does not answer (a probe re-admits it). It is
-//! *declared lost* for the job once a change of a replicated file (a write, a truncate, a
-//! removal) went on without it: its copies are stale from then on, so no client uses it
-//! again. The declaration is a line in the registry directory's [`LOST_FILE`], read by every
-//! client when it connects and whenever it loses a server. A chunk's copies are then the
-//! copies that are left and, in the lost ones' places, the next servers on the ring of
-//! domains (`placement::Domains`); reads go to the copies that are left first, as they hold
-//! every byte; `repair` copies each chunk to the servers that took a lost one's place.
+//! *declared lost* once a change of a replicated file (a write, a truncate, a removal) went on
+//! without it: its copies are stale from then on, so no client uses it until `repair` has
+//! caught it up (`rejoined`). The declaration is a line in the registry directory's
+//! [`LOST_FILE`], read by every client when it connects, whenever it loses a server and when
+//! it opens a file of several copies. A chunk's copies are then the copies that are left and,
+//! in the lost ones' places, the next servers on the ring of domains (`placement::Domains`);
+//! reads go to the copies that are left first, as they hold every byte; `repair` copies each
+//! chunk to the servers that took a lost one's place, and to a declared server that answers
+//! again.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -184,8 +186,8 @@ impl Client {
         })
     }
 
-    /// Declares the servers `ids` lost for the job (see the module comment): what `repair` does
-    /// first with the servers that do not answer.
+    /// Declares the servers `ids` lost (see the module comment): what `repair` does first with
+    /// the servers that do not answer.
     pub fn declare_lost_servers(&self, ids: &[u32]) {
         for i in self.indexes_of(ids) {
             self.declare_lost(i);
@@ -245,8 +247,8 @@ impl Client {
         self.declared.borrow_mut().push(index);
         let id = self.membership[index].id;
         eprintln!(
-            "benchfs: server {id} declared lost for the job: a change of a replicated file went on \
-             without it (`benchfs repair` re-creates its copies elsewhere)"
+            "benchfs: server {id} declared lost: a change of a replicated file went on without it \
+             (`benchfs repair` re-creates its copies elsewhere, or catches it up once it answers)"
         );
         if let Err(e) = append_lost(&self.registry_dir, &format!("lost {id}")) {
             eprintln!("benchfs: {e}");
