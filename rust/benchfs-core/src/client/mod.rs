@@ -305,6 +305,12 @@ impl Client {
     /// The id of the server that holds byte `offset` of the file at `path`.
     pub fn locate(&self, path: &str, offset: u64) -> Result<u32> {
         let _call = self.telemetry_call(OpKind::Meta);
+        let attr = self.file_to_locate(path)?;
+        Ok(self.membership[self.route(&attr, offset / attr.layout.chunk_size).0].id)
+    }
+
+    /// The attribute of the file at `path` whose bytes are located (EISDIR for anything else).
+    fn file_to_locate(&self, path: &str) -> Result<Attr> {
         let attr = self.stat(path)?;
         if attr.kind != Kind::File {
             return Err(Error::Path {
@@ -313,7 +319,7 @@ impl Client {
                 errno: libc::EISDIR,
             });
         }
-        Ok(self.membership[self.route(&attr, offset / attr.layout.chunk_size).0].id)
+        Ok(attr)
     }
 
     /// What this client saw of each server, ordered like the membership.

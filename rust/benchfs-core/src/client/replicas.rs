@@ -129,14 +129,8 @@ impl Client {
     /// The ids of the servers holding the copies of byte `offset` of the file at `path`, in
     /// the order reads try them.
     pub fn locate_copies(&self, path: &str, offset: u64) -> Result<Vec<u32>> {
-        let attr = self.stat(path)?;
-        if attr.kind != Kind::File {
-            return Err(Error::Path {
-                op: "locate",
-                path: path.into(),
-                errno: libc::EISDIR,
-            });
-        }
+        let _call = self.telemetry_call(crate::telemetry::OpKind::Meta);
+        let attr = self.file_to_locate(path)?;
         let chunk = offset / attr.layout.chunk_size.max(1);
         Ok(self
             .copies(&attr, chunk)
