@@ -124,14 +124,28 @@ impl Domains {
         if want == 1 || primary >= self.ring.len() {
             return vec![primary];
         }
-        self.walk(layout, primary, skip, want)
+        let placed = self.walk(layout, primary, &[], Vec::new(), want);
+        if !placed.iter().any(|s| skip.contains(s)) {
+            return placed;
+        }
+        // The copies left keep their places and come first (they hold every byte written
+        // before the loss); stand-ins follow.
+        let left = placed.into_iter().filter(|s| !skip.contains(s)).collect();
+        self.walk(layout, primary, skip, left, want)
     }
 
-    fn walk(&self, layout: &Layout, primary: usize, skip: &[usize], want: usize) -> Vec<usize> {
+    /// `out` completed to `want` servers from the ring, starting at `primary`.
+    fn walk(
+        &self,
+        layout: &Layout,
+        primary: usize,
+        skip: &[usize],
+        mut out: Vec<usize>,
+        want: usize,
+    ) -> Vec<usize> {
         let n = self.ring.len();
         let from = self.position[primary] as usize;
         let in_stripe = |s: usize| s < layout.stripe_count.max(1) as usize && !skip.contains(&s);
-        let mut out: Vec<usize> = Vec::with_capacity(want);
         for distinct_domains in [true, false] {
             for k in 0..n {
                 if out.len() == want {
@@ -380,6 +394,27 @@ mod tests {
         assert_eq!(d.replica_servers(&layout(2, 3), 0, &[]), vec![0, 1]);
         assert_eq!(d.replica_servers(&layout(3, 1), 1, &[]), vec![1]);
         assert_eq!(d.replica_servers(&layout(3, 2), 1, &[1]), vec![2, 0]);
+    }
+
+    /// Domains of unequal size (three servers on one node, one on another): a lost copy's
+    /// stand-in never goes before the copy left, which alone holds the bytes written before.
+    #[test]
+    fn the_copy_left_comes_before_its_stand_in() {
+        let d = Domains::new(&["a", "a", "b", "a"]);
+        for c in 0..4 {
+            let placed = d.replica_servers(&layout(4, 2), c, &[]);
+            for &lost in &placed {
+                let now = d.replica_servers(&layout(4, 2), c, &[lost]);
+                let left = placed.iter().find(|&&s| s != lost).copied();
+                assert_eq!(
+                    now.first().copied(),
+                    left,
+                    "chunk {c}, {placed:?} without {lost}: {now:?}"
+                );
+                assert_eq!(now.len(), 2);
+                assert!(!now.contains(&lost));
+            }
+        }
     }
 
     #[test]
