@@ -7,6 +7,8 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod locktable;
+pub mod lost;
+pub mod metadata_copies;
 pub mod metadb;
 pub mod namespace;
 pub mod placement;

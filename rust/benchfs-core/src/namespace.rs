@@ -20,6 +20,7 @@ use crate::chunking::FileId;
 use crate::metadb::{Change, MetaDb};
 use crate::placement::{Layout, LayoutAllocator};
 use crate::protocol::meta::{DirEntry, FindRequest, Found, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
+use crate::protocol::mirror;
 
 pub const PATH_MAX: usize = 4096;
 pub const NAME_MAX: usize = 255;
@@ -168,6 +169,21 @@ pub struct MetaStore {
     /// The next entry mark: starts at the clock in nanoseconds, so a restarted owner never
     /// reuses one a client may still hold (it hands out far fewer than one per nanosecond).
     next_mark: u64,
+    /// With copies of the metadata: the changes of the request being served, and the versions
+    /// of the keys changed by mirrors (see [`MetaStore::apply_mirror`]).
+    copies: Option<Copies>,
+}
+
+/// What a store with copies keeps besides its names.
+#[derive(Default)]
+struct Copies {
+    /// The records of the changes made since the last [`MetaStore::take_changes`].
+    journal: std::cell::RefCell<Vec<u8>>,
+    /// The newest sequence number handed out or applied: changes are numbered above it.
+    seq: u64,
+    /// Key ([`mirror::change_key`]) -> the sequence number of its last change applied from a
+    /// mirror, removals included, so an older record arriving late changes nothing.
+    versions: HashMap<String, u64>,
 }
 
 impl MetaStore {
@@ -181,6 +197,7 @@ impl MetaStore {
             layouts: LayoutAllocator::new(owner, owners, stripe_count, chunk_size),
             db: None,
             next_mark: now_ns().max(1),
+            copies: None,
         };
         if crate::placement::metadata_owner("/", owners) == owner {
             store.nodes.insert("/".into(), Self::dir_node(0o755));
@@ -249,6 +266,17 @@ impl MetaStore {
     /// Writes `changes` through to the store (EIO if that fails; the change is then in memory
     /// only, and lost at a restart).
     fn persist(&self, changes: &[Change<'_>]) -> Result<(), Errno> {
+        if let Some(c) = &self.copies {
+            let mut journal = c.journal.borrow_mut();
+            changes
+                .iter()
+                .for_each(|ch| mirror::encode_change(ch, &mut journal));
+        }
+        self.write_through(changes)
+    }
+
+    /// Writes `changes` to the store on the device only.
+    fn write_through(&self, changes: &[Change<'_>]) -> Result<(), Errno> {
         match &self.db {
             None => Ok(()),
             Some(db) => db.apply(changes).map_err(|e| {
@@ -299,6 +327,103 @@ impl MetaStore {
     pub fn with_replicas(mut self, replicas: u8) -> MetaStore {
         self.layouts = self.layouts.with_replicas(replicas);
         self
+    }
+
+    /// This owner's metadata has copies elsewhere: every change is also recorded for them
+    /// ([`MetaStore::take_changes`]).
+    pub fn with_copies(mut self) -> MetaStore {
+        self.copies = Some(Copies::default());
+        self
+    }
+
+    /// The changes made since the last call, numbered for the copies: a sequence number above
+    /// every one handed out or applied here before (and at least the clock in nanoseconds, so
+    /// a restarted or newly serving copy continues above its predecessor), and their records.
+    /// None when nothing changed.
+    pub fn take_changes(&mut self) -> Option<(u64, Vec<u8>)> {
+        let c = self.copies.as_mut()?;
+        let journal = std::mem::take(c.journal.get_mut());
+        if journal.is_empty() {
+            return None;
+        }
+        c.seq = (c.seq + 1).max(now_ns());
+        Some((c.seq, journal))
+    }
+
+    /// Applies the changes the serving copy made under `seq` (a mirror): each record whose key
+    /// has no newer version here, so mirrors of several clients may arrive in any order.
+    /// Written through to the store like the serving copy's own changes.
+    pub fn apply_mirror(&mut self, seq: u64, records: &[mirror::Record]) -> Result<(), Errno> {
+        let Some(c) = self.copies.as_mut() else {
+            return Err(libc::EINVAL);
+        };
+        c.seq = c.seq.max(seq);
+        let mut applied = Vec::with_capacity(records.len());
+        for r in records {
+            let change = r.as_change();
+            if let Some(key) = mirror::change_key(&change) {
+                let version = c.versions.entry(key).or_insert(0);
+                if *version >= seq {
+                    continue;
+                }
+                *version = seq;
+            }
+            applied.push(r);
+        }
+        for r in &applied {
+            self.apply_record(r);
+        }
+        let changes: Vec<Change<'_>> = applied.iter().map(|r| r.as_change()).collect();
+        self.write_through(&changes)
+    }
+
+    /// One record of a mirror, in memory.
+    fn apply_record(&mut self, r: &mirror::Record) {
+        use mirror::Record;
+        match r {
+            Record::Inode {
+                path,
+                attr,
+                added,
+                target,
+            } => {
+                let target = target.as_deref().map(Box::from);
+                let node = self.nodes.entry(path.clone()).or_insert_with(|| Node {
+                    attr: *attr,
+                    entries: None,
+                    added: 0,
+                    target: None,
+                });
+                node.attr = *attr;
+                node.added = *added;
+                node.target = target;
+                match (attr.kind, &node.entries) {
+                    (Kind::Dir, None) => node.entries = Some(BTreeMap::new()),
+                    (Kind::Dir, Some(_)) => {}
+                    _ => node.entries = None,
+                }
+            }
+            Record::Removed(path) => {
+                self.nodes.remove(path);
+            }
+            Record::Entry { dir, name, entry } => {
+                self.next_mark = self.next_mark.max(entry.mark + 1);
+                // The directory's own record may come in a later mirror: it then keeps these.
+                let node = self
+                    .nodes
+                    .entry(dir.clone())
+                    .or_insert_with(|| Self::dir_node(0o755));
+                node.entries
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(name.clone(), *entry);
+            }
+            Record::EntryRemoved { dir, name } => {
+                if let Some(Node { entries: Some(e), .. }) = self.nodes.get_mut(dir) {
+                    e.remove(name);
+                }
+            }
+            Record::NextId(n) => self.next_id = self.next_id.max(*n),
+        }
     }
 
     pub fn len(&self) -> usize {

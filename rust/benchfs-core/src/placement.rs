@@ -134,6 +134,33 @@ impl Domains {
         self.walk(layout, primary, skip, left, want)
     }
 
+    /// The servers keeping the copies of the metadata of the owners on server `owner_server`
+    /// (`replicas` of them: the server itself and the next ones on the ring of domains, as a
+    /// chunk whose primary is that server), without the servers in `declared`, in the order
+    /// they serve: `complete` hold every change the owners made (the original copies left; the
+    /// first serves), `joining` stand in for declared ones and receive changes from now on, but
+    /// may lack earlier ones, so they never serve.
+    pub fn metadata_servers(&self, owner_server: usize, replicas: u8, declared: &[usize]) -> MetadataCopies {
+        let layout = Layout {
+            chunk_size: 1,
+            stripe_count: self.ring.len() as u32,
+            start: owner_server as u32,
+            replicas: replicas.clamp(1, MAX_REPLICAS),
+        };
+        let original = self.replica_servers(&layout, 0, &[]);
+        if layout.replicas == 1 {
+            return MetadataCopies {
+                complete: original,
+                joining: Vec::new(),
+            };
+        }
+        let (complete, joining) = self
+            .replica_servers(&layout, 0, declared)
+            .into_iter()
+            .partition(|s| original.contains(s));
+        MetadataCopies { complete, joining }
+    }
+
     /// `out` completed to `want` servers from the ring, starting at `primary`.
     fn walk(
         &self,
@@ -162,6 +189,28 @@ impl Domains {
             }
         }
         out
+    }
+}
+
+/// Where a metadata owner's copies are ([`Domains::metadata_servers`]): server indexes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataCopies {
+    /// Copies holding every change; the first serves the owner's requests (none: every copy
+    /// is declared lost).
+    pub complete: Vec<usize>,
+    /// Servers standing in for declared copies: they take changes, never serve.
+    pub joining: Vec<usize>,
+}
+
+impl MetadataCopies {
+    /// The server serving the owner's requests.
+    pub fn serving(&self) -> Option<usize> {
+        self.complete.first().copied()
+    }
+
+    /// Every copy but the serving one: where its changes are mirrored.
+    pub fn mirrors(&self) -> impl Iterator<Item = usize> + '_ {
+        self.complete.iter().skip(1).chain(&self.joining).copied()
     }
 }
 
@@ -415,6 +464,29 @@ mod tests {
                 assert!(!now.contains(&lost));
             }
         }
+    }
+
+    /// A metadata owner's copies: its own server first, then other domains; a declared copy's
+    /// stand-in takes changes but never serves, and the copy left serves.
+    #[test]
+    fn metadata_copies_serve_from_the_copies_left() {
+        let d = Domains::new(&["a", "a", "b", "b"]);
+        for owner in 0..4 {
+            let c = d.metadata_servers(owner, 2, &[]);
+            assert_eq!(c.serving(), Some(owner));
+            assert_eq!(c.complete.len(), 2);
+            assert_ne!(d.of(c.complete[0]), d.of(c.complete[1]), "{c:?}");
+            assert!(c.joining.is_empty());
+            let other = c.complete[1];
+            let after = d.metadata_servers(owner, 2, &[owner]);
+            assert_eq!(after.complete, vec![other], "owner {owner} lost");
+            assert_eq!(after.joining.len(), 1);
+            assert_ne!(after.joining[0], owner);
+            assert_eq!(after.mirrors().collect::<Vec<_>>(), after.joining);
+            let none = d.metadata_servers(owner, 2, &[owner, other]);
+            assert_eq!(none.serving(), None);
+        }
+        assert_eq!(d.metadata_servers(3, 1, &[3]).complete, vec![3]);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Version 2 added `address_check`, 3 `domain`.
-pub const ENTRY_VERSION: u32 = 3;
+/// Version 2 added `address_check`, 3 `domain`, 4 `metadata_copies`.
+pub const ENTRY_VERSION: u32 = 4;
 
 /// What a server publishes about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +24,8 @@ pub struct RegistryEntry {
     pub node: String,
     /// The failure domain: copies of a chunk go to servers of distinct domains.
     pub domain: String,
+    /// Copies of each metadata owner's names (`layout.replicas`; 1: its server only).
+    pub metadata_copies: u8,
     pub host: String,
     pub pid: u32,
     /// One UCX worker address per server worker (event loop), hex encoded.
@@ -40,6 +42,7 @@ impl RegistryEntry {
             version: ENTRY_VERSION,
             id,
             domain: node.clone(),
+            metadata_copies: 1,
             node,
             host,
             pid: std::process::id(),
@@ -51,6 +54,12 @@ impl RegistryEntry {
     /// The same entry in failure domain `domain`.
     pub fn in_domain(mut self, domain: String) -> RegistryEntry {
         self.domain = domain;
+        self
+    }
+
+    /// The same entry with `copies` copies of each metadata owner's names.
+    pub fn with_metadata_copies(mut self, copies: u8) -> RegistryEntry {
+        self.metadata_copies = copies;
         self
     }
 

@@ -21,10 +21,12 @@ use crate::chunking::FileId;
 use crate::config::{Config, Durability};
 use crate::error::{Error, Result};
 use crate::locktable::{LockTable, Waiting};
+use crate::metadata_copies::CopyKeeper;
 use crate::namespace::{self, Kind, MetaStore, SizeUpdate};
 use crate::protocol::capacity::Capacity;
 use crate::protocol::lock;
 use crate::protocol::meta::{self, MetaRequest};
+use crate::protocol::mirror;
 use crate::protocol::{check_request, is_server_fault, Header, Op, ReplyValue, AM_REPLY, AM_REQUEST};
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{with_timeout, Notifier, Reactor, Runtime};
@@ -124,6 +126,9 @@ struct Served {
     device_start: Option<Instant>,
     /// Answered later (a lock request waiting for its lock): no reply now.
     deferred: bool,
+    /// With copies of the metadata: the sequence number and length of the changes the
+    /// metadata reply ends with (the reply's `file_id` carries them with the record's epoch).
+    changes: Option<(u64, u64)>,
 }
 
 /// What a waiting lock request's answer needs: its header and its client's connection.
@@ -284,6 +289,12 @@ struct ServerState {
     queue: Rc<RequestQueue>,
     /// The metadata of the paths this worker owns.
     meta: RefCell<MetaStore>,
+    /// With copies of the metadata (`layout.replicas` > 1): who serves which owner, and the
+    /// copies of other owners this worker keeps.
+    copies: Option<CopyKeeper>,
+    /// `server.workers` and `cluster.expected_servers`: metadata owners are numbered by them.
+    config_workers: u32,
+    config_servers: u32,
     chunk_size: u64,
     metrics: Rc<WorkerMetrics>,
     /// Per-operation trace records until the next snapshot (`telemetry.trace`).
@@ -648,13 +659,14 @@ impl ServerState {
                 }
             }
             Op::Statfs => {
-                let inodes = self.meta.borrow().len() as u64;
+                let copies = self.copies.as_ref().map_or(0, CopyKeeper::names);
+                let inodes = (self.meta.borrow().len() + copies) as u64;
                 match Capacity::of_dir(&self.data_dir, inodes) {
                     Ok(c) => served.meta = Some((ReplyValue::Nothing, c.encode())),
                     Err(e) => served.status = errno(e),
                 }
             }
-            op => {
+            _ => {
                 let request = match payload {
                     Payload::Eager(v) => Some(v),
                     Payload::None => Some(Vec::new()),
@@ -667,12 +679,13 @@ impl ServerState {
                     }
                 };
                 served.device_start = Some(Instant::now());
-                let (status, value, body) = match request {
-                    Some(bytes) => self.serve_meta(op, &bytes),
-                    None => (-libc::ECOMM, ReplyValue::Nothing, Vec::new()),
+                let (status, value, body, changes) = match request {
+                    Some(bytes) => self.serve_meta(h, &bytes),
+                    None => (-libc::ECOMM, ReplyValue::Nothing, Vec::new(), None),
                 };
                 served.status = status;
                 served.meta = Some((value, body));
+                served.changes = changes;
             }
         }
         served
@@ -855,16 +868,21 @@ impl ServerState {
             count,
             data,
             meta,
+            changes,
             ..
         } = served;
         let data_op = matches!(h.op, Op::WriteChunk | Op::WriteChecked | Op::ReadChunk);
-        let reply = match &meta {
+        let mut reply = match &meta {
             // A checked write's hash: a data reply all the same (the server's time with it).
             Some((_, body)) if data_op => h.reply(status, body.len() as u64).with_value(time),
             Some((value, body)) => h.reply(status, body.len() as u64).with_value(*value),
             None if data_op => h.reply(status, count).with_value(time),
             None => h.reply(status, count),
         };
+        if let (Some((seq, len)), Some(copies)) = (changes, &self.copies) {
+            reply.file_id = ((copies.epoch() as u128) << 64) | seq as u128;
+            reply.chunk = len;
+        }
         let payload: &[u8] = match (&data, &meta) {
             (Some((buf, skip)), _) => &buf.as_slice(skip + count as usize)[*skip..],
             (None, Some((_, body))) => body,
@@ -882,14 +900,74 @@ impl ServerState {
         }
     }
 
-    /// Serves a metadata op from this worker's store: (status, reply value, reply payload).
-    /// A malformed payload is EINVAL and changes nothing.
-    fn serve_meta(&self, op: Op, bytes: &[u8]) -> (i32, ReplyValue, Vec<u8>) {
+    /// Serves a metadata op: (status, reply value, reply payload, and with copies of the
+    /// metadata the sequence number and length of the changes the payload ends with).
+    fn serve_meta(&self, h: &Header, bytes: &[u8]) -> (i32, ReplyValue, Vec<u8>, Option<(u64, u64)>) {
+        let refused = |errno: i32| (-errno, ReplyValue::Nothing, Vec::new(), None);
+        let Some(copies) = &self.copies else {
+            let (status, value, body) = self.meta_op(&mut self.meta.borrow_mut(), h.op, bytes);
+            return (status, value, body, None);
+        };
+        let workers = self.owners_per_server();
+        let own = self.server_id * workers + self.worker_index as u32;
+        // `chunk`: 1 + the owner the request is for (0: this worker's own).
+        let owner = match h.chunk.checked_sub(1).map(u32::try_from) {
+            None => own,
+            Some(Ok(o)) if o % workers == self.worker_index as u32 && o / workers < self.servers() => o,
+            Some(_) => return refused(libc::EINVAL),
+        };
+        if h.op == Op::Mirror {
+            return match self.apply_mirror(copies, owner, bytes) {
+                Ok(()) => (0, ReplyValue::Nothing, Vec::new(), Some((0, 0))),
+                Err(errno) => refused(errno),
+            };
+        }
+        if let Err(errno) = copies.check_serving(owner) {
+            return refused(errno);
+        }
+        let serve = |meta: &mut MetaStore| {
+            let (status, value, mut body) = self.meta_op(meta, h.op, bytes);
+            let (seq, changes) = meta.take_changes().unwrap_or_default();
+            body.extend_from_slice(&changes);
+            Ok((status, value, body, Some((seq, changes.len() as u64))))
+        };
+        let served = if owner == own {
+            serve(&mut self.meta.borrow_mut())
+        } else {
+            copies.with_store(owner, serve)
+        };
+        served.unwrap_or_else(refused)
+    }
+
+    /// Applies a mirror (the changes the server serving `owner` made) to this worker's copy.
+    fn apply_mirror(&self, copies: &CopyKeeper, owner: u32, bytes: &[u8]) -> std::result::Result<(), i32> {
+        let Some((mirror, records)) = mirror::Mirror::decode(bytes) else {
+            self.metrics.count_malformed();
+            return Err(libc::EINVAL);
+        };
+        if mirror.shard != owner {
+            return Err(libc::EINVAL);
+        }
+        copies.check_mirror(owner, mirror.producer)?;
+        copies.with_store(owner, |m| m.apply_mirror(mirror.seq, &records))
+    }
+
+    fn owners_per_server(&self) -> u32 {
+        self.config_workers
+    }
+
+    fn servers(&self) -> u32 {
+        self.config_servers
+    }
+
+    /// Serves a metadata op from `meta`: (status, reply value, reply payload). A malformed
+    /// payload is EINVAL and changes nothing.
+    fn meta_op(&self, meta: &mut MetaStore, op: Op, bytes: &[u8]) -> (i32, ReplyValue, Vec<u8>) {
         use ReplyValue::{MoreFollows, NewEntry, Nothing, OldSize};
         if op == Op::Find {
             let page = meta::FindRequest::decode(bytes)
                 .map_err(|_| libc::EINVAL)
-                .and_then(|req| self.meta.borrow().find(&req, meta::REPLY_MAX / 2));
+                .and_then(|req| meta.find(&req, meta::REPLY_MAX / 2));
             return match page {
                 Ok(p) => (
                     0,
@@ -911,7 +989,6 @@ impl ServerState {
                 return (-libc::EINVAL, Nothing, Vec::new());
             }
         };
-        let mut meta = self.meta.borrow_mut();
         let attr = |a: namespace::Attr| {
             let mut out = Vec::with_capacity(meta::ATTR_LEN);
             a.encode(&mut out);
@@ -1209,6 +1286,9 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
             capacity: config.server.max_queued as usize,
         }),
         meta: RefCell::new(meta_store(opts, index)?),
+        copies: copy_keeper(opts, index),
+        config_workers: config.server.workers.max(1),
+        config_servers: config.cluster.expected_servers,
         chunk_size: config.layout.chunk_size,
         metrics: Rc::new(WorkerMetrics::new(config.telemetry.enabled)),
         trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
@@ -1225,6 +1305,27 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
         lock_timer: Cell::new(None),
     });
     Ok((runtime, worker, state))
+}
+
+/// With copies of the metadata, what worker `index` keeps of other owners' and decides about
+/// serving its own.
+fn copy_keeper(opts: &ServerOptions, index: u32) -> Option<CopyKeeper> {
+    let copies = metadata_copies(&opts.config);
+    if copies <= 1 {
+        return None;
+    }
+    let config = &opts.config;
+    let for_copies = opts.clone();
+    let make = move |owner: u32| {
+        owner_store(&for_copies, owner, &format!("meta-w{index}-of{owner}")).map(MetaStore::with_copies)
+    };
+    Some(CopyKeeper::new(
+        copies,
+        (config.cluster.expected_servers, config.server.workers),
+        opts.id,
+        opts.registry_dir.clone(),
+        Box::new(make),
+    ))
 }
 
 /// The worker's telemetry files: snapshots when `telemetry.dir` is set, and the trace beside
@@ -1306,8 +1407,27 @@ fn stop_worker(parts: WorkerParts) -> Result<ServerStats> {
 /// Worker `index`'s metadata: kept in its store under the data directory, unless
 /// `storage.durability` is `memory`.
 fn meta_store(opts: &ServerOptions, index: u32) -> Result<MetaStore> {
+    let owner = opts.id * opts.config.server.workers + index;
+    let store = owner_store(opts, owner, &format!("meta-w{index}"))?;
+    Ok(if metadata_copies(&opts.config) > 1 {
+        store.with_copies()
+    } else {
+        store
+    })
+}
+
+/// Copies of each metadata owner's names: `layout.replicas`, on as many servers as there are.
+pub fn metadata_copies(config: &Config) -> u8 {
+    config
+        .layout
+        .replicas
+        .min(config.cluster.expected_servers.clamp(1, 255) as u8)
+}
+
+/// The store of metadata owner `owner`, in directory `dir` of the data directory unless
+/// `storage.durability` is `memory`.
+fn owner_store(opts: &ServerOptions, owner: u32, dir: &str) -> Result<MetaStore> {
     let config = &opts.config;
-    let owner = opts.id * config.server.workers + index;
     let owners = config.cluster.expected_servers * config.server.workers;
     let (stripe, chunk) = (config.cluster.expected_servers, config.layout.chunk_size);
     let durable = match config.storage.durability {
@@ -1318,7 +1438,7 @@ fn meta_store(opts: &ServerOptions, index: u32) -> Result<MetaStore> {
     let store = match durable {
         Ok(store) => store,
         Err(durable) => {
-            let dir = opts.data_dir.join(format!("meta-w{index}"));
+            let dir = opts.data_dir.join(dir);
             MetaStore::open(&dir, durable, (owner, owners), stripe, chunk, id_nonce())?
         }
     };
@@ -1420,7 +1540,9 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHand
     } else {
         opts.domain.clone()
     };
-    let entry = RegistryEntry::new(opts.id, node, host, &addresses).in_domain(domain);
+    let entry = RegistryEntry::new(opts.id, node, host, &addresses)
+        .in_domain(domain)
+        .with_metadata_copies(metadata_copies(&opts.config));
     let stop = StopHandle {
         notifiers,
         registry_dir: opts.registry_dir.clone(),

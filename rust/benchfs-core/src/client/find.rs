@@ -82,12 +82,18 @@ impl Client {
         let mut page_req = req.clone();
         loop {
             let payload = page_req.encode();
-            let header = Header::request(Op::Find, 0, 0, 0, 0, payload.len() as u64);
-            let mut reply = vec![0u8; meta::REPLY_MAX];
-            let h = self
-                .call(owner, header, &payload, Some(&mut reply[..]), Instant::now())
-                .await?;
-            reply.truncate((h.length as usize).min(meta::REPLY_MAX));
+            let (h, reply) = if self.metadata_copies > 1 {
+                let index = (owner.0 * self.workers(0) + owner.1) as u32;
+                self.meta_with_copies(index, Op::Find, &payload).await?
+            } else {
+                let header = Header::request(Op::Find, 0, 0, 0, 0, payload.len() as u64);
+                let mut reply = vec![0u8; meta::REPLY_MAX];
+                let h = self
+                    .call(owner, header, &payload, Some(&mut reply[..]), Instant::now())
+                    .await?;
+                reply.truncate((h.length as usize).min(meta::REPLY_MAX));
+                (h, reply)
+            };
             let (examined, matched, page) =
                 meta::decode_found(&reply).ok_or_else(|| Error::Protocol("malformed find reply".into()))?;
             // Every page repeats the owner's counts: keep the first page's.

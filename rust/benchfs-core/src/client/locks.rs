@@ -17,6 +17,7 @@ use crate::protocol::lock::{LockCmd, LockRequest, LockState};
 use crate::protocol::{Header, Op, ReplyValue};
 use crate::telemetry::OpKind;
 
+use super::replicas::is_fault;
 use super::{Client, FileHandle};
 
 impl Client {
@@ -33,15 +34,26 @@ impl Client {
         }
         let _call = self.telemetry_call(OpKind::Meta);
         self.run(async {
-            let target = lock_target(file.attr.id, self.server_count(), self.workers(0));
+            let (server, worker) = lock_target(file.attr.id, self.server_count(), self.workers(0));
             let payload = req.encode();
+            let mut moves = 0;
             loop {
+                let target = (self.lock_server(server), worker);
                 let header = Header::request(Op::Lock, 0, file.attr.id.0, 0, 0, payload.len() as u64);
                 let mut body = [0u8; LockRequest::LEN];
-                let reply = self
+                let reply = match self
                     .call(target, header, &payload, Some(&mut body[..]), Instant::now())
                     .await
-                    .map_err(|e| lock_error(e, &file.path))?;
+                {
+                    Ok(reply) => reply,
+                    // With copies of the metadata, a lost server's locks move with its names.
+                    Err(e) if self.metadata_copies > 1 && is_fault(&e) && moves < 2 => {
+                        self.declare_lost_because(target.0, "a lock request to it failed");
+                        moves += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(lock_error(e, &file.path)),
+                };
                 let ReplyValue::Lock { state, epoch } = reply.value() else {
                     return Err(Error::Protocol("a lock reply without its state".into()));
                 };
@@ -60,7 +72,7 @@ impl Client {
                     return Err(Error::Path {
                         op: "lock",
                         path: format!(
-                            "{} (the server keeping its locks restarted: the locks taken on it before are lost)",
+                            "{} (the server keeping its locks restarted or was lost: the locks taken on it before are lost)",
                             file.path
                         ),
                         errno: libc::ENOLCK,

@@ -14,6 +14,7 @@ mod data;
 mod find;
 mod links;
 mod locks;
+mod meta_copies;
 mod names;
 mod netns;
 mod put;
@@ -49,12 +50,13 @@ pub use self::data::FileChecksum;
 pub use self::find::FindResult;
 pub use self::put::WholeFile;
 use self::readahead::ReadAhead;
-pub use self::replicas::{append_lost, read_lost, CopiesLeft, LostServers, Repaired, LOST_FILE};
+pub use self::replicas::{CopiesLeft, Repaired};
 use self::rpc::{make_worker, ServerLink, Shared};
 use self::telemetry::ClientTelemetry;
 use self::window::Window;
 pub use self::writebehind::write_behind_group;
 use self::writebehind::Behind;
+pub use crate::lost::{append_lost, read_lost, LostServers, LOST_FILE};
 
 /// An open file: its identity and layout as its owner gave them at open, and what this handle
 /// wrote (reported to the owner at fsync and close: close-to-open consistency).
@@ -140,6 +142,10 @@ pub struct Client {
     declared: RefCell<Vec<usize>>,
     /// Of those, the ones whose declaration could not be written to the record.
     unrecorded: RefCell<Vec<usize>>,
+    /// The record's epoch (its length) when this client last read it.
+    epoch: Cell<u64>,
+    /// Copies of each metadata owner's names (client/meta_copies.rs); 1: its server only.
+    metadata_copies: u8,
     /// Where the servers publish their entries: a lost server is looked up there again, in
     /// case it restarted at other addresses.
     registry_dir: std::path::PathBuf,
@@ -205,6 +211,13 @@ impl Client {
         }
         let (worker, address) = make_worker(&config, &runtime, &shared)?;
         for (i, entry) in membership.iter().enumerate() {
+            if entry.metadata_copies != membership[0].metadata_copies {
+                return Err(Error::Config(format!(
+                    "server {} keeps {} copies of its metadata and server 0 {}: the servers of one \
+                     job must be started with the same layout.replicas",
+                    entry.id, entry.metadata_copies, membership[0].metadata_copies
+                )));
+            }
             if entry.id as usize != i || entry.ucx_addresses.len() != membership[0].ucx_addresses.len() {
                 return Err(Error::Config(format!(
                     "membership must be servers 0..{} with equal worker counts (server {} at position {i} has {} \
@@ -234,6 +247,7 @@ impl Client {
         let telemetry = ClientTelemetry::new(&config, &membership)?;
         let domains = Domains::new(&membership.iter().map(|e| e.domain.as_str()).collect::<Vec<_>>());
         let link_roots = links::link_roots(&config.client.link_roots);
+        let metadata_copies = membership[0].metadata_copies.max(1);
         let client = Client {
             runtime,
             worker: RefCell::new(worker),
@@ -244,6 +258,8 @@ impl Client {
             domains,
             declared: RefCell::new(Vec::new()),
             unrecorded: RefCell::new(Vec::new()),
+            epoch: Cell::new(0),
+            metadata_copies,
             shared,
             next_request: Cell::new(1),
             rng: Cell::new(

@@ -27,10 +27,13 @@ impl Client {
         req: &MetaRequest,
     ) -> Result<(Header, Vec<u8>)> {
         let payload = req.encode();
-        let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
-        let mut reply = vec![0u8; meta::REPLY_MAX];
-        match self
-            .call(
+        let answer = if self.metadata_copies > 1 {
+            self.meta_with_copies(self.owner_of(&req.path), op, &payload)
+                .await
+        } else {
+            let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
+            let mut reply = vec![0u8; meta::REPLY_MAX];
+            self.call(
                 self.owner(&req.path),
                 header,
                 &payload,
@@ -38,11 +41,13 @@ impl Client {
                 Instant::now(),
             )
             .await
-        {
-            Ok(h) => {
+            .map(|h| {
                 reply.truncate((h.length as usize).min(meta::REPLY_MAX));
-                Ok((h, reply))
-            }
+                (h, reply)
+            })
+        };
+        match answer {
+            Ok(reply) => Ok(reply),
             // Namespace errors are about the path; others (a refused token, a draining or busy
             // server) keep naming the server.
             Err(Error::Remote { errno, .. }) if NAMESPACE_ERRNOS.contains(&errno) => Err(Error::Path {

@@ -13,8 +13,6 @@
 //! chunk to the servers that took a lost one's place, and to a declared server that answers
 //! again.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::time::Instant;
 
 use futures::future::join_all;
@@ -26,69 +24,7 @@ use crate::placement::{chunk_worker, Target};
 use crate::protocol::{Header, Op};
 
 use super::Client;
-
-/// The registry directory's record of servers declared lost (`lost <id>`), repaired
-/// (`repaired <id>`: their copies re-created on the servers standing in for them) and back
-/// (`rejoined <id>`: caught up with every change made without them, and used again), one line
-/// each, appended.
-pub const LOST_FILE: &str = "lost-servers";
-
-/// The servers declared lost now, and those of them whose copies were repaired, by id.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct LostServers {
-    pub lost: Vec<u32>,
-    pub repaired: Vec<u32>,
-}
-
-/// Reads the registry's record of lost servers (none when it has no record), in order: a
-/// server is lost from its `lost` line until a later `rejoined` line. Lines it does not know
-/// are skipped: a record is only ever appended to.
-pub fn read_lost(registry_dir: &std::path::Path) -> Result<LostServers> {
-    let path = registry_dir.join(LOST_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LostServers::default()),
-        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
-    };
-    let mut out = LostServers::default();
-    for line in text.lines() {
-        let (what, id) = match line.split_once(' ') {
-            Some((w, id)) => (w, id.trim().parse::<u32>()),
-            None => continue,
-        };
-        let Ok(id) = id else {
-            continue;
-        };
-        let list = match what {
-            "lost" => &mut out.lost,
-            "repaired" => &mut out.repaired,
-            "rejoined" => {
-                out.lost.retain(|&l| l != id);
-                out.repaired.retain(|&r| r != id);
-                continue;
-            }
-            _ => continue,
-        };
-        if !list.contains(&id) {
-            list.push(id);
-        }
-    }
-    Ok(out)
-}
-
-/// Appends one line to the registry's record (O_APPEND: lines of concurrent writers do not
-/// mix).
-pub fn append_lost(registry_dir: &std::path::Path, line: &str) -> Result<()> {
-    let path = registry_dir.join(LOST_FILE);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    f.write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| Error::io(format!("append to {}", path.display()), e))
-}
+use crate::lost::{append_lost, read_lost, LostServers};
 
 /// Whether `e` says a server is gone (not a refusal of the request itself).
 pub(super) fn is_fault(e: &Error) -> bool {
@@ -235,14 +171,19 @@ impl Client {
     /// server. A record that cannot be written is said once; the server stays out for this
     /// client regardless.
     pub(super) fn declare_lost(&self, index: usize) {
+        self.declare_lost_because(index, "a change of a replicated file went on without it");
+    }
+
+    /// As [`Client::declare_lost`], saying `why`.
+    pub(super) fn declare_lost_because(&self, index: usize, why: &str) {
         if self.declared.borrow().contains(&index) {
             return;
         }
         self.declared.borrow_mut().push(index);
         let id = self.membership[index].id;
         eprintln!(
-            "benchfs: server {id} declared lost: a change of a replicated file went on without it \
-             (`benchfs repair` re-creates its copies elsewhere, or catches it up once it answers)"
+            "benchfs: server {id} declared lost: {why} (`benchfs repair` re-creates its copies \
+             elsewhere, or catches it up once it answers)"
         );
         if let Err(e) = append_lost(&self.registry_dir, &format!("lost {id}")) {
             eprintln!("benchfs: {e}");
@@ -256,6 +197,7 @@ impl Client {
         let Ok(record) = read_lost(&self.registry_dir) else {
             return;
         };
+        self.epoch.set(record.epoch);
         let recorded = self.indexes_of(&record.lost);
         let mut declared = self.declared.borrow_mut();
         // Declarations this client could not record stay; recorded ones follow the record.

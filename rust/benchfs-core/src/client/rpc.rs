@@ -349,6 +349,8 @@ impl Client {
                 | Op::Readdir
                 | Op::Find
                 | Op::DirRemove
+                // A copy applies a mirror's records only when newer than what it holds.
+                | Op::Mirror
                 // Taking again a lock its owner holds changes nothing.
                 | Op::Lock
         );

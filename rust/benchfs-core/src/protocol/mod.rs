@@ -8,6 +8,7 @@ use crate::posix::NAMESPACE_ERRNOS;
 pub mod capacity;
 pub mod lock;
 pub mod meta;
+pub mod mirror;
 
 /// "BFS1" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
@@ -16,7 +17,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 /// 5: checksums of stored bytes (op 9).
 /// 6: writes answered with the checksum of what was stored (op 10); a metadata request's size
 ///    (set-attribute with SET_SIZE).
-pub const VERSION: u16 = 6;
+/// 7: copies of the metadata (op 32; a metadata reply's changes, sequence and record epoch).
+pub const VERSION: u16 = 7;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
@@ -99,6 +101,10 @@ pub enum Op {
     Symlink = 30,
     /// Reply payload: the target of the symbolic link at `path` (EINVAL if it is not one).
     Readlink = 31,
+    /// Hands a metadata owner's changes to one of its other copies (payload: a
+    /// [`mirror::Mirror`]; `chunk`: 1 + the owner). ESTALE when the copy does not take them
+    /// from that server now (the registry's record of lost servers says otherwise).
+    Mirror = 32,
 }
 
 impl Op {
@@ -129,6 +135,7 @@ impl Op {
             29 => Some(Op::Find),
             30 => Some(Op::Symlink),
             31 => Some(Op::Readlink),
+            32 => Some(Op::Mirror),
             _ => None,
         }
     }
@@ -160,11 +167,12 @@ impl Op {
             Op::Find => "find",
             Op::Symlink => "symlink",
             Op::Readlink => "readlink",
+            Op::Mirror => "mirror",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 25] = [
+    pub const ALL: [Op; 26] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -190,6 +198,7 @@ impl Op {
         Op::Find,
         Op::Symlink,
         Op::Readlink,
+        Op::Mirror,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).

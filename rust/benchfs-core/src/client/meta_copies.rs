@@ -1,0 +1,194 @@
+//! Copies of the metadata (`layout.replicas` 2 or 3; docs/namespace.md "Copies of the
+//! metadata"): each metadata owner's names are kept by its server and by the next servers on
+//! the ring of failure domains. A request goes to the copy serving the owner now (its server,
+//! unless the registry's record declares it lost); the changes it made come back with the
+//! reply, and the client hands them to every other copy (a mirror) before the call returns:
+//! a change is answered once every live copy has it.
+//!
+//! A copy that fails (gone, silent past the request timeout) is declared lost in the record
+//! before anything else happens; the next copy serves from then on, and the declared server
+//! refuses every metadata request (ESTALE) as soon as it reads the record, so no two copies
+//! ever serve one owner at once. A request refused that way, or whose mirror the copies
+//! refuse because another copy serves now, is sent again to the copy serving now: the server
+//! that answered it first is out, and its change with it.
+
+use std::time::Instant;
+
+use futures::future::join_all;
+
+use crate::error::{Error, Result};
+use crate::placement::{metadata_owner, MetadataCopies};
+use crate::protocol::mirror::Mirror;
+use crate::protocol::{meta, Header, Op};
+
+use super::replicas::is_fault;
+use super::Client;
+
+/// How many times one request moves to another copy before it fails: each move follows a
+/// declaration or a newer record, so a few are plenty.
+const MOVES: usize = 4;
+
+/// Bytes of changes one metadata request may return besides its reply (paths, an attribute
+/// and a directory's entries: well under this).
+const CHANGES_MAX: usize = 4 * (crate::namespace::PATH_MAX + 256);
+
+/// What handing a change to the other copies came to.
+enum Mirrored {
+    Done,
+    /// Another copy serves the owner now: the change must be made there.
+    Moved,
+}
+
+impl Client {
+    /// The metadata owner of `path`.
+    pub(super) fn owner_of(&self, path: &str) -> u32 {
+        metadata_owner(path, (self.server_count() * self.workers(0)) as u32)
+    }
+
+    /// Where owner `owner`'s copies are, by the record as this client last read it.
+    pub(super) fn metadata_copies_of(&self, owner: u32) -> MetadataCopies {
+        let server = owner as usize / self.workers(0).max(1);
+        self.domains
+            .metadata_servers(server, self.metadata_copies, &self.declared.borrow())
+    }
+
+    /// One metadata request (`op`, `payload`) for owner `owner`, to the copy serving it, its
+    /// changes mirrored to the others; the reply header and payload (the changes taken off).
+    pub(super) async fn meta_with_copies(
+        &self,
+        owner: u32,
+        op: Op,
+        payload: &[u8],
+    ) -> Result<(Header, Vec<u8>)> {
+        let worker = owner as usize % self.workers(0).max(1);
+        let mut last: Option<Error> = None;
+        for _ in 0..=MOVES {
+            let Some(serving) = self.metadata_copies_of(owner).serving() else {
+                return Err(self.no_copy_left(owner));
+            };
+            let header = Header::request(op, 0, 0, owner as u64 + 1, 0, payload.len() as u64);
+            let mut reply = vec![0u8; meta::REPLY_MAX + CHANGES_MAX];
+            let answer = self
+                .call(
+                    (serving, worker),
+                    header,
+                    payload,
+                    Some(&mut reply[..]),
+                    Instant::now(),
+                )
+                .await;
+            match answer {
+                Ok(h) => {
+                    let total = (h.length as usize).min(reply.len());
+                    let changes = (h.chunk as usize).min(total);
+                    reply.truncate(total);
+                    let records = reply.split_off(total - changes);
+                    if (h.file_id >> 64) as u64 != self.epoch.get() {
+                        self.refresh_declared();
+                    }
+                    if !records.is_empty() {
+                        let seq = h.file_id as u64;
+                        if let Mirrored::Moved = self.mirror(owner, serving, seq, records).await? {
+                            continue;
+                        }
+                    }
+                    let h = Header {
+                        length: reply.len() as u64,
+                        chunk: 0,
+                        file_id: 0,
+                        ..h
+                    };
+                    return Ok((h, reply));
+                }
+                Err(e) if is_fault(&e) => {
+                    self.declare_lost_because(serving, "a metadata request to it failed");
+                    last = Some(e);
+                }
+                Err(Error::Remote { errno, .. }) if errno == libc::ESTALE => {
+                    // It does not serve the owner by the record: read it again.
+                    self.refresh_declared();
+                    if self.metadata_copies_of(owner).serving() == Some(serving) {
+                        return Err(Error::Protocol(format!(
+                            "server {} refuses requests for metadata owner {owner}, though the \
+                             registry's record of lost servers says it serves them",
+                            self.membership[serving].id
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| self.no_copy_left(owner)))
+    }
+
+    fn no_copy_left(&self, owner: u32) -> Error {
+        let server = owner as usize / self.workers(0).max(1);
+        Error::ServerLost {
+            server: self.membership[server].id,
+            reason: format!(
+                "every copy of metadata owner {owner}'s names is on a server declared lost \
+                 (benchfs status lists them)"
+            ),
+        }
+    }
+
+    /// Hands the changes `serving` made under `seq` to owner `owner`'s other copies. A copy
+    /// that fails is declared lost (the change went on without it); copies that refuse them
+    /// mean another copy serves now (the record says so), or the refusing copy is out of
+    /// step, and is declared lost.
+    async fn mirror(&self, owner: u32, serving: usize, seq: u64, records: Vec<u8>) -> Result<Mirrored> {
+        let copies = self.metadata_copies_of(owner);
+        if copies.serving() != Some(serving) {
+            return Ok(Mirrored::Moved);
+        }
+        let worker = owner as usize % self.workers(0).max(1);
+        let payload = Mirror {
+            shard: owner,
+            producer: self.membership[serving].id,
+            seq,
+            records,
+        }
+        .encode();
+        let header = Header::request(Op::Mirror, 0, 0, owner as u64 + 1, 0, payload.len() as u64);
+        let targets: Vec<usize> = copies.mirrors().collect();
+        let answers = join_all(
+            targets
+                .iter()
+                .map(|&s| self.call((s, worker), header, &payload, None, Instant::now())),
+        )
+        .await;
+        let mut refused = Vec::new();
+        for (&s, answer) in targets.iter().zip(answers) {
+            match answer {
+                Ok(_) => {}
+                Err(e) if is_fault(&e) => {
+                    self.declare_lost_because(s, "a change of the metadata went on without it")
+                }
+                Err(Error::Remote { errno, .. }) if errno == libc::ESTALE => refused.push(s),
+                Err(e) => return Err(e),
+            }
+        }
+        if refused.is_empty() {
+            return Ok(Mirrored::Done);
+        }
+        self.refresh_declared();
+        if self.metadata_copies_of(owner).serving() != Some(serving) {
+            return Ok(Mirrored::Moved);
+        }
+        for s in refused {
+            self.declare_lost_because(s, "it refused a change of the metadata it keeps a copy of");
+        }
+        Ok(Mirrored::Done)
+    }
+
+    /// The server keeping the locks of the files whose locks server `server` keeps: itself,
+    /// or with copies of the metadata, the copy serving its metadata owners when it is
+    /// declared lost (whose locks start empty: holders are told on next use).
+    pub(super) fn lock_server(&self, server: usize) -> usize {
+        if self.metadata_copies <= 1 {
+            return server;
+        }
+        let owner = (server * self.workers(0)) as u32;
+        self.metadata_copies_of(owner).serving().unwrap_or(server)
+    }
+}

@@ -1,0 +1,171 @@
+//! A server worker's part in the copies of the metadata (`layout.replicas` 2 or 3,
+//! docs/namespace.md "Copies of the metadata"): which metadata owners it serves now, which it
+//! keeps a copy of, and the stores of those copies.
+//!
+//! Who serves an owner is decided by the registry's record of lost servers alone
+//! ([`crate::lost`]), never by a server's or a client's own guess: the owner's server while it
+//! is not declared lost, else the next copy on the ring of failure domains
+//! ([`Domains::metadata_servers`]). Each worker reads the record again whenever it changed
+//! (one `stat` per metadata request), before serving: a client appends a `lost` line before
+//! it sends anything to the next copy, so from then on the declared server refuses every
+//! metadata request (ESTALE) and its copies refuse its changes; nothing it serves after the
+//! line can fork the namespace.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use crate::error::Result;
+use crate::lost::{read_lost, LOST_FILE};
+use crate::namespace::MetaStore;
+use crate::placement::{Domains, MetadataCopies};
+use crate::registry;
+
+type Errno = i32;
+
+/// What this worker last read of the record.
+#[derive(Default)]
+struct Seen {
+    /// The record's length and modification time when read (None: never read, or absent).
+    stamp: Option<(u64, SystemTime)>,
+    /// Server indexes declared lost.
+    declared: Vec<usize>,
+    epoch: u64,
+}
+
+/// Makes the store of a copy of metadata owner `owner` (empty, or reopened from the device).
+pub type MakeStore = Box<dyn Fn(u32) -> Result<MetaStore>>;
+
+pub struct CopyKeeper {
+    copies: u8,
+    workers: u32,
+    servers: u32,
+    /// This server's index (its id).
+    me: usize,
+    registry_dir: PathBuf,
+    seen: RefCell<Seen>,
+    domains: RefCell<Option<Domains>>,
+    /// The copies of other owners' metadata this worker keeps, by owner.
+    stores: RefCell<HashMap<u32, MetaStore>>,
+    make_store: MakeStore,
+}
+
+impl CopyKeeper {
+    pub fn new(
+        copies: u8,
+        (servers, workers): (u32, u32),
+        me: u32,
+        registry_dir: PathBuf,
+        make_store: MakeStore,
+    ) -> CopyKeeper {
+        CopyKeeper {
+            copies,
+            workers: workers.max(1),
+            servers,
+            me: me as usize,
+            registry_dir,
+            seen: RefCell::new(Seen::default()),
+            domains: RefCell::new(None),
+            stores: RefCell::new(HashMap::new()),
+            make_store,
+        }
+    }
+
+    /// Reads the record again if it changed since last read (a `stat` otherwise).
+    fn refresh(&self) {
+        let path = self.registry_dir.join(LOST_FILE);
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .and_then(|m| Some((m.len(), m.modified().ok()?)));
+        if stamp == self.seen.borrow().stamp {
+            return;
+        }
+        // An unreadable record changes nothing here; the next request reads it again.
+        if let Ok(record) = read_lost(&self.registry_dir) {
+            *self.seen.borrow_mut() = Seen {
+                stamp,
+                declared: record.lost.iter().map(|&id| id as usize).collect(),
+                epoch: record.epoch,
+            };
+        }
+    }
+
+    /// The record's epoch as this worker last read it (its length).
+    pub fn epoch(&self) -> u64 {
+        self.seen.borrow().epoch
+    }
+
+    /// The servers' failure domains, from the registry once every server is in it.
+    fn domains(&self) -> Option<Domains> {
+        if let Some(d) = self.domains.borrow().as_ref() {
+            return Some(d.clone());
+        }
+        let entries = registry::scan(&self.registry_dir).ok()?;
+        if entries.len() != self.servers as usize {
+            return None;
+        }
+        let names: Vec<&str> = entries.iter().map(|e| e.domain.as_str()).collect();
+        let domains = Domains::new(&names);
+        *self.domains.borrow_mut() = Some(domains.clone());
+        Some(domains)
+    }
+
+    /// Where owner `owner`'s copies are now, by the record.
+    fn copies_of(&self, owner: u32) -> std::result::Result<MetadataCopies, Errno> {
+        self.refresh();
+        if self.seen.borrow().declared.contains(&self.me) {
+            return Err(libc::ESTALE);
+        }
+        // Until every server has registered no one can say; the client retries.
+        let domains = self.domains().ok_or(libc::EAGAIN)?;
+        let server = (owner / self.workers) as usize;
+        Ok(domains.metadata_servers(server, self.copies, &self.seen.borrow().declared))
+    }
+
+    /// Ok when this server serves owner `owner`'s requests now; ESTALE when another copy does
+    /// (or this server is declared lost).
+    pub fn check_serving(&self, owner: u32) -> std::result::Result<(), Errno> {
+        match self.copies_of(owner)?.serving() {
+            Some(s) if s == self.me => Ok(()),
+            _ => Err(libc::ESTALE),
+        }
+    }
+
+    /// Ok when this server takes changes of owner `owner` made by server `producer`: the
+    /// producer serves the owner now and this server keeps one of its other copies.
+    pub fn check_mirror(&self, owner: u32, producer: u32) -> std::result::Result<(), Errno> {
+        let copies = self.copies_of(owner)?;
+        let serving = copies.serving() == Some(producer as usize);
+        if serving && copies.mirrors().any(|s| s == self.me) {
+            Ok(())
+        } else {
+            Err(libc::ESTALE)
+        }
+    }
+
+    /// Runs `f` on this worker's store of owner `owner`'s copy (made on first use).
+    pub fn with_store<T>(
+        &self,
+        owner: u32,
+        f: impl FnOnce(&mut MetaStore) -> std::result::Result<T, Errno>,
+    ) -> std::result::Result<T, Errno> {
+        let mut stores = self.stores.borrow_mut();
+        let store = match stores.entry(owner) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => match (self.make_store)(owner) {
+                Ok(s) => v.insert(s),
+                Err(e) => {
+                    eprintln!("benchfs: copy of metadata owner {owner}: {e}");
+                    return Err(libc::EIO);
+                }
+            },
+        };
+        f(store)
+    }
+
+    /// Names held in copies (statfs counts them with the owner's own).
+    pub fn names(&self) -> usize {
+        self.stores.borrow().values().map(MetaStore::len).sum()
+    }
+}
