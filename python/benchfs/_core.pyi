@@ -239,7 +239,7 @@ class Client:
         (server id, error) per owner whose server is gone (its files are not listed)."""
     def lost_servers(self) -> dict[str, list[int]]:
         """The registry's record: {"lost": ids declared lost now, "repaired": ids
-        whose copies were re-created since}."""
+        whose copies were re-created since, "joining": ids being caught up}."""
     def locate_metadata(self, path: str) -> int:
         """The id of the server keeping `path`'s metadata."""
     def declare_lost(self, ids: list[int]) -> None:
@@ -248,6 +248,10 @@ class Client:
         """Record that the copies these servers held were re-created."""
     def record_rejoined(self, ids: list[int]) -> None:
         """Record that these servers were caught up and are used again."""
+    def record_joining(self, ids: list[int]) -> None:
+        """Record that these servers are being caught up: they take metadata changes."""
+    def catch_up_metadata(self) -> int:
+        """Hand every metadata owner's joining copies the serving copy's state."""
     def locate_copies(self, path: str, offset: int) -> list[int]:
         """The ids of the servers holding the copies of byte `offset`, in the order reads
         try them."""

@@ -561,9 +561,10 @@ class Client:
         return self._core.locate_copies(path, offset)
 
     def lost_servers(self) -> dict[str, list[int]]:
-        """The servers declared lost (a change of a file of several copies went on without
-        them: they are not used until `repair` catches them up) and those whose copies `repair`
-        re-created: {"lost": [ids], "repaired": [ids]}."""
+        """The servers declared lost (a change of a file of several copies, or of the metadata,
+        went on without them: they are not used until `repair` catches them up), those whose
+        copies `repair` re-created, and those it is catching up: {"lost": [ids], "repaired":
+        [ids], "joining": [ids]}."""
         return self._core.lost_servers()
 
     def declare_lost(self, ids: list[int]) -> None:
@@ -578,6 +579,17 @@ class Client:
     def record_rejoined(self, ids: list[int]) -> None:
         """Records that the servers `ids` were caught up: every client uses them again."""
         self._core.record_rejoined(ids)
+
+    def record_joining(self, ids: list[int]) -> None:
+        """Records that the servers `ids` are being caught up (`repair`): with copies of the
+        metadata, they take its changes from now on and serve nothing yet."""
+        self._core.record_joining(ids)
+
+    def catch_up_metadata(self) -> int:
+        """Hands the copies of the metadata that stand in for lost servers, or that are being
+        caught up, the serving copies' state; returns the records copied (0 without copies of
+        the metadata)."""
+        return self._core.catch_up_metadata()
 
     def reachable_files(
         self, root: str = "/"

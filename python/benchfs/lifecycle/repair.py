@@ -35,13 +35,15 @@ class RepairReport:
     rejoining: list[int] = field(default_factory=list)
     """Declared lost and answering again: caught up, then used again."""
     files: int = 0
+    metadata_records: int = 0
+    """Records of the metadata copied to copies standing in or catching up."""
     copies: int = 0
     bytes: int = 0
     lost_chunks: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
     owners_not_answering: list[tuple[int, str]] = field(default_factory=list)
-    """Metadata owners that did not answer: their files were not reached. Those of the lost
-    servers themselves are lost with them (a file's metadata has one copy)."""
+    """Metadata owners that did not answer: their files were not reached. With one copy of
+    the metadata (`layout.replicas` 1), those of the lost servers are lost with them."""
 
     @property
     def unreached(self) -> list[str]:
@@ -57,6 +59,7 @@ class RepairReport:
             "lost": self.lost,
             "rejoining": self.rejoining,
             "files": self.files,
+            "metadata_records": self.metadata_records,
             "copies": self.copies,
             "bytes": self.bytes,
             "lost_chunks": self.lost_chunks,
@@ -88,6 +91,13 @@ def repair(client: Client, say: Callable[[str], None] = lambda _: None) -> Repai
     if not report.lost and not report.rejoining:
         say("no server is lost: nothing to repair")
         return report
+    # Copies of the metadata: the servers caught up take its changes from now on, then
+    # every copy standing in or catching up gets the serving copy's state.
+    client.record_joining(report.rejoining)
+    try:
+        report.metadata_records = client.catch_up_metadata()
+    except OSError as e:
+        report.failed.append(("(metadata)", str(e)))
     files, report.owners_not_answering = client.reachable_files("/")
     paths = [p for p, _ in files]
     if report.lost:

@@ -9,7 +9,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use crate::error::{Error, Result};
 
 /// The registry directory's record of servers declared lost (`lost <id>`), repaired
-/// (`repaired <id>`: their copies re-created on the servers standing in for them) and back
+/// (`repaired <id>`: their copies re-created on the servers standing in for them), being
+/// caught up (`joining <id>`: still lost, but taking the metadata's changes) and back
 /// (`rejoined <id>`: caught up with every change made without them, and used again), one line
 /// each, appended.
 pub const LOST_FILE: &str = "lost-servers";
@@ -19,6 +20,9 @@ pub const LOST_FILE: &str = "lost-servers";
 pub struct LostServers {
     pub lost: Vec<u32>,
     pub repaired: Vec<u32>,
+    /// Of the lost, those being caught up by `repair` (copies of the metadata are handed their
+    /// changes; they serve nothing yet).
+    pub joining: Vec<u32>,
     /// The record's length in bytes when read (0: no record).
     pub epoch: u64,
 }
@@ -48,11 +52,16 @@ pub fn read_lost(registry_dir: &std::path::Path) -> Result<LostServers> {
             continue;
         };
         let list = match what {
-            "lost" => &mut out.lost,
+            "lost" => {
+                out.joining.retain(|&j| j != id);
+                &mut out.lost
+            }
             "repaired" => &mut out.repaired,
+            "joining" if out.lost.contains(&id) => &mut out.joining,
             "rejoined" => {
                 out.lost.retain(|&l| l != id);
                 out.repaired.retain(|&r| r != id);
+                out.joining.retain(|&j| j != id);
                 continue;
             }
             _ => continue,
@@ -76,4 +85,29 @@ pub fn append_lost(registry_dir: &std::path::Path, line: &str) -> Result<()> {
         .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     f.write_all(format!("{line}\n").as_bytes())
         .map_err(|e| Error::io(format!("append to {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_is_read_in_order_and_only_whole_lines_count() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        assert_eq!(read_lost(dir.path())?, LostServers::default());
+        for line in ["lost 2", "joining 3", "lost 3", "repaired 2", "joining 3"] {
+            append_lost(dir.path(), line)?;
+        }
+        let r = read_lost(dir.path())?;
+        assert_eq!((r.lost, r.repaired, r.joining), (vec![2, 3], vec![2], vec![3]));
+        append_lost(dir.path(), "rejoined 3")?;
+        let path = dir.path().join(LOST_FILE);
+        let mut text = std::fs::read_to_string(&path).map_err(|e| Error::io("read", e))?;
+        text.push_str("lost 1");
+        std::fs::write(&path, &text).map_err(|e| Error::io("write", e))?;
+        let r = read_lost(dir.path())?;
+        assert_eq!((r.lost, r.joining), (vec![2], vec![]));
+        assert_eq!(r.epoch as usize, text.len() - "lost 1".len());
+        Ok(())
+    }
 }

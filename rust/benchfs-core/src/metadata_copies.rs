@@ -11,7 +11,7 @@
 //! metadata request (ESTALE) and its copies refuse its changes; nothing it serves after the
 //! line can fork the namespace.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use crate::error::Result;
 use crate::lost::{read_lost, LOST_FILE};
 use crate::namespace::MetaStore;
-use crate::placement::{Domains, MetadataCopies};
+use crate::placement::{Domains, LostIndexes, MetadataCopies};
 use crate::registry;
 
 type Errno = i32;
@@ -29,8 +29,7 @@ type Errno = i32;
 struct Seen {
     /// The record's length and modification time when read (None: never read, or absent).
     stamp: Option<(u64, SystemTime)>,
-    /// Server indexes declared lost.
-    declared: Vec<usize>,
+    record: LostIndexes,
     epoch: u64,
 }
 
@@ -45,6 +44,9 @@ pub struct CopyKeeper {
     me: usize,
     registry_dir: PathBuf,
     seen: RefCell<Seen>,
+    /// Emptied since this server was last declared lost (see `refresh`).
+    wiped: Cell<bool>,
+    wipe_own: Cell<bool>,
     domains: RefCell<Option<Domains>>,
     /// The copies of other owners' metadata this worker keeps, by owner.
     stores: RefCell<HashMap<u32, MetaStore>>,
@@ -66,6 +68,8 @@ impl CopyKeeper {
             me: me as usize,
             registry_dir,
             seen: RefCell::new(Seen::default()),
+            wiped: Cell::new(false),
+            wipe_own: Cell::new(false),
             domains: RefCell::new(None),
             stores: RefCell::new(HashMap::new()),
             make_store,
@@ -82,13 +86,36 @@ impl CopyKeeper {
             return;
         }
         // An unreadable record changes nothing here; the next request reads it again.
-        if let Ok(record) = read_lost(&self.registry_dir) {
-            *self.seen.borrow_mut() = Seen {
-                stamp,
-                declared: record.lost.iter().map(|&id| id as usize).collect(),
-                epoch: record.epoch,
-            };
+        let Ok(record) = read_lost(&self.registry_dir) else {
+            return;
+        };
+        let epoch = record.epoch;
+        let record = LostIndexes::of(&record);
+        let joining = record.joining.contains(&self.me);
+        // Declared, this server missed changes: before it takes any as a joining copy, it
+        // forgets every name it held (repair hands it the serving copies' state).
+        if joining && !self.wiped.get() {
+            self.wipe_stores();
+            self.wipe_own.set(true);
+            self.wiped.set(true);
         }
+        if !record.lost.contains(&self.me) {
+            self.wiped.set(false);
+        }
+        *self.seen.borrow_mut() = Seen { stamp, record, epoch };
+    }
+
+    /// Empties the copies of other owners this worker keeps.
+    fn wipe_stores(&self) {
+        for store in self.stores.borrow_mut().values_mut() {
+            store.wipe();
+        }
+    }
+
+    /// Whether this worker's own owner must be emptied too (once per catch-up; the server
+    /// state holds that store).
+    pub fn take_wipe_own(&self) -> bool {
+        self.wipe_own.replace(false)
     }
 
     /// The record's epoch as this worker last read it (its length).
@@ -114,13 +141,14 @@ impl CopyKeeper {
     /// Where owner `owner`'s copies are now, by the record.
     fn copies_of(&self, owner: u32) -> std::result::Result<MetadataCopies, Errno> {
         self.refresh();
-        if self.seen.borrow().declared.contains(&self.me) {
+        let seen = self.seen.borrow();
+        if seen.record.lost.contains(&self.me) && !seen.record.joining.contains(&self.me) {
             return Err(libc::ESTALE);
         }
         // Until every server has registered no one can say; the client retries.
         let domains = self.domains().ok_or(libc::EAGAIN)?;
         let server = (owner / self.workers) as usize;
-        Ok(domains.metadata_servers(server, self.copies, &self.seen.borrow().declared))
+        Ok(domains.metadata_servers(server, self.copies, &seen.record))
     }
 
     /// Ok when this server serves owner `owner`'s requests now; ESTALE when another copy does

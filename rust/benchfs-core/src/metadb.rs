@@ -226,6 +226,26 @@ impl MetaDb {
         w.commit().map_err(|e| self.err("commit", e))
     }
 
+    /// Removes every inode and entry (the counter, nonce and shape stay).
+    pub fn clear(&self) -> Result<()> {
+        let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
+        let keys: Vec<Vec<u8>> = {
+            let iter = self.db.iter(&w).map_err(|e| self.err("read", e))?;
+            let mut keys = Vec::new();
+            for item in iter {
+                let (k, _) = item.map_err(|e| self.err("read", e))?;
+                if matches!(k.first(), Some(&INODE) | Some(&ENTRY)) {
+                    keys.push(k.to_vec());
+                }
+            }
+            keys
+        };
+        for k in keys {
+            self.db.delete(&mut w, &k).map_err(|e| self.err("clear", e))?;
+        }
+        w.commit().map_err(|e| self.err("commit", e))
+    }
+
     /// Persists `changes` in one commit.
     pub fn apply(&self, changes: &[Change<'_>]) -> Result<()> {
         let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;

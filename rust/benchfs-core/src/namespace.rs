@@ -179,10 +179,13 @@ pub struct MetaStore {
 struct Copies {
     /// The records of the changes made since the last [`MetaStore::take_changes`].
     journal: std::cell::RefCell<Vec<u8>>,
+    /// The keys those changes are about (their versions are set when numbered).
+    keys: std::cell::RefCell<Vec<String>>,
     /// The newest sequence number handed out or applied: changes are numbered above it.
     seq: u64,
-    /// Key ([`mirror::change_key`]) -> the sequence number of its last change applied from a
-    /// mirror, removals included, so an older record arriving late changes nothing.
+    /// Key ([`mirror::change_key`]) -> the sequence number of its last change (made here or
+    /// applied from a mirror), removals included, so an older record arriving late changes
+    /// nothing. Keys not changed since the store was opened have none (version 0).
     versions: HashMap<String, u64>,
 }
 
@@ -271,6 +274,9 @@ impl MetaStore {
             changes
                 .iter()
                 .for_each(|ch| mirror::encode_change(ch, &mut journal));
+            c.keys
+                .borrow_mut()
+                .extend(changes.iter().filter_map(mirror::change_key));
         }
         self.write_through(changes)
     }
@@ -347,26 +353,31 @@ impl MetaStore {
             return None;
         }
         c.seq = (c.seq + 1).max(now_ns());
+        for key in c.keys.get_mut().drain(..) {
+            c.versions.insert(key, c.seq);
+        }
         Some((c.seq, journal))
     }
 
-    /// Applies the changes the serving copy made under `seq` (a mirror): each record whose key
-    /// has no newer version here, so mirrors of several clients may arrive in any order.
-    /// Written through to the store like the serving copy's own changes.
-    pub fn apply_mirror(&mut self, seq: u64, records: &[mirror::Record]) -> Result<(), Errno> {
+    /// Applies changes the serving copy made (a mirror: every record under one sequence
+    /// number; or a page of its state, each record with its key's version): each record whose
+    /// key has no newer version here, so mirrors of several clients and the pages of a repair
+    /// may arrive in any order. Written through to the store like the serving copy's changes.
+    pub fn apply_mirror(&mut self, records: &[(u64, mirror::Record)]) -> Result<(), Errno> {
         let Some(c) = self.copies.as_mut() else {
             return Err(libc::EINVAL);
         };
-        c.seq = c.seq.max(seq);
         let mut applied = Vec::with_capacity(records.len());
-        for r in records {
-            let change = r.as_change();
-            if let Some(key) = mirror::change_key(&change) {
-                let version = c.versions.entry(key).or_insert(0);
-                if *version >= seq {
-                    continue;
+        for (seq, r) in records {
+            c.seq = c.seq.max(*seq);
+            if let Some(key) = mirror::change_key(&r.as_change()) {
+                match c.versions.get_mut(&key) {
+                    Some(v) if *v >= *seq => continue,
+                    Some(v) => *v = *seq,
+                    None => {
+                        c.versions.insert(key, *seq);
+                    }
                 }
-                *version = seq;
             }
             applied.push(r);
         }
@@ -375,6 +386,94 @@ impl MetaStore {
         }
         let changes: Vec<Change<'_>> = applied.iter().map(|r| r.as_change()).collect();
         self.write_through(&changes)
+    }
+
+    /// Forgets every name (a copy about to be caught up from the serving one): in memory and
+    /// in the store. The id counter stays.
+    pub fn wipe(&mut self) {
+        self.nodes.clear();
+        if let Some(c) = self.copies.as_mut() {
+            c.versions.clear();
+            c.journal.get_mut().clear();
+            c.keys.get_mut().clear();
+        }
+        if let Some(db) = &self.db {
+            if let Err(e) = db.clear() {
+                eprintln!("benchfs: {e}");
+            }
+        }
+    }
+
+    /// A page of this store's state for a copy being caught up: the keys after `after` (as
+    /// [`mirror::change_key`] makes them; empty: from the start, the id counter first), by
+    /// path and each path's inode before its entries, about `max_bytes` of records, each
+    /// preceded by its key's version (u64). Returns the page, its last key, and whether more
+    /// follow.
+    pub fn snapshot_page(&self, after: &str, max_bytes: usize) -> (Vec<u8>, String, bool) {
+        let version = |key: &str| {
+            self.copies
+                .as_ref()
+                .and_then(|c| c.versions.get(key).copied())
+                .unwrap_or(0)
+        };
+        let mut out = Vec::new();
+        if after.is_empty() {
+            out.extend_from_slice(&0u64.to_le_bytes());
+            mirror::encode_change(&Change::NextId(self.next_id), &mut out);
+        }
+        // The cursor: its path, and for an entry its name (the path's inode went before).
+        let (from_path, from_name) = match after.split_at_checked(1) {
+            Some(("e", rest)) => match rest.split_once('\0') {
+                Some((dir, name)) => (dir, Some(name)),
+                None => (rest, None),
+            },
+            Some((_, rest)) => (rest, None),
+            None => ("", None),
+        };
+        let mut paths: Vec<&String> = self.nodes.keys().filter(|p| p.as_str() >= from_path).collect();
+        paths.sort_unstable();
+        let mut last = after.to_string();
+        for path in paths {
+            let node = &self.nodes[path];
+            let at_cursor = !after.is_empty() && path.as_str() == from_path;
+            if !at_cursor {
+                if out.len() >= max_bytes {
+                    return (out, last, true);
+                }
+                let key = format!("i{path}");
+                out.extend_from_slice(&version(&key).to_le_bytes());
+                let change = Change::Inode {
+                    path,
+                    attr: node.attr,
+                    added: node.added,
+                    target: node.target.as_deref(),
+                };
+                mirror::encode_change(&change, &mut out);
+                last = key;
+            }
+            let Some(entries) = &node.entries else {
+                continue;
+            };
+            let start = match (at_cursor, from_name) {
+                (true, Some(name)) => std::ops::Bound::Excluded(name),
+                _ => std::ops::Bound::Unbounded,
+            };
+            for (name, entry) in entries.range::<str, _>((start, std::ops::Bound::Unbounded)) {
+                if out.len() >= max_bytes {
+                    return (out, last, true);
+                }
+                let key = format!("e{path}\0{name}");
+                out.extend_from_slice(&version(&key).to_le_bytes());
+                let change = Change::Entry {
+                    dir: path,
+                    name,
+                    entry: *entry,
+                };
+                mirror::encode_change(&change, &mut out);
+                last = key;
+            }
+        }
+        (out, last, false)
     }
 
     /// One record of a mirror, in memory.

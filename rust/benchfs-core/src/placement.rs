@@ -136,11 +136,17 @@ impl Domains {
 
     /// The servers keeping the copies of the metadata of the owners on server `owner_server`
     /// (`replicas` of them: the server itself and the next ones on the ring of domains, as a
-    /// chunk whose primary is that server), without the servers in `declared`, in the order
-    /// they serve: `complete` hold every change the owners made (the original copies left; the
-    /// first serves), `joining` stand in for declared ones and receive changes from now on, but
-    /// may lack earlier ones, so they never serve.
-    pub fn metadata_servers(&self, owner_server: usize, replicas: u8, declared: &[usize]) -> MetadataCopies {
+    /// chunk whose primary is that server), by the record of lost servers (`record`), in the
+    /// order they serve: `complete` hold every change the owners made (the original copies
+    /// left, and the stand-ins for declared ones once those were repaired; the first serves),
+    /// `joining` take changes from now on but may lack earlier ones, so they never serve: the
+    /// stand-ins not repaired yet, and declared copies being caught up.
+    pub fn metadata_servers(
+        &self,
+        owner_server: usize,
+        replicas: u8,
+        record: &LostIndexes,
+    ) -> MetadataCopies {
         let layout = Layout {
             chunk_size: 1,
             stripe_count: self.ring.len() as u32,
@@ -154,10 +160,17 @@ impl Domains {
                 joining: Vec::new(),
             };
         }
-        let (complete, joining) = self
-            .replica_servers(&layout, 0, declared)
+        let lost: Vec<usize> = original
+            .iter()
+            .copied()
+            .filter(|s| record.lost.contains(s))
+            .collect();
+        let stand_ins_complete = lost.iter().all(|s| record.repaired.contains(s));
+        let (complete, mut joining): (Vec<usize>, Vec<usize>) = self
+            .replica_servers(&layout, 0, &record.lost)
             .into_iter()
-            .partition(|s| original.contains(s));
+            .partition(|s| original.contains(s) || stand_ins_complete);
+        joining.extend(lost.iter().filter(|s| record.joining.contains(s)));
         MetadataCopies { complete, joining }
     }
 
@@ -189,6 +202,29 @@ impl Domains {
             }
         }
         out
+    }
+}
+
+/// The record of lost servers ([`crate::lost`]) as server indexes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LostIndexes {
+    /// Declared lost (those joining included).
+    pub lost: Vec<usize>,
+    /// Of those, the ones whose copies were re-created on the servers standing in for them.
+    pub repaired: Vec<usize>,
+    /// Of those, the ones being caught up: they take changes of the metadata, serve nothing.
+    pub joining: Vec<usize>,
+}
+
+impl LostIndexes {
+    /// Ids are indexes (the membership is servers 0..n).
+    pub fn of(record: &crate::lost::LostServers) -> LostIndexes {
+        let to = |ids: &[u32]| ids.iter().map(|&i| i as usize).collect();
+        LostIndexes {
+            lost: to(&record.lost),
+            repaired: to(&record.repaired),
+            joining: to(&record.joining),
+        }
     }
 }
 
@@ -467,26 +503,38 @@ mod tests {
     }
 
     /// A metadata owner's copies: its own server first, then other domains; a declared copy's
-    /// stand-in takes changes but never serves, and the copy left serves.
+    /// stand-in takes changes but never serves until the declared one is repaired, and the
+    /// copy left serves; a declared copy being caught up takes changes, serves nothing.
     #[test]
     fn metadata_copies_serve_from_the_copies_left() {
         let d = Domains::new(&["a", "a", "b", "b"]);
+        let lost = |l: &[usize], r: &[usize], j: &[usize]| LostIndexes {
+            lost: l.to_vec(),
+            repaired: r.to_vec(),
+            joining: j.to_vec(),
+        };
         for owner in 0..4 {
-            let c = d.metadata_servers(owner, 2, &[]);
+            let c = d.metadata_servers(owner, 2, &LostIndexes::default());
             assert_eq!(c.serving(), Some(owner));
             assert_eq!(c.complete.len(), 2);
             assert_ne!(d.of(c.complete[0]), d.of(c.complete[1]), "{c:?}");
             assert!(c.joining.is_empty());
             let other = c.complete[1];
-            let after = d.metadata_servers(owner, 2, &[owner]);
+            let after = d.metadata_servers(owner, 2, &lost(&[owner], &[], &[]));
             assert_eq!(after.complete, vec![other], "owner {owner} lost");
             assert_eq!(after.joining.len(), 1);
-            assert_ne!(after.joining[0], owner);
+            let stand_in = after.joining[0];
+            assert_ne!(stand_in, owner);
             assert_eq!(after.mirrors().collect::<Vec<_>>(), after.joining);
-            let none = d.metadata_servers(owner, 2, &[owner, other]);
+            let repaired = d.metadata_servers(owner, 2, &lost(&[owner], &[owner], &[]));
+            assert_eq!(repaired.complete, vec![other, stand_in]);
+            let back = d.metadata_servers(owner, 2, &lost(&[owner], &[], &[owner]));
+            assert_eq!(back.complete, vec![other]);
+            assert_eq!(back.joining, vec![stand_in, owner]);
+            let none = d.metadata_servers(owner, 2, &lost(&[owner, other], &[], &[]));
             assert_eq!(none.serving(), None);
         }
-        assert_eq!(d.metadata_servers(3, 1, &[3]).complete, vec![3]);
+        assert_eq!(d.metadata_servers(3, 1, &lost(&[3], &[], &[])).complete, vec![3]);
     }
 
     #[test]

@@ -909,7 +909,7 @@ impl ServerState {
             return (status, value, body, None);
         };
         let workers = self.owners_per_server();
-        let own = self.server_id * workers + self.worker_index as u32;
+        let own = self.own_owner();
         // `chunk`: 1 + the owner the request is for (0: this worker's own).
         let owner = match h.chunk.checked_sub(1).map(u32::try_from) {
             None => own,
@@ -922,8 +922,24 @@ impl ServerState {
                 Err(errno) => refused(errno),
             };
         }
-        if let Err(errno) = copies.check_serving(owner) {
+        let checked = copies.check_serving(owner);
+        self.wipe_own(copies.take_wipe_own());
+        if let Err(errno) = checked {
             return refused(errno);
+        }
+        if h.op == Op::Snapshot {
+            let after = String::from_utf8_lossy(bytes);
+            let page = |m: &mut MetaStore| {
+                let (records, last, more) = m.snapshot_page(&after, meta::REPLY_MAX / 2);
+                let body = mirror::encode_snapshot(&last, &records);
+                Ok((0, ReplyValue::MoreFollows(more), body, Some((0, 0))))
+            };
+            let served = if owner == own {
+                page(&mut self.meta.borrow_mut())
+            } else {
+                copies.with_store(owner, page)
+            };
+            return served.unwrap_or_else(refused);
         }
         let serve = |meta: &mut MetaStore| {
             let (status, value, mut body) = self.meta_op(meta, h.op, bytes);
@@ -948,8 +964,26 @@ impl ServerState {
         if mirror.shard != owner {
             return Err(libc::EINVAL);
         }
-        copies.check_mirror(owner, mirror.producer)?;
-        copies.with_store(owner, |m| m.apply_mirror(mirror.seq, &records))
+        let checked = copies.check_mirror(owner, mirror.producer);
+        self.wipe_own(copies.take_wipe_own());
+        checked?;
+        if owner == self.own_owner() {
+            self.meta.borrow_mut().apply_mirror(&records)
+        } else {
+            copies.with_store(owner, |m| m.apply_mirror(&records))
+        }
+    }
+
+    /// The metadata owner this worker is.
+    fn own_owner(&self) -> u32 {
+        self.server_id * self.owners_per_server() + self.worker_index as u32
+    }
+
+    /// Empties this worker's own metadata when `wipe` (it is being caught up).
+    fn wipe_own(&self, wipe: bool) {
+        if wipe {
+            self.meta.borrow_mut().wipe();
+        }
     }
 
     fn owners_per_server(&self) -> u32 {

@@ -376,13 +376,14 @@ impl PyClient {
         Ok((files, missing))
     }
 
-    /// The registry's record of servers declared lost for the job, and of those repaired:
-    /// {"lost": [ids], "repaired": [ids]}.
+    /// The registry's record of servers declared lost for the job, of those repaired and of
+    /// those being caught up: {"lost": [ids], "repaired": [ids], "joining": [ids]}.
     fn lost_servers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let record = self.with(py, |c| c.lost_servers())?;
         let d = PyDict::new(py);
         d.set_item("lost", record.lost)?;
         d.set_item("repaired", record.repaired)?;
+        d.set_item("joining", record.joining)?;
         Ok(d)
     }
 
@@ -408,6 +409,18 @@ impl PyClient {
     /// Records that servers `ids` were caught up and are used again (after a complete repair).
     fn record_rejoined(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
         self.with(py, |c| c.record_rejoined(&ids))
+    }
+
+    /// Records servers `ids` as joining: they take the metadata's changes from now on (and
+    /// forget what they held), before `catch_up_metadata` hands them the rest.
+    fn record_joining(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        self.with(py, |c| c.record_joining(&ids))
+    }
+
+    /// Hands every metadata owner's joining copies the serving copy's state; the records
+    /// copied.
+    fn catch_up_metadata(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |c| c.catch_up_metadata())
     }
 
     /// The ids of the servers holding the copies of byte `offset` of `path`, in the order

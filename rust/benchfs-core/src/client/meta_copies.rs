@@ -15,11 +15,13 @@
 use std::time::Instant;
 
 use futures::future::join_all;
+use futures::stream::{self, StreamExt};
 
 use crate::error::{Error, Result};
-use crate::placement::{metadata_owner, MetadataCopies};
-use crate::protocol::mirror::Mirror;
-use crate::protocol::{meta, Header, Op};
+use crate::lost::append_lost;
+use crate::placement::{metadata_owner, LostIndexes, MetadataCopies};
+use crate::protocol::mirror::{decode_snapshot, decode_versioned, Mirror};
+use crate::protocol::{meta, Header, Op, ReplyValue};
 
 use super::replicas::is_fault;
 use super::Client;
@@ -29,7 +31,8 @@ use super::Client;
 const MOVES: usize = 4;
 
 /// Bytes of changes one metadata request may return besides its reply (paths, an attribute
-/// and a directory's entries: well under this).
+/// and a directory's entries: well under this), and a snapshot page's one record beyond half
+/// a reply.
 const CHANGES_MAX: usize = 4 * (crate::namespace::PATH_MAX + 256);
 
 /// What handing a change to the other copies came to.
@@ -48,8 +51,14 @@ impl Client {
     /// Where owner `owner`'s copies are, by the record as this client last read it.
     pub(super) fn metadata_copies_of(&self, owner: u32) -> MetadataCopies {
         let server = owner as usize / self.workers(0).max(1);
+        let (repaired, joining) = self.repaired_joining.borrow().clone();
+        let record = LostIndexes {
+            lost: self.declared.borrow().clone(),
+            repaired,
+            joining,
+        };
         self.domains
-            .metadata_servers(server, self.metadata_copies, &self.declared.borrow())
+            .metadata_servers(server, self.metadata_copies, &record)
     }
 
     /// One metadata request (`op`, `payload`) for owner `owner`, to the copy serving it, its
@@ -190,5 +199,77 @@ impl Client {
         }
         let owner = (server * self.workers(0)) as u32;
         self.metadata_copies_of(owner).serving().unwrap_or(server)
+    }
+}
+
+impl Client {
+    /// Records servers `ids` as joining (`repair`, before it catches them up): from now on
+    /// they take every change of the metadata they keep copies of, and serve nothing; each
+    /// forgets what it held before it takes the first.
+    pub fn record_joining(&self, ids: &[u32]) -> Result<()> {
+        ids.iter()
+            .try_for_each(|id| append_lost(&self.registry_dir, &format!("joining {id}")))?;
+        self.refresh_declared();
+        Ok(())
+    }
+
+    /// Hands every metadata owner's joining copies (stand-ins for declared servers, and
+    /// declared servers being caught up) the serving copy's state, page by page; changes made
+    /// meanwhile reach them as mirrors, and of a name's record and its change the newer wins.
+    /// Returns the records copied. Without copies of the metadata, nothing.
+    pub fn catch_up_metadata(&self) -> Result<u64> {
+        if self.metadata_copies <= 1 {
+            return Ok(0);
+        }
+        self.refresh_declared();
+        let owners = (self.server_count() * self.workers(0)) as u32;
+        self.run(async {
+            let counts: Vec<Result<u64>> = stream::iter(0..owners)
+                .map(|owner| self.catch_up_owner(owner))
+                .buffer_unordered(4)
+                .collect()
+                .await;
+            counts.into_iter().sum()
+        })
+    }
+
+    /// One owner's part of [`Client::catch_up_metadata`].
+    async fn catch_up_owner(&self, owner: u32) -> Result<u64> {
+        let copies = self.metadata_copies_of(owner);
+        if copies.joining.is_empty() {
+            return Ok(0);
+        }
+        let Some(serving) = copies.serving() else {
+            return Err(self.no_copy_left(owner));
+        };
+        let worker = owner as usize % self.workers(0).max(1);
+        let mut after = String::new();
+        let mut copied = 0u64;
+        loop {
+            let (h, body) = self
+                .meta_with_copies(owner, Op::Snapshot, after.as_bytes())
+                .await?;
+            let (last, records) =
+                decode_snapshot(&body).ok_or_else(|| Error::Protocol("malformed snapshot reply".into()))?;
+            copied += decode_versioned(records)
+                .ok_or_else(|| Error::Protocol("malformed snapshot records".into()))?
+                .len() as u64;
+            let payload = Mirror {
+                shard: owner,
+                producer: self.membership[serving].id,
+                seq: 0,
+                records: records.to_vec(),
+            }
+            .encode();
+            let header = Header::request(Op::Mirror, 0, 0, owner as u64 + 1, 0, payload.len() as u64);
+            for &s in &copies.joining {
+                self.call((s, worker), header, &payload, None, Instant::now())
+                    .await?;
+            }
+            if h.value() != ReplyValue::MoreFollows(true) {
+                return Ok(copied);
+            }
+            after = last;
+        }
     }
 }

@@ -198,6 +198,10 @@ impl Client {
             return;
         };
         self.epoch.set(record.epoch);
+        *self.repaired_joining.borrow_mut() = (
+            self.indexes_of(&record.repaired),
+            self.indexes_of(&record.joining),
+        );
         let recorded = self.indexes_of(&record.lost);
         let mut declared = self.declared.borrow_mut();
         // Declarations this client could not record stay; recorded ones follow the record.

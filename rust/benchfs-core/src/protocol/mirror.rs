@@ -20,6 +20,9 @@ const NEXT_ID: u8 = 5;
 
 /// The fixed part of a mirror request: shard, producer, sequence number.
 const MIRROR_FIXED: usize = 16;
+/// The largest mirror (or snapshot) request: a snapshot page (half a metadata reply) and the
+/// one record that may go over it, or the changes of one request.
+pub const REQUEST_MAX: usize = MIRROR_FIXED + crate::protocol::meta::REPLY_MAX + 4 * (PATH_MAX + 256);
 
 /// A change as a copy receives it: owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,8 +206,36 @@ pub fn decode_records(b: &[u8]) -> Option<Vec<Record>> {
     Some(out)
 }
 
+/// Decodes records each preceded by its version (a snapshot page); None if any is malformed.
+pub fn decode_versioned(b: &[u8]) -> Option<Vec<(u64, Record)>> {
+    let mut r = Reader(b);
+    let mut out = Vec::new();
+    while !r.0.is_empty() {
+        let version = r.u64()?;
+        out.push((version, r.record()?));
+    }
+    Some(out)
+}
+
+/// A snapshot reply's payload: the page's last key, then its versioned records.
+pub fn encode_snapshot(last: &str, records: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + last.len() + records.len());
+    out.extend_from_slice(&(last.len() as u16).to_le_bytes());
+    out.extend_from_slice(last.as_bytes());
+    out.extend_from_slice(records);
+    out
+}
+
+/// The last key and the versioned records of a snapshot reply; None if malformed.
+pub fn decode_snapshot(b: &[u8]) -> Option<(String, &[u8])> {
+    let mut r = Reader(b);
+    let last = r.text(2 * PATH_MAX + 2)?;
+    Some((last, r.0))
+}
+
 /// A mirror request: the changes `producer` (the server serving metadata owner `shard`)
-/// made under sequence number `seq`, for the shard's other copies.
+/// made under sequence number `seq`, for the shard's other copies; with `seq` 0, a page of the
+/// serving copy's state whose records each carry their version (a repair's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mirror {
     pub shard: u32,
@@ -223,14 +254,21 @@ impl Mirror {
         out
     }
 
-    /// The request and its decoded records; None if malformed.
-    pub fn decode(b: &[u8]) -> Option<(Mirror, Vec<Record>)> {
+    /// The request and its decoded records with their versions; None if malformed.
+    pub fn decode(b: &[u8]) -> Option<(Mirror, Vec<(u64, Record)>)> {
         let mut r = Reader(b);
         let shard = u32::from_le_bytes(r.take(4)?.try_into().ok()?);
         let producer = u32::from_le_bytes(r.take(4)?.try_into().ok()?);
         let seq = r.u64()?;
         let records = r.0.to_vec();
-        let decoded = decode_records(&records)?;
+        let decoded = if seq == 0 {
+            decode_versioned(&records)?
+        } else {
+            decode_records(&records)?
+                .into_iter()
+                .map(|rec| (seq, rec))
+                .collect()
+        };
         Some((
             Mirror {
                 shard,
@@ -299,11 +337,12 @@ mod tests {
         let (back, records) = Mirror::decode(&m.encode()).expect("decodes");
         assert_eq!(back, m);
         assert_eq!(records.len(), 5);
-        for (r, c) in records.iter().zip(&changes) {
+        for ((seq, r), c) in records.iter().zip(&changes) {
+            assert_eq!(*seq, 77);
             assert_eq!(change_key(&r.as_change()), change_key(c));
         }
         assert_eq!(
-            records[0],
+            records[0].1,
             Record::Inode {
                 path: "/d/f".into(),
                 attr: attr(),

@@ -17,7 +17,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 /// 5: checksums of stored bytes (op 9).
 /// 6: writes answered with the checksum of what was stored (op 10); a metadata request's size
 ///    (set-attribute with SET_SIZE).
-/// 7: copies of the metadata (op 32; a metadata reply's changes, sequence and record epoch).
+/// 7: copies of the metadata (ops 32 and 33; a metadata reply's changes, sequence and record
+///    epoch).
 pub const VERSION: u16 = 7;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
@@ -105,6 +106,11 @@ pub enum Op {
     /// [`mirror::Mirror`]; `chunk`: 1 + the owner). ESTALE when the copy does not take them
     /// from that server now (the registry's record of lost servers says otherwise).
     Mirror = 32,
+    /// A page of the state of a metadata owner's serving copy (`chunk`: 1 + the owner), for
+    /// a copy being caught up. Payload: the key to continue after (empty: from the start).
+    /// Reply: the page's last key (u16 length, bytes), then records each preceded by its
+    /// version (u64); value: whether more follow.
+    Snapshot = 33,
 }
 
 impl Op {
@@ -136,6 +142,7 @@ impl Op {
             30 => Some(Op::Symlink),
             31 => Some(Op::Readlink),
             32 => Some(Op::Mirror),
+            33 => Some(Op::Snapshot),
             _ => None,
         }
     }
@@ -168,11 +175,12 @@ impl Op {
             Op::Symlink => "symlink",
             Op::Readlink => "readlink",
             Op::Mirror => "mirror",
+            Op::Snapshot => "snapshot",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 27] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -199,6 +207,7 @@ impl Op {
         Op::Symlink,
         Op::Readlink,
         Op::Mirror,
+        Op::Snapshot,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).
@@ -273,7 +282,7 @@ impl ReplyValue {
             Op::Hello => ReplyValue::Connection(word as u32),
             Op::Create | Op::SetSize => ReplyValue::OldSize(word),
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
-            Op::Readdir | Op::Find => ReplyValue::MoreFollows(word != 0),
+            Op::Readdir | Op::Find | Op::Snapshot => ReplyValue::MoreFollows(word != 0),
             Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
             Op::WriteChunk | Op::WriteChecked | Op::ReadChunk => ReplyValue::Served {
                 queue_us: (word >> 32) as u32,
@@ -487,6 +496,15 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
             "{} carries an unexpected payload of {payload_len} bytes",
             h.op.name()
         ))),
+        Op::Mirror | Op::Snapshot if h.length != payload_len as u64 || payload_len > mirror::REQUEST_MAX => {
+            Err(Error::Protocol(format!(
+                "{} payload of {payload_len} bytes (header says {}, at most {})",
+                h.op.name(),
+                h.length,
+                mirror::REQUEST_MAX
+            )))
+        }
+        Op::Mirror | Op::Snapshot => Ok(()),
         op if op.is_metadata()
             && (h.length != payload_len as u64
                 || !(24..=crate::protocol::meta::REQUEST_MAX).contains(&payload_len)) =>
