@@ -25,6 +25,17 @@ pub struct LostServers {
     pub joining: Vec<u32>,
     /// The record's length in bytes when read (0: no record).
     pub epoch: u64,
+    /// Every line, in order (who serves a metadata owner depends on the order of events).
+    pub events: Vec<Event>,
+}
+
+/// One line of the record: what happened to which server (by id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Lost(u32),
+    Repaired(u32),
+    Joining(u32),
+    Rejoined(u32),
 }
 
 /// Reads the registry's record of lost servers (none when it has no record), in order: a
@@ -51,6 +62,13 @@ pub fn read_lost(registry_dir: &std::path::Path) -> Result<LostServers> {
         let Ok(id) = id else {
             continue;
         };
+        match what {
+            "lost" => out.events.push(Event::Lost(id)),
+            "repaired" => out.events.push(Event::Repaired(id)),
+            "joining" => out.events.push(Event::Joining(id)),
+            "rejoined" => out.events.push(Event::Rejoined(id)),
+            _ => {}
+        }
         let list = match what {
             "lost" => {
                 out.joining.retain(|&j| j != id);

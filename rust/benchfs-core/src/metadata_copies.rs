@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use crate::error::Result;
-use crate::lost::{read_lost, LOST_FILE};
+use crate::lost::{read_lost, Event, LOST_FILE};
 use crate::namespace::MetaStore;
-use crate::placement::{Domains, LostIndexes, MetadataCopies};
+use crate::placement::{Domains, MetadataCopies};
 use crate::registry;
 
 type Errno = i32;
@@ -29,8 +29,13 @@ type Errno = i32;
 struct Seen {
     /// The record's length and modification time when read (None: never read, or absent).
     stamp: Option<(u64, SystemTime)>,
-    record: LostIndexes,
+    events: Vec<Event>,
+    /// Declared lost (joining or not), and of those, joining: server indexes.
+    lost: Vec<usize>,
+    joining: Vec<usize>,
     epoch: u64,
+    /// Where the copies of each server's owners are by `events`, worked out on first use.
+    chains: HashMap<usize, MetadataCopies>,
 }
 
 /// Makes the store of a copy of metadata owner `owner` (empty, or reopened from the device).
@@ -89,9 +94,9 @@ impl CopyKeeper {
         let Ok(record) = read_lost(&self.registry_dir) else {
             return;
         };
-        let epoch = record.epoch;
-        let record = LostIndexes::of(&record);
-        let joining = record.joining.contains(&self.me);
+        let to = |ids: &[u32]| ids.iter().map(|&i| i as usize).collect::<Vec<_>>();
+        let (lost, joining_ids) = (to(&record.lost), to(&record.joining));
+        let joining = joining_ids.contains(&self.me);
         // Declared, this server missed changes: before it takes any as a joining copy, it
         // forgets every name it held (repair hands it the serving copies' state).
         if joining && !self.wiped.get() {
@@ -99,10 +104,17 @@ impl CopyKeeper {
             self.wipe_own.set(true);
             self.wiped.set(true);
         }
-        if !record.lost.contains(&self.me) {
+        if !lost.contains(&self.me) {
             self.wiped.set(false);
         }
-        *self.seen.borrow_mut() = Seen { stamp, record, epoch };
+        *self.seen.borrow_mut() = Seen {
+            stamp,
+            events: record.events,
+            lost,
+            joining: joining_ids,
+            epoch: record.epoch,
+            chains: HashMap::new(),
+        };
     }
 
     /// Empties the copies of other owners this worker keeps.
@@ -141,14 +153,19 @@ impl CopyKeeper {
     /// Where owner `owner`'s copies are now, by the record.
     fn copies_of(&self, owner: u32) -> std::result::Result<MetadataCopies, Errno> {
         self.refresh();
-        let seen = self.seen.borrow();
-        if seen.record.lost.contains(&self.me) && !seen.record.joining.contains(&self.me) {
+        let mut seen = self.seen.borrow_mut();
+        if seen.lost.contains(&self.me) && !seen.joining.contains(&self.me) {
             return Err(libc::ESTALE);
+        }
+        let server = (owner / self.workers) as usize;
+        if let Some(c) = seen.chains.get(&server) {
+            return Ok(c.clone());
         }
         // Until every server has registered no one can say; the client retries.
         let domains = self.domains().ok_or(libc::EAGAIN)?;
-        let server = (owner / self.workers) as usize;
-        Ok(domains.metadata_servers(server, self.copies, &seen.record))
+        let copies = domains.metadata_servers(server, self.copies, &seen.events);
+        seen.chains.insert(server, copies.clone());
+        Ok(copies)
     }
 
     /// Ok when this server serves owner `owner`'s requests now; ESTALE when another copy does

@@ -7,6 +7,8 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use crate::lost::Event;
+
 use crate::chunking::FileId;
 
 /// A worker of a server: (server index in the membership, worker index on that server).
@@ -136,17 +138,15 @@ impl Domains {
 
     /// The servers keeping the copies of the metadata of the owners on server `owner_server`
     /// (`replicas` of them: the server itself and the next ones on the ring of domains, as a
-    /// chunk whose primary is that server), by the record of lost servers (`record`), in the
-    /// order they serve: `complete` hold every change the owners made (the original copies
-    /// left, and the stand-ins for declared ones once those were repaired; the first serves),
-    /// `joining` take changes from now on but may lack earlier ones, so they never serve: the
-    /// stand-ins not repaired yet, and declared copies being caught up.
-    pub fn metadata_servers(
-        &self,
-        owner_server: usize,
-        replicas: u8,
-        record: &LostIndexes,
-    ) -> MetadataCopies {
+    /// chunk whose primary is that server), after the record of lost servers' `events`, in the
+    /// order they serve. A server declared lost leaves; the next server on the ring not yet a
+    /// copy stands in for it and takes changes from then on (`joining`); a `repaired` line
+    /// (written once a repair handed the joining copies the serving copy's state) makes the
+    /// stand-ins then joining complete. A declared server being caught up (`joining`) takes
+    /// changes; `rejoined`, it is a complete copy again in its place, and its stand-in leaves.
+    /// `complete` hold every change (the first serves): the original copies left in their
+    /// order, then the stand-ins repaired, in the order they came.
+    pub fn metadata_servers(&self, owner_server: usize, replicas: u8, events: &[Event]) -> MetadataCopies {
         let layout = Layout {
             chunk_size: 1,
             stripe_count: self.ring.len() as u32,
@@ -160,17 +160,55 @@ impl Domains {
                 joining: Vec::new(),
             };
         }
-        let lost: Vec<usize> = original
-            .iter()
-            .copied()
-            .filter(|s| record.lost.contains(s))
-            .collect();
-        let stand_ins_complete = lost.iter().all(|s| record.repaired.contains(s));
-        let (complete, mut joining): (Vec<usize>, Vec<usize>) = self
-            .replica_servers(&layout, 0, &record.lost)
-            .into_iter()
-            .partition(|s| original.contains(s) || stand_ins_complete);
-        joining.extend(lost.iter().filter(|s| record.joining.contains(s)));
+        // (server, complete, the original copy it stands in for)
+        let mut members: Vec<(usize, bool, Option<usize>)> =
+            original.iter().map(|&s| (s, true, None)).collect();
+        let mut lost: Vec<usize> = Vec::new();
+        let mut returning: Vec<usize> = Vec::new();
+        for event in events {
+            match *event {
+                Event::Lost(id) => {
+                    let x = id as usize;
+                    if !lost.contains(&x) {
+                        lost.push(x);
+                    }
+                    returning.retain(|&r| r != x);
+                    if let Some(i) = members.iter().position(|m| m.0 == x) {
+                        let left = members.remove(i);
+                        let stands_for = left.2.unwrap_or(x);
+                        let next = self
+                            .replica_servers(&layout, 0, &lost)
+                            .into_iter()
+                            .find(|s| members.iter().all(|m| m.0 != *s));
+                        if let Some(s) = next {
+                            members.push((s, false, Some(stands_for)));
+                        }
+                    }
+                }
+                Event::Repaired(_) => members.iter_mut().for_each(|m| m.1 = true),
+                Event::Joining(id) => {
+                    let x = id as usize;
+                    if lost.contains(&x) && original.contains(&x) && !returning.contains(&x) {
+                        returning.push(x);
+                    }
+                }
+                Event::Rejoined(id) => {
+                    let x = id as usize;
+                    lost.retain(|&l| l != x);
+                    returning.retain(|&r| r != x);
+                    if original.contains(&x) && members.iter().all(|m| m.0 != x) {
+                        members.retain(|m| m.2 != Some(x));
+                        members.push((x, true, None));
+                    }
+                }
+            }
+        }
+        // Originals first, in their order; then stand-ins in the order they came.
+        let rank = |s: usize| original.iter().position(|&o| o == s).unwrap_or(usize::MAX);
+        members.sort_by_key(|m| (m.2.is_some(), if m.2.is_none() { rank(m.0) } else { 0 }));
+        let complete = members.iter().filter(|m| m.1).map(|m| m.0).collect();
+        let mut joining: Vec<usize> = members.iter().filter(|m| !m.1).map(|m| m.0).collect();
+        joining.extend(returning);
         MetadataCopies { complete, joining }
     }
 
@@ -202,29 +240,6 @@ impl Domains {
             }
         }
         out
-    }
-}
-
-/// The record of lost servers ([`crate::lost`]) as server indexes.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct LostIndexes {
-    /// Declared lost (those joining included).
-    pub lost: Vec<usize>,
-    /// Of those, the ones whose copies were re-created on the servers standing in for them.
-    pub repaired: Vec<usize>,
-    /// Of those, the ones being caught up: they take changes of the metadata, serve nothing.
-    pub joining: Vec<usize>,
-}
-
-impl LostIndexes {
-    /// Ids are indexes (the membership is servers 0..n).
-    pub fn of(record: &crate::lost::LostServers) -> LostIndexes {
-        let to = |ids: &[u32]| ids.iter().map(|&i| i as usize).collect();
-        LostIndexes {
-            lost: to(&record.lost),
-            repaired: to(&record.repaired),
-            joining: to(&record.joining),
-        }
     }
 }
 
@@ -503,38 +518,40 @@ mod tests {
     }
 
     /// A metadata owner's copies: its own server first, then other domains; a declared copy's
-    /// stand-in takes changes but never serves until the declared one is repaired, and the
-    /// copy left serves; a declared copy being caught up takes changes, serves nothing.
+    /// stand-in takes changes but never serves until repaired, and the copy left serves; a
+    /// declared copy being caught up takes changes and serves once rejoined; a stand-in
+    /// repaired stays complete when the other copy is lost later.
     #[test]
-    fn metadata_copies_serve_from_the_copies_left() {
+    fn metadata_copies_follow_the_record() {
+        use crate::lost::Event::{Joining, Lost, Rejoined, Repaired};
         let d = Domains::new(&["a", "a", "b", "b"]);
-        let lost = |l: &[usize], r: &[usize], j: &[usize]| LostIndexes {
-            lost: l.to_vec(),
-            repaired: r.to_vec(),
-            joining: j.to_vec(),
-        };
         for owner in 0..4 {
-            let c = d.metadata_servers(owner, 2, &LostIndexes::default());
+            let c = d.metadata_servers(owner, 2, &[]);
             assert_eq!(c.serving(), Some(owner));
             assert_eq!(c.complete.len(), 2);
             assert_ne!(d.of(c.complete[0]), d.of(c.complete[1]), "{c:?}");
             assert!(c.joining.is_empty());
-            let other = c.complete[1];
-            let after = d.metadata_servers(owner, 2, &lost(&[owner], &[], &[]));
+            let (me, other) = (owner as u32, c.complete[1]);
+            let after = d.metadata_servers(owner, 2, &[Lost(me)]);
             assert_eq!(after.complete, vec![other], "owner {owner} lost");
             assert_eq!(after.joining.len(), 1);
             let stand_in = after.joining[0];
-            assert_ne!(stand_in, owner);
+            assert!(stand_in != owner && stand_in != other);
             assert_eq!(after.mirrors().collect::<Vec<_>>(), after.joining);
-            let repaired = d.metadata_servers(owner, 2, &lost(&[owner], &[owner], &[]));
+            let repaired = d.metadata_servers(owner, 2, &[Lost(me), Repaired(me)]);
             assert_eq!(repaired.complete, vec![other, stand_in]);
-            let back = d.metadata_servers(owner, 2, &lost(&[owner], &[], &[owner]));
+            let second = d.metadata_servers(owner, 2, &[Lost(me), Repaired(me), Lost(other as u32)]);
+            assert_eq!(second.serving(), Some(stand_in), "{second:?}");
+            let back = d.metadata_servers(owner, 2, &[Lost(me), Joining(me)]);
             assert_eq!(back.complete, vec![other]);
             assert_eq!(back.joining, vec![stand_in, owner]);
-            let none = d.metadata_servers(owner, 2, &lost(&[owner, other], &[], &[]));
+            let rejoined = d.metadata_servers(owner, 2, &[Lost(me), Joining(me), Rejoined(me)]);
+            assert_eq!(rejoined.complete, vec![owner, other]);
+            assert!(rejoined.joining.is_empty());
+            let none = d.metadata_servers(owner, 2, &[Lost(me), Lost(other as u32)]);
             assert_eq!(none.serving(), None);
         }
-        assert_eq!(d.metadata_servers(3, 1, &lost(&[3], &[], &[])).complete, vec![3]);
+        assert_eq!(d.metadata_servers(3, 1, &[Lost(3)]).complete, vec![3]);
     }
 
     #[test]

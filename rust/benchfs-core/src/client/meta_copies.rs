@@ -19,7 +19,8 @@ use futures::stream::{self, StreamExt};
 
 use crate::error::{Error, Result};
 use crate::lost::append_lost;
-use crate::placement::{metadata_owner, LostIndexes, MetadataCopies};
+use crate::lost::Event;
+use crate::placement::{metadata_owner, MetadataCopies};
 use crate::protocol::mirror::{decode_snapshot, decode_versioned, Mirror};
 use crate::protocol::{meta, Header, Op, ReplyValue};
 
@@ -51,14 +52,17 @@ impl Client {
     /// Where owner `owner`'s copies are, by the record as this client last read it.
     pub(super) fn metadata_copies_of(&self, owner: u32) -> MetadataCopies {
         let server = owner as usize / self.workers(0).max(1);
-        let (repaired, joining) = self.repaired_joining.borrow().clone();
-        let record = LostIndexes {
-            lost: self.declared.borrow().clone(),
-            repaired,
-            joining,
-        };
-        self.domains
-            .metadata_servers(server, self.metadata_copies, &record)
+        if let Some(c) = self.metadata_chains.borrow().get(&server) {
+            return c.clone();
+        }
+        // Declarations this client could not write to the record count here as its last lines.
+        let mut events = self.record_events.borrow().clone();
+        events.extend(self.unrecorded.borrow().iter().map(|&i| Event::Lost(i as u32)));
+        let copies = self
+            .domains
+            .metadata_servers(server, self.metadata_copies, &events);
+        self.metadata_chains.borrow_mut().insert(server, copies.clone());
+        copies
     }
 
     /// One metadata request (`op`, `payload`) for owner `owner`, to the copy serving it, its
@@ -267,9 +271,18 @@ impl Client {
                     .await?;
             }
             if h.value() != ReplyValue::MoreFollows(true) {
-                return Ok(copied);
+                break;
             }
             after = last;
         }
+        // A server declared lost meanwhile brought a stand-in this copy did not reach.
+        self.refresh_declared();
+        if self.metadata_copies_of(owner).joining != copies.joining {
+            return Err(Error::Protocol(format!(
+                "the copies of metadata owner {owner} changed while repair caught them up (a \
+                 server was declared lost): run repair again"
+            )));
+        }
+        Ok(copied)
     }
 }

@@ -144,8 +144,10 @@ pub struct Client {
     unrecorded: RefCell<Vec<usize>>,
     /// The record's epoch (its length) when this client last read it.
     epoch: Cell<u64>,
-    /// Of the declared servers, those repaired and those joining, by the record.
-    repaired_joining: RefCell<(Vec<usize>, Vec<usize>)>,
+    /// The record's lines as this client last read them, and where the copies of each
+    /// server's metadata owners are by them (client/meta_copies.rs), worked out on first use.
+    record_events: RefCell<Vec<crate::lost::Event>>,
+    metadata_chains: RefCell<HashMap<usize, crate::placement::MetadataCopies>>,
     /// Copies of each metadata owner's names (client/meta_copies.rs); 1: its server only.
     metadata_copies: u8,
     /// Where the servers publish their entries: a lost server is looked up there again, in
@@ -261,7 +263,8 @@ impl Client {
             declared: RefCell::new(Vec::new()),
             unrecorded: RefCell::new(Vec::new()),
             epoch: Cell::new(0),
-            repaired_joining: RefCell::new((Vec::new(), Vec::new())),
+            record_events: RefCell::new(Vec::new()),
+            metadata_chains: RefCell::new(HashMap::new()),
             metadata_copies,
             shared,
             next_request: Cell::new(1),

@@ -189,6 +189,8 @@ impl Client {
             eprintln!("benchfs: {e}");
             self.unrecorded.borrow_mut().push(index);
         }
+        // The record with this line (and any other client's since): where copies are now.
+        self.refresh_declared();
     }
 
     /// Reads the registry's record again: servers other clients declared lost are out here too.
@@ -198,11 +200,9 @@ impl Client {
             return;
         };
         self.epoch.set(record.epoch);
-        *self.repaired_joining.borrow_mut() = (
-            self.indexes_of(&record.repaired),
-            self.indexes_of(&record.joining),
-        );
         let recorded = self.indexes_of(&record.lost);
+        *self.record_events.borrow_mut() = record.events;
+        self.metadata_chains.borrow_mut().clear();
         let mut declared = self.declared.borrow_mut();
         // Declarations this client could not record stay; recorded ones follow the record.
         let unrecorded = self.unrecorded.borrow();
