@@ -101,7 +101,7 @@ def test_a_killed_server_loses_no_byte_and_repair_restores_the_copies(
         client.unlink(paths[2])
         del files[paths[2]]
         _check(client, files)
-        assert client.lost_servers() == {"lost": [first], "repaired": []}
+        assert client.lost_servers() == {"lost": [first], "repaired": [], "joining": []}
 
         status = copies_status(client, client.statfs())
         assert status["not_answering"] == [first]
@@ -242,7 +242,7 @@ def test_a_restarted_server_is_not_read_until_repair_catches_it_up(
         report = repair(client)
         assert report.complete and report.rejoining == [victim], report.as_dict()
         assert report.copies > 0
-        assert client.lost_servers() == {"lost": [], "repaired": []}
+        assert client.lost_servers() == {"lost": [], "repaired": [], "joining": []}
         with client.open(paths[0], "r+b") as f:  # regrown: a hole, not the old bytes
             f.seek(200_000)
             f.write(b"end")

@@ -242,6 +242,11 @@ class Client:
         whose copies were re-created since, "joining": ids being caught up}."""
     def locate_metadata(self, path: str) -> int:
         """The id of the server keeping `path`'s metadata."""
+    def locate_locks(self, path: str) -> int:
+        """The id of the server keeping the file's locks now."""
+    def locate_metadata_copies(self, path: str) -> list[int]:
+        """The ids of the servers keeping copies of `path`'s metadata, the serving one
+        first."""
     def declare_lost(self, ids: list[int]) -> None:
         """Declare servers lost for the job: no copies are placed on them again."""
     def record_repaired(self, ids: list[int]) -> None:

@@ -552,8 +552,21 @@ class Client:
         return self._core.locate(path, offset)
 
     def locate_metadata(self, path: str) -> int:
-        """The id of the server keeping `path`'s metadata (its name, size and layout)."""
+        """The id of the server keeping `path`'s metadata (its name, size and layout): its
+        metadata owner's server, whether or not it is lost."""
         return self._core.locate_metadata(path)
+
+    def locate_locks(self, path: str) -> int:
+        """The id of the server keeping the locks of the file at `path` now (a lost keeper's
+        locks are lost; with copies of the metadata, the copy serving its names keeps the
+        file's locks from then on)."""
+        return self._core.locate_locks(path)
+
+    def locate_metadata_copies(self, path: str) -> list[int]:
+        """The ids of the servers keeping copies of `path`'s metadata (`layout.replicas`), by
+        the record of lost servers now: the complete copies, the first serving, then those
+        that only take changes (standing in before a repair, or being caught up)."""
+        return self._core.locate_metadata_copies(path)
 
     def locate_copies(self, path: str, offset: int) -> list[int]:
         """The ids of the servers holding the copies of byte `offset` of the file at `path`

@@ -392,6 +392,17 @@ impl PyClient {
         self.with(py, |c| c.locate_metadata(path))
     }
 
+    /// The id of the server keeping the locks of the file at `path` now.
+    fn locate_locks(&self, py: Python<'_>, path: &str) -> PyResult<u32> {
+        self.with(py, |c| c.locate_locks(path))
+    }
+
+    /// The ids of the servers keeping copies of `path`'s metadata: the complete ones (the first
+    /// serves), then those only taking changes.
+    fn locate_metadata_copies(&self, py: Python<'_>, path: &str) -> PyResult<Vec<u32>> {
+        self.with(py, |c| c.locate_metadata_copies(path))
+    }
+
     /// Declares the servers `ids` lost for the job: no client places copies on them or sends
     /// them requests for files of several copies again.
     fn declare_lost(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {

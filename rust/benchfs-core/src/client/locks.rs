@@ -47,7 +47,12 @@ impl Client {
                 {
                     Ok(reply) => reply,
                     // With copies of the metadata, a lost server's locks move with its names.
-                    Err(e) if self.metadata_copies > 1 && is_fault(&e) && moves < 2 => {
+                    Err(e)
+                        if self.metadata_copies > 1
+                            && is_fault(&e)
+                            && moves < 2
+                            && self.next_copy_answers((target.0 * self.workers(0)) as u32).await =>
+                    {
                         self.declare_lost_because(target.0, "a lock request to it failed");
                         moves += 1;
                         continue;
@@ -89,6 +94,15 @@ impl Client {
                 }
             }
         })
+    }
+
+    /// The id of the server keeping the locks of the file at `path` now (with copies of the
+    /// metadata, the copy serving a lost keeper's names: docs/namespace.md, "Locks").
+    pub fn locate_locks(&self, path: &str) -> Result<u32> {
+        let attr = self.file_to_locate(path)?;
+        self.refresh_declared();
+        let (server, _) = lock_target(attr.id, self.server_count(), self.workers(0));
+        Ok(self.membership[self.lock_server(server)].id)
     }
 
     /// Whether the worker keeping `file`'s locks restarted since this client last took a lock

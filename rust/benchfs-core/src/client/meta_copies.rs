@@ -49,6 +49,21 @@ impl Client {
         metadata_owner(path, (self.server_count() * self.workers(0)) as u32)
     }
 
+    /// The ids of the servers keeping copies of `path`'s metadata, by the record read now: the
+    /// complete ones (the first serves), then those taking changes only (standing in before a
+    /// repair, or being caught up). One server without copies of the metadata.
+    pub fn locate_metadata_copies(&self, path: &str) -> Result<Vec<u32>> {
+        let path = self.checked("locate", path)?;
+        let owner = self.owner_of(&path);
+        if self.metadata_copies <= 1 {
+            return Ok(vec![self.membership[self.owner(&path).0].id]);
+        }
+        self.refresh_declared();
+        let copies = self.metadata_copies_of(owner);
+        let ids = copies.complete.iter().chain(&copies.joining);
+        Ok(ids.map(|&s| self.membership[s].id).collect())
+    }
+
     /// Where owner `owner`'s copies are, by the record as this client last read it.
     pub(super) fn metadata_copies_of(&self, owner: u32) -> MetadataCopies {
         let server = owner as usize / self.workers(0).max(1);
@@ -114,6 +129,9 @@ impl Client {
                     return Ok((h, reply));
                 }
                 Err(e) if is_fault(&e) => {
+                    if !self.next_copy_answers(owner).await {
+                        return Err(e);
+                    }
                     self.declare_lost_because(serving, "a metadata request to it failed");
                     last = Some(e);
                 }
@@ -132,6 +150,16 @@ impl Client {
             }
         }
         Err(last.unwrap_or_else(|| self.no_copy_left(owner)))
+    }
+
+    /// Whether this client reaches the copy of owner `owner` next after the serving one: a
+    /// client that reaches neither declares nothing (its own link is the likelier fault, and
+    /// declaring would take the names from every client).
+    pub(super) async fn next_copy_answers(&self, owner: u32) -> bool {
+        let Some(&next) = self.metadata_copies_of(owner).complete.get(1) else {
+            return false;
+        };
+        self.connect_on_use(next).await.is_ok() && !self.is_lost(next)
     }
 
     fn no_copy_left(&self, owner: u32) -> Error {
