@@ -120,3 +120,40 @@ def test_phases_one_at_a_time_and_a_stonewalled_creation(daemon_cluster, tmp_pat
     bad = run_mdtest(cluster, ["-T", "-n", "1", "-x", str(tmp_path / "none")])
     assert bad.returncode == 1
     assert f"file count failed: UsageError: -x {tmp_path / 'none'}: no file count" in bad.stderr
+
+
+@pytest.mark.timeout(180)
+def test_mdtest_completes_through_the_kill_of_a_metadata_owner(tmp_path: Path) -> None:
+    """Two copies of the metadata (`layout.replicas=2`): `benchfs-run` with the built-in
+    mdtest (create, stat with its size checked, read with its bytes checked, remove; one
+    directory per rank, four iterations) and server 3, which owns a quarter of the names,
+    SIGKILLed in its middle. Every operation of every rank succeeds with the outcome the
+    workload expects of it, and the run completes verified."""
+    result = subprocess.run(
+        [
+            *benchfs_run_command(),
+            *("launch", "--servers=4", "--clients=4", "--workload=mdtest"),
+            "--mdtest-args=-n 250 -u -i 4 -d /md",
+            "--set=layout.replicas=2",
+            "--set=client.request_timeout_s=2",
+            "--kill-server-after=1.0",
+            f"--results-root={tmp_path / 'results'}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "ok" and report["verified"] is True, report
+    run = Path(report["results_dir"])
+    manifest = read_json(run / "manifest.json")
+    events = [e["kind"] for e in manifest["events"]]
+    assert events[:2] == ["fault-injection", "server-died"], events
+    # The kill landed well before the workload ended: phases ran without server 3.
+    assert manifest["timings_s"]["workload"] > 2.0, manifest["timings_s"]
+    output = (run / "workload" / "output.log").read_text()
+    assert "server 3 declared lost" in output
+    assert set(manifest["workload"]["rates"]) >= {"create", "stat", "read", "remove"}

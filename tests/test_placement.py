@@ -102,7 +102,7 @@ def test_placement_study_rejects_bad_input() -> None:
 
 def test_meta_quick_json_shape() -> None:
     report = bench("meta", "--quick", "--json")
-    modes = ["memory", "none", "fsync", "close"]
+    modes = ["memory", "none", "fsync", "close", "none-x2"]
     assert [(c["mode"], c["name"]) for c in report["cases"]] == [
         (m, p) for m in modes for p in meta.PHASES
     ]
@@ -114,6 +114,8 @@ def test_meta_quick_json_shape() -> None:
     for c in report["cases"]:
         assert c["ops_s"] > 0 and len(c["samples"]) == report["repeats"] == 1
     assert [t["target"] for t in report["targets"]] == [
-        "create with durability none >= 0.8x memory"
+        "create with durability none >= 0.8x memory",
+        "create with two copies (none-x2) >= 0.5x one (none)",
+        "stat with two copies (none-x2) >= 0.9x one (none)",
     ]
     assert report["data_fs"] != "tmpfs" and not os.path.exists(report["data_dir"])

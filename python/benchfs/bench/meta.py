@@ -17,7 +17,9 @@ on each (`lock`) and its release (`unlock`); and all clients taking and releasin
 exclusive lock on one shared file in turn (`lock-contended`: a take and a release per
 operation, the takes waiting for each other). Modes run in turn, in reversed order every
 other repeat, and the report gives medians; `memory` (no store) is the reference the
-persisted modes are compared with.
+persisted modes are compared with. `none-x2` is `none` with two copies of the metadata (and of
+the data: `layout.replicas=2`): every change is also handed to the next server's copy before
+it is answered, so its cost is its ratio to `none`.
 """
 
 from __future__ import annotations
@@ -41,9 +43,20 @@ PHASES = (
 )  # fmt: skip
 CONTENDED = 200
 """Lock-and-release rounds per client in `lock-contended`."""
-MODES = ("memory", "none", "fsync", "close")
+COPIES = "none-x2"
+"""The mode with two copies of the metadata (durability `none`, `layout.replicas=2`)."""
+MODES = ("memory", "none", "fsync", "close", COPIES)
 TARGET = 0.8
 """The default mode's create rate at least this fraction of `memory`'s."""
+COPIES_TARGETS = {"create": 0.5, "stat": 0.9}
+"""With two copies of the metadata, each phase's rate at least this fraction of one copy's."""
+
+
+def mode_overrides(mode: str) -> list[str]:
+    """The configuration of a mode: a durability, and for `none-x2` two copies."""
+    if mode == COPIES:
+        return ["storage.durability=none", "layout.replicas=2"]
+    return [f"storage.durability={mode}"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ class MetaSettings:
 
 def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> list[float]:
     """One cluster in `mode`: the phases' rates (ops/s), in PHASES' order."""
-    cluster = BenchCluster(root, "meta", settings.servers, [f"storage.durability={mode}"], benchfsd)
+    cluster = BenchCluster(root, "meta", settings.servers, mode_overrides(mode), benchfsd)
     per_client = settings.files // settings.clients
     cluster.start()
     try:
@@ -169,6 +182,14 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
             "ratio": r,
             "met": None if r is None else r >= TARGET,
         })  # fmt: skip
+    if COPIES in settings.modes and "none" in settings.modes:
+        for phase, floor in COPIES_TARGETS.items():
+            r = ratio(rate[(COPIES, phase)], rate[("none", phase)])
+            targets.append({
+                "target": f"{phase} with two copies ({COPIES}) >= {floor}x one (none)",
+                "ratio": r,
+                "met": None if r is None else r >= floor,
+            })  # fmt: skip
     return {
         "cases": cases,
         "targets": targets,

@@ -373,9 +373,10 @@ def find_case(
 @click.option("--files", type=click.IntRange(min=1), help="Files in total [10000; --quick: 400].")
 @click.option(
     "--modes",
-    default="memory,none,fsync,close",
+    default="memory,none,fsync,close,none-x2",
     show_default=True,
-    help="storage.durability modes to run, comma-separated.",
+    help="storage.durability modes to run, comma-separated (none-x2: none with two copies of "
+    "the metadata, layout.replicas=2).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
 def meta(
@@ -387,7 +388,7 @@ def meta(
     repeats: int | None,
 ) -> None:
     """Create, stat and unlink throughput from 4 clients on 4 local servers, per durability
-    mode."""
+    mode, and with two copies of the metadata."""
     from benchfs.bench import meta as bench
 
     settings = bench.MetaSettings.quick() if quick else bench.MetaSettings()

@@ -51,7 +51,8 @@ impl Client {
                         if self.metadata_copies > 1
                             && is_fault(&e)
                             && moves < 2
-                            && self.next_copy_answers((target.0 * self.workers(0)) as u32).await =>
+                            && (self.lock_server(server) != target.0
+                                || self.next_copy_answers((target.0 * self.workers(0)) as u32).await) =>
                     {
                         self.declare_lost_because(target.0, "a lock request to it failed");
                         moves += 1;

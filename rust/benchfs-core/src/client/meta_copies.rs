@@ -129,10 +129,13 @@ impl Client {
                     return Ok((h, reply));
                 }
                 Err(e) if is_fault(&e) => {
-                    if !self.next_copy_answers(owner).await {
-                        return Err(e);
+                    // Losing it, this client read the record again: another may have declared it.
+                    if self.metadata_copies_of(owner).serving() == Some(serving) {
+                        if !self.next_copy_answers(owner).await {
+                            return Err(e);
+                        }
+                        self.declare_lost_because(serving, "a metadata request to it failed");
                     }
-                    self.declare_lost_because(serving, "a metadata request to it failed");
                     last = Some(e);
                 }
                 Err(Error::Remote { errno, .. }) if errno == libc::ESTALE => {
