@@ -89,7 +89,8 @@ def _check(client: Client, model: Model) -> None:
     """Every listing, kind, size and byte is the model's."""
     dirs = ["/", *sorted(p for p, v in model.items() if v is None)]
     for d in dirs:
-        want = {p.rsplit("/", 1)[1] for p in model if p.rsplit("/", 1)[0] == (d if d != "/" else "")}
+        parent = d if d != "/" else ""
+        want = {p.rsplit("/", 1)[1] for p in model if p.rsplit("/", 1)[0] == parent}
         assert set(client.listdir(d)) == want, (d, set(client.listdir(d)) ^ want)
     for path, data in model.items():
         st = client.stat(path)
@@ -295,7 +296,8 @@ def test_a_client_cut_off_from_the_owner_moves_every_client(tmp_path: Path) -> N
             assert cut["lost"] == [owner], cut
             later = ask("n5", op="make", owner=owner, count=5)
             assert later["lost"] == [owner], later
-            want = {p.rsplit("/", 1)[1] for p in [*before[0], *before[1], *cut["made"], *later["made"]]}  # type: ignore[misc]
+            made = [*before[0], *before[1], *cut["made"], *later["made"]]  # type: ignore[misc]
+            want = {p.rsplit("/", 1)[1] for p in made}
             for name in ("n4", "n5"):
                 seen = ask(name, op="list")["listing"]
                 assert set(seen) == want, (name, set(seen) ^ want)  # type: ignore[arg-type]
