@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,19 @@ def test_mdtest_completes_through_the_kill_of_a_metadata_owner(tmp_path: Path) -
     directory per rank, four iterations) and server 3, which owns a quarter of the names,
     SIGKILLed in its middle. Every operation of every rank succeeds with the outcome the
     workload expects of it, and the run completes verified."""
+    _mdtest_through_a_kill(tmp_path, 1.0)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("round_", range(20))
+def test_mdtest_through_a_kill_20_rounds(tmp_path: Path, round_: int) -> None:
+    """`make test-long`: the same, the kill at a random moment of the workload's first 2 s."""
+    _mdtest_through_a_kill(tmp_path, round(random.uniform(0.3, 2.0), 2))
+
+
+def _mdtest_through_a_kill(tmp_path: Path, kill_after_s: float) -> None:
+    print(f"server 3 killed {kill_after_s} s into the workload")
     result = subprocess.run(
         [
             *benchfs_run_command(),
@@ -136,7 +150,7 @@ def test_mdtest_completes_through_the_kill_of_a_metadata_owner(tmp_path: Path) -
             "--mdtest-args=-n 250 -u -i 4 -d /md",
             "--set=layout.replicas=2",
             "--set=client.request_timeout_s=2",
-            "--kill-server-after=1.0",
+            f"--kill-server-after={kill_after_s}",
             f"--results-root={tmp_path / 'results'}",
             "--json",
         ],
@@ -153,7 +167,7 @@ def test_mdtest_completes_through_the_kill_of_a_metadata_owner(tmp_path: Path) -
     events = [e["kind"] for e in manifest["events"]]
     assert events[:2] == ["fault-injection", "server-died"], events
     # The kill landed well before the workload ended: phases ran without server 3.
-    assert manifest["timings_s"]["workload"] > 2.0, manifest["timings_s"]
+    assert manifest["timings_s"]["workload"] > kill_after_s + 1.0, manifest["timings_s"]
     output = (run / "workload" / "output.log").read_text()
     assert "server 3 declared lost" in output
     assert set(manifest["workload"]["rates"]) >= {"create", "stat", "read", "remove"}

@@ -342,3 +342,19 @@ def test_held_locks_are_lost_with_their_server_and_the_holder_is_told(
         assert f.lock(exclusive=True, start=0, length=10)  # the new keeper grants it
         for _, h in handles:
             h.close()
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("round_", range(20))
+def test_metadata_faults_20_rounds(
+    daemon_cluster: Callable[..., LocalCluster], tmp_path: Path, round_: int
+) -> None:
+    """`make test-long`: each failure test above, 20 rounds (the killed owner both ways)."""
+    test_a_killed_owner_loses_no_name_and_repair_makes_a_second_loss_safe(
+        daemon_cluster, ("stand-in", "restarted")[round_ % 2]
+    )
+    test_a_paused_owner_resumed_after_changes_serves_nothing_stale(daemon_cluster)
+    if os.geteuid() == 0:
+        test_a_client_cut_off_from_the_owner_moves_every_client(tmp_path / "cut")
+    test_held_locks_are_lost_with_their_server_and_the_holder_is_told(daemon_cluster)

@@ -111,7 +111,7 @@ def stop_job(
     say(f"stopping {len(servers)} servers")
     copies = int(tomllib.loads(Path(state.config).read_text())["layout"]["replicas"])
     lost = (
-        "the names it kept are lost; its chunks have other copies (layout.replicas="
+        "its names and chunks have other copies (layout.replicas="
         f"{copies}) unless as many servers were lost"
         if copies > 1
         else "the data it held is lost"

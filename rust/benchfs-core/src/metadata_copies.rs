@@ -208,9 +208,4 @@ impl CopyKeeper {
         };
         f(store)
     }
-
-    /// Names held in copies (statfs counts them with the owner's own).
-    pub fn names(&self) -> usize {
-        self.stores.borrow().values().map(MetaStore::len).sum()
-    }
 }

@@ -659,8 +659,7 @@ impl ServerState {
                 }
             }
             Op::Statfs => {
-                let copies = self.copies.as_ref().map_or(0, CopyKeeper::names);
-                let inodes = (self.meta.borrow().len() + copies) as u64;
+                let inodes = self.meta.borrow().len() as u64;
                 match Capacity::of_dir(&self.data_dir, inodes) {
                     Ok(c) => served.meta = Some((ReplyValue::Nothing, c.encode())),
                     Err(e) => served.status = errno(e),
