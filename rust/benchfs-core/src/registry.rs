@@ -359,10 +359,10 @@ mod tests {
         let not_hex = good.replace("0102ff", "zz");
         // One byte of the address changed: hex still, but not the address the server had.
         let damaged = good.replace("0102ff", "0103ff");
-        let old = good.replace("\"version\":3", "\"version\":1");
+        let old = good.replace("\"version\":4", "\"version\":1");
         let cases: [(&str, &str); 7] = [
             ("", "empty"),
-            ("{\"version\":3,\"id\":0,\"no", "truncated"),
+            ("{\"version\":4,\"id\":0,\"no", "truncated"),
             ("\u{0}garbage", "malformed"),
             (&renamed, "disagrees"),
             (&not_hex, "not hex"),
