@@ -49,6 +49,8 @@ pub struct CopyKeeper {
     me: usize,
     registry_dir: PathBuf,
     seen: RefCell<Seen>,
+    /// The record, open once it exists.
+    record: RefCell<Option<std::fs::File>>,
     /// Emptied since this server was last declared lost (see `refresh`).
     wiped: Cell<bool>,
     wipe_own: Cell<bool>,
@@ -73,6 +75,7 @@ impl CopyKeeper {
             me: me as usize,
             registry_dir,
             seen: RefCell::new(Seen::default()),
+            record: RefCell::new(None),
             wiped: Cell::new(false),
             wipe_own: Cell::new(false),
             domains: RefCell::new(None),
@@ -83,10 +86,7 @@ impl CopyKeeper {
 
     /// Reads the record again if it changed since last read (a `stat` otherwise).
     fn refresh(&self) {
-        let path = self.registry_dir.join(LOST_FILE);
-        let stamp = std::fs::metadata(&path)
-            .ok()
-            .and_then(|m| Some((m.len(), m.modified().ok()?)));
+        let stamp = self.stamp();
         if stamp == self.seen.borrow().stamp {
             return;
         }
@@ -115,6 +115,17 @@ impl CopyKeeper {
             epoch: record.epoch,
             chains: HashMap::new(),
         };
+    }
+
+    /// The record's length and modification time: `fstat` of the record, held open once it
+    /// exists (it is only ever appended to).
+    fn stamp(&self) -> Option<(u64, SystemTime)> {
+        let mut file = self.record.borrow_mut();
+        if file.is_none() {
+            *file = std::fs::File::open(self.registry_dir.join(LOST_FILE)).ok();
+        }
+        let m = file.as_ref()?.metadata().ok()?;
+        Some((m.len(), m.modified().ok()?))
     }
 
     /// Empties the copies of other owners this worker keeps.
@@ -150,39 +161,46 @@ impl CopyKeeper {
         Some(domains)
     }
 
-    /// Where owner `owner`'s copies are now, by the record.
-    fn copies_of(&self, owner: u32) -> std::result::Result<MetadataCopies, Errno> {
+    /// `f` of where owner `owner`'s copies are now, by the record.
+    fn with_copies_of<T>(
+        &self,
+        owner: u32,
+        f: impl FnOnce(&MetadataCopies) -> T,
+    ) -> std::result::Result<T, Errno> {
         self.refresh();
         let mut seen = self.seen.borrow_mut();
         if seen.lost.contains(&self.me) && !seen.joining.contains(&self.me) {
             return Err(libc::ESTALE);
         }
         let server = (owner / self.workers) as usize;
-        if let Some(c) = seen.chains.get(&server) {
-            return Ok(c.clone());
+        if !seen.chains.contains_key(&server) {
+            // Until every server has registered no one can say; the client retries.
+            let domains = self.domains().ok_or(libc::EAGAIN)?;
+            let copies = domains.metadata_servers(server, self.copies, &seen.events);
+            seen.chains.insert(server, copies);
         }
-        // Until every server has registered no one can say; the client retries.
-        let domains = self.domains().ok_or(libc::EAGAIN)?;
-        let copies = domains.metadata_servers(server, self.copies, &seen.events);
-        seen.chains.insert(server, copies.clone());
-        Ok(copies)
+        Ok(f(&seen.chains[&server]))
     }
 
     /// Ok when this server serves owner `owner`'s requests now; ESTALE when another copy does
     /// (or this server is declared lost).
     pub fn check_serving(&self, owner: u32) -> std::result::Result<(), Errno> {
-        match self.copies_of(owner)?.serving() {
-            Some(s) if s == self.me => Ok(()),
-            _ => Err(libc::ESTALE),
+        let serving = self.with_copies_of(owner, MetadataCopies::serving)?;
+        if serving == Some(self.me) {
+            Ok(())
+        } else {
+            Err(libc::ESTALE)
         }
     }
 
     /// Ok when this server takes changes of owner `owner` made by server `producer`: the
     /// producer serves the owner now and this server keeps one of its other copies.
     pub fn check_mirror(&self, owner: u32, producer: u32) -> std::result::Result<(), Errno> {
-        let copies = self.copies_of(owner)?;
-        let serving = copies.serving() == Some(producer as usize);
-        if serving && copies.mirrors().any(|s| s == self.me) {
+        let me = self.me;
+        let takes = self.with_copies_of(owner, |c| {
+            c.serving() == Some(producer as usize) && c.mirrors().any(|s| s == me)
+        })?;
+        if takes {
             Ok(())
         } else {
             Err(libc::ESTALE)

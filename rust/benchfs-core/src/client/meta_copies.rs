@@ -66,9 +66,14 @@ impl Client {
 
     /// Where owner `owner`'s copies are, by the record as this client last read it.
     pub(super) fn metadata_copies_of(&self, owner: u32) -> MetadataCopies {
+        self.with_metadata_copies(owner, MetadataCopies::clone)
+    }
+
+    /// `f` of where owner `owner`'s copies are (worked out once per read of the record).
+    fn with_metadata_copies<T>(&self, owner: u32, f: impl FnOnce(&MetadataCopies) -> T) -> T {
         let server = owner as usize / self.workers(0).max(1);
         if let Some(c) = self.metadata_chains.borrow().get(&server) {
-            return c.clone();
+            return f(c);
         }
         // Declarations this client could not write to the record count here as its last lines.
         let mut events = self.record_events.borrow().clone();
@@ -76,8 +81,14 @@ impl Client {
         let copies = self
             .domains
             .metadata_servers(server, self.metadata_copies, &events);
-        self.metadata_chains.borrow_mut().insert(server, copies.clone());
-        copies
+        let out = f(&copies);
+        self.metadata_chains.borrow_mut().insert(server, copies);
+        out
+    }
+
+    /// The server serving owner `owner`, by the record as this client last read it.
+    fn serving_of(&self, owner: u32) -> Option<usize> {
+        self.with_metadata_copies(owner, MetadataCopies::serving)
     }
 
     /// One metadata request (`op`, `payload`) for owner `owner`, to the copy serving it, its
@@ -91,7 +102,7 @@ impl Client {
         let worker = owner as usize % self.workers(0).max(1);
         let mut last: Option<Error> = None;
         for _ in 0..=MOVES {
-            let Some(serving) = self.metadata_copies_of(owner).serving() else {
+            let Some(serving) = self.serving_of(owner) else {
                 return Err(self.no_copy_left(owner));
             };
             let header = Header::request(op, 0, 0, owner as u64 + 1, 0, payload.len() as u64);
@@ -130,7 +141,7 @@ impl Client {
                 }
                 Err(e) if is_fault(&e) => {
                     // Losing it, this client read the record again: another may have declared it.
-                    if self.metadata_copies_of(owner).serving() == Some(serving) {
+                    if self.serving_of(owner) == Some(serving) {
                         if !self.next_copy_answers(owner).await {
                             return Err(e);
                         }
@@ -141,7 +152,7 @@ impl Client {
                 Err(Error::Remote { errno, .. }) if errno == libc::ESTALE => {
                     // It does not serve the owner by the record: read it again.
                     self.refresh_declared();
-                    if self.metadata_copies_of(owner).serving() == Some(serving) {
+                    if self.serving_of(owner) == Some(serving) {
                         return Err(Error::Protocol(format!(
                             "server {} refuses requests for metadata owner {owner}, though the \
                              registry's record of lost servers says it serves them",
@@ -216,7 +227,7 @@ impl Client {
             return Ok(Mirrored::Done);
         }
         self.refresh_declared();
-        if self.metadata_copies_of(owner).serving() != Some(serving) {
+        if self.serving_of(owner) != Some(serving) {
             return Ok(Mirrored::Moved);
         }
         for s in refused {
@@ -233,7 +244,7 @@ impl Client {
             return server;
         }
         let owner = (server * self.workers(0)) as u32;
-        self.metadata_copies_of(owner).serving().unwrap_or(server)
+        self.serving_of(owner).unwrap_or(server)
     }
 }
 
