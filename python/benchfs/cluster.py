@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchfs import _core
+from benchfs import _core, coredumps
 from benchfs.config import with_overrides
 from benchfs.errors import BenchfsError
 from benchfs.native import find_binary
@@ -40,6 +40,8 @@ class ServerExited(BenchfsError, RuntimeError):
         self.daemon = daemon
         status = daemon.proc.returncode
         how = f"was killed by signal {-status}" if status < 0 else f"exited with code {status}"
+        if status < 0 and -status in coredumps.CORE_SIGNALS and daemon.core_dir is not None:
+            how += f" ({coredumps.report(daemon.core_dir, daemon.binary)})"
         self.headline = f"server {daemon.server_id} (pid {daemon.pid}, node {daemon.node}) {how}"
         log = tail(daemon.log_path, 5)
         super().__init__(
@@ -75,6 +77,9 @@ class Daemon:
     log_path: Path
     argv: list[str]
     proc: subprocess.Popen[bytes]
+    binary: str = ""
+    #: Where it started, and where a crash leaves its core dump (benchfs.coredumps).
+    core_dir: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -138,6 +143,9 @@ class LocalCluster:
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
         argv += list(self.extra_args)
+        cores = coredumps.core_dir(log_path, server_id)
+        cores.mkdir(parents=True, exist_ok=True)
+        argv = coredumps.in_dir(cores, argv)
         if spawn is not None:
             proc, argv = spawn(argv, log_path)
         else:
@@ -152,7 +160,7 @@ class LocalCluster:
                     env=child_env(node),
                     start_new_session=True,
                 )
-        daemon = Daemon(server_id, node, data_dir, log_path, argv, proc)
+        daemon = Daemon(server_id, node, data_dir, log_path, argv, proc, self.benchfsd, cores)
         self.daemons.append(daemon)
         return daemon
 
@@ -253,6 +261,9 @@ class LocalCluster:
             codes[daemon.server_id] = stop_process(
                 daemon.proc, max(0.0, deadline - time.monotonic()), sig=None
             )
+        for daemon in self.daemons:
+            if daemon.core_dir is not None:
+                coredumps.tidy(daemon.core_dir)
         # The job is over: its secret (created by the first server) goes with it.
         (self.registry_dir / _core.JOB_SECRET_FILE).unlink(missing_ok=True)
         return codes

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchfs import _core
+from benchfs import _core, coredumps
 from benchfs.errors import JobError, LaunchError
 from benchfs.launch import Launcher, make_launcher, this_host
 from benchfs.lifecycle.state import JobState
@@ -118,9 +118,12 @@ def stop_job(
     )
     for record, refs in servers:
         if not refs or not refs[0].alive():
+            cores = coredumps.core_dir(Path(record["log"]), record["server_id"])
+            binary = next((a for a in record["argv"] if a.endswith("benchfsd")), "benchfsd")
+            crash = coredumps.report(cores, binary)
             report.problems.append(
                 f"server {record['server_id']} on {record['node']} was not running at stop "
-                f"(crashed or killed): {lost}; log {record['log']}"
+                f"(crashed or killed): {lost}; log {record['log']}; {crash}"
             )
     survivors = stop_refs(
         [r for _, refs in servers for r in refs], stop_signal, SERVER_STOP_GRACE_S
@@ -128,6 +131,7 @@ def stop_job(
     if survivors:
         report.problems.append(f"processes outlived SIGKILL: {[r.pid for r in survivors]}")
     for record, _ in servers:
+        coredumps.tidy(coredumps.core_dir(Path(record["log"]), record["server_id"]))
         last = tail(Path(record["log"]), 1)
         record["exit_status"] = (
             0 if last.startswith(f"benchfsd: server {record['server_id']} stopped") else None

@@ -40,6 +40,9 @@ use crate::telemetry::{
 /// (the table is bounded like every queue; a connection is dropped when its client fails).
 const MAX_CONNECTIONS: usize = 65_536;
 
+/// Hellos waiting for the greeter task of one worker (clients greet again after 2 s).
+const MAX_PENDING_HELLOS: usize = 4_096;
+
 /// How long a stopping server waits for accepted requests and in-flight I/O.
 /// Zeros hashed for the never-written bytes of a checksum's range.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -199,6 +202,10 @@ struct Connections {
     reaper: Cell<Option<Waker>>,
     /// Set once the "too many connections" line was logged.
     full_logged: Cell<bool>,
+    /// Hellos received (their header and the client's worker address), answered by the
+    /// greeter task outside UCX callbacks; at most [`MAX_PENDING_HELLOS`].
+    hellos: RefCell<VecDeque<(Header, Vec<u8>)>>,
+    greeter: Cell<Option<Waker>>,
 }
 
 impl Connections {
@@ -230,6 +237,20 @@ impl Connections {
             .collect()
     }
 
+    /// Queues a hello for the greeter task (called from the UCX handler); a hello beyond
+    /// [`MAX_PENDING_HELLOS`] is dropped, and its client greets again.
+    fn queue_hello(&self, header: Header, address: Vec<u8>, metrics: &WorkerMetrics) {
+        let mut hellos = self.hellos.borrow_mut();
+        if hellos.len() >= MAX_PENDING_HELLOS {
+            metrics.count_undelivered();
+            return;
+        }
+        hellos.push_back((header, address));
+        if let Some(w) = self.greeter.take() {
+            w.wake();
+        }
+    }
+
     /// The open connection made for `greeting`, if any (and not failed).
     fn greeted(&self, greeting: (u64, u64)) -> Option<(u32, Rc<Endpoint>)> {
         let id = *self.greeted.borrow().get(&greeting)?;
@@ -246,6 +267,22 @@ impl Future for ClosingWait<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if self.0.closing.borrow().is_empty() {
             self.0.reaper.set(Some(cx.waker().clone()));
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+}
+
+/// Waits until a hello is queued.
+struct HelloWait<'a>(&'a Connections);
+
+impl Future for HelloWait<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.hellos.borrow().is_empty() {
+            self.0.greeter.set(Some(cx.waker().clone()));
             Poll::Pending
         } else {
             Poll::Ready(())
@@ -354,7 +391,15 @@ impl ServerState {
             }
         };
         if header.op == Op::Hello {
-            self.hello(&header, &msg.data, payload_len);
+            // Answered by the greeter task: no endpoint is made inside a UCX callback.
+            match &msg.data {
+                AmData::Eager(a) if check_request(&header, payload_len, self.chunk_size).is_ok() => {
+                    self.conns.queue_hello(header, a.to_vec(), &self.metrics);
+                }
+                // A rendezvous hello (an address that large is not one) or a bad length:
+                // there is no address to answer to.
+                _ => self.metrics.count_malformed(),
+            }
             return AmVerdict::Done;
         }
         let Some(conn) = self.conns.get(header.client) else {
@@ -412,16 +457,7 @@ impl ServerState {
     /// every later request, which is answered on this connection (EACCES for another job).
     /// A hello sent again (the same address and greeting, `offset`) is answered on the
     /// connection opened for the first one.
-    fn hello(&self, header: &Header, data: &AmData<'_>, payload_len: usize) {
-        let address = match data {
-            AmData::Eager(a) if check_request(header, payload_len, self.chunk_size).is_ok() => *a,
-            _ => {
-                // A rendezvous hello (an address that large is not one) or a bad length:
-                // there is no address to answer to.
-                self.metrics.count_malformed();
-                return;
-            }
-        };
+    fn hello(&self, header: &Header, address: &[u8]) {
         let greeting = (header.offset != 0).then(|| (address_hash(address), header.offset));
         if let Some((id, conn)) = greeting.and_then(|g| self.conns.greeted(g)) {
             let reply = header
@@ -474,28 +510,31 @@ impl ServerState {
         }
     }
 
-    /// Waits for `op` (a transfer between this server's memory and client `conn`), at most
-    /// `client.request_timeout_s`: a client stopped or gone for that long has abandoned the
-    /// request. Then the connection is closed, which fails the sends on it. `Err(Some(op))`:
-    /// UCX still holds the memory after that (a receive from a stopped client), so the caller
-    /// parks the memory with it instead of reusing it.
+    /// Waits for `op` (a transfer between this server's memory and client `conn`) until the
+    /// client has surely given up on the request: `client.request_timeout_s` and half as long
+    /// again. The connection stays open: a client alive but stopped comes back to it, and a
+    /// dead one is reported by UCX, which fails the operation; closing it forcibly under a live
+    /// peer is what crashed UCX's TCP transport (`Endpoint::close`). `Err(Some(op))`: UCX
+    /// still holds the memory, so the caller parks it with the operation.
     async fn with_client(
         &self,
-        conn: &Endpoint,
-        client: u32,
         op: benchfs_ucx::Request,
     ) -> std::result::Result<usize, Option<benchfs_ucx::Request>> {
         let mut op = op;
-        match with_timeout(&self.reactor, self.client_timeout, &mut op).await {
+        match with_timeout(&self.reactor, self.client_timeout * 3 / 2, &mut op).await {
             Some(r) => r.map_err(|_| None),
-            None => {
-                conn.close();
-                self.conns.retire(client);
-                // Forced close completes sends on the connection; give UCX a moment.
-                match with_timeout(&self.reactor, std::time::Duration::from_millis(100), &mut op).await {
-                    Some(_) => Err(None),
-                    None => Err(Some(op)),
-                }
+            None => Err(Some(op)),
+        }
+    }
+
+    /// Answers the hellos the UCX handler queued, one at a time, outside UCX callbacks (an
+    /// endpoint made inside one can take over a socket the progress frame still uses).
+    async fn greet(self: Rc<Self>) {
+        loop {
+            HelloWait(&self.conns).await;
+            let next = self.conns.hellos.borrow_mut().pop_front();
+            if let Some((header, address)) = next {
+                self.hello(&header, &address);
             }
         }
     }
@@ -558,8 +597,6 @@ impl ServerState {
     /// `target` points into `owner`'s memory and stays valid while `owner` lives.
     async unsafe fn receive<B: 'static>(
         &self,
-        conn: &Endpoint,
-        client: u32,
         desc: RndvDesc,
         owner: B,
         target: *mut [u8],
@@ -569,7 +606,7 @@ impl ServerState {
         // while `owner` lives (the caller's contract), and `owner` lives until the receive
         // completes: returned, or parked with the stuck operation.
         let recv = unsafe { self.worker.recv_data(desc, &mut *target, memh.map(|m| &*m)) };
-        match self.with_client(conn, client, recv).await {
+        match self.with_client(recv).await {
             Ok(_) => Some(owner),
             Err(stuck) => {
                 if let Some(op) = stuck {
@@ -599,7 +636,7 @@ impl ServerState {
                         let memh = buf.memh().map(|m| m as *const benchfs_ucx::MemHandle);
                         let target: *mut [u8] = &mut buf.as_mut_slice(start + len)[start..];
                         // SAFETY: `target` is inside `buf`, which `receive` keeps alive.
-                        unsafe { self.receive(conn, h.client, desc, buf, target, memh) }
+                        unsafe { self.receive(desc, buf, target, memh) }
                             .await
                             .map(|buf| (buf, start))
                     }
@@ -674,7 +711,7 @@ impl ServerState {
                         let target: *mut [u8] = &mut v[..];
                         // SAFETY: `target` is `v`'s heap memory, which `receive` keeps alive
                         // (moving a Vec does not move its buffer).
-                        unsafe { self.receive(conn, h.client, desc, v, target, None) }.await
+                        unsafe { self.receive(desc, v, target, None) }.await
                     }
                 };
                 served.device_start = Some(Instant::now());
@@ -892,7 +929,7 @@ impl ServerState {
         // with it below.
         let sent = unsafe { conn.send_am(AM_REPLY, &reply.encode(), payload, memh) };
         // A reply that cannot be sent means the client is gone; it will not read the result.
-        match self.with_client(conn, h.client, sent).await {
+        match self.with_client(sent).await {
             Ok(_) => {}
             Err(None) => self.metrics.count_undelivered(),
             Err(Some(op)) => self.park(op, Box::new((data, meta))),
@@ -1245,6 +1282,7 @@ fn start_worker(opts: &ServerOptions, index: u32) -> Result<WorkerParts> {
         None => AmVerdict::Done,
     })?;
     runtime.spawn(state.clone().reap())?;
+    runtime.spawn(state.clone().greet())?;
     runtime.spawn(state.clone().expire_locks())?;
     for _ in 0..config.server.max_in_service {
         let s = state.clone();
@@ -1424,6 +1462,7 @@ fn stop_worker(parts: WorkerParts) -> Result<ServerStats> {
     state.queue.waiters.borrow_mut().clear();
     state.pool.clear_waiters();
     state.conns.reaper.take();
+    state.conns.greeter.take();
     // Close the connections back to clients before the worker goes away.
     state.conns.open.borrow_mut().clear();
     drop(reactor);

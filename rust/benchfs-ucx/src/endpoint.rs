@@ -69,32 +69,34 @@ impl Endpoint {
         self.worker.send_am(ep, id, header, data, memh)
     }
 
-    /// Closes the endpoint forcibly: UCX completes every operation still on it with an error.
-    /// Bounded (forced close needs no peer); idempotent.
+    /// Closes the endpoint, never waiting: flushed (what was sent is delivered, then the peer
+    /// is told) while its peer is alive, forced once UCX reported the peer failed. A forced
+    /// close of a live peer's endpoint leaves UCX's TCP transport an endpoint that the peer's
+    /// own close then frees inside progress while progress still uses it (UCX 1.22,
+    /// `tcp/tcp_iface.c:429-434`): only [`Endpoint::abort`] does that, for peers presumed
+    /// dead. Idempotent; inside progress the close runs once progress returns.
     pub fn close(&self) {
+        let force = self.state.failure.get().is_some();
+        self.close_with(force);
+    }
+
+    /// Closes the endpoint forcibly: UCX completes every operation still on it with an error,
+    /// so none of them touches its memory afterwards. For peers presumed dead (a server that
+    /// stopped answering); never waits.
+    pub fn abort(&self) {
+        self.close_with(true);
+    }
+
+    fn close_with(&self, force: bool) {
+        debug_assert!(
+            !self.worker.in_progress(),
+            "an endpoint closed from inside UCX progress (a callback)"
+        );
         let ep = self.ep.replace(ptr::null_mut());
         if ep.is_null() || self.worker.inner.forked_away() {
             return;
         }
-        let param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
-            ..Default::default()
-        };
-        // SAFETY: the endpoint is closed once (the handle is cleared first); forced close
-        // completes every outstanding operation on it with an error.
-        unsafe {
-            let req = sys::ucp_ep_close_nbx(ep, &param);
-            if !req.is_null() && !sys::ucs_ptr_is_err(req) {
-                for _ in 0..100_000 {
-                    if sys::ucp_request_check_status(req) != sys::UCS_INPROGRESS {
-                        break;
-                    }
-                    self.worker.progress();
-                }
-                sys::ucp_request_free(req);
-            }
-        }
+        self.worker.inner.close_ep(ep, force);
     }
 }
 
@@ -109,7 +111,20 @@ impl Drop for Endpoint {
 impl Worker {
     /// Connects to a peer worker by its address. With `peer_errors`, a failed peer completes
     /// outstanding operations with an error instead of leaving them pending.
+    /// Not from inside progress (a UCX callback): UCX's TCP transport may then hand the new
+    /// endpoint a socket the progress frame still uses; that is refused.
     pub fn connect(&self, address: &[u8], peer_errors: bool) -> Result<Endpoint> {
+        debug_assert!(
+            !self.in_progress(),
+            "an endpoint created from inside UCX progress"
+        );
+        if self.in_progress() {
+            return Err(UcxError {
+                op: "ep_create",
+                status: sys::UCS_ERR_INVALID_PARAM,
+                message: "refused inside UCX progress (a callback)".into(),
+            });
+        }
         let state = Rc::new(EpState {
             failure: Cell::new(None),
             hook: RefCell::new(None),

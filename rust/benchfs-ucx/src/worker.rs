@@ -21,6 +21,12 @@ pub(crate) struct WorkerInner {
     pub(crate) held: Rc<Cell<usize>>,
     /// [`fork_generation`] when made: in a forked child the worker is the parent's.
     pub(crate) generation: u64,
+    /// Set while `ucp_worker_progress` runs, i.e. while UCX may call our callbacks: UCX's
+    /// progress is not reentrant, and an endpoint created or destroyed from inside it can free
+    /// a transport endpoint the progress frame still uses (UCX 1.22 `tcp/tcp_iface.c:433`).
+    pub(crate) in_progress: Cell<bool>,
+    /// Endpoints whose close was asked for inside progress: closed once it returns.
+    pub(crate) deferred_closes: RefCell<Vec<(sys::ucp_ep_h, bool)>>,
 }
 
 impl WorkerInner {
@@ -46,10 +52,10 @@ impl Drop for WorkerInner {
         // Destroyed before that, the worker's freed memory is written to (UCX 1.22: heap
         // corruption, seen with several workers on threads). So wait until UCX has called back
         // for every request; if it has not in time, keep the worker rather than free it.
+        self.close_deferred();
         let deadline = Instant::now() + RELEASE_WAIT;
         while self.held.get() > 0 && Instant::now() < deadline {
-            // SAFETY: the worker is alive and used from this thread only.
-            if unsafe { sys::ucp_worker_progress(self.worker) } == 0 {
+            if self.progress_once() == 0 {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -72,6 +78,73 @@ impl Drop for WorkerInner {
             }
         }
     }
+}
+
+impl WorkerInner {
+    /// One `ucp_worker_progress`, never from inside another (a callback that asks for
+    /// progress gets 0), then the endpoint closes asked for meanwhile.
+    pub(crate) fn progress_once(&self) -> u32 {
+        debug_assert!(
+            !self.in_progress.get(),
+            "UCX progress called from inside progress"
+        );
+        if self.in_progress.replace(true) {
+            return 0;
+        }
+        // SAFETY: the worker is alive and used from this thread only.
+        let count = unsafe { sys::ucp_worker_progress(self.worker) };
+        self.in_progress.set(false);
+        self.close_deferred();
+        count
+    }
+
+    /// Starts closing endpoint `ep`, `force`d (every operation on it fails at once; only for
+    /// a peer UCX reported failed or one that must not touch our memory again) or flushed
+    /// (operations complete, then the peer is told). Never waits: the close request
+    /// completes in later progress, counted in `held`. Inside progress the close is deferred
+    /// until progress returns.
+    pub(crate) fn close_ep(&self, ep: sys::ucp_ep_h, force: bool) {
+        if self.in_progress.get() {
+            self.deferred_closes.borrow_mut().push((ep, force));
+            return;
+        }
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS
+                | sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA,
+            flags: if force { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 },
+            user_data: Rc::into_raw(self.held.clone()) as *mut std::ffi::c_void,
+            ..Default::default()
+        };
+        param.cb.send = Some(close_done);
+        // SAFETY: each endpoint is closed once (its owner clears the handle first).
+        let req = unsafe { sys::ucp_ep_close_nbx(ep, &param) };
+        if req.is_null() || sys::ucs_ptr_is_err(req) {
+            // SAFETY: the callback will not run: take back its reference.
+            drop(unsafe { Rc::from_raw(param.user_data as *const Cell<usize>) });
+        } else {
+            self.held.set(self.held.get() + 1);
+        }
+    }
+
+    fn close_deferred(&self) {
+        let closes = std::mem::take(&mut *self.deferred_closes.borrow_mut());
+        for (ep, force) in closes {
+            self.close_ep(ep, force);
+        }
+    }
+}
+
+/// A close request completed: UCX holds it no more.
+unsafe extern "C" fn close_done(
+    request: *mut std::ffi::c_void,
+    _status: i8,
+    user_data: *mut std::ffi::c_void,
+) {
+    // SAFETY: user_data is the reference given up in close_ep; the request is ours to free.
+    let held = Rc::from_raw(user_data as *const Cell<usize>);
+    held.set(held.get() - 1);
+    sys::ucp_request_free(request);
 }
 
 /// A UCP context with one worker, created for active messages with wakeup support.
@@ -204,6 +277,8 @@ impl Worker {
                     handlers: RefCell::new(Vec::new()),
                     held: Rc::new(Cell::new(0)),
                     generation: fork_generation(),
+                    in_progress: Cell::new(false),
+                    deferred_closes: RefCell::new(Vec::new()),
                 }),
             })
         }
@@ -232,10 +307,20 @@ impl Worker {
         }
     }
 
-    /// Runs UCX's progress engine once; returns how many events it processed.
+    /// Runs UCX's progress engine once; returns how many events it processed. Called from
+    /// inside progress (a UCX callback), it does nothing and returns 0.
     pub fn progress(&self) -> u32 {
-        // SAFETY: single-threaded worker used from its owning thread.
-        unsafe { sys::ucp_worker_progress(self.inner.worker) }
+        self.inner.progress_once()
+    }
+
+    /// Requests UCX still holds (sends, receives and endpoint closes not yet called back).
+    pub fn held_requests(&self) -> usize {
+        self.inner.held.get()
+    }
+
+    /// Whether UCX's progress is running on this worker (a UCX callback is the caller).
+    pub fn in_progress(&self) -> bool {
+        self.inner.in_progress.get()
     }
 
     /// Arms the event fd. `Ok(true)`: nothing pending, safe to sleep on [`Self::event_fd`].

@@ -109,3 +109,61 @@ fn exchange(transports: &str) -> Result<(), String> {
 fn active_messages_over_tcp() -> Result<(), String> {
     exchange("tcp")
 }
+
+/// Inside a UCX callback nothing may re-enter UCX's progress or make an endpoint (UCX's TCP
+/// transport can then free an endpoint its progress frame still uses): progress asked for
+/// there does nothing, a connect is refused, and (in release builds, where it is not an
+/// assertion) a close waits until progress returns.
+#[test]
+#[cfg(not(debug_assertions))]
+fn callbacks_cannot_reenter_progress_or_make_endpoints() -> Result<(), String> {
+    let (a, b) = pair("tcp", 8192)?;
+    let address = a.address().map_err(|e| e.to_string())?;
+    let seen: Rc<RefCell<Vec<String>>> = Rc::default();
+    let (sink, inner) = (seen.clone(), b.downgrade());
+    // The endpoint the handler closes (made outside any callback).
+    let doomed = Rc::new(RefCell::new(Some(
+        b.connect(&address, true).map_err(|e| e.to_string())?,
+    )));
+    let in_handler = doomed.clone();
+    b.set_am_handler(AM_ID, move |_| {
+        let Some(worker) = inner.upgrade() else {
+            return AmVerdict::Done;
+        };
+        sink.borrow_mut().push(format!("progress {}", worker.progress()));
+        match worker.connect(&address, true) {
+            Ok(_) => sink.borrow_mut().push("connected".into()),
+            Err(e) => sink.borrow_mut().push(e.message),
+        }
+        if let Some(ep) = in_handler.borrow_mut().take() {
+            ep.close();
+            sink.borrow_mut().push(format!("closed, down {}", ep.is_down()));
+        }
+        AmVerdict::Done
+    })
+    .map_err(|e| e.to_string())?;
+    let ep = a
+        .connect(&b.address().map_err(|e| e.to_string())?, true)
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the empty payload needs no keeping.
+    let sent = unsafe { ep.send_am(AM_ID, b"hdr", &[], None) };
+    if !drive(&a, &b, || sent.is_done() && !seen.borrow().is_empty()) {
+        return Err("the message did not arrive".into());
+    }
+    let seen = seen.borrow().clone();
+    assert_eq!(
+        seen,
+        [
+            "progress 0".to_string(),
+            "refused inside UCX progress (a callback)".into(),
+            "closed, down true".into(),
+        ]
+    );
+    assert!(!b.in_progress());
+    ep.close();
+    // The deferred close ran once progress returned, and completes (flushed) like any other.
+    if !drive(&a, &b, || a.held_requests() == 0 && b.held_requests() == 0) {
+        return Err("the closes did not complete".into());
+    }
+    Ok(())
+}

@@ -63,6 +63,16 @@ pub(super) struct Greeting {
     pub(super) sent: u32,
 }
 
+impl Greeting {
+    /// Gives up on a server that did not answer: its endpoints are closed forcibly (a flushed
+    /// close would wait for the silent server).
+    fn abort(&self) {
+        for link in &self.endpoints {
+            link.endpoint.abort();
+        }
+    }
+}
+
 /// Ready once more of the hellos `ids` are settled (answered, or their endpoint failed) than
 /// `settled` were when it was made.
 struct MoreHellos<'a> {
@@ -405,6 +415,7 @@ impl Client {
                     None if now >= deadline => {
                         let c = active.swap_remove(k);
                         self.forget_hellos(&c.greeting.ids);
+                        c.greeting.abort();
                         let waited = now.saturating_duration_since(started).as_secs_f64();
                         let sent = c.greeting.sent;
                         failed.push(lost(
@@ -493,7 +504,7 @@ impl Client {
                     }
                     _ => {
                         self.forget_hellos(&greeting.ids);
-                        drop(greeting);
+                        greeting.abort();
                         true
                     }
                 },

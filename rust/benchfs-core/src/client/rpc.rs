@@ -635,6 +635,10 @@ impl Client {
                     .collect::<Vec<_>>()
             })
             .collect();
+        // Forced: the operations on them must end now (the servers are dead or silent).
+        for link in &closing {
+            link.endpoint.abort();
+        }
         drop(closing);
         let deadline = Instant::now() + RELEASE_WAIT;
         loop {
@@ -672,6 +676,10 @@ impl Client {
                 eps
             })
             .collect();
+        // Forced: the worker that owns them is destroyed next.
+        for link in &old {
+            link.endpoint.abort();
+        }
         drop(old);
         // Read-ahead buffers UCX may still fill go only after the old worker.
         let pending = std::mem::take(&mut *self.shared.pending.borrow_mut());
