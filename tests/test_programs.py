@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from benchfs.config import with_overrides
 from benchfs.mount import mounted
 from benchfs.native import preload_env
 from test_lifecycle import BIN, exports
@@ -72,6 +74,33 @@ git log --format='%H %s'
 git clone -q "$R/repo" "$R/clone"
 git -C "$R/clone" log --format='%H %s' && git -C "$R/clone" status --porcelain
 listing "$R/clone"
+""",
+    # git's whole cycle on a few hundred files: gc maps the index that the commit just before
+    # rewrote with its trees added (through the library, the mapping is the mount's). With 250
+    # names in 25 directories the trees take the index past a page boundary, so a mount
+    # kernel that kept the old size faults (SIGBUS, as pack-objects did before the fix).
+    "git-gc": r"""
+export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@example.org GIT_COMMITTER_NAME=t
+export GIT_COMMITTER_EMAIL=t@example.org GIT_AUTHOR_DATE='2024-01-02T03:04:05Z'
+export GIT_COMMITTER_DATE='2024-01-02T03:04:05Z' GIT_CONFIG_NOSYSTEM=1 HOME="$OUT"
+git init -q -b main "$R/big"
+cd "$R/big"
+for d in $(seq -w 1 25); do
+  mkdir -p "mod$d"
+  for f in $(seq -w 1 10); do
+    for l in $(seq 1 $((10#$f * 9 + 10#$d))); do
+      echo "int f${d}_${f}_$l(int x) { return x + $l; }"
+    done > "mod$d/file$f.c"
+  done
+done
+git add -A && git commit -qm one && git gc -q
+for d in 01 05 09; do seq 1 $((10#$d * 300)) >> "mod$d/file03.c"; done
+git rm -q -r mod12 mod17 && git commit -qam two && git repack -q -a -d
+cp -r mod01 mod26 && git add mod26 && git commit -qm three && git gc -q --aggressive
+git fsck --full --strict && git count-objects -v | grep -E '^(count|in-pack|packs)'
+git log --format='%H %s'
+git ls-files | wc -l
+git archive HEAD | md5sum
 """,
     "rsync": r"""
 rsync -a "$SRC/" "$R/rs/"
@@ -293,6 +322,76 @@ try:
 except OSError as e:
     print("exec", errno.errorcode[e.errno])
 """
+
+
+# Files the library writes and the mount's kernel maps (docs/preload.md, "With a mount at the
+# prefix"): each mapped once, then grown (or replaced by a rename, as git replaces its index)
+# through the library, then mapped again; every byte must be there, none may fault.
+GROWN_MAPS = r"""
+import mmap, os, sys
+root, chunk = sys.argv[1], int(sys.argv[2])
+page = mmap.PAGESIZE
+cases = {
+    "inside-a-page": (100, 3000),
+    "across-chunks": (chunk - 10, 2 * chunk + 5000),
+    "past-the-old-size": (page, 3 * chunk + 123),
+}
+def mapped(path):
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return bytes(m[:])
+for name, (first, grown) in cases.items():
+    data = os.urandom(grown)
+    p = os.path.join(root, name)
+    with open(p, "wb") as f:
+        f.write(data[:first])
+    before = mapped(p) == data[:first]
+    with open(p, "ab") as f:
+        f.write(data[first:])
+    after = mapped(p)
+    # Replaced by a rename, its name mapped before: the new file's bytes.
+    new = os.urandom(grown + 777)
+    with open(p + ".lock", "wb") as f:
+        f.write(new)
+    os.rename(p + ".lock", p)
+    print(name, before, len(after), after == data, mapped(p) == new)
+"""
+
+
+@pytest.mark.parametrize("write_behind", ["0", "32M"])
+@pytest.mark.timeout(120)
+def test_a_file_the_library_grew_maps_whole_through_the_mount(
+    faces: Faces, write_behind: str, tmp_path: Path
+) -> None:
+    """git's pack-objects died of SIGBUS mapping the index `git add` had just rewritten: the
+    mount's kernel still held the old size. The library refreshes it at the hand-over."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        with_overrides(
+            Path(faces.env["BENCHFS_CONFIG"]).read_text(),
+            [f"client.write_behind={write_behind}"],
+        )
+    )
+    chunk = int(tomllib.loads(config.read_text())["layout"]["chunk_size"])
+    point = tmp_path / "mnt"
+    point.mkdir()
+    with mounted(faces.env["BENCHFS_REGISTRY"], point, config):
+        root = point / f"grown-{write_behind}"
+        env = preload_env({**faces.env, "BENCHFS_MOUNT": str(point)}, point)
+        done = subprocess.run(
+            [sys.executable, "-c", GROWN_MAPS, str(root), str(chunk)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+            preexec_fn=lambda: os.makedirs(root, exist_ok=True),
+        )
+    assert done.returncode == 0, done.stderr
+    sizes = {"inside-a-page": 3000, "across-chunks": 2 * chunk + 5000}
+    sizes["past-the-old-size"] = 3 * chunk + 123
+    assert done.stdout.split("\n")[:-1] == [
+        f"{name} True {size} True True" for name, size in sizes.items()
+    ], done.stdout
 
 
 @pytest.mark.parametrize("face", ["preload", "preload-mount"])

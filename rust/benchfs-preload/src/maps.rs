@@ -61,6 +61,34 @@ pub fn hand_over(f: &OpenFile) -> Result<(), c_int> {
     Ok(())
 }
 
+/// Makes the kernel fetch the attributes of the mounted file `fd` or `path` refers to now
+/// (`AT_STATX_FORCE_SYNC`: a FUSE getattr whatever it cached). The mount's kernel may hold a
+/// size this process's writes since outgrew (or a truncate undercut): a mapping of the file
+/// faults with SIGBUS past the size the kernel knows (git's pack-objects mapping the index
+/// that `git add` had just rewritten). A name the library renamed or removed meanwhile gets
+/// ESTALE from the mount, and the kernel looks it up again.
+fn refresh_kernel_attrs(dirfd: c_int, path: &CString) -> Result<(), c_int> {
+    // SAFETY: all-zero is a valid statx buffer.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_STATX_FORCE_SYNC | if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
+    // SAFETY: the kernel's own statx (not the library's), a NUL-terminated path and a
+    // writable buffer.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            dirfd,
+            path.as_ptr(),
+            flags,
+            libc::STATX_SIZE | libc::STATX_MTIME,
+            &mut stx as *mut libc::statx,
+        )
+    };
+    if rc < 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
 /// `mmap` of our descriptor `fd`.
 pub unsafe fn map(
     f: &OpenFile,
@@ -92,6 +120,10 @@ pub unsafe fn map(
             let mfd = real::openat(libc::AT_FDCWD, path.as_ptr(), access | libc::O_CLOEXEC, 0);
             if mfd < 0 {
                 return Err(errno());
+            }
+            if let Err(e) = refresh_kernel_attrs(mfd, &CString::default()) {
+                real::close(mfd);
+                return Err(e);
             }
             let mapped = real::mmap64(addr, len, prot, flags, mfd, off);
             let e = errno();
@@ -182,7 +214,9 @@ pub unsafe fn exec_path(path: *const c_char) -> Result<Option<CString>, c_int> {
                     hand_over(&f)?;
                 }
             }
-            mounted_path(&p).map(Some)
+            let mounted = mounted_path(&p)?;
+            refresh_kernel_attrs(libc::AT_FDCWD, &mounted)?;
+            Ok(Some(mounted))
         }
         Ok(Target::LocalAt(abs)) => Ok(Some(abs)),
         Ok(Target::Local) | Err(_) => Ok(None),
