@@ -440,7 +440,10 @@ def test_run_timeout_stops_the_workload_and_its_ranks(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["code"] == "ETIMEDOUT"
-    assert "--timeout 1.5" in report["message"]
+    # Counted from the moment both ranks had connected (each said so in workload/up-*).
+    assert "--timeout 1.5 s after its 2 ranks were up" in report["message"], report
+    up = Path(report["results_dir"]) / "workload" / "up-workload"
+    assert sorted(p.name for p in up.iterdir()) == ["rank-0", "rank-1"]
     manifest = read_json(Path(report["results_dir"]) / "manifest.json")
     (mpiexec,) = [p for p in manifest["processes"] if p["role"] == "workload"]
     assert mpiexec["children"], "the ranks under mpiexec were not recorded"

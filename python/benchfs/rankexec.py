@@ -1,28 +1,43 @@
 """`python -m benchfs.rankexec PLAN -- ARGV...`: become one rank of a launched job.
 
 The pipeline writes PLAN (JSON, `{"ranks": [{"node", "prefix", "netns", "cpus", "mount",
-"preload"}]}`, one entry per rank) and launches every rank through this module with mpiexec
-or srun. Each rank finds its entry from the launcher's rank variable, sets BENCHFS_NODE_NAME
-(the node its telemetry and logs name), BENCHFS_MOUNT, BENCHFS_NETNS (its node's namespace,
-which the client enters once MPI is up), with `--via preload` LD_PRELOAD and
+"preload"}], "up": {"dir", "by"}}`, one entry per rank) and launches every rank through this
+module with mpiexec or srun. Each rank finds its entry from the launcher's rank variable, sets
+BENCHFS_NODE_NAME (the node its telemetry and logs name), BENCHFS_MOUNT, BENCHFS_NETNS (its
+node's namespace, which the client enters once MPI is up), with `--via preload` LD_PRELOAD and
 BENCHFS_PRELOAD_PREFIX (the interposition library, serving paths under the mount's path), and
 the CPU affinity, replaces `{mount}`, `{rank}`, `{node}`, `{registry}` and `{config}` in ARGV,
 and execs ARGV under the node's prefix: the rank keeps its pid, so the launcher's signals
-reach the real program.
+reach the real program. With `up`, a rank says it is up (a file `rank-N` in `up.dir`) when it
+execs (`by`: "exec") or when the built-in workload it runs has connected ("program").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RANK_VARIABLES", "rank_argv", "rank_from_env"]
+__all__ = ["RANK_VARIABLES", "UP_ENV", "mark_up", "rank_argv", "rank_from_env"]
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 """Where Open MPI, PMIx launchers, MPICH (Hydra) and srun put the rank, in that order."""
+
+
+UP_ENV = "BENCHFS_RANK_UP"
+"""Where a built-in workload's rank says it is up (connected), for the pipeline's timeout."""
+
+
+def mark_up() -> None:
+    """Says this rank is up (its client connected): creates the file the plan named, once.
+    The pipeline counts its workload timeout from the moment every rank is up."""
+    path = os.environ.pop(UP_ENV, None)
+    if path:
+        with contextlib.suppress(OSError):
+            open(path, "ab").close()
 
 
 def rank_from_env(env: Mapping[str, str]) -> int:
@@ -64,6 +79,12 @@ def main(args: Sequence[str]) -> int:
         print(f"benchfs.rankexec: cannot find this rank's entry in {args[0]}: {e}", file=sys.stderr)
         return 2
     os.environ["BENCHFS_NODE_NAME"] = entry["node"]
+    up = plan.get("up")
+    if up:
+        # Up when the program connected (a built-in workload says so), or now (a command).
+        os.environ[UP_ENV] = os.path.join(up["dir"], f"rank-{rank}")
+        if up["by"] == "exec":
+            mark_up()
     if entry.get("netns"):
         # MPI starts here, outside the node's namespace; the BenchFS client enters it.
         os.environ["BENCHFS_NETNS"] = entry["netns"]

@@ -143,7 +143,9 @@ def main() -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=300.0,
     show_default=True,
-    help="Seconds the workload may take before it is stopped.",
+    help="Seconds the workload may take, counted from the moment all its ranks are up "
+    "(connected to the cluster; a --command once started); starting them may take this "
+    "and 1 s per rank more. Then it is stopped.",
 )
 @click.option(
     "--kill-server-after",
@@ -556,7 +558,7 @@ def nodes(
     type=click.FloatRange(min=0, min_open=True),
     default=300.0,
     show_default=True,
-    help="Seconds each point's workload may take.",
+    help="Seconds each point's workload may take once its ranks are up (as launch).",
 )
 def sweep(
     params: str, results_root: str | None, config_path: str | None, dry_run: bool, timeout: float

@@ -85,9 +85,10 @@ class RunContext:
         count = os.cpu_count() or 1
         return [index % count]
 
-    def rank_plan(self, name: str, nodes: Sequence[Node]) -> Path:
+    def rank_plan(self, name: str, nodes: Sequence[Node], up: dict[str, str] | None = None) -> Path:
         """Write the per-rank plan of benchfs.rankexec: rank i runs as nodes[i]. Before the
-        roles are known (the screen) there is no pinning and no mount."""
+        roles are known (the screen) there is no pinning and no mount. `up`: where and when
+        ranks say they are up (benchfs.rankexec.mark_up)."""
         per_node_servers: dict[str, int] = {}
         if self.roles is not None:
             for _, node in self.roles.servers:
@@ -111,7 +112,7 @@ class RunContext:
                 }
             )
         path = self.run_dir.path / f"{name}.ranks.json"
-        write_json_atomic(path, {"ranks": ranks})
+        write_json_atomic(path, {"ranks": ranks, **({"up": up} if up else {})})
         return path
 
     def node_records(self) -> list[dict[str, Any]]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +28,8 @@ from benchfs.units import format_size
 
 WORKLOAD_STOP_GRACE_S = 5.0
 POLL_S = 0.1
+STARTUP_S_PER_RANK = 1.0
+"""What starting a rank may take beyond --timeout before its workload's timeout counts."""
 """How often the workload watch checks the daemons and the deadlines."""
 PROGRESS_S = 1.0
 """How often the live display reads the servers' telemetry for bytes and bandwidth."""
@@ -109,6 +114,10 @@ class Workload:
         self.servers = servers
         self.report = report
         self.started = time.monotonic()
+        #: Where the current job's ranks say they are up, and how many ranks it has.
+        self.up: tuple[Path, int] | None = None
+        #: When the last rank of the workload was up (its timeout counts from then).
+        self.all_up: float | None = None
 
     def argv(self) -> tuple[list[str], str]:
         """The ranks' command, and what it runs in words."""
@@ -240,7 +249,13 @@ class Workload:
         ctx = self.ctx
         manifest, run_dir, roles = ctx.manifest, ctx.run_dir, ctx.roles
         assert roles is not None
-        plan = ctx.rank_plan("workload", roles.clients)
+        up_dir = run_dir.workload_dir / ("up-" + re.sub(r"[^A-Za-z0-9_.-]", "_", what))
+        shutil.rmtree(up_dir, ignore_errors=True)
+        up_dir.mkdir(parents=True)
+        # The built-in workloads (not IO500's driver) say they are up once connected.
+        by = "program" if ctx.spec.workload in ("rw", "ior", "mdtest") else "exec"
+        plan = ctx.rank_plan("workload", roles.clients, {"dir": str(up_dir), "by": by})
+        self.up = (up_dir, len(roles.clients))
         hosts = [n.host for n in roles.clients]
         proc, cmd = ctx.launcher.ranks(hosts, rank_command(plan, argv), run_dir.workload_log, env)
         manifest.commands.append({"what": what, "argv": cmd})
@@ -286,7 +301,11 @@ class Workload:
         assert cluster is not None
         manifest, spec = ctx.manifest, ctx.spec
         start = self.started  # the deadline and the fault injection span all the jobs
-        deadline = start + spec.timeout_s
+        # The timeout counts from the moment every rank is up (on 2 cores, 512 ranks took
+        # ~414 s just to start); starting may take it and a second per rank more.
+        assert self.up is not None
+        up_dir, ranks = self.up
+        startup_limit = start + spec.timeout_s + ranks * STARTUP_S_PER_RANK
         kill_after = spec.kill_server_after_s
         server_failure: str | None = None
         give_up_at: float | None = None
@@ -339,11 +358,29 @@ class Workload:
                     f"{server_failure}, and the workload did not fail within "
                     f"client.request_timeout_s + 10 s; it was stopped",
                 )
-            if now >= deadline:
+            if self.all_up is None and ranks_up(up_dir) >= ranks:
+                self.all_up = now
+            if self.all_up is None and now >= startup_limit:
                 raise RunError(
                     "ETIMEDOUT",
-                    f"the workload did not finish within --timeout {spec.timeout_s} s",
+                    f"{ranks - ranks_up(up_dir)} of {ranks} ranks were not up within "
+                    f"{startup_limit - start:.0f} s (--timeout {spec.timeout_s} s and "
+                    f"{STARTUP_S_PER_RANK:.0f} s per rank to start)",
                 )
+            if self.all_up is not None and now >= self.all_up + spec.timeout_s:
+                raise RunError(
+                    "ETIMEDOUT",
+                    f"the workload did not finish within --timeout {spec.timeout_s} s "
+                    f"after its {ranks} ranks were up ({self.all_up - start:.1f} s to start)",
+                )
+
+
+def ranks_up(up_dir: Path) -> int:
+    """How many ranks said they are up (benchfs.rankexec.mark_up)."""
+    try:
+        return sum(1 for _ in os.scandir(up_dir))
+    except OSError:
+        return 0
 
 
 def json_documents(text: str) -> list[str]:

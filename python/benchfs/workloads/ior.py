@@ -28,6 +28,7 @@ from typing import Any
 from benchfs import Client, File, _core
 from benchfs.config import resolve_config_text
 from benchfs.errors import EXIT_USAGE
+from benchfs.rankexec import mark_up
 from benchfs.results import write_json_atomic
 from benchfs.spread import spread
 from benchfs.units import KIB, MIB, parse_size
@@ -595,6 +596,7 @@ class IorRank:
 
     def connect(self) -> None:
         self.client = Client(self.opts.registry, config=resolve_config_text(self.opts.config))
+        mark_up()
 
     def geometry(self, data_rank: int) -> dict[str, Any]:
         o = self.opts

@@ -26,6 +26,7 @@ from benchfs import Client
 from benchfs.config import resolve_config_text
 from benchfs.errors import EXIT_USAGE
 from benchfs.parsers import MDTEST_OPERATIONS, RateRow
+from benchfs.rankexec import mark_up
 from benchfs.results import write_json_atomic
 from benchfs.workloads.steps import UsageError, VerificationError, agreed_step, wait_for_all
 
@@ -285,6 +286,7 @@ class MdtestRank:
     def execute(self) -> int:
         def connect() -> None:
             self.client = Client(self.a.registry, config=resolve_config_text(self.a.config))
+            mark_up()
 
         def count() -> None:
             if self.rank == 0:  # as mdtest: the -x file is rank 0's to read

@@ -32,6 +32,7 @@ from typing import Any
 
 from benchfs import Client
 from benchfs.config import resolve_config_text
+from benchfs.rankexec import mark_up
 from benchfs.results import write_json_atomic
 from benchfs.spread import spread
 from benchfs.units import MIB, parse_size
@@ -334,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nonlocal client
         started, cpu, fds = time.time(), time.process_time(), len(os.listdir("/proc/self/fd"))
         client = Client(str(args.registry), config=resolve_config_text(args.config))
+        mark_up()
         record["connect"] = {
             "start": started,
             "end": time.time(),
