@@ -96,7 +96,7 @@ impl Endpoint {
         if ep.is_null() || self.worker.inner.forked_away() {
             return;
         }
-        self.worker.inner.close_ep(ep, force);
+        self.worker.inner.close_ep(ep, force, self.state.clone());
     }
 }
 

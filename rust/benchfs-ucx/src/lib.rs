@@ -24,6 +24,7 @@ pub use request::Request;
 pub use worker::{WeakWorker, Worker, WorkerOptions};
 
 pub(crate) use am::AmHandlerBox;
+pub(crate) use endpoint::EpState;
 pub(crate) use request::{recv_done, send_done, RequestState};
 
 use std::ffi::CStr;

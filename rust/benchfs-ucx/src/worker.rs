@@ -26,7 +26,7 @@ pub(crate) struct WorkerInner {
     /// a transport endpoint the progress frame still uses (UCX 1.22 `tcp/tcp_iface.c:433`).
     pub(crate) in_progress: Cell<bool>,
     /// Endpoints whose close was asked for inside progress: closed once it returns.
-    pub(crate) deferred_closes: RefCell<Vec<(sys::ucp_ep_h, bool)>>,
+    pub(crate) deferred_closes: RefCell<Vec<(sys::ucp_ep_h, bool, Rc<EpState>)>>,
 }
 
 impl WorkerInner {
@@ -102,26 +102,31 @@ impl WorkerInner {
     /// a peer UCX reported failed or one that must not touch our memory again) or flushed
     /// (operations complete, then the peer is told). Never waits: the close request
     /// completes in later progress, counted in `held`. Inside progress the close is deferred
-    /// until progress returns.
-    pub(crate) fn close_ep(&self, ep: sys::ucp_ep_h, force: bool) {
+    /// until progress returns. `state` (what the endpoint's error callback is given) is kept
+    /// until UCX is done with the endpoint.
+    pub(crate) fn close_ep(&self, ep: sys::ucp_ep_h, force: bool, state: Rc<EpState>) {
         if self.in_progress.get() {
-            self.deferred_closes.borrow_mut().push((ep, force));
+            self.deferred_closes.borrow_mut().push((ep, force, state));
             return;
         }
+        let closing = Box::new(Closing {
+            held: self.held.clone(),
+            _state: state,
+        });
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS
                 | sys::UCP_OP_ATTR_FIELD_CALLBACK
                 | sys::UCP_OP_ATTR_FIELD_USER_DATA,
             flags: if force { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 },
-            user_data: Rc::into_raw(self.held.clone()) as *mut std::ffi::c_void,
+            user_data: Box::into_raw(closing) as *mut std::ffi::c_void,
             ..Default::default()
         };
         param.cb.send = Some(close_done);
         // SAFETY: each endpoint is closed once (its owner clears the handle first).
         let req = unsafe { sys::ucp_ep_close_nbx(ep, &param) };
         if req.is_null() || sys::ucs_ptr_is_err(req) {
-            // SAFETY: the callback will not run: take back its reference.
-            drop(unsafe { Rc::from_raw(param.user_data as *const Cell<usize>) });
+            // SAFETY: the callback will not run (the endpoint is gone): take the box back.
+            drop(unsafe { Box::from_raw(param.user_data as *mut Closing) });
         } else {
             self.held.set(self.held.get() + 1);
         }
@@ -129,21 +134,27 @@ impl WorkerInner {
 
     fn close_deferred(&self) {
         let closes = std::mem::take(&mut *self.deferred_closes.borrow_mut());
-        for (ep, force) in closes {
-            self.close_ep(ep, force);
+        for (ep, force, state) in closes {
+            self.close_ep(ep, force, state);
         }
     }
 }
 
-/// A close request completed: UCX holds it no more.
+/// What a close request keeps until UCX completes it.
+struct Closing {
+    held: Rc<Cell<usize>>,
+    _state: Rc<EpState>,
+}
+
+/// A close request completed: UCX holds it, and the endpoint, no more.
 unsafe extern "C" fn close_done(
     request: *mut std::ffi::c_void,
     _status: i8,
     user_data: *mut std::ffi::c_void,
 ) {
-    // SAFETY: user_data is the reference given up in close_ep; the request is ours to free.
-    let held = Rc::from_raw(user_data as *const Cell<usize>);
-    held.set(held.get() - 1);
+    // SAFETY: user_data is the box given up in close_ep; the request is ours to free.
+    let closing = Box::from_raw(user_data as *mut Closing);
+    closing.held.set(closing.held.get() - 1);
     sys::ucp_request_free(request);
 }
 
