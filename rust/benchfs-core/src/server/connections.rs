@@ -39,6 +39,9 @@ use super::ServerState;
 /// (the table is bounded like every queue; a connection is dropped when its client fails).
 const MAX_CONNECTIONS: usize = 65_536;
 
+/// Connection ends (failed, or replaced by their client) a worker logs, one line each.
+const MAX_LOGGED_ENDS: u32 = 20;
+
 /// Hellos waiting for the greeter task of one worker (clients greet again after 2 s).
 const MAX_PENDING_HELLOS: usize = 4_096;
 
@@ -61,6 +64,9 @@ pub(super) struct Connections {
     pub(super) reaper: Cell<Option<Waker>>,
     /// Set once the "too many connections" line was logged.
     full_logged: Cell<bool>,
+    /// Connection ends logged so far (a client that fails or replaces its connection is one
+    /// line each, up to [`MAX_LOGGED_ENDS`]).
+    ends_logged: Cell<u32>,
     /// Hellos received (their header and the client's worker address), answered by the
     /// greeter task outside UCX callbacks; at most [`MAX_PENDING_HELLOS`].
     hellos: RefCell<VecDeque<(Header, Vec<u8>)>>,
@@ -94,6 +100,21 @@ impl Connections {
         ids.into_iter()
             .filter_map(|id| Some((id, open.remove(&id)?)))
             .collect()
+    }
+
+    /// Logs why a connection ended (not a hot path: once per connection), up to
+    /// [`MAX_LOGGED_ENDS`] lines.
+    fn log_end(&self, what: &str) {
+        let n = self.ends_logged.get();
+        if n < MAX_LOGGED_ENDS {
+            self.ends_logged.set(n + 1);
+            let more = if n + 1 == MAX_LOGGED_ENDS {
+                "; further connection ends are not logged"
+            } else {
+                ""
+            };
+            eprintln!("benchfs: {what}{more}");
+        }
     }
 
     /// Queues a hello for the greeter task (called from the UCX handler); a hello beyond
@@ -200,16 +221,21 @@ impl ServerState {
         let id = self.conns.next_id.get().wrapping_add(1).max(1);
         self.conns.next_id.set(id);
         let conns = Rc::downgrade(&self.conns);
-        conn.on_failure(move |_| {
+        conn.on_failure(move |e| {
             if let Some(c) = conns.upgrade() {
+                c.log_end(&format!("connection {id} to a client failed ({e}); dropped"));
                 c.retire(id);
             }
         });
         // Only this job's clients may retire a connection (their own earlier one); its locks
         // are the new connection's.
         if header.token == self.token && header.chunk != 0 && header.chunk <= u64::from(u32::MAX) {
-            self.locks.borrow_mut().transfer(header.chunk as u32, id);
-            self.conns.retire(header.chunk as u32);
+            let old = header.chunk as u32;
+            self.conns.log_end(&format!(
+                "connection {old} replaced by its client's connection {id}"
+            ));
+            self.locks.borrow_mut().transfer(old, id);
+            self.conns.retire(old);
         }
         let reply = header
             .reply(0, 0)
