@@ -39,8 +39,9 @@ use super::ServerState;
 /// (the table is bounded like every queue; a connection is dropped when its client fails).
 const MAX_CONNECTIONS: usize = 65_536;
 
-/// Connection ends (failed, or replaced by their client) a worker logs, one line each.
-const MAX_LOGGED_ENDS: u32 = 20;
+/// Connection ends (a client gone, or its connection replaced) a worker logs, one line each:
+/// a client that exits ends its connections too, so a job logs up to this many per worker.
+const MAX_LOGGED_ENDS: u32 = 8;
 
 /// Hellos waiting for the greeter task of one worker (clients greet again after 2 s).
 const MAX_PENDING_HELLOS: usize = 4_096;
@@ -223,7 +224,7 @@ impl ServerState {
         let conns = Rc::downgrade(&self.conns);
         conn.on_failure(move |e| {
             if let Some(c) = conns.upgrade() {
-                c.log_end(&format!("connection {id} to a client failed ({e}); dropped"));
+                c.log_end(&format!("connection {id} to a client ended ({e}): dropped"));
                 c.retire(id);
             }
         });
