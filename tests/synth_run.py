@@ -68,6 +68,20 @@ def _split(values: np.ndarray | list[np.ndarray], parts: int) -> list[np.ndarray
     return np.array_split(np.asarray(values), parts)
 
 
+QUIET_TCP = {
+    "Tcp.OutSegs": 200_000,
+    "Tcp.RetransSegs": 12,
+    "TcpExt.TCPTimeouts": 0,
+    "TcpExt.TCPLostRetransmit": 0,
+    "TcpExt.TCPRcvQDrop": 0,
+    "TcpExt.PruneCalled": 0,
+    "TcpExt.TCPOFODrop": 0,
+    "TcpExt.TCPMemoryPressures": 0,
+    "TcpExt.TCPMemoryPressuresChrono": 0,
+}
+"""The TCP counters of a node over a quiet run (`network/<node>.json`'s delta)."""
+
+
 def make_run(
     root: Path,
     servers: dict[int, ServerSpec],
@@ -80,11 +94,20 @@ def make_run(
     name: str = "20270115T080000Z-local-abcdef",
     kernel: dict[str, list[str]] | None = None,
     manifest_extra: dict | None = None,
+    network: dict[str, dict[str, int]] | None = None,
 ) -> Path:
-    """A results directory with manifest.json, config.toml and telemetry of `servers`."""
+    """A results directory with manifest.json, config.toml and telemetry of `servers`; every
+    server's node gets `network/<node>.json` with the TCP counters `network` gives it (a quiet
+    network's by default: no timeout, a few retransmissions)."""
     run = root / name
     tel = run / "telemetry"
     tel.mkdir(parents=True)
+    (run / "network").mkdir()
+    for node in sorted({s.node for s in servers.values()}):
+        counted = {**QUIET_TCP, **(network or {}).get(node, {})}
+        record = {"node": node, "host": node, "netns": None, "before": dict.fromkeys(counted, 0),
+                  "after": counted, "delta": counted}  # fmt: skip
+        (run / "network" / f"{node}.json").write_text(json.dumps(record))
     (run / "config.toml").write_text(
         resolve_config_text(None, ["telemetry.interval_ms=1000", *overrides])
     )

@@ -58,6 +58,7 @@ TH = Section(
         fsync_per_write=0.25,
         handle_miss_share=0.9,
         bimodal_mode_share=0.1,
+        tcp_timeouts=10,
     ),
 )
 """The tests' own thresholds (explicit, so tuning the defaults in config.rs breaks no test)."""
@@ -569,13 +570,28 @@ PLANTED = {
         "kernel": {"h": kernel_lines({**HEALTHY_DEVICES, "nvme2n1": {32: 225, 16384: 25}})},
     },
     "BFS-012": lambda: _one_shared_disk(),
+    # 16 simulated nodes over the host's TCP memory (issue 62's runs): drops, then backoff.
+    "BFS-013": lambda: {
+        "servers": cluster(),
+        "network": {
+            "node-2": {
+                "TcpExt.TCPTimeouts": 2132,
+                "TcpExt.TCPLostRetransmit": 2311,
+                "TcpExt.TCPRcvQDrop": 2272,
+                "TcpExt.PruneCalled": 2741,
+                "TcpExt.TCPMemoryPressures": 1,
+                "TcpExt.TCPMemoryPressuresChrono": 1364,
+                "Tcp.RetransSegs": 20450,
+            },
+        },
+    },
 }
 
 
 def test_catalog_ids_are_complete() -> None:
     a = [c.__name__ for c in A.CATALOG]
-    assert len(a) == len(PLANTED) == 12
-    assert sorted(PLANTED) == [f"BFS-{k:03d}" for k in range(1, 13)]
+    assert len(a) == len(PLANTED) == 13
+    assert sorted(PLANTED) == [f"BFS-{k:03d}" for k in range(1, 14)]
 
 
 def test_healthy_run_is_silent(tmp_path: Path) -> None:
@@ -598,6 +614,7 @@ def test_each_insight_fires_on_its_planted_case(tmp_path: Path, ident: str) -> N
         iostat=case.get("iostat") or healthy_iostat(),
         kernel=case.get("kernel") or healthy_kernel(),
         manifest_extra=case.get("manifest_extra"),
+        network=case.get("network"),
     )
     a = A.analyze(run, TH)
     fired = {i.id: i for i in a.fired}

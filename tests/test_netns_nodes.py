@@ -19,7 +19,7 @@ import pytest
 
 from benchfs.client import Client
 from benchfs.nodes import load_nodes
-from benchfs.simnodes import namespace_pids, namespaces
+from benchfs.simnodes import namespace_pids, namespaces, tcpmem
 from benchfs.units import MIB
 from conftest import InProcessCluster, benchfs_run_command
 from test_lifecycle import BIN, exports
@@ -119,6 +119,37 @@ def test_a_run_on_namespaced_nodes_moves_every_byte_over_their_links(
         ["ip", "netns", "exec", f"{TAG}-n2"],
     ]
     assert {n["name"]: n["netns"] for n in manifest["nodes"]}["n3"] == f"{TAG}-n3"
+    # Each node's own TCP counters (its namespace's), before and after: n3 sent the 32 MiB.
+    counted = json.loads((Path(report["results_dir"]) / "network" / "n3.json").read_text())
+    assert counted["netns"] == f"{TAG}-n3"
+    assert counted["delta"]["Tcp.OutSegs"] >= 32 * MIB // 65536, counted["delta"]
+    assert counted["delta"]["TcpExt.TCPTimeouts"] >= 0
+
+
+def test_the_nodes_get_the_tcp_memory_of_as_many_hosts(tmp_path: Path) -> None:
+    """Namespaces share the host's one TCP memory budget (net.ipv4.tcp_mem): `--netns N`
+    raises it to N nodes' worth (capped at half the host's memory) and says so; removing the
+    last such nodes restores the value found first."""
+    tag = f"tm{os.getpid() % 100000}"
+    made = run("nodes", "--netns", "3", "--netns-tag", tag, "--scratch", str(tmp_path / "s"))
+    original = None
+    try:
+        assert made.returncode == 0, made.stderr
+        if not tcpmem.STATE.exists():  # this host's budget is 3 nodes' worth already
+            assert "tcp_mem" not in made.stderr
+        else:
+            state = json.loads(tcpmem.STATE.read_text())
+            assert tag in state["tags"]
+            original = tuple(state["original"])
+            assert tcpmem.read_tcp_mem()[1] >= tcpmem.budget_for(3, original)[1] > original[1]
+    finally:
+        removed = run("nodes", "--remove-netns", "--netns-tag", tag)
+        assert removed.returncode == 0, removed.stderr
+    if tcpmem.STATE.exists():  # nodes of another tag (a test running beside this one) remain
+        assert tag not in json.loads(tcpmem.STATE.read_text())["tags"]
+    elif original is not None:
+        assert tcpmem.read_tcp_mem() == original
+        assert "net.ipv4.tcp_mem restored" in removed.stderr
 
 
 def test_namespaces_in_use_stay_and_bad_requests_get_one_line(nodes_file: Path) -> None:

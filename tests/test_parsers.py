@@ -228,3 +228,18 @@ def test_mdtest_rates_of_a_real_run() -> None:
 def test_mdtest_bad_input_gets_a_clear_error(text: str, message: str) -> None:
     with pytest.raises(ParseError, match=message):
         parse_mdtest(text, "mdtest")
+
+
+def test_tcp_counters_parse_this_machines_own_files() -> None:
+    """`benchfs.probes.netstat` on the kernel's files as they are here (what a run snapshots
+    on each node), and on text that is not them."""
+    from benchfs.probes import netstat
+
+    text = "".join(Path(p).read_text() for p in netstat.SOURCES)
+    counters = netstat.parse(text)
+    assert set(counters) == {f"{proto}.{name}" for proto, name in netstat.COUNTERS}
+    assert all(isinstance(v, int) and v >= 0 for v in counters.values())
+    assert netstat.delta({"Tcp.OutSegs": 5}, {"Tcp.OutSegs": 9, "Tcp.RetransSegs": 1}) == {
+        "Tcp.OutSegs": 4
+    }
+    assert netstat.parse("Tcp: OutSegs\nUdp: 3\ngarbage") == {}

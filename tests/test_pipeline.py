@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -451,6 +452,37 @@ def test_teardown_stops_every_started_stage_in_reverse_and_keeps_the_first_error
     assert pipeline.started == []
     error = pipeline.report.error
     assert error is not None and error.message.startswith("stopping mount: RuntimeError")
+
+
+def test_a_signal_after_a_child_failed_still_makes_the_run_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scancel signals the srun steps and the pipeline at about the same time, in no set
+    order: the workload's step may die first, and its failure be seen before the pipeline's
+    own SIGTERM, which then comes during the teardown. The first signal decides: the run is
+    interrupted (exit 130), and the failure seen first is kept as an event."""
+
+    class LateSignal(Stage):
+        phase = "servers"
+
+        def start(self) -> None: ...
+
+        def stop(self) -> RunError | None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's, to the batch step
+            return None
+
+    pipeline = Pipeline(RunSpec(), ["benchfs-run", "launch"])
+
+    def run() -> None:
+        pipeline.started.append(LateSignal())
+        raise RunError("EIO", "workload failed (exit status 143): rank 0 write: terminated")
+
+    monkeypatch.setattr(pipeline, "_pipeline", run)
+    previous = signal.getsignal(signal.SIGTERM)
+    report = pipeline.execute()
+    assert report.error is not None and report.error.code == "EINTR", report.error
+    assert report.exit_code == 130
+    assert signal.getsignal(signal.SIGTERM) is previous  # handlers restored
 
 
 def test_a_run_gets_about_20_telemetry_samples_unless_the_interval_was_set() -> None:

@@ -61,6 +61,7 @@ ANALYSIS_DIR = "analysis"
 """What `benchfs-analyze --save` writes: report.html, report.json, tables/<name>.csv."""
 IOSTAT_DIR = "iostat"
 KERNEL_DIR = "kernel"
+NETWORK_DIR = "network"
 DIAGNOSE_DIR = "diagnose"
 EXCLUDED_JSON = "excluded.json"
 EXCLUDED_TXT = "excluded.txt"
@@ -156,6 +157,15 @@ class RunDir:
     def iostat_capture(self, node: str) -> Path:
         """One node's capture: the output of `iostat -x -y -t -o JSON` (text if no JSON)."""
         return self.iostat_dir / f"{node}.json"
+
+    @property
+    def network_dir(self) -> Path:
+        """Every node's TCP counters before and after the run (`benchfs.probes.netstat`)."""
+        return self.path / NETWORK_DIR
+
+    def network_capture(self, node: str) -> Path:
+        """One node's: `{"node", "host", "netns", "before", "after", "delta"}`."""
+        return self.network_dir / f"{node}.json"
 
     @property
     def kernel_dir(self) -> Path:

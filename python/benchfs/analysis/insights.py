@@ -653,6 +653,64 @@ def shared_limit(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
     return i
 
 
+def tcp_backoff(run: LoadedRun, t: Tables, th: Thresholds) -> Insight:
+    i = _new(
+        "BFS-013",
+        "TCP retransmission timeouts",
+        "high",
+        "a node's TCP retransmission timer expired >= tcp_timeouts times during the run "
+        "(network/<node>.json)",
+        "Each expiry doubles the wait before TCP tries a lost segment again (0.2 s, then "
+        "seconds, then tens of seconds): a request behind it waits that long, and past "
+        "client.request_timeout_s it times out (BFS-006). Find why segments were lost: "
+        "dropped on arrival for lack of room (TCPRcvQDrop, pruned queues) while the host's TCP "
+        "memory was under pressure (TCPMemoryPressures: raise net.ipv4.tcp_mem, or lower the "
+        "bytes in flight, client.max_inflight and client.read_ahead; nodes simulated in "
+        "network namespaces share one host's budget, which benchfs-run nodes --netns raises), "
+        "or lost on a link (check its errors and drops).",
+    )
+    net = run.network
+    if net is None or net.empty:
+        return _skip(i, "no TCP counters in this run (network/<node>.json)")
+    if th.tcp_timeouts <= 0:
+        return _skip(i, "insights.tcp_timeouts = 0 turns it off")
+    col = "TcpExt.TCPTimeouts"
+    if col not in net.columns:
+        return _skip(i, "the nodes' TCP counters lack TCPTimeouts")
+    # Nodes that share a network stack (one host, no namespace of their own) share counters.
+    stacks = net.drop_duplicates(["host", "netns"]).fillna(0)
+    hit = stacks[stacks[col] >= th.tcp_timeouts].sort_values(col, ascending=False)
+    i.data = {
+        "nodes": {
+            r["node"]: {k: int(r[k]) for k in stacks.columns if "." in k} for _, r in hit.iterrows()
+        }
+    }
+    if hit.empty:
+        return i
+    i.fired = True
+
+    def total(name: str) -> int:
+        return int(stacks[name].sum()) if name in stacks.columns else 0
+
+    i.evidence.append(
+        f"{len(hit)} of {len(stacks)} nodes: {total(col):,} retransmission timeouts, "
+        f"{total('TcpExt.TCPLostRetransmit'):,} retransmissions lost again, "
+        f"{total('Tcp.RetransSegs'):,} of {total('Tcp.OutSegs'):,} segments sent again"
+    )
+    drops = total("TcpExt.TCPRcvQDrop") + total("TcpExt.TCPOFODrop")
+    pressure = total("TcpExt.TCPMemoryPressures")
+    if drops or pressure:
+        i.evidence.append(
+            f"segments dropped on arrival for lack of room: {drops:,} "
+            f"(receive queues pruned {total('TcpExt.PruneCalled'):,} times); the host's TCP "
+            f"memory under pressure {pressure:,} times, "
+            f"{total('TcpExt.TCPMemoryPressuresChrono') / 1000:.1f} s in all"
+        )
+    worst = ", ".join(f"{r['node']} ({int(r[col]):,})" for _, r in hit.head(5).iterrows())
+    i.evidence.append(f"most timeouts: {worst}")
+    return i
+
+
 CATALOG: tuple[Check, ...] = (
     depth_starvation,
     batching,
@@ -666,6 +724,7 @@ CATALOG: tuple[Check, ...] = (
     handle_thrash,
     device_latency_mode,
     shared_limit,
+    tcp_backoff,
 )
 """Every insight, in id order."""
 

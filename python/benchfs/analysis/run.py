@@ -8,6 +8,7 @@ of an exception.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ class LoadedRun:
     notes: list[str] = field(default_factory=list)
     kernel: dict[str, HostTraceData] = field(default_factory=dict)
     """Per host, the kernel's trace of the run (`benchfs.probes.kerneltrace`)."""
+    network: pd.DataFrame | None = None
+    """Per node, what its TCP counters counted during the run (`network/<node>.json`): node,
+    host, netns, then one column per counter (`benchfs.probes.netstat.COUNTERS`)."""
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Arrays derived once from the trace (tables.trace_arrays)."""
 
@@ -153,7 +157,27 @@ def load_run(path: str | os.PathLike[str]) -> LoadedRun:
         notes.append("iostat captures without timestamps (-t): not limited to the run's window")
     kernel, kernel_notes = load_kernel(rd.kernel_dir)
     notes.extend(kernel_notes)
-    return LoadedRun(rd.path, manifest, config, config_text, tel, trace, io, notes, kernel)
+    network = load_network(rd.network_dir, notes)
+    return LoadedRun(rd.path, manifest, config, config_text, tel, trace, io, notes, kernel, network)
+
+
+def load_network(directory: Path, notes: list[str]) -> pd.DataFrame | None:
+    """The nodes' TCP counters of the run (`network/<node>.json`), or None without them; a
+    damaged file is left out with a note."""
+    if not directory.is_dir():
+        return None
+    rows = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            row = {"node": str(record["node"]), "host": str(record.get("host", "")),
+                   "netns": record.get("netns") or ""}  # fmt: skip
+            row.update({k: int(v) for k, v in dict(record["delta"]).items()})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            notes.append(f"network/{path.name} left out: {e}")
+            continue
+        rows.append(row)
+    return pd.DataFrame(rows) if rows else None
 
 
 def previous_run(path: str | os.PathLike[str]) -> Path:

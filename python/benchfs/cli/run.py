@@ -508,7 +508,7 @@ def nodes(
     from benchfs.errors import BenchfsError
     from benchfs.nodes import Exclusion, NodesFileError, dump_nodes, read_exclusions
     from benchfs.nodes import from_allocation as allocation_nodes
-    from benchfs.simnodes import netns_nodes, remove_netns_nodes
+    from benchfs.simnodes import netns_nodes, remove_netns_nodes, tcpmem
 
     modes = [flag for flag, on in (("--from-allocation", from_allocation),
              ("--netns", netns is not None), ("--remove-netns", remove_netns)) if on]  # fmt: skip
@@ -518,12 +518,16 @@ def nodes(
         if remove_netns:
             removed = remove_netns_nodes(netns_tag)
             click.echo(f"removed {', '.join(removed)}" if removed else "no namespaces to remove")
+            if restored := tcpmem.restore_after(netns_tag):
+                click.echo(f"benchfs-run nodes: {restored}", err=True)
             return
         left_out = [Exclusion(host) for host in excludes]
         if exclude_from:
             left_out += read_exclusions(exclude_from)
         if netns is not None:
             found = netns_nodes(netns, Path(scratch), netns_tag)
+            if raised := tcpmem.raise_for(netns, netns_tag):
+                click.echo(f"benchfs-run nodes: {raised}", err=True)
         else:
             found = allocation_nodes(scratch, devices)
     except (NodesFileError, FileNotFoundError) as e:

@@ -35,6 +35,7 @@ from benchfs.pipeline.stages import (
     JobDirs,
     KernelTrace,
     Mounts,
+    NetworkCounters,
     Servers,
     Stage,
 )
@@ -67,18 +68,39 @@ def collect_versions(mpiexec: str | None) -> dict[str, str | None]:
     }
 
 
-@contextlib.contextmanager
-def _signals_as_interrupts() -> Iterator[None]:
-    """Turn SIGTERM into an interrupt during the run, so that it tears down like Ctrl-C."""
+class _Signals:
+    """SIGINT and SIGTERM for the whole of `Pipeline.execute`, with no gap between the run
+    and its teardown: the first signal received is kept, whenever it comes, and decides the
+    outcome; while `armed` (the run proper) it also interrupts the run like Ctrl-C, once, and
+    from then on it is only recorded, so that teardown (bounded by its grace periods) finishes.
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise Terminated()
+    Under a scheduler a cancellation reaches the run's children too: scancel has slurmctld
+    tell every srun step and slurmd signal every step's processes, the batch step (this
+    process) among them, in no set order. A workload or server step may die first and its
+    failure be seen before this process gets its own SIGTERM, which then comes during the
+    teardown; it must still make the run "interrupted"."""
 
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.armed = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.first is None:
+            self.first = signum
+        if self.armed:
+            self.armed = False
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 DEFAULT_INTERVAL_MS = 1000
@@ -104,17 +126,6 @@ def telemetry_interval_ms(config: dict[str, Any], spec: RunSpec) -> int | None:
     else:
         ms = 250
     return int(min(max(round(ms / 50) * 50, 100), DEFAULT_INTERVAL_MS))
-
-
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """Let teardown finish (it is bounded by grace periods) even if the user presses Ctrl-C."""
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def run_analysis(run_dir: RunDir, manifest: Manifest) -> None:
@@ -167,37 +178,71 @@ class Pipeline:
         """With `spec.serve`: the stages left running once the cluster is up (benchfs start
         records them; benchfs stop stops them by process)."""
         self.ctx: RunContext | None = None
+        self.signals = _Signals()
 
     def execute(self) -> RunReport:
         start = time.monotonic()
-        try:
-            with _signals_as_interrupts():
-                self._pipeline()
-        except BenchfsError as e:  # a run's own, or a launcher's
-            self.report.error = e
-        except KeyboardInterrupt as e:
-            what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
-            self.report.error = RunError("EINTR", what, EXIT_INTERRUPTED)
-        except OSError as e:  # e.g. an unwritable results root: the errno says it all
-            self.report.error = RunError(errno_name(e), str(e))
-        except Exception as e:  # a bug, but it still has to tear down and be recorded
-            traceback.print_exc()
-            self.report.error = RunError("EIO", f"unexpected error: {type(e).__name__}: {e}")
-        finally:
-            with _signals_ignored():
+        with self.signals.installed():
+            try:
+                self._interruptible()
+            except BenchfsError as e:  # a run's own, or a launcher's
+                self.report.error = e
+            except KeyboardInterrupt as e:
+                what = (
+                    "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+                )
+                self.report.error = RunError("EINTR", what, EXIT_INTERRUPTED)
+            except OSError as e:  # e.g. an unwritable results root: the errno says it all
+                self.report.error = RunError(errno_name(e), str(e))
+            except Exception as e:  # a bug, but it still has to tear down and be recorded
+                traceback.print_exc()
+                self.report.error = RunError("EIO", f"unexpected error: {type(e).__name__}: {e}")
+            finally:
+                # Signals are only recorded from here on: teardown is bounded by grace periods.
                 if self.started:
                     self.progress.phase("teardown")
                 self._teardown()
-        self.report.elapsed_s = time.monotonic() - start
-        if self.left_running:  # `benchfs stop` finishes the manifest
-            self.progress.close()
-            return self.report
-        self._finish_manifest()
-        # After the final manifest: the saved report shows the run's outcome and figures.
-        with _signals_ignored():
+            self.report.elapsed_s = time.monotonic() - start
+            self._first_signal_wins()
+            if self.left_running:  # `benchfs stop` finishes the manifest
+                self.progress.close()
+                return self.report
+            self._finish_manifest()
+            # After the final manifest: the saved report shows the run's outcome and figures.
             self._analyze()
         self.progress.close()
         return self.report
+
+    def _interruptible(self) -> None:
+        """The run proper, during which SIGINT/SIGTERM interrupt it (once)."""
+        self.signals.armed = True
+        try:
+            self._pipeline()
+        finally:
+            # A signal that comes before this line replaces whatever the run raised (it is
+            # caught as an interrupt); one that comes after is recorded for the outcome.
+            self.signals.armed = False
+
+    def _first_signal_wins(self) -> None:
+        """A run that received SIGINT or SIGTERM before its outcome was written is
+        interrupted, even if it had already failed: a child that the same cancellation
+        stopped first (a srun step on scancel) fails the run before this process gets its
+        own signal. The failure seen first stays in the record as an event."""
+        signum, error = self.signals.first, self.report.error
+        if signum is None or error is None or error.code == "EINTR":
+            # No signal; or one during the teardown of a run that had done its work (its
+            # outcome stays "ok"); or the run was interrupted already.
+            return
+        name = signal.Signals(signum).name
+        if self.report.manifest is not None:
+            self.report.manifest.event(
+                "interrupted",
+                f"{name} received; before it, the run had failed: {error.code}: {error.message}",
+                signal=name,
+                failure={"code": error.code, "message": error.message},
+            )
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (Ctrl-C)"
+        self.report.error = RunError("EINTR", what, EXIT_INTERRUPTED)
 
     def _pipeline(self) -> None:
         spec = self.spec
@@ -274,6 +319,7 @@ class Pipeline:
         self._start(JobDirs(ctx))
         self._start(IostatCapture(ctx))
         self._start(KernelTrace(ctx, config))
+        self._start(NetworkCounters(ctx))
         servers = Servers(ctx, config)
         self._start(servers)
         with manifest.phase("wait_servers"):

@@ -30,6 +30,7 @@ from benchfs.nodes import Node
 from benchfs.pipeline.context import RunContext
 from benchfs.probes.kerneltrace import READY
 from benchfs.procs import descendants, kill_pids, stop_process, tail
+from benchfs.results import write_json_atomic
 
 SERVER_STOP_GRACE_S = 10.0
 MOUNT_WAIT_S = 30
@@ -151,6 +152,62 @@ class IostatCapture(Stage):
     def stop(self) -> RunError | None:
         """SIGINT, so that iostat closes its JSON document; then the usual bounded stop."""
         interrupt_all(self.captures, self.ctx.launcher.interrupt_signal, 5.0)
+        return None
+
+
+class NetworkCounters(Stage):
+    """Every node's TCP counters (`benchfs.probes.netstat`) when the run's servers start and
+    when it ends, one JSON file each in `network/`; a node whose counters cannot be read is
+    left out with an event. Nodes that share a network stack (one host, no namespace of
+    their own) share their counters: each file says which stack it read."""
+
+    phase = "network_counters"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.before: dict[str, dict[str, int]] = {}
+
+    def _read(self, node: Node) -> dict[str, int] | None:
+        from benchfs.probes.netstat import parse, snapshot_command
+
+        try:
+            done = self.ctx.launcher.run(node, snapshot_command(), 10.0)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.ctx.manifest.event("network-counters", f"{node.name}: {e}")
+            return None
+        if done.returncode != 0:
+            self.ctx.manifest.event("network-counters", f"{node.name}: {done.stderr.strip()}")
+            return None
+        return parse(done.stdout)
+
+    def start(self) -> None:
+        assert self.ctx.roles is not None
+        for node in self.ctx.roles.nodes():
+            if (counters := self._read(node)) is not None:
+                self.before[node.name] = counters
+
+    def stop(self) -> RunError | None:
+        from benchfs.probes.netstat import delta
+
+        ctx = self.ctx
+        if not self.before or ctx.roles is None:
+            return None
+        ctx.run_dir.network_dir.mkdir(exist_ok=True)
+        for node in ctx.roles.nodes():
+            before = self.before.get(node.name)
+            after = self._read(node) if before is not None else None
+            if before is None or after is None:
+                continue
+            record = {
+                "node": node.name,
+                "host": node.host,
+                "netns": node.netns,
+                "before": before,
+                "after": after,
+                "delta": delta(before, after),
+            }
+            with contextlib.suppress(OSError):
+                write_json_atomic(ctx.run_dir.network_capture(node.name), record)
         return None
 
 

@@ -18,11 +18,14 @@ pub enum Error {
         missing: Vec<u32>,
         waited_s: f64,
     },
-    #[error("request {op} to server {server} timed out after {timeout_s:.1}s")]
+    #[error("request {op} to server {server} timed out after {timeout_s:.1}s ({waiting})")]
     Timeout {
         op: &'static str,
         server: u32,
         timeout_s: f64,
+        /// What had not come when the time ran out: "no reply", "the reply's data" (the reply
+        /// came, its payload did not) or "the request still sending".
+        waiting: &'static str,
     },
     #[error("server {server} unreachable: {reason}")]
     ServerLost { server: u32, reason: String },

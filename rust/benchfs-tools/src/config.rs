@@ -194,6 +194,9 @@ pub struct InsightsConfig {
     pub handle_miss_share: f64,
     /// Op-time distributions: share a range needs to count as a mode (bimodality flag).
     pub bimodal_mode_share: f64,
+    /// BFS-013: a node's TCP retransmission timer expiries during the run (each doubles the
+    /// wait before the next try); 0 turns the insight off.
+    pub tcp_timeouts: u64,
 }
 
 impl Default for InsightsConfig {
@@ -215,6 +218,7 @@ impl Default for InsightsConfig {
             fsync_per_write: 0.25,
             handle_miss_share: 0.9,
             bimodal_mode_share: 0.1,
+            tcp_timeouts: 10,
         }
     }
 }

@@ -506,12 +506,14 @@ impl Client {
             guard.send = Some(unsafe { ep.send_am(AM_REQUEST, &header.encode(), payload, None) });
         }
         let reactor = self.runtime.reactor().clone();
+        let waiting = std::cell::Cell::new("no reply");
         let exchange = async {
             let reply = WaitReply {
                 shared: &self.shared,
                 id,
             }
             .await;
+            waiting.set("the request still sending");
             if let Some(send) = guard.send.as_mut() {
                 send.await.map_err(|e| Error::ServerLost {
                     server,
@@ -529,6 +531,7 @@ impl Client {
                 .get_mut(&id)
                 .and_then(|p| p.data.take());
             if let Some(data) = data {
+                waiting.set("the reply's data");
                 data.await.map_err(|e| Error::ServerLost {
                     server,
                     reason: e.to_string(),
@@ -560,6 +563,7 @@ impl Client {
                 op,
                 server,
                 timeout_s: timeout.as_secs_f64(),
+                waiting: waiting.get(),
             }),
         }
     }

@@ -68,6 +68,8 @@ pub(super) struct Connections {
     /// Connection ends logged so far (a client that fails or replaces its connection is one
     /// line each, up to [`MAX_LOGGED_ENDS`]).
     ends_logged: Cell<u32>,
+    /// Stuck transfers logged so far (`park`), up to [`MAX_LOGGED_ENDS`].
+    stuck_logged: Cell<u32>,
     /// Hellos received (their header and the client's worker address), answered by the
     /// greeter task outside UCX callbacks; at most [`MAX_PENDING_HELLOS`].
     hellos: RefCell<VecDeque<(Header, Vec<u8>)>>,
@@ -280,9 +282,24 @@ impl ServerState {
     }
 
     /// Keeps `owner` (memory a stuck UCX operation may still write or read) until `op`
-    /// completes; the reaper task releases it then.
-    pub(super) fn park(&self, op: benchfs_ucx::Request, owner: Box<dyn std::any::Any>) {
+    /// completes; the reaper task releases it then. `what` names the transfer for the log
+    /// (the first [`MAX_LOGGED_ENDS`] of a worker are logged).
+    pub(super) fn park(&self, op: benchfs_ucx::Request, owner: Box<dyn std::any::Any>, what: &str) {
         self.metrics.count_undelivered();
+        let n = self.conns.stuck_logged.get();
+        if n < MAX_LOGGED_ENDS {
+            self.conns.stuck_logged.set(n + 1);
+            eprintln!(
+                "benchfs: {what} did not complete within {:.0} s; its memory is kept until UCX \
+                 ends it{}",
+                (self.client_timeout * 3 / 2).as_secs_f64(),
+                if n + 1 == MAX_LOGGED_ENDS {
+                    "; further ones are not logged"
+                } else {
+                    ""
+                }
+            );
+        }
         self.parked.borrow_mut().push((op, owner));
         if let Some(w) = self.conns.reaper.take() {
             w.wake();

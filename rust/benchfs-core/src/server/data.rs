@@ -76,7 +76,7 @@ impl ServerState {
             Ok(_) => Some(owner),
             Err(stuck) => {
                 if let Some(op) = stuck {
-                    self.park(op, Box::new(owner));
+                    self.park(op, Box::new(owner), "a request's payload from a client");
                 }
                 None
             }
@@ -317,7 +317,16 @@ impl ServerState {
         match self.with_client(sent).await {
             Ok(_) => {}
             Err(None) => self.metrics.count_undelivered(),
-            Err(Some(op)) => self.park(op, Box::new((data, meta))),
+            Err(Some(op)) => self.park(
+                op,
+                Box::new((data, meta)),
+                &format!(
+                    "the reply to {} request {} on connection {}",
+                    h.op.name(),
+                    h.request_id,
+                    h.client
+                ),
+            ),
         }
     }
 }
