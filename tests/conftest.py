@@ -43,6 +43,19 @@ def config_text(*overrides: str) -> str:
     return resolve_config_text(None, [*TEST_OVERRIDES, *overrides])
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked serial never run beside others: refused under pytest-xdist's workers (make
+    test-python runs them in a second part, alone)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        serial = [item.nodeid for item in items if item.get_closest_marker("serial")]
+        if serial:
+            raise pytest.UsageError(
+                f"{len(serial)} tests marked serial selected under -n (first: {serial[0]}); "
+                'select them with -m "not serial", and run them alone'
+            )
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the user's BENCHFS_* variables out of the tests (each test sets what it needs), and

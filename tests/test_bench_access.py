@@ -14,6 +14,11 @@ import pytest
 from benchfs.bench import access
 from conftest import rendered
 
+# Run alone, after the parallel part of make test-python:
+# it compares the host's list of FUSE mounts and measures.
+pytestmark = pytest.mark.serial
+
+
 CASES = [
     "fio-psync-write",
     "fio-psync-read",

@@ -37,6 +37,7 @@ CASES = [
         ),
     ],
 )
+@pytest.mark.serial
 def test_e2e_quick_json(tmp_path: Path, netns: bool) -> None:
     """Also between nodes apart (--netns): the ranks on their own node reach the servers on
     theirs, and the namespaces are gone afterwards."""

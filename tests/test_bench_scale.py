@@ -21,6 +21,7 @@ def namespaces() -> set[str]:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.serial
 def test_scale_quick_json(tmp_path: Path) -> None:
     bench = Path(sys.executable).with_name("benchfs-bench")
     before = namespaces()

@@ -27,6 +27,11 @@ from benchfs.probes import iostat
 from benchfs.results import create_run_dir
 from diagnose_sim import MIB, Sim, delayfs_or_skip, node, simulation
 
+# Run alone, after the parallel part of make test-python:
+# loop devices, blkio throttling and tc shaping, judged by speed under load.
+pytestmark = pytest.mark.serial
+
+
 QUICK_SECONDS = "3"
 SLOW_MS = 20.0
 

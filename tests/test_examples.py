@@ -211,6 +211,9 @@ def _param(e: Example) -> object:
             marks.append(pytest.mark.xfail(reason=defect, strict=False))
     if e.not_run is not None:
         marks.append(pytest.mark.skip(reason=f"{e.id} not run: {e.not_run}"))
+    if "--netns" in e.code:
+        # The documented commands use the default namespace tag, one per host: run alone.
+        marks.append(pytest.mark.serial)
     return pytest.param(e, id=e.id, marks=marks)
 
 

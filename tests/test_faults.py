@@ -36,6 +36,7 @@ from test_persistence import kill_and_restart
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial
 def test_client_with_missing_servers_fails_in_time_naming_them(inproc_cluster) -> None:
     cluster = inproc_cluster(2)
     config = config_text("cluster.connect_timeout_s=1.0")
@@ -129,6 +130,7 @@ def test_bad_registry_entry_is_a_clear_error(inproc_cluster, kind: str) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial
 def test_a_paused_server_is_greeted_again_and_answers_with_one_connection(
     daemon_cluster, tmp_path: Path
 ) -> None:
@@ -200,6 +202,7 @@ def stat_outcomes(client: Client) -> list[tuple[int, str, float]]:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial
 def test_servers_are_connected_on_first_use(daemon_cluster, tmp_path: Path) -> None:
     """Without cluster.connect_at_start, a client starts without greeting anyone and connects
     to a server on its first request there. A paused server is greeted again until it resumes
@@ -256,6 +259,7 @@ def test_servers_are_connected_on_first_use(daemon_cluster, tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial
 def test_a_member_dead_at_start_fails_only_what_needs_it(daemon_cluster) -> None:
     """A member killed before the client starts: the client starts, the requests that need
     that server fail at once (EHOSTDOWN, naming it), and the others are served."""
@@ -274,6 +278,7 @@ def test_a_member_dead_at_start_fails_only_what_needs_it(daemon_cluster) -> None
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial
 def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_cluster) -> None:
     request_timeout = 2.0
     cluster = daemon_cluster(2, f"client.request_timeout_s={request_timeout}")
@@ -331,6 +336,7 @@ def test_client_fails_within_request_timeout_when_a_server_is_killed(daemon_clus
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.serial
 def test_a_write_that_fails_after_it_returned_is_raised_by_flush(daemon_cluster) -> None:
     """Writes return once sent (client.write_behind); one that a stopped server never answers
     is raised by the file's flush within the request timeout, never lost."""
@@ -431,6 +437,7 @@ def test_run_interrupted_tears_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_run_timeout_stops_the_workload_and_its_ranks(tmp_path: Path) -> None:
     result = _run(
         ["launch", "--file-size=4G", "--timeout=1.5", f"--results-root={tmp_path}", "--json"],
@@ -860,6 +867,7 @@ def _run_round(daemon_cluster: Any, base: Path, seed: int, name: str) -> None:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("name", ROUNDS)
+@pytest.mark.serial
 def test_fault_round(
     daemon_cluster: Any, tmp_path: Path, request: pytest.FixtureRequest, name: str
 ) -> None:
@@ -881,6 +889,7 @@ def test_fault_rounds_20(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.serial
 def test_c_library_names_a_killed_server(daemon_cluster: Any, tmp_path: Path) -> None:
     """The C library turns a SIGKILLed server into -EHOSTDOWN, within a second, with a message
     naming the server, and its process goes on (the program exits normally)."""

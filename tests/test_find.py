@@ -75,6 +75,7 @@ def test_find_predicates_pages_and_hidden_names(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.serial
 def test_find_bench_quick_json_shape() -> None:
     report = bench("find", "--quick", "--json")
     assert [c["name"] for c in report["cases"]] == ["walk", "find"]
@@ -90,6 +91,7 @@ def test_benchfs_find_command(tmp_path: Path) -> None:
     one line."""
     benchfs = str(Path(sys.executable).parent / "benchfs")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+    env["BENCHFS_RUN_KERNEL_TRACE"] = "false"  # it traces the whole host; not tested here
     started = subprocess.run(
         [benchfs, "start", "--servers", "2", "--results-root", str(tmp_path)],
         capture_output=True, text=True, timeout=60, env=env,

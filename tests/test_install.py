@@ -15,6 +15,10 @@ import pytest
 
 from conftest import run_bounded
 
+# Run alone, after the parallel part of make test-python:
+# `make install` rewrites the binaries every other test runs.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = re.search(r'^version = "(.*)"', (ROOT / "rust" / "Cargo.toml").read_text(), re.M)[1]
 # The interpreter the source tree's environment was made from: the wheel's Python.
@@ -34,7 +38,9 @@ def sh(script: str, *, env: dict[str, str], cwd: Path, timeout: float = 120) -> 
 def clean_env(home: Path, path: str) -> dict[str, str]:
     """A user's environment: no source tree, no virtual environment, no BenchFS variables."""
     keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TERM", "USER")}
-    return {**keep, "HOME": str(home), "PATH": path, "TMPDIR": str(home)}
+    # The kernel trace of runs off: it traces the whole host (tests/test_kernel_trace.py has it).
+    return {**keep, "HOME": str(home), "PATH": path, "TMPDIR": str(home),
+            "BENCHFS_RUN_KERNEL_TRACE": "false"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +153,7 @@ def test_a_fresh_venv_with_only_the_wheel_runs_a_cluster(prefix: Path, tmp_path:
         benchfs stage-in {data} /staged
         python -c '
 import benchfs
+
 with benchfs.Client() as c:
     with c.open("/staged/sub/a.bin") as f:
         assert f.read() == open("{data}/sub/a.bin", "rb").read()

@@ -232,6 +232,7 @@ def fio_4k(device: str, seconds: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+@pytest.mark.serial
 def test_the_block_tracer_measures_a_planted_bimodal_device(sim: Sim, tmp_path: Path) -> None:
     """Two loop devices over delayfs, 12% of one's reads delayed 20 ms: the kernel's
     histograms give that device a mode of 12% (+-3 points) at 16-32 ms, the other none, and
@@ -260,6 +261,7 @@ def test_the_block_tracer_measures_a_planted_bimodal_device(sim: Sim, tmp_path: 
         assert whole[slow.name].total == pytest.approx(reads[slow.name].total, rel=0.05)
 
 
+@pytest.mark.serial
 def test_a_traced_run_leaves_histograms_profiles_and_flame_graphs(tmp_path: Path) -> None:
     """`benchfs-run launch` with run.kernel_trace traces its host; `benchfs-analyze --save`
     shows the kernel section (block latency, time on and off CPU, a flame graph per server,
@@ -312,6 +314,7 @@ def test_without_root_the_tracer_says_why_in_one_line() -> None:
     assert bpftrace.unavailable() is None or os.geteuid() != 0
 
 
+@pytest.mark.serial
 def test_a_trace_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     """SIGTERM (how a launcher stops it) ends the trace with everything printed."""
     tracing_or_skip()

@@ -209,6 +209,7 @@ def make_tree(root: Path, seed: int = 7) -> int:
     return total
 
 
+@pytest.mark.serial
 def test_stage_in_and_out_keep_every_byte_and_attribute(tmp_path: Path) -> None:
     src = tmp_path / "src"
     total = make_tree(src)
@@ -463,6 +464,7 @@ def test_commands_without_a_job_say_so_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_staging_bench_quick_json(tmp_path: Path) -> None:
     """`benchfs-bench staging --quick` keeps its shape (its figures are measured by the full
     run, not asserted here) and leaves nothing behind."""

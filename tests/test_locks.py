@@ -147,6 +147,7 @@ def test_ranges_conflict_wait_and_are_released(daemon_cluster: Callable[..., Loc
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_a_killed_holder_releases_and_a_stopped_one_keeps(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:

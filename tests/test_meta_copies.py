@@ -110,6 +110,7 @@ def _names_on(client: Client, server: int, prefix: str, count: int) -> list[str]
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("back", ["stand-in", "restarted"])
+@pytest.mark.serial
 def test_a_killed_owner_loses_no_name_and_repair_makes_a_second_loss_safe(
     daemon_cluster: Callable[..., LocalCluster], back: str
 ) -> None:
@@ -157,6 +158,7 @@ def test_a_killed_owner_loses_no_name_and_repair_makes_a_second_loss_safe(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_a_paused_owner_resumed_after_changes_serves_nothing_stale(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -250,6 +252,7 @@ for line in sys.stdin:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 @pytest.mark.timeout(150)
+@pytest.mark.serial
 def test_a_client_cut_off_from_the_owner_moves_every_client(tmp_path: Path) -> None:
     """Servers on three nodes apart, clients on a fourth and a fifth. The fourth's route to
     the node of a metadata owner is cut (a blackhole route: the others still reach it): its

@@ -126,6 +126,7 @@ def test_a_run_on_namespaced_nodes_moves_every_byte_over_their_links(
     assert counted["delta"]["TcpExt.TCPTimeouts"] >= 0
 
 
+@pytest.mark.serial
 def test_the_nodes_get_the_tcp_memory_of_as_many_hosts(tmp_path: Path) -> None:
     """Namespaces share the host's one TCP memory budget (net.ipv4.tcp_mem): `--netns N`
     raises it to N nodes' worth (capped at half the host's memory) and says so; removing the

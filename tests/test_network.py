@@ -118,6 +118,7 @@ def test_stopped_and_resumed_server_completes_every_request(
             os.kill(paused, signal.SIGCONT)
 
 
+@pytest.mark.serial
 def test_timed_out_reads_are_retried_and_counted(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:

@@ -100,6 +100,7 @@ def test_placement_study_rejects_bad_input() -> None:
         study.copies_into(files[:2], chunks[:2], 2, domains, copies[:3])
 
 
+@pytest.mark.serial
 def test_meta_quick_json_shape() -> None:
     report = bench("meta", "--quick", "--json")
     modes = ["memory", "none", "fsync", "close", "none-x2"]

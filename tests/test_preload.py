@@ -26,8 +26,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def own_env() -> dict[str, str]:
-    """This environment without BenchFS's variables (each test names its cluster)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+    """This environment without BenchFS's variables (each test names its cluster), with the
+    kernel trace of runs off (tests that check it turn it on: it traces the whole host)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BENCHFS_")}
+    return {**env, "BENCHFS_RUN_KERNEL_TRACE": "false"}
 
 
 class Preloaded:

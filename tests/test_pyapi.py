@@ -222,6 +222,7 @@ def test_namespace_calls(client: Client) -> None:
     assert sum(s["requests"] for s in client.server_stats()) > 0
 
 
+@pytest.mark.serial
 def test_gil_is_released_during_io(client: Client) -> None:
     """A Python thread keeps running while another waits for a large read."""
     size = 64 * MIB

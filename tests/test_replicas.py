@@ -60,6 +60,7 @@ def _check(client: Client, files: dict[str, bytes]) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_a_killed_server_loses_no_byte_and_repair_restores_the_copies(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -120,6 +121,7 @@ def test_a_killed_server_loses_no_byte_and_repair_restores_the_copies(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_a_silent_server_is_left_within_the_request_timeout(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -181,6 +183,7 @@ print(json.dumps({"same": same, "read_s": time.monotonic() - started}), flush=Tr
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 @pytest.mark.timeout(120)
+@pytest.mark.serial
 def test_a_node_whose_link_is_cut_is_left_within_the_request_timeout(tmp_path: Path) -> None:
     """Servers on three nodes apart (network namespaces on a bridge), a client on a fourth;
     the link of the node holding a chunk's first copy is cut (`ip link set eth0 down`): the

@@ -173,6 +173,7 @@ def test_more_requests_than_buffers_completes(
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.serial
 def test_fsync_flushes_the_device(tmp_path: Path, layout: str) -> None:
     from benchfs import Server, _core
     from conftest import config_text
@@ -205,6 +206,7 @@ def test_fsync_flushes_the_device(tmp_path: Path, layout: str) -> None:
             server.stop()
 
 
+@pytest.mark.serial
 def test_full_disk_is_a_clear_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
     from benchfs import Server, _core
     from conftest import config_text
@@ -292,6 +294,7 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
         Server(str(registry), str(data_dir), 0, config=config)
 
 
+@pytest.mark.serial
 def test_a_submit_timer_batches_sqes_and_costs_latency(tmp_path: Path) -> None:
     """The storage bench's timer-gated submission (what timer-batching designs do; servers
     never wait) gathers SQEs into batches and holds each I/O for about the timer."""
