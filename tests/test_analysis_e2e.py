@@ -153,7 +153,7 @@ def test_the_report_a_run_saves_shows_how_it_went(real_run: Path) -> None:
 
 def test_cli_terminal_json_csv_and_save(real_run: Path, tmp_path: Path) -> None:
     out = analyze_cli(str(real_run)).stdout
-    assert "insights: 0 fired of 12" in out and "per node" in out and "local-0" in out
+    assert "insights: 0 fired of 13" in out and "per node" in out and "local-0" in out
     assert "RPC by target" in out  # the workload's clients wrote client telemetry
     report = json.loads(analyze_cli(str(real_run), "--json").stdout)
     assert set(report) >= {"summary", "insights", "tables", "notes", "thresholds"}

@@ -12,6 +12,7 @@ import pytest
 
 from benchfs import Client, _core
 from benchfs.cluster import LocalCluster, child_env
+from benchfs.errors import ParseError
 from benchfs.mpi import MpiLauncher
 from benchfs.parsers import parse_ior_json, parse_ior_text
 from benchfs.results import read_json
@@ -50,7 +51,10 @@ def test_write_read_verify_round_trips_through_the_parsers(
     args += ["--json", str(tmp_path / "ior.json")]
     proc = run_ior(cluster, args, out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    text_rows = parse_ior_text(proc.stdout, "stdout")
+    try:
+        text_rows = parse_ior_text(proc.stdout, "stdout")
+    except ParseError as e:  # the whole output, to see what broke the line (issue 63)
+        pytest.fail(f"{e}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
     json_rows = parse_ior_json((tmp_path / "ior.json").read_text(), "ior.json")
     for rows in (text_rows, json_rows):
         for op in ("write", "read"):

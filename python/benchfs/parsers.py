@@ -236,7 +236,7 @@ def _summary_rows(lines: list[str], source: str) -> list[ResultRow]:
         if len(words) != len(columns):
             raise ParseError(
                 f"{source}:{i + 1}: summary {words[0]} line has {len(words)} columns, the "
-                f"header {len(columns)} (truncated output?)"
+                f"header {len(columns)} (truncated output?): {lines[i].strip()[:300]!r}"
             )
         value = dict(zip(columns, words, strict=True))
 
