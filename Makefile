@@ -22,6 +22,7 @@ export HYPOTHESIS_STORAGE_DIRECTORY := $(CURDIR)/target/hypothesis
 
 # What testing needs (everything); bootstrap-build: only what building and running need.
 bootstrap:
+	@date +'%T make: set-up'
 	@./scripts/bootstrap --test
 
 bootstrap-build:
@@ -43,6 +44,7 @@ build: native
 # benchfs-py is maturin's to build (with the extension-module feature): built here as well,
 # each build would make the other's artifact stale and compile it again.
 native: bootstrap-build
+	@date +'%T make: native build'
 	cd $(CARGO_DIR) && cargo build --release --workspace --exclude benchfs-py --locked
 	$(call install_native,python/benchfs)
 
@@ -50,16 +52,18 @@ native: bootstrap-build
 # library (libbenchfs_preload.so; docs/preload.md) into a prefix: the .venv
 # and the Python package by `make build`, elsewhere by `make install PREFIX=/opt/benchfs`.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(CARGO_DIR)/Cargo.toml | head -n 1)
+# (install -C: a file already there and the same is left alone, so that installing again, as
+# `make install` does after a build, never replaces a binary under a program starting it.)
 define install_capi
 	install -d $(1)/lib/pkgconfig $(1)/include
-	install -m 0755 target/release/libbenchfs.so $(1)/lib/libbenchfs.so
-	install -m 0755 target/release/libbenchfs_preload.so $(1)/lib/libbenchfs_preload.so
-	install -m 0644 include/benchfs.h $(1)/include/benchfs.h
+	install -C -m 0755 target/release/libbenchfs.so $(1)/lib/libbenchfs.so
+	install -C -m 0755 target/release/libbenchfs_preload.so $(1)/lib/libbenchfs_preload.so
+	install -C -m 0644 include/benchfs.h $(1)/include/benchfs.h
 	sed -e 's|@VERSION@|$(VERSION)|' $(CARGO_DIR)/benchfs-capi/benchfs.pc.in > $(1)/lib/pkgconfig/benchfs.pc
 endef
 define install_native
 	install -d $(1)/libexec
-	install -m 0755 target/release/benchfsd target/release/benchfs-mount $(1)/libexec/
+	install -C -m 0755 target/release/benchfsd target/release/benchfs-mount $(1)/libexec/
 	$(call install_capi,$(1))
 endef
 
@@ -81,6 +85,7 @@ install: wheel
 
 # The stub of the native module is checked against the built module itself (mypy's stubtest).
 lint: bootstrap build
+	@date +'%T make: lint'
 	cd $(CARGO_DIR) && cargo fmt --all --check
 	cd $(CARGO_DIR) && cargo clippy --release --workspace --all-targets --locked -- -D warnings
 	$(VENV)/bin/ruff check python tests studies
@@ -90,6 +95,7 @@ lint: bootstrap build
 		--cache-dir ../target/import-linter-cache
 
 test-rust: bootstrap build
+	@date +'%T make: Rust tests'
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked
 
 # Two parts: the tests that may share the machine, two at a time (pytest-xdist, each file on
@@ -97,6 +103,7 @@ test-rust: bootstrap build
 # time or speed, host-wide state; pyproject.toml). Both run even if the first fails.
 PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15
 test-python: bootstrap build
+	@date +'%T make: Python tests'
 	@status=0; \
 	$(PYTEST) -n 2 --dist loadfile -m "not serial and not long" || status=$$?; \
 	$(PYTEST) -m "serial and not long" || status=$$?; \

@@ -518,7 +518,6 @@ def positive(value: Any) -> bool:
 
 @needs_fio
 @pytest.mark.timeout(120)
-@pytest.mark.serial
 def test_storage_quick_json_end_to_end(tmp_path: Path) -> None:
     start = time.monotonic()
     out = subprocess.run(

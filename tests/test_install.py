@@ -15,9 +15,6 @@ import pytest
 
 from conftest import run_bounded
 
-# Run alone, after the parallel part of make test-python:
-# `make install` rewrites the binaries every other test runs.
-pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = re.search(r'^version = "(.*)"', (ROOT / "rust" / "Cargo.toml").read_text(), re.M)[1]
