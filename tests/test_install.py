@@ -15,7 +15,6 @@ import pytest
 
 from conftest import run_bounded
 
-
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = re.search(r'^version = "(.*)"', (ROOT / "rust" / "Cargo.toml").read_text(), re.M)[1]
 # The interpreter the source tree's environment was made from: the wheel's Python.
