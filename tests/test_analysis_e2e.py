@@ -157,7 +157,7 @@ def test_cli_terminal_json_csv_and_save(real_run: Path, tmp_path: Path) -> None:
     assert "RPC by target" in out  # the workload's clients wrote client telemetry
     report = json.loads(analyze_cli(str(real_run), "--json").stdout)
     assert set(report) >= {"summary", "insights", "tables", "notes", "thresholds"}
-    assert [i["id"] for i in report["insights"]] == [f"BFS-{k:03d}" for k in range(1, 13)]
+    assert [i["id"] for i in report["insights"]] == [f"BFS-{k:03d}" for k in range(1, 14)]
     assert len(report["tables"]["per_node"]) == 2
     csv_dir = tmp_path / "csv"
     analyze_cli(str(real_run), "--csv", str(csv_dir))
