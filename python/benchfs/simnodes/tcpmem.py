@@ -72,15 +72,21 @@ def _locked() -> Iterator[None]:
 def raise_for(nodes: int, tag: str) -> str | None:
     """Gives `nodes` simulated nodes (namespaces of `tag`) N nodes' worth of TCP memory; returns
     the line to tell the user, or None if the host's budget is large enough already."""
-    with _locked():
-        return _raise_for(nodes, tag)
+    try:
+        with _locked():
+            return _raise_for(nodes, tag)
+    except OSError as e:  # a host that lets us make namespaces but not set the sysctl
+        return f"net.ipv4.tcp_mem left as it is ({e}): many nodes may stall on TCP memory"
 
 
 def restore_after(tag: str) -> str | None:
     """Forgets that `tag`'s nodes raised the budget; once no tag is left, restores the value
     found first. Returns the line to tell the user, or None."""
-    with _locked():
-        return _restore_after(tag)
+    try:
+        with _locked():
+            return _restore_after(tag)
+    except OSError as e:
+        return f"net.ipv4.tcp_mem not restored ({e}); {STATE} holds the value to restore"
 
 
 def _raise_for(nodes: int, tag: str) -> str | None:
