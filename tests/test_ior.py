@@ -20,6 +20,11 @@ from benchfs.units import KIB, MIB
 from benchfs.workloads import ior
 from conftest import benchfs_run_command, run_bounded
 
+# Run alone, after the parallel part of make test-python: under the parallel part's load, the
+# ranks' stdout that mpiexec passes on came split at about 2 KiB with a newline put in (a JSON
+# document broken inside a string, an IOR summary line in two): open in issue 63.
+pytestmark = pytest.mark.serial
+
 RANKS = 3
 
 
