@@ -20,11 +20,6 @@ from benchfs.units import KIB, MIB
 from benchfs.workloads import ior
 from conftest import benchfs_run_command, run_bounded
 
-# Run alone, after the parallel part of make test-python: under the parallel part's load, the
-# ranks' stdout that mpiexec passes on came split at about 2 KiB with a newline put in (a JSON
-# document broken inside a string, an IOR summary line in two): open in issue 63.
-pytestmark = pytest.mark.serial
-
 RANKS = 3
 
 
@@ -58,7 +53,7 @@ def test_write_read_verify_round_trips_through_the_parsers(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     try:
         text_rows = parse_ior_text(proc.stdout, "stdout")
-    except ParseError as e:  # the whole output, to see what broke the line (issue 63)
+    except ParseError as e:  # the whole output, to see what broke the line
         pytest.fail(f"{e}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
     json_rows = parse_ior_json((tmp_path / "ior.json").read_text(), "ior.json")
     for rows in (text_rows, json_rows):

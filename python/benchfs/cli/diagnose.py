@@ -38,6 +38,7 @@ from benchfs.diagnose.screen import (
 from benchfs.errors import EXIT_FAILED, EXIT_USAGE, DiagnoseError
 from benchfs.nodes import Exclusion, NodesFileError, from_allocation, load_nodes, read_exclusions
 from benchfs.results import RunDir, ScreenDir
+from benchfs.stdio import keep_every_byte
 
 SHOWN_METRICS = (
     ("fio_seqread_mib_s", "seq rd MiB/s", "{:.0f}"),
@@ -145,6 +146,7 @@ def print_screen(console: Console, doc: dict[str, Any], path: Path | None) -> No
 @click.version_option(__version__, prog_name="benchfs-diagnose")
 def main() -> None:
     """Screen nodes before a run, judge them during it, and exclude the slow ones."""
+    keep_every_byte()  # its ranks' reports pass through mpiexec (benchfs.stdio)
 
 
 def _config_options(f: Any) -> Any:

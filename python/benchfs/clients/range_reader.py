@@ -26,6 +26,7 @@ from typing import Any
 from benchfs import Client, File
 from benchfs.clients.lines import Answer, Obey, serve
 from benchfs.config import resolve_config_text
+from benchfs.stdio import keep_every_byte
 from benchfs.units import parse_size
 
 FILL = 0xA5
@@ -86,6 +87,7 @@ def session(args: argparse.Namespace) -> Iterator[Obey]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    keep_every_byte()
     args = parse_args(argv)
     return serve(lambda: session(args))
 

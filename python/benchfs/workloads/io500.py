@@ -30,6 +30,7 @@ from typing import Any
 
 from benchfs.errors import EXIT_USAGE
 from benchfs.results import write_json_atomic
+from benchfs.stdio import keep_every_byte
 from benchfs.workloads.steps import UsageError, agreed_step, wait_for_all
 
 ROOT = "/io500"
@@ -420,6 +421,7 @@ def write_results(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    keep_every_byte()
     try:
         a = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as e:

@@ -31,6 +31,7 @@ from benchfs.errors import EXIT_USAGE
 from benchfs.rankexec import mark_up
 from benchfs.results import write_json_atomic
 from benchfs.spread import spread
+from benchfs.stdio import keep_every_byte
 from benchfs.units import KIB, MIB, parse_size
 from benchfs.workloads.steps import UsageError, WorkloadError, agreed_step, wait_for_all
 
@@ -553,6 +554,7 @@ def format_text(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the workload on MPI.COMM_WORLD; 0 only if every phase succeeded and verified."""
+    keep_every_byte()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         opts = parse_options(args)

@@ -28,6 +28,7 @@ from benchfs.errors import EXIT_USAGE
 from benchfs.parsers import MDTEST_OPERATIONS, RateRow
 from benchfs.rankexec import mark_up
 from benchfs.results import write_json_atomic
+from benchfs.stdio import keep_every_byte
 from benchfs.workloads.steps import UsageError, VerificationError, agreed_step, wait_for_all
 
 PHASES = ("create", "stat", "read", "remove")
@@ -382,6 +383,7 @@ def format_summary(rates: dict[str, list[float]], ranks: int, a: argparse.Namesp
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    keep_every_byte()
     try:
         a = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as e:

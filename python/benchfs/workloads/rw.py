@@ -35,6 +35,7 @@ from benchfs.config import resolve_config_text
 from benchfs.rankexec import mark_up
 from benchfs.results import write_json_atomic
 from benchfs.spread import spread
+from benchfs.stdio import keep_every_byte
 from benchfs.units import MIB, parse_size
 from benchfs.workloads.steps import VerificationError, agreed_step, wait_for_all
 
@@ -282,6 +283,7 @@ def process_start_time() -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the workload on MPI.COMM_WORLD; return 0 only if every rank verified every byte."""
+    keep_every_byte()
     args = parse_args(argv)
     main_at = time.time()
     from mpi4py import MPI  # imported late so that --help works without an MPI runtime
