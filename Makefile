@@ -98,14 +98,15 @@ test-rust: bootstrap build
 	@date +'%T make: Rust tests'
 	cd $(CARGO_DIR) && cargo test --release --workspace --locked
 
-# Two parts: the tests that may share the machine, two at a time (pytest-xdist, each file on
-# one worker so its module fixtures are built once), then those marked serial, alone (bounds on
-# time or speed, host-wide state; pyproject.toml). Both run even if the first fails.
+# Two parts: the tests that may share the machine, three at a time (pytest-xdist, each file on
+# one worker so its module fixtures are built once; they wait on processes and the network
+# enough that two workers left a third of two cores idle), then those marked serial, alone
+# (bounds on time or speed, host-wide state; pyproject.toml). Both run even if the first fails.
 PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15
 test-python: bootstrap build
 	@date +'%T make: Python tests'
 	@status=0; \
-	$(PYTEST) -n 2 --dist loadfile -m "not serial and not long" || status=$$?; \
+	$(PYTEST) -n 3 --dist loadfile -m "not serial and not long" || status=$$?; \
 	$(PYTEST) -m "serial and not long" || status=$$?; \
 	exit $$status
 

@@ -473,7 +473,6 @@ def test_rpc_quick_json_end_to_end() -> None:
 @needs_perftest
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-@pytest.mark.serial
 def test_rpc_quick_between_nodes_apart() -> None:
     """--netns: the cases over TCP between two nodes (ucx_perftest's initiator on n2 dials n1's
     address), 1, 2 and 4 servers with clients on other nodes; everything removed afterwards."""
