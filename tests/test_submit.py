@@ -46,7 +46,6 @@ def slurm(tmp_path: Path) -> Iterator[LocalSlurm]:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.serial
 def test_submit_runs_a_real_slurm_job(slurm: LocalSlurm, tmp_path: Path) -> None:
     start = time.monotonic()
     results = tmp_path / "results"
@@ -119,7 +118,6 @@ def test_submit_runs_a_real_slurm_job(slurm: LocalSlurm, tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.serial
 def test_submit_failing_job_is_reported_by_slurm(slurm: LocalSlurm, tmp_path: Path) -> None:
     """A pipeline that fails (an unknown config key) makes the job fail, not pass silently."""
     result = run_cli(
@@ -373,7 +371,6 @@ def test_nodes_from_allocation_applies_exclusions(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.serial
 def test_cancelled_job_tears_down_the_pipeline(slurm: LocalSlurm, tmp_path: Path) -> None:
     """scancel: the script's trap and the pipeline stop every process and delete the data."""
     result = run_cli(
@@ -438,7 +435,6 @@ def test_cancelled_job_tears_down_the_pipeline(slurm: LocalSlurm, tmp_path: Path
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.serial
 def test_submit_runs_a_burst_buffer_job(slurm: LocalSlurm, tmp_path: Path) -> None:
     """`submit --run`: inside a real Slurm allocation, `benchfs start` (servers and the mount
     as job steps), stage-in, the user's command on the mount, stage-out, `benchfs stop`; the
@@ -507,7 +503,6 @@ def test_exclusions_are_matched_to_the_schedulers_names() -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.serial
 def test_unknown_excluded_names_do_not_fail_a_slurm_submission(
     slurm: LocalSlurm, tmp_path: Path
 ) -> None:
