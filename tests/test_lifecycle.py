@@ -436,9 +436,12 @@ def test_stop_after_the_whole_cluster_was_killed_cleans_up(tmp_path: Path) -> No
     mount = tmp_path / "mnt"
     env = start(tmp_path, "--mount", str(mount))
     refs = recorded(env)
+    job = read_json(Path(env["BENCHFS_JOB_DIR"]) / "job.json")
+    mount_pid = next(p["pid"] for p in job["processes"] if p["role"] == "benchfs-mount")
     try:
+        # The mount dies of a core-dumping signal (its core is kept and named); the rest is killed.
         for r in refs:
-            r.signal(signal.SIGKILL)
+            r.signal(signal.SIGABRT if r.pid == mount_pid else signal.SIGKILL)
         deadline = time.monotonic() + 10
         while any(r.alive() for r in refs) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -450,6 +453,9 @@ def test_stop_after_the_whole_cluster_was_killed_cleans_up(tmp_path: Path) -> No
         stopped = benchfs("stop", env=env)
     assert stopped.returncode == 1
     assert "server 0 on local-0 was not running at stop" in stopped.stderr
+    said = next(line for line in stopped.stderr.splitlines() if f"the mount at {mount}" in line)
+    assert "was not running at stop (crashed or killed)" in said, stopped.stderr
+    assert "core-mount-" in said and "gdb " in said and "benchfs-mount build id" in said, said
     assert not is_mounted(mount) and not any(r.alive() for r in refs)
     assert not [d for d in scratch_dirs(env) if Path(d).exists()]
     assert not list(Path(env["BENCHFS_REGISTRY"]).glob("server-*.json"))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import mmap
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -398,3 +400,113 @@ def test_symbolic_links_through_the_mount(mount: Mounted, tmp_path: Path) -> Non
     assert os.readlink(root / "d" / "moved") == "f"
     os.unlink(root / "d" / "moved")
     assert (root / "d" / "f").read_bytes() == b"data"
+
+
+WAIT_FOR_LOCK = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+print("waiting", flush=True)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("granted", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_lock_waiters_end_with_the_mount(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Waiting lock requests run on waiter threads, each with a client of its own. At the
+    mount's end the idle ones close their clients before the process exits, and one still
+    blocked in a wait does not race the exit: the mount exits 0 either way (it once died of
+    SIGSEGV in UCX's exit-time clean-up)."""
+    holder_point, waiter_point = tmp_path / "a", tmp_path / "b"
+    holder_point.mkdir()
+    waiter_point.mkdir()
+    config = cluster.config_path
+
+    def waiters(n: int, point: Path) -> list[subprocess.Popen[str]]:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WAIT_FOR_LOCK, str(point / "locked")],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(n)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "waiting\n"
+        return procs
+
+    with mounted(cluster.registry_dir, holder_point, config_path=config) as holder:
+        (holder_point / "locked").write_bytes(b"x" * 64)
+        for blocked_at_end in (False, True):
+            with mounted(cluster.registry_dir, waiter_point, config_path=config) as m:
+                fd = os.open(holder_point / "locked", os.O_RDWR)
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                procs = waiters(8, waiter_point)
+                time.sleep(0.5)  # every request is on a waiter thread
+                os.close(fd)  # releases the lock: the eight take it in turn
+                for p in procs:
+                    assert p.wait(timeout=60) == 0 and p.stdout is not None
+                    assert p.stdout.read() == "granted\n"
+                stuck: list[subprocess.Popen[str]] = []
+                if blocked_at_end:
+                    fd = os.open(holder_point / "locked", os.O_RDWR)
+                    fcntl.lockf(fd, fcntl.LOCK_EX)
+                    stuck = waiters(1, waiter_point)
+                    time.sleep(0.5)
+                    m.proc.terminate()
+                    assert m.proc.wait(timeout=30) == 0, m.output()
+                    os.close(fd)
+                for p in stuck:
+                    p.kill()
+                    p.wait(timeout=30)
+            assert m.returncode == 0 and m.forced == [], m.output()
+            assert not is_mounted(waiter_point)
+            if blocked_at_end:
+                assert "detached it lazily" in m.output(), m.output()
+    assert holder.returncode == 0 and holder.forced == [], holder.output()
+
+
+HOLD_LOCK = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_close_releases_only_its_own_locks(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Another process opening and closing the locked file on the same mount releases
+    nothing: each open file description is its own at RELEASE (once every description was
+    handle 0, and any close let go of every lock taken through the mount on the file)."""
+    here, there = tmp_path / "a", tmp_path / "b"
+    here.mkdir()
+    there.mkdir()
+    config = cluster.config_path
+    with (
+        mounted(cluster.registry_dir, here, config_path=config) as m,
+        mounted(cluster.registry_dir, there, config_path=config) as other,
+    ):
+        (here / "locked").write_bytes(b"x" * 64)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_LOCK, str(here / "locked")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            for _ in range(3):  # opens and closes beside the holder's, on its mount
+                os.close(os.open(here / "locked", os.O_RDONLY))
+            fd = os.open(there / "locked", os.O_RDWR)
+            try:
+                with pytest.raises(OSError) as refused:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                assert refused.value.errno in (errno.EAGAIN, errno.EACCES)
+            finally:
+                os.close(fd)
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            assert holder.wait(timeout=30) == 0
+    for mount in (m, other):
+        assert mount.returncode == 0 and mount.forced == [], mount.output()

@@ -218,8 +218,9 @@ def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faces]:
     other = base / "other"
     other.mkdir()
     try:
-        with mounted(env["BENCHFS_REGISTRY"], other, env["BENCHFS_CONFIG"]):
+        with mounted(env["BENCHFS_REGISTRY"], other, env["BENCHFS_CONFIG"]) as second:
             yield Faces(env, mount, base / "prefix", other)
+        assert second.returncode == 0 and second.forced == [], second.output()
     finally:
         stopped = subprocess.run(
             [str(BIN / "benchfs"), "stop"], env=env, capture_output=True, text=True, timeout=120

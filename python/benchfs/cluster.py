@@ -143,7 +143,7 @@ class LocalCluster:
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
         argv += list(self.extra_args)
-        cores = coredumps.core_dir(log_path, server_id)
+        cores = coredumps.core_dir(log_path, f"server-{server_id}")
         cores.mkdir(parents=True, exist_ok=True)
         argv = coredumps.in_dir(cores, argv)
         if spawn is not None:

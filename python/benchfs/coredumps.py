@@ -1,7 +1,9 @@
-"""Core dumps of crashed servers: where they go, and the line that says where they went.
+"""Core dumps of crashed daemons (servers and mounts): where they go, and the line that says
+where they went.
 
-Each daemon starts in a directory of its own beside its log (`core-server-<id>/`) and raises its
-core size limit to the hard limit (benchfsd does that itself), so that with the kernel's usual
+Each daemon starts in a directory of its own beside its log (`core-server-<id>/`,
+`core-mount-<node>/`) and raises its core size limit to the hard limit (benchfsd and
+benchfs-mount do that themselves), so that with the kernel's usual
 `core_pattern` (a relative `core`) a crash leaves its core dump in the run. With a pattern that
 pipes cores to a program (systemd-coredump, apport) the line names that program instead. The
 binary's GNU build id goes with the core, so the dump can be matched to its binary later.
@@ -14,7 +16,16 @@ import signal
 import struct
 from pathlib import Path
 
-__all__ = ["CORE_SIGNALS", "build_id", "core_dir", "in_dir", "report", "tidy"]
+__all__ = [
+    "CORE_SIGNALS",
+    "binary_in",
+    "build_id",
+    "core_dir",
+    "cores_in",
+    "in_dir",
+    "report",
+    "tidy",
+]
 
 #: Signals whose default action dumps core (signal(7)).
 CORE_SIGNALS = frozenset(
@@ -36,9 +47,19 @@ CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 NT_GNU_BUILD_ID = 3
 
 
-def core_dir(log_path: Path, server_id: int) -> Path:
-    """The directory daemon `server_id` starts in (its core dump's place)."""
-    return log_path.parent / f"core-server-{server_id}"
+def core_dir(log_path: Path, daemon: str) -> Path:
+    """The directory `daemon` ("server-3", "mount-node1") starts in (its core dump's place)."""
+    return log_path.parent / f"core-{daemon}"
+
+
+def binary_in(argv: list[str], name: str) -> str:
+    """The path of program `name` in a launched command line (`name` if it is not there)."""
+    return next((a for a in argv if a.endswith(name)), name)
+
+
+def cores_in(directory: Path) -> list[Path]:
+    """The core dumps in `directory`."""
+    return sorted(p for p in directory.glob("core*") if p.is_file() and p.suffix != ".txt")
 
 
 def in_dir(directory: Path, argv: list[str]) -> list[str]:
@@ -75,25 +96,26 @@ def build_id(binary: Path) -> str | None:
 def report(directory: Path, binary: str) -> str:
     """One line on where the core dump of the daemon that started in `directory` is. Writes
     the binary's path and build id beside a core found there."""
-    cores = sorted(p for p in directory.glob("core*") if p.is_file() and p.suffix != ".txt")
+    cores = cores_in(directory)
     bid = build_id(Path(binary))
+    name = Path(binary).name
     if cores:
         for core in cores:
             note = core.with_name(core.name + ".txt")
             if not note.exists():
                 note.write_text(f"binary {binary}\nbuild_id {bid}\n")
         names = ", ".join(str(c) for c in cores)
-        return f"core dump {names} (benchfsd build id {bid}; gdb {binary} {cores[0]})"
+        return f"core dump {names} ({name} build id {bid}; gdb {binary} {cores[0]})"
     try:
         pattern = CORE_PATTERN.read_text().strip()
     except OSError:
         pattern = ""
     if pattern.startswith("|"):
         program = pattern[1:].split()[0] if pattern[1:].split() else pattern
-        return f"its core dump went to {program} (kernel.core_pattern); benchfsd build id {bid}"
+        return f"its core dump went to {program} (kernel.core_pattern); {name} build id {bid}"
     return (
         f"no core dump in {directory} (kernel.core_pattern {pattern!r}; a hard core size "
-        f"limit of 0 forbids them); benchfsd build id {bid}"
+        f"limit of 0 forbids them); {name} build id {bid}"
     )
 
 

@@ -99,7 +99,17 @@ def stop_job(
 
     for record, refs in state.refs("benchfs-mount"):
         say(f"unmounting {record['mountpoint']} on {record['node']}")
+        was_running = bool(refs) and refs[0].alive()
         stop_refs(refs, stop_signal, SERVER_STOP_GRACE_S)
+        cores = coredumps.core_dir(Path(record["log"]), f"mount-{record['node']}")
+        if not was_running or coredumps.cores_in(cores):
+            binary = coredumps.binary_in(record["argv"], "benchfs-mount")
+            how = "was not running at stop (crashed or killed)" if not was_running else "crashed"
+            report.problems.append(
+                f"the mount at {record['mountpoint']} on {record['node']} {how}; "
+                f"log {record['log']}; {coredumps.report(cores, binary)}"
+            )
+        coredumps.tidy(cores)
         # A mount whose process died is still there, disconnected: detach it.
         node = nodes.get(record["node"])
         if node is not None and (
@@ -118,8 +128,8 @@ def stop_job(
     )
     for record, refs in servers:
         if not refs or not refs[0].alive():
-            cores = coredumps.core_dir(Path(record["log"]), record["server_id"])
-            binary = next((a for a in record["argv"] if a.endswith("benchfsd")), "benchfsd")
+            cores = coredumps.core_dir(Path(record["log"]), f"server-{record['server_id']}")
+            binary = coredumps.binary_in(record["argv"], "benchfsd")
             crash = coredumps.report(cores, binary)
             report.problems.append(
                 f"server {record['server_id']} on {record['node']} was not running at stop "
@@ -131,7 +141,7 @@ def stop_job(
     if survivors:
         report.problems.append(f"processes outlived SIGKILL: {[r.pid for r in survivors]}")
     for record, _ in servers:
-        coredumps.tidy(coredumps.core_dir(Path(record["log"]), record["server_id"]))
+        coredumps.tidy(coredumps.core_dir(Path(record["log"]), f"server-{record['server_id']}"))
         last = tail(Path(record["log"]), 1)
         record["exit_status"] = (
             0 if last.startswith(f"benchfsd: server {record['server_id']} stopped") else None

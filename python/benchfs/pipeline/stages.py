@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from benchfs import coredumps
 from benchfs.cluster import DOMAIN_ENV, Daemon, LocalCluster, ServerExited, child_env
 from benchfs.errors import RunError, errno_name
 from benchfs.launch import LocalLauncher
@@ -466,6 +467,9 @@ class Mounts(Stage):
             argv = [find_benchfs_mount(), "--registry", str(run_dir.registry_dir)]
             argv += ["--config", str(run_dir.config_path), str(point)]
             log = run_dir.servers_dir / f"mount-{node.name}.log"
+            cores = coredumps.core_dir(log, f"mount-{node.name}")
+            cores.mkdir(parents=True, exist_ok=True)
+            argv = coredumps.in_dir(cores, argv)
             env = child_env(node.name)
             if node.netns:
                 env["BENCHFS_NETNS"] = node.netns
@@ -494,11 +498,11 @@ class Mounts(Stage):
 
     def stop(self) -> RunError | None:
         ctx = self.ctx
+        unclean: RunError | None = None
         for started in self.mounts:
             children = descendants(started.proc.pid)
-            started.record["exit_status"] = stop_process(
-                started.proc, SERVER_STOP_GRACE_S, sig=ctx.launcher.stop_signal
-            )
+            code = stop_process(started.proc, SERVER_STOP_GRACE_S, sig=ctx.launcher.stop_signal)
+            started.record["exit_status"] = code
             kill_pids(children, 2.0)
             if started.node is not None:
                 point = ctx.mountpoint(started.node)
@@ -507,4 +511,16 @@ class Mounts(Stage):
                     ctx.on_node(
                         mount_side(started.node), detach_command(point), f"unmounting {point}"
                     )
-        return None
+            log = Path(started.record["log"])
+            cores = coredumps.core_dir(log, f"mount-{started.record['node']}")
+            if (code != 0 or coredumps.cores_in(cores)) and unclean is None:
+                crash = coredumps.report(
+                    cores, coredumps.binary_in(started.record["argv"], "benchfs-mount")
+                )
+                unclean = RunError(
+                    "EIO",
+                    f"the mount on {started.record['node']} did not stop cleanly (exit status "
+                    f"{code}; {crash}); see {log}:\n{tail(log, 5)}",
+                )
+            coredumps.tidy(cores)
+        return unclean

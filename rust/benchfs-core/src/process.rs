@@ -1,5 +1,21 @@
 //! This process's resources as the kernel sees them: the descriptor limit (raised where
-//! servers start, as each holds about two sockets per client) and what is in use.
+//! servers start, as each holds about two sockets per client), core dumps, and what is in use.
+
+/// Lets a crash leave a core dump where the kernel's `core_pattern` says (the launchers start
+/// daemons in a directory of the run for that): the soft limit up to the hard one.
+pub fn allow_core_dumps() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_CORE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_CORE, &limit);
+        }
+    }
+}
 
 /// Raises the soft limit on open descriptors to the hard limit; returns the limit now in force.
 pub fn raise_descriptor_limit() -> std::io::Result<u64> {

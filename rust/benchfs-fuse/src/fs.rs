@@ -153,6 +153,13 @@ impl Shared {
         lock(&self.table)
     }
 
+    /// A number for an open file description, unique in this mount: the kernel names the
+    /// description by it at its RELEASE, which releases the locks taken through it alone
+    /// (locks.rs). Reads and writes go through the inode's pooled handles, not by it.
+    pub fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Gives the workers the session's notifier (see [`Worker::open`]).
     pub fn set_notifier(&self, notifier: Notifier) {
         let _ = self.notifier.set(notifier);
@@ -421,7 +428,7 @@ impl Worker {
                 }
             }
         }
-        Ok((0, fopen_flags(flags)))
+        Ok((self.shared.new_fh(), fopen_flags(flags)))
     }
 
     fn create(
@@ -462,7 +469,7 @@ impl Worker {
             inode.pool.push(handle);
         }
         let fattr = file_attr(ino, &attr, &mut t, self.shared.uid, self.shared.gid);
-        Ok((fattr, 0, fopen_flags(flags)))
+        Ok((fattr, self.shared.new_fh(), fopen_flags(flags)))
     }
 
     /// A core handle of an open file for one request (opened on demand: one per concurrent
@@ -1253,8 +1260,7 @@ impl Filesystem for BenchFs {
         if self.shared.table().path(ino.0).is_none() {
             return reply.error(Errno::ENOENT);
         }
-        let fh = self.shared.next_fh.fetch_add(1, Ordering::Relaxed);
-        reply.opened(FileHandle(fh), FopenFlags::empty());
+        reply.opened(FileHandle(self.shared.new_fh()), FopenFlags::empty());
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {

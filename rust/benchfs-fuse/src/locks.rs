@@ -18,7 +18,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use benchfs_core::config::Config;
 use benchfs_core::protocol::lock::{new_owner, LockClass, LockCmd, LockRequest, LockType};
@@ -28,6 +29,18 @@ use crate::fs::{Shared, Worker};
 
 /// Waiter threads at most; a waiting request beyond them is answered ENOLCK.
 pub const MAX_WAITERS: usize = 64;
+
+/// How long a closing mount waits for its idle waiters to close their clients.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Waiter threads alive in this process, each with a UCX client. The process must not exit
+/// (UCX's destructors run at exit) while one still uses its client: see [`live_waiters`].
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Waiter threads still alive; after the session ends, only those blocked in a lock wait.
+pub fn live_waiters() -> usize {
+    LIVE.load(Ordering::Acquire)
+}
 
 /// The kernel's `OFFSET_MAX`: a lock to the end of the file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
@@ -88,7 +101,8 @@ pub struct Waiters {
     queue: Mutex<Sender<Job>>,
     jobs: Arc<Mutex<Receiver<Job>>>,
     threads: AtomicUsize,
-    idle: Arc<AtomicUsize>,
+    /// Waiter threads waiting for a job; counted down, under its lock, by one that leaves.
+    idle: Arc<(Mutex<usize>, Condvar)>,
     /// Owners that took locks, per inode and per open file handle.
     owners: Mutex<Owners>,
 }
@@ -115,7 +129,7 @@ impl Waiters {
             queue: Mutex::new(tx),
             jobs: Arc::new(Mutex::new(rx)),
             threads: AtomicUsize::new(0),
-            idle: Arc::new(AtomicUsize::new(0)),
+            idle: Arc::new((Mutex::new(0), Condvar::new())),
             owners: Mutex::new(Owners::default()),
         }
     }
@@ -152,12 +166,12 @@ impl Waiters {
 
     /// Waits for the lock of `req` on inode `ino` on a waiter thread, which answers `reply`.
     pub fn wait(&self, ino: u64, req: LockRequest, reply: ReplyEmpty) {
-        if self.idle.load(Ordering::Acquire) == 0 && self.threads.load(Ordering::Acquire) < MAX_WAITERS {
+        if self.idle() == 0 && self.threads.load(Ordering::Acquire) < MAX_WAITERS {
             if let Err(e) = self.spawn() {
                 eprintln!("benchfs-mount: cannot start a lock waiter: {e}");
             }
         }
-        if self.idle.load(Ordering::Acquire) == 0 && self.threads.load(Ordering::Acquire) >= MAX_WAITERS {
+        if self.idle() == 0 && self.threads.load(Ordering::Acquire) >= MAX_WAITERS {
             return reply.error(Errno::from_i32(libc::ENOLCK));
         }
         let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
@@ -166,26 +180,31 @@ impl Waiters {
         }
     }
 
+    fn idle(&self) -> usize {
+        *self.idle.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn spawn(&self) -> std::io::Result<()> {
         let (jobs, idle) = (self.jobs.clone(), self.idle.clone());
         let (registry, config, shared) = (self.registry.clone(), self.config.clone(), self.shared.clone());
         self.threads.fetch_add(1, Ordering::AcqRel);
-        idle.fetch_add(1, Ordering::AcqRel);
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        count(&self.idle, 1);
         std::thread::Builder::new()
             .name("benchfs-lockwait".into())
             .spawn(move || {
                 let mut worker = None;
                 loop {
                     let job = jobs.lock().unwrap_or_else(PoisonError::into_inner).recv();
-                    let Ok((ino, req, reply)) = job else { return };
-                    idle.fetch_sub(1, Ordering::AcqRel);
+                    let Ok((ino, req, reply)) = job else { break };
+                    count(&idle, -1);
                     if worker.is_none() {
                         match Worker::connect(&registry, config.clone(), shared.clone()) {
                             Ok(w) => worker = Some(w),
                             Err(e) => {
                                 eprintln!("benchfs-mount: lock waiter: {e}");
                                 reply.error(Errno::EIO);
-                                idle.fetch_add(1, Ordering::AcqRel);
+                                count(&idle, 1);
                                 continue;
                             }
                         }
@@ -196,13 +215,51 @@ impl Waiters {
                             Err(e) => reply.error(e),
                         }
                     }
-                    idle.fetch_add(1, Ordering::AcqRel);
+                    count(&idle, 1);
                 }
+                // The queue closed: the client goes first, then this thread counts itself out.
+                drop(worker);
+                LIVE.fetch_sub(1, Ordering::AcqRel);
+                count(&idle, -1);
             })
             .map(drop)
             .inspect_err(|_| {
                 self.threads.fetch_sub(1, Ordering::AcqRel);
-                self.idle.fetch_sub(1, Ordering::AcqRel);
+                LIVE.fetch_sub(1, Ordering::AcqRel);
+                count(&self.idle, -1);
             })
+    }
+}
+
+/// Changes the count of idle waiters by `by`, and wakes who waits for it.
+fn count(idle: &(Mutex<usize>, Condvar), by: isize) {
+    let mut n = idle.0.lock().unwrap_or_else(PoisonError::into_inner);
+    *n = n.saturating_add_signed(by);
+    idle.1.notify_all();
+}
+
+impl Drop for Waiters {
+    /// The session ended: the idle waiters close their clients before the process exits.
+    /// Waiters blocked in a lock wait stay; the mount's end sees them in [`live_waiters`].
+    fn drop(&mut self) {
+        *self.queue.lock().unwrap_or_else(PoisonError::into_inner) = mpsc::channel().0;
+        let deadline = Instant::now() + CLOSE_GRACE;
+        let mut idle = self.idle.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while *idle > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                eprintln!(
+                    "benchfs-mount: {} lock waiters did not close their clients",
+                    *idle
+                );
+                return;
+            }
+            idle = self
+                .idle
+                .1
+                .wait_timeout(idle, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 }

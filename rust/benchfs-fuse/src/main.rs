@@ -221,8 +221,8 @@ fn run(args: Args) -> Result<(), String> {
                     eprintln!(
                         "benchfs-mount: files are still open in the detached mount; exiting (their requests now fail)"
                     );
-                    signal_thread.close();
-                    return Ok(());
+                    // Its event loops still use their clients.
+                    exit_now(0);
                 }
             }
         }
@@ -244,14 +244,30 @@ fn run(args: Args) -> Result<(), String> {
     outcome
 }
 
+/// Ends the process without its exit handlers. Threads still inside UCX (the event loops of
+/// a detached mount, lock waiters blocked in a wait) would race UCX's destructors, which run
+/// at `exit` and free what those threads use.
+fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit ends the process at once; no Rust code runs after it.
+    unsafe { libc::_exit(code) }
+}
+
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+    benchfs_core::process::allow_core_dumps();
+    let code = match run(Args::parse()) {
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("benchfs-mount: error: {e}");
-            ExitCode::FAILURE
+            1
         }
+    };
+    if locks::live_waiters() > 0 {
+        exit_now(code);
     }
+    ExitCode::from(code as u8)
 }
 
 #[cfg(test)]

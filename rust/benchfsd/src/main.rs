@@ -86,24 +86,8 @@ fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Lets a crash leave a core dump where the kernel's `core_pattern` says (the launchers start
-/// the daemon in a directory of the run for that): the soft limit up to the hard one.
-fn allow_core_dumps() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a struct we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_CORE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_CORE, &limit);
-        }
-    }
-}
-
 fn main() -> ExitCode {
-    allow_core_dumps();
+    benchfs_core::process::allow_core_dumps();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
