@@ -176,6 +176,7 @@ class LocalCluster:
         prefix: Sequence[str] = (),
         prefixes: Sequence[Sequence[str]] | None = None,
         benchfsd: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> LocalCluster:
         """The one way to bring up a cluster of its own in a directory: one daemon per name in
         `nodes`, all registered before it returns.
@@ -183,7 +184,8 @@ class LocalCluster:
         Every daemon runs under `prefix`, or daemon i under `prefixes[i]` (each its own node).
         `root` gets the registry (mode 0700), the effective configuration (`config.toml`:
         `config_text` with this cluster's size and registry) and one log per daemon; each
-        daemon's data goes to `data_dirs[i]` (default `root/data-i`). If a daemon dies or the
+        daemon's data goes to `data_dirs[i]` (default `root/data-i`); `extra_args` go to every
+        daemon's command line. If a daemon dies or the
         membership is not full within `ready_timeout_s`, the daemons started are stopped and
         ServerExited or TimeoutError is raised. A run's servers, started through a launcher
         onto other nodes, use `start` and `wait_ready` (benchfs.pipeline).
@@ -197,7 +199,7 @@ class LocalCluster:
                 [f"cluster.expected_servers={len(nodes)}", f"cluster.registry_dir={registry}"],
             )
         )
-        cluster = cls(registry, config_path, benchfsd or find_benchfsd())
+        cluster = cls(registry, config_path, benchfsd or find_benchfsd(), extra_args)
         try:
             for i, node in enumerate(nodes):
                 data = data_dirs[i] if data_dirs is not None else root / f"data-{i}"

@@ -79,6 +79,8 @@ class BenchCluster:
                 SERVER_START_TIMEOUT_S,
                 prefixes=self.server_prefixes,
                 benchfsd=self.benchfsd,
+                # A benchmark's servers may keep nothing (storage.layout = "discard").
+                extra_args=["--benchmark"],
             )
         except (ServerExited, TimeoutError) as e:
             raise BenchError("EHOSTDOWN", f"benchfsd ({self.name}) did not start: {e}") from e

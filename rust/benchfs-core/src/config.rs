@@ -192,6 +192,9 @@ pub enum DiskLayout {
     Chunkfile,
     /// Chunks in large preallocated files.
     Packed,
+    /// Nothing kept, for benchmarks of the protocol alone: a write is answered once received
+    /// and its bytes dropped; a read answers with as many bytes as asked, of no meaning.
+    Discard,
 }
 
 /// `storage.durability`: when what a client wrote is on stable storage. Every mode but

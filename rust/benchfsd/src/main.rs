@@ -37,11 +37,21 @@ struct Args {
     /// Override a configuration key: section.key=value (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     overrides: Vec<String>,
+    /// A benchmark's server: allows `storage.layout = "discard"`, which keeps no byte written
+    /// (to measure the protocol alone; `benchfs-bench rpc` uses it). Refused without this.
+    #[arg(long)]
+    benchmark: bool,
 }
 
 fn run(args: Args) -> Result<(), String> {
     let config = config::resolve(args.config.as_deref(), &config::process_env(), &args.overrides)
         .map_err(|e| e.to_string())?;
+    if config.storage.layout == config::DiskLayout::Discard && !args.benchmark {
+        return Err(
+            "storage.layout = \"discard\" keeps no byte written: it is for benchmarks of the protocol, started with --benchmark"
+                .into(),
+        );
+    }
     let registry_dir = args
         .registry
         .or_else(|| {

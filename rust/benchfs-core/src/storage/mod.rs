@@ -58,6 +58,8 @@ enum Layout {
     ChunkFiles { root: PathBuf, handles: HandleCache },
     /// Fixed-size slots in a few large preallocated files, with an in-memory index.
     Packed(Packed),
+    /// Nothing kept (`storage.layout = "discard"`, for benchmarks of the protocol alone).
+    Discard,
 }
 
 /// Buffered reads and writes up to this size run inline, not on the ring, when the data
@@ -178,11 +180,13 @@ impl ChunkStore {
                     handles: HandleCache::new(config.handle_cache as usize, direct),
                 }
             }
+            DiskLayout::Discard => Layout::Discard,
         };
         let reopened = match &layout {
             Layout::ChunkFiles { root, .. } => (0..256)
                 .any(|i| fs::read_dir(root.join(format!("{i:02x}"))).is_ok_and(|mut d| d.next().is_some())),
             Layout::Packed(p) => !p.is_empty(),
+            Layout::Discard => false,
         };
         Ok(ChunkStore {
             layout,
@@ -216,6 +220,7 @@ impl ChunkStore {
                 Ok(found)
             }
             Layout::Packed(p) => Ok(p.chunks_of(file)),
+            Layout::Discard => Ok(HashSet::new()),
         }
     }
 
@@ -256,6 +261,7 @@ impl ChunkStore {
                 readable: Some(s.len),
                 file_key: s.file_index,
             })),
+            Layout::Discard => Ok(None),
         }
     }
 
@@ -270,6 +276,9 @@ impl ChunkStore {
         start: usize,
         len: usize,
     ) -> (io::Result<usize>, IoBuffer) {
+        if let Layout::Discard = self.layout {
+            return (Ok(len), buf);
+        }
         let loc = match self.locate(file, chunk, true).await {
             Ok(Some(l)) => l,
             Ok(None) => return (Err(io::Error::from_raw_os_error(libc::ENOENT)), buf),
@@ -352,6 +361,9 @@ impl ChunkStore {
         buf: IoBuffer,
         len: usize,
     ) -> (io::Result<(usize, usize)>, IoBuffer) {
+        if let Layout::Discard = self.layout {
+            return (Ok((0, len.min(buf.capacity()))), buf);
+        }
         let loc = match self.locate(file, chunk, false).await {
             Ok(Some(l)) => l,
             Ok(None)
@@ -440,6 +452,7 @@ impl ChunkStore {
                     }
                 }
                 Layout::Packed(p) => p.cut(file, chunk, keep)?,
+                Layout::Discard => {}
             }
             if keep == 0 {
                 let mut stored = self.stored.borrow_mut();
@@ -462,7 +475,7 @@ impl ChunkStore {
     pub fn close(&self) -> io::Result<()> {
         match &self.layout {
             Layout::Packed(p) => p.persist(),
-            Layout::ChunkFiles { .. } => Ok(()),
+            Layout::ChunkFiles { .. } | Layout::Discard => Ok(()),
         }
     }
 
