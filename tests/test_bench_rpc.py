@@ -232,16 +232,18 @@ def test_cases_have_the_issue_names() -> None:
 def test_schedule_interleaves_benchfs_and_perftest() -> None:
     cases = [Case(t, n) for t in TRANSPORTS for n in CASE_NAMES]
     steps = interleave(cases, 3, tools=TOOLS)
-    assert len(steps) == 3 * len(cases) * 3
-    first = [(s.case.name, s.tool) for s in steps[:4]]
+    assert len(steps) == 3 * len(cases) * len(TOOLS)
+    first = [(s.case.name, s.tool) for s in steps[:6]]
     assert first == [
         ("write-4m", "benchfs"),
         ("write-4m", "ucx_perftest"),
         ("write-4m", "ucx_perftest_as_benchfs"),
+        ("write-4m", "benchfs_discard"),
+        ("write-4m", "copy"),
         ("read-4m", "benchfs"),
     ]
-    second = [s.tool for s in steps if s.repeat == 1][:3]
-    assert second == ["ucx_perftest_as_benchfs", "ucx_perftest", "benchfs"]
+    second = [s.tool for s in steps if s.repeat == 1][:5]
+    assert second == list(reversed(TOOLS))
 
 
 def server(p50: float) -> dict[str, float]:
@@ -254,15 +256,24 @@ def test_bandwidth_case_summary_is_medians_and_their_ratio() -> None:
         "benchfs": [{"mib_s": v, "server": server(9)} for v in (100.0, 300.0, 200.0)],
         "ucx_perftest": [{"mib_s": v} for v in (1000.0, 250.0, 400.0)],
         "ucx_perftest_as_benchfs": [{"mib_s": v, "mode": mode} for v in (250.0, 150.0, 350.0)],
+        "benchfs_discard": [{"mib_s": v, "server": server(4)} for v in (225.0, 200.0, 240.0)],
+        "copy": [{"mib_s": v} for v in (250.0, 900.0, 100.0)],
     }
     row = summarize_case(Case(TRANSPORTS[0], "write-4m"), runs)
     assert (row["mib_s"], row["perftest_mib_s"], row["ratio"]) == (200.0, 400.0, 0.5)
     assert (row["perftest_as_benchfs_mib_s"], row["ratio_as_benchfs"]) == (250.0, 0.8)
     assert row["perftest_as_benchfs"] == mode
+    # Keeping nothing: the protocol alone against ucx_perftest as BenchFS runs UCX.
+    assert (row["discard_mib_s"], row["ratio_discard_as_benchfs"]) == (225.0, 0.9)
+    # Storing: against the transport and the store's copy in series, 1/(1/250 + 1/250).
+    assert (row["copy_mib_s"], row["storing_limit_mib_s"]) == (250.0, 125.0)
+    assert row["ratio_storing_limit"] == 1.6
     assert row["spread_mib_s"] == {
         "benchfs": [100.0, 300.0],
         "ucx_perftest": [250.0, 1000.0],
         "ucx_perftest_as_benchfs": [150.0, 350.0],
+        "benchfs_discard": [200.0, 240.0],
+        "copy": [100.0, 900.0],
     }
     assert row["p50_us"] is None and row["p99_us"] is None and row["perftest_us"] is None
     assert row["server_p50_us"] == 9 and row["raw"]["benchfs"] == runs["benchfs"]
@@ -327,14 +338,16 @@ def test_targets_are_checked() -> None:
             "transport": "tcp",
             "name": "write-4m",
             "ratio": 0.5,
-            "ratio_as_benchfs": 0.95,
+            "ratio_discard_as_benchfs": 0.95,
+            "ratio_storing_limit": 0.7,
             "p50_us": None,
         },
         {
             "transport": "shm",
             "name": "read-4m",
             "ratio": 0.95,
-            "ratio_as_benchfs": 0.85,
+            "ratio_discard_as_benchfs": 0.75,
+            "ratio_storing_limit": 0.85,
             "p50_us": None,
         },
         {"transport": "shm", "name": "rtt-write-4k", "ratio": None, "p50_us": 30.0},
@@ -350,8 +363,12 @@ def test_targets_are_checked() -> None:
     }
     met = {t["target"]: t["met"] for t in rpc.targets({"cases": cases, "overload": overload})}
     assert met == {
-        "write-4m over tcp: ratio to ucx_perftest as BenchFS runs UCX >= 0.9": True,
-        "read-4m over shm: ratio to ucx_perftest as BenchFS runs UCX >= 0.9": False,
+        "write-4m over tcp, a server that keeps nothing: ratio to ucx_perftest as BenchFS runs "
+        "UCX >= 0.8": True,
+        "write-4m over tcp, storing on tmpfs: ratio to 1/(1/perftest + 1/copy) >= 0.8": False,
+        "read-4m over shm, a server that keeps nothing: ratio to ucx_perftest as BenchFS runs "
+        "UCX >= 0.8": False,
+        "read-4m over shm, storing on tmpfs: ratio to 1/(1/perftest + 1/copy) >= 0.8": True,
         "rtt-write-4k over shm: p50 <= 25 µs": False,
         "rtt-read-4k over tcp: p50 <= 60 µs": True,
         "overload: zero timeouts": True,
@@ -442,7 +459,8 @@ def test_rpc_quick_json_end_to_end() -> None:
     for case in report["cases"]:
         assert keys | {"perftest_us"} <= set(case)
         bandwidth = case["name"].endswith("-4m")
-        for key in ("mib_s", "perftest_mib_s", "ratio", "perftest_as_benchfs_mib_s"):
+        for key in ("mib_s", "perftest_mib_s", "ratio", "perftest_as_benchfs_mib_s",
+                    "discard_mib_s", "copy_mib_s", "storing_limit_mib_s"):  # fmt: skip
             assert positive(case[key]) if bandwidth else case[key] is None, (case["name"], key)
         for key in ("p50_us", "p99_us", "perftest_us"):
             assert case[key] is None if bandwidth else positive(case[key]), (case["name"], key)

@@ -267,6 +267,11 @@ def summarize_case(case: Case, runs: dict[str, list[dict[str, Any]]]) -> dict[st
         "ratio": None,
         "perftest_as_benchfs_mib_s": None,
         "ratio_as_benchfs": None,
+        "discard_mib_s": None,
+        "ratio_discard_as_benchfs": None,
+        "copy_mib_s": None,
+        "storing_limit_mib_s": None,
+        "ratio_storing_limit": None,
         "p50_us": None,
         "p99_us": None,
         "perftest_us": None,
@@ -543,20 +548,23 @@ class RpcBench:
     def _copy(self, case: Case) -> dict[str, Any]:
         """The storing server's copy beyond the transport's: 4 MiB buffers written into (or
         read out of) a tmpfs file of one call's working set (8 chunks, pages already there,
-        as the pair's file is), for as long as a BenchFS measurement."""
+        as the pair's file is), for as long as a BenchFS measurement. The buffers rotate
+        over 8 distinct ones, as the server's pool buffers do: one reused buffer would copy
+        from a warm cache, which the server never does."""
         assert self.workdir is not None
         path = self.workdir / "copy"
-        buf = mmap.mmap(-1, BW_CHUNK)
-        buf.write(bytes(range(256)) * (BW_CHUNK // 256))
-        view = memoryview(buf)
+        bufs = [mmap.mmap(-1, BW_CHUNK) for _ in range(BW_INFLIGHT)]
+        views = [memoryview(b) for b in bufs]
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
-            for i in range(BW_INFLIGHT):
+            for i, view in enumerate(views):
+                view[:] = bytes([i]) * BW_CHUNK
                 os.pwrite(fd, view, i * BW_CHUNK)
             moved, i = 0, 0
             start = time.perf_counter()
             while (elapsed := time.perf_counter() - start) < self.settings.bw_seconds:
-                at = (i % BW_INFLIGHT) * BW_CHUNK
+                view = views[i % BW_INFLIGHT]
+                at = ((i * 3) % BW_INFLIGHT) * BW_CHUNK  # another buffer for each place
                 if case.op == "write":
                     moved += os.pwrite(fd, view, at)
                 else:
@@ -564,8 +572,9 @@ class RpcBench:
                 i += 1
         finally:
             os.close(fd)
-            view.release()
-            buf.close()
+            for view, buf in zip(views, bufs, strict=True):
+                view.release()
+                buf.close()
             path.unlink(missing_ok=True)
         return {"mib_s": moved / MIB / elapsed, "bytes": moved, "seconds": elapsed}
 
