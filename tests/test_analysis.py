@@ -369,8 +369,9 @@ def test_timeseries_and_the_judgment_find_the_onset_of_slowness(tmp_path: Path) 
     reads = j[j["op"] == "read"].set_index("node")
     # onset_s counts from the first snapshot (T0 + 1 s): node-1 rose in the third interval.
     assert reads.loc["node-1", "onset_s"] == 2.0 and "rose at t=2.0 s" in reads.loc["node-1", "how"]
-    assert reads.loc["node-1", "before_ms"] == pytest.approx(1, rel=0.01)
-    assert reads.loc["node-1", "after_ms"] == pytest.approx(300, rel=0.01)
+    # Service times: the synthetic servers spend a tenth of each op in their queue.
+    assert reads.loc["node-1", "before_ms"] == pytest.approx(0.9, rel=0.01)
+    assert reads.loc["node-1", "after_ms"] == pytest.approx(270, rel=0.01)
     assert reads.loc["node-1", "persist_pct"] == 100
     assert math.isnan(reads.loc["node-3", "onset_s"])
     assert reads.loc["node-3", "how"] == "slow from the start"
@@ -381,6 +382,25 @@ def test_timeseries_and_the_judgment_find_the_onset_of_slowness(tmp_path: Path) 
     )
     assert reads.loc["node-3", "delay_share"] > reads.loc["node-1", "delay_share"] > 0.3
     assert reads.loc["node-0", "delay_share"] == 0 and not reads.loc["node-0", "outlier"]
+
+
+def test_a_node_is_judged_by_its_service_time_not_its_queue(tmp_path: Path) -> None:
+    """Writes behind keep more requests in flight at one node: they wait 20x longer in its
+    queue, on a device as fast as the others'. Judged by service time, that node is not slow;
+    one whose device takes as long again is."""
+    servers = {i: steady(f"node-{i}") for i in range(5)}
+    servers[1] = dataclasses.replace(
+        steady("node-1", read=18.0), queue_share=1 - 0.9 / 18.0
+    )  # 17.1 ms queued, 0.9 ms served, as the others
+    servers[3] = steady("node-3", read=18.0)  # 1.8 ms queued, 16.2 ms served
+    run = make_run(tmp_path, servers, snapshots=5)
+    j = A.slow_nodes(A.load_run(run), JUDGE)
+    reads = j[j["op"] == "read"].set_index("node")
+    assert reads.loc["node-1", "mean_ms"] == pytest.approx(0.9, rel=0.01)
+    assert not reads.loc["node-1", "outlier"] and not reads.loc["node-1", "slow"]
+    assert reads.loc["node-3", "slow"] and reads.loc["node-3", "mean_ms"] == pytest.approx(16.2)
+    (i,) = [i for i in A.analyze(run, TH, judgment=JUDGE).insights if i.id == "BFS-003"]
+    assert i.fired and i.data["nodes"] == ["node-3"]
 
 
 def test_one_bad_interval_stands_out_but_is_not_judged_slow(tmp_path: Path) -> None:

@@ -4,9 +4,13 @@ One method, used by both `benchfs-analyze` (the `slow_nodes` table and insight B
 `benchfs-diagnose judge` (which adds the device, the kind and the exclusion list), under the
 `[diagnose]` thresholds (docs/diagnose.md, "Judging a run"):
 
-- Latency per node and op (read, write): the servers' `total_ns` histograms (sum / count),
-  over the run and per telemetry interval, all servers of a node summed. A node is judged on
-  an op only with at least `min_ops` of them.
+- Latency per node and op (read, write): the servers' service time, their `total_ns`
+  histograms (arrival to reply ready) less `queue_wait_ns` (arrival to the storage operation's
+  start), sum / count, over the run and per telemetry interval, all servers of a node summed.
+  The wait in a server's queue is the load its clients put on it, not its slowness: a node
+  whose clients keep more requests in flight (writes behind, deeper windows) queues them
+  longer on the same device, and is not judged slow for that. A node is judged on an op only
+  with at least `min_ops` of them.
 - Outliers: the peer rule (`benchfs.peers.outliers`) on the nodes' mean op time.
 - Onset: the one change point of the node's per-interval mean (log scale, least squares); the
   latency rose there when the level after is `rise_ratio` times the level before, otherwise
@@ -59,10 +63,12 @@ COLUMNS = [
 
 
 def node_series(tel: telemetry.Telemetry, op: str) -> pd.DataFrame:
-    """Per node and telemetry interval: t (s since the first snapshot), ops, sum_ns, mean_ms.
+    """Per node and telemetry interval: t (s since the first snapshot), ops, sum_ns (service
+    time: total less queue wait), mean_ms.
     `attrs["t0_ns"]` is the first snapshot's wall-clock time."""
     r = tel.rates()
-    r = r[(r["op"] == op) & r["metric"].isin(["total_ns.sum", "total_ns.count"])]
+    metrics = ["total_ns.sum", "total_ns.count", "queue_wait_ns.sum"]
+    r = r[(r["op"] == op) & r["metric"].isin(metrics)]
     if r.empty:
         return pd.DataFrame(columns=["node", "t", "ops", "sum_ns", "mean_ms"])
     t0 = pd.DatetimeIndex(r["t"]).asi8.min()
@@ -77,6 +83,8 @@ def node_series(tel: telemetry.Telemetry, op: str) -> pd.DataFrame:
         index=["node", "bin"], columns="metric", values="delta", aggfunc="sum", fill_value=0
     ).reset_index()
     wide = wide.rename(columns={"total_ns.count": "ops", "total_ns.sum": "sum_ns"})
+    if "queue_wait_ns.sum" in wide:  # service time: the queue's wait is not the server's
+        wide["sum_ns"] = (wide["sum_ns"] - wide["queue_wait_ns.sum"]).clip(lower=0)
     wide.attrs["t0_ns"] = int(t0)
     wide["t"] = wide["bin"] * width
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -127,7 +135,7 @@ def _judge_op(series: pd.DataFrame, op: str, th: Thresholds) -> list[dict[str, A
     baseline = statistics.median(judged.values() if judged else means.values())
     excess = {n: max(0.0, means[n] - baseline) * float(totals.loc[n, "ops"]) / 1e3 for n in means}
     total_excess = sum(excess.values())
-    spec = MetricSpec(f"{op}_mean_ms", f"server {op} time", "ms", True)
+    spec = MetricSpec(f"{op}_mean_ms", f"server {op} service time", "ms", True)
     found = {o.key: o for o in outliers(judged, spec, th)}
     rows = []
     for n, mean in sorted(means.items()):
