@@ -60,14 +60,22 @@ def test_access_quick_json() -> None:
         assert case["ratio"] == pytest.approx(case["mib_s"] / case["native_mib_s"])
     assert report["data_dir"].startswith("/dev/shm/") and report["data_fs"] == "tmpfs"
     assert not Path(report["data_dir"]).exists()
-    # one per case, the preload's 4 KiB random cases against the mount's, and one per
-    # operation of the metadata loop
-    assert len(report["targets"]) == len(CASES) + 2 + 3
+    # one per case, the preload's 4 KiB random cases against the mount's, one per
+    # operation of the metadata loop, and one per mount-writer case
+    assert len(report["targets"]) == len(CASES) + 2 + 3 + 4
     meta = report["metadata"]
     assert meta["files"] == 100 and [o["op"] for o in meta["ops"]] == ["create", "stat", "unlink"]
     for o in meta["ops"]:
         assert o["preload_ops_s"] > 0 and o["capi_ops_s"] > 0, o
+    writer = report["mount_writer"]
+    assert writer["mount_write_behind"] == 32 * 2**20 and writer["dd_size"] == 16 * 2**20
+    assert [c["name"] for c in writer["cases"]] == ["dd-4k", "dd-64k", "dd-1m", "tar-x"]
+    for c in writer["cases"]:
+        assert c["mib_s"] > 0 and c["off_mib_s"] > 0, c
+        assert c["ratio"] == pytest.approx(c["mib_s"] / c["off_mib_s"])
+    assert writer["tar_bytes"] > 100_000 and writer["tar_tree"] == "email"
     text = rendered(access.render, report)
+    assert "mount writer dd-1m" in text and "write-behind off >= 1.6" in text
     assert "python-readinto" in text and "target fio-psync-write" in text
     assert "fio-psync-randread: ratio >= 0.5" in text and "bs 4k" in text
     assert "preload-psync-randwrite over the mount >= 1.5" in text

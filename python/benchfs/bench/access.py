@@ -19,6 +19,12 @@ one FUSE mount of it, and per case two tools moving the same bytes in the same t
 - `metadata` (a section of its own, in operations per second): a small C loop creating,
   stat-ing and unlinking files (`metaloop.c` beside this module, built with `cc`), through
   the library against the same loop over the C library.
+- `mount-writer` (a section of its own): one writer through the mount, as programs write: `dd`
+  of a file in 4 KiB, 64 KiB and 1 MiB writes with `conv=fsync`, and `tar x` of an archive of
+  Python's standard library (2,450 files, 104 MB; `--quick`: its `email` package), through a
+  mount with the default `client.mount_write_behind` against a second mount of the same
+  cluster with it at 0 (every write answered before the next), interleaved. This is what
+  chose the mount's default.
 
 Repeats are interleaved (`benchfs.bench.stats.interleave`) and the report gives medians.
 """
@@ -29,6 +35,7 @@ import json
 import os
 import shutil
 import subprocess
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +63,11 @@ PRELOAD_CASES = tuple(
 )
 CASES = (*FIO_CASES, *RANDOM_CASES, "python-readinto", *PRELOAD_CASES, "preload-cp")
 META_OPS = ("create", "stat", "unlink")
+WRITER_CASES = ("dd-4k", "dd-64k", "dd-1m", "tar-x")
+WRITER_TOOLS = ("default", "off")
+"""The mount with its default write-behind, and one with client.mount_write_behind = 0."""
+WRITER_TARGET = 1.6
+"""The mount's default against write-behind off, one writer."""
 METALOOP = Path(__file__).with_name("metaloop.c")
 FIO_JOBS = 2
 FIO_BLOCK = MIB
@@ -77,6 +89,11 @@ class AccessSettings:
     """Bytes per job of the 4 KiB random cases."""
     meta_files: int = 2000
     """Files of each pass of the metadata loop."""
+    dd_size: int = 256 * MIB
+    """Bytes of each dd of the mount-writer cases."""
+    tar_tree: str = ""
+    """The tree the tar-x case extracts, under Python's standard library ("": all of it but
+    site-packages and bytecode)."""
     mount_threads: int | None = None
 
     @classmethod
@@ -87,6 +104,8 @@ class AccessSettings:
             py_file_size=32 * MIB,
             random_file_size=2 * MIB,
             meta_files=100,
+            dd_size=16 * MIB,
+            tar_tree="email",
         )
 
 
@@ -351,6 +370,109 @@ def run_metadata(
     return {"files": settings.meta_files, "ops": ops}
 
 
+class MountWriter:
+    """One writer through a mount (`dd`, `tar x`), timed, into a fresh directory each time."""
+
+    def __init__(self, root: Path, settings: AccessSettings) -> None:
+        self.settings = settings
+        self.archive = root / "tree.tar"
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        tree = stdlib / settings.tar_tree if settings.tar_tree else stdlib
+        done = subprocess.run(
+            ["tar", "cf", str(self.archive), "--exclude=site-packages",
+             "--exclude=__pycache__", "-C", str(tree.parent), tree.name],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise BenchError("EIO", f"cannot make the tar archive: {done.stderr.strip()}")
+        self.runs = 0
+
+    def run(self, case: str, mountpoint: Path) -> float:
+        """MiB/s of one case: dd's bytes, or the archive's, over the wall time."""
+        self.runs += 1
+        where = mountpoint / f"writer-{self.runs}"
+        where.mkdir()
+        if case == "tar-x":
+            argv = ["tar", "xf", str(self.archive), "-C", str(where)]
+            size = self.archive.stat().st_size
+        else:
+            bs = {"dd-4k": 4096, "dd-64k": 65536, "dd-1m": MIB}[case]
+            size = self.settings.dd_size
+            argv = ["dd", "if=/dev/zero", f"of={where / 'f'}", f"bs={bs}",
+                    f"count={size // bs}", "conv=fsync", "status=none"]  # fmt: skip
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        if case == "tar-x" and done.returncode == 0:
+            done = subprocess.run(["sync", "-f", str(where)], capture_output=True, text=True,
+                                  timeout=600, check=False)  # fmt: skip
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise BenchError("EIO", f"{' '.join(argv)} failed: {done.stderr.strip()}")
+        shutil.rmtree(where)
+        return size / MIB / seconds
+
+
+def run_mount_writer(
+    root: Path,
+    cluster: BenchCluster,
+    default_mount: Path,
+    settings: AccessSettings,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The mount-writer cases: the default mount against a second one without write-behind."""
+    from benchfs.mount import mounted
+
+    writer = MountWriter(root, settings)
+    off = root / "mnt-wb0"
+    off.mkdir()
+    samples: dict[tuple[str, str], list[float]] = {}
+    with mounted(
+        cluster.registry,
+        off,
+        config_path=cluster.config_path,
+        overrides=["client.mount_write_behind=0"],
+        threads=settings.mount_threads,
+    ):
+        steps = interleave(list(WRITER_CASES), settings.repeats, WRITER_TOOLS)
+        for i, step in enumerate(steps, 1):
+            progress(f"mount writer [{i}/{len(steps)}] {step.case}, write-behind {step.tool}")
+            point = default_mount if step.tool == "default" else off
+            samples.setdefault((step.case, step.tool), []).append(writer.run(step.case, point))
+    budget = int(cluster.settings()["client"]["mount_write_behind"])
+    cases = []
+    for name in WRITER_CASES:
+        default, without = median(samples[(name, "default")]), median(samples[(name, "off")])
+        cases.append(
+            {
+                "name": name,
+                "mib_s": default,
+                "off_mib_s": without,
+                "ratio": ratio(default, without),
+                "samples": samples[(name, "default")],
+                "off_samples": samples[(name, "off")],
+            }
+        )
+    return {
+        "mount_write_behind": budget,
+        "dd_size": settings.dd_size,
+        "tar_bytes": writer.archive.stat().st_size,
+        "tar_tree": settings.tar_tree or "the standard library",
+        "cases": cases,
+    }
+
+
+def writer_targets(writer: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "target": f"mount-writer {c['name']}: the default over write-behind off >= "
+            f"{WRITER_TARGET:g}",
+            "value": c["ratio"],
+            "met": None if c["ratio"] is None else c["ratio"] >= WRITER_TARGET,
+        }
+        for c in writer["cases"]
+    ]
+
+
 def run_access(
     root: Path,
     settings: AccessSettings,
@@ -384,6 +506,7 @@ def run_access(
                     samples.setdefault((step.case, step.tool), []).append(value)
                 progress("metadata loop: preload against the C library")
                 metadata = run_metadata(root, bench, client, settings)
+            writer = run_mount_writer(root, cluster, mountpoint, settings, progress)
     finally:
         cluster.stop()
     if any(prefix.iterdir()):
@@ -405,7 +528,8 @@ def run_access(
     return {
         "cases": cases,
         "metadata": metadata,
-        "targets": access_targets(cases) + metadata_targets(metadata),
+        "mount_writer": writer,
+        "targets": access_targets(cases) + metadata_targets(metadata) + writer_targets(writer),
         "data_dir": str(root),
         "servers": settings.servers,
         "repeats": settings.repeats,
@@ -442,4 +566,21 @@ def render(console: Console, report: dict[str, Any]) -> None:
                 f"preload {o['preload_ops_s']:.0f}/s, C library {o['capi_ops_s']:.0f}/s, ratio {r}",
             )
         )
+    writer = report["mount_writer"]
+    for c in writer["cases"]:
+        r = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
+        lines.append(
+            (
+                f"mount writer {c['name']}",
+                f"write-behind {format_size(writer['mount_write_behind'])} (the default) "
+                f"{c['mib_s']:.0f} MiB/s, off {c['off_mib_s']:.0f} MiB/s, ratio {r}",
+            )
+        )
+    lines.append(
+        (
+            "mount writer",
+            f"dd of {format_size(writer['dd_size'])} with conv=fsync; tar x of "
+            f"{writer['tar_tree']} ({format_size(writer['tar_bytes'])}), then sync",
+        )
+    )
     print_lines_and_targets(console, lines, report["targets"])

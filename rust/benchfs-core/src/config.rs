@@ -105,6 +105,10 @@ pub struct ClientConfig {
     /// ranks gain nothing and the deep server queues it makes let the analysis judge a healthy
     /// node slow (docs/storage.md).
     pub write_behind: u64,
+    /// `write_behind` for the mount (`benchfs-mount`), whose daemon outlives the programs
+    /// that write through it: on by default, by measurement (`benchfs-bench access`'s
+    /// mount-writer cases; docs/storage.md).
+    pub mount_write_behind: u64,
     /// Host directories, `:`-separated, where this namespace is seen besides `$BENCHFS_MOUNT`
     /// and the interposition library's prefix: a link's absolute target under one of them
     /// is followed inside BenchFS (docs/namespace.md). `/` makes every absolute target a
@@ -122,6 +126,7 @@ impl Default for ClientConfig {
             retry_backoff_ms: 50,
             read_ahead: 32 << 20,
             write_behind: 0,
+            mount_write_behind: 32 << 20,
             link_roots: String::new(),
         }
     }
@@ -320,6 +325,9 @@ impl Config {
         if self.client.write_behind > (1 << 30) {
             return bad("client.write_behind must be at most 1 GiB");
         }
+        if self.client.mount_write_behind > (1 << 30) {
+            return bad("client.mount_write_behind must be at most 1 GiB");
+        }
         if let Some(bad_root) = self
             .client
             .link_roots
@@ -427,6 +435,7 @@ pub const SIZE_KEYS: &[&str] = &[
     "network.rndv_threshold",
     "client.read_ahead",
     "client.write_behind",
+    "client.mount_write_behind",
 ];
 
 /// Sections of the configuration file that the tools own: the file system skips them.

@@ -150,8 +150,10 @@ fn unmount(unmounter: &mut SessionUnmounter, mountpoint: &Path) {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let config = config::resolve(args.config.as_deref(), &config::process_env(), &args.overrides)
+    let mut config = config::resolve(args.config.as_deref(), &config::process_env(), &args.overrides)
         .map_err(|e| e.to_string())?;
+    // The mount's own write-behind budget: its daemon outlives the programs writing through it.
+    config.client.write_behind = config.client.mount_write_behind;
     let registry = args
         .registry
         .or_else(|| {
