@@ -239,6 +239,11 @@ pub struct NetworkConfig {
     /// UCX's newer protocol selection (`UCX_PROTO_ENABLE`). Off: UCX 1.22 then moves BenchFS's
     /// chunks as fast as 1.13 did; on, 4 MiB transfers over TCP ran at 0.6x (docs/bench.md).
     pub ucx_proto_v2: bool,
+    /// UCX TCP's send and receive segment (`UCX_TCP_TX_SEG_SIZE`, `UCX_TCP_RX_SEG_SIZE`): the
+    /// largest piece a payload moves in, each one receive and one handler call. 0: UCX's
+    /// (8 KiB and 64 KiB). 256 KiB by measurement (docs/bench.md); a `UCX_TCP_*` variable
+    /// set in the environment wins.
+    pub tcp_segment_size: u64,
 }
 
 impl Default for NetworkConfig {
@@ -249,6 +254,7 @@ impl Default for NetworkConfig {
             peer_error_handling: true,
             spin_us: 50,
             ucx_proto_v2: false,
+            tcp_segment_size: 256 << 10,
         }
     }
 }
@@ -260,6 +266,7 @@ impl NetworkConfig {
             transports: (!self.transports.is_empty()).then(|| self.transports.clone()),
             rndv_threshold: (self.rndv_threshold > 0).then_some(self.rndv_threshold),
             proto_v2: self.ucx_proto_v2,
+            tcp_segment_size: (self.tcp_segment_size > 0).then_some(self.tcp_segment_size),
             serialized: false,
         }
     }
@@ -347,6 +354,10 @@ impl Config {
         if self.network.spin_us > 10_000 {
             return bad("network.spin_us must be at most 10000");
         }
+        let segment = self.network.tcp_segment_size;
+        if segment != 0 && !(8 << 10..=16 << 20).contains(&segment) {
+            return bad("network.tcp_segment_size must be 0 (UCX's) or 8K to 16M");
+        }
         if self.network.transports.contains(char::is_whitespace) {
             return bad("network.transports is a comma-separated list without spaces");
         }
@@ -433,6 +444,7 @@ pub const EFFECTIVE_HEADER: &str =
 pub const SIZE_KEYS: &[&str] = &[
     "layout.chunk_size",
     "network.rndv_threshold",
+    "network.tcp_segment_size",
     "client.read_ahead",
     "client.write_behind",
     "client.mount_write_behind",
@@ -858,6 +870,11 @@ mod tests {
         assert!(over("client.read_ahead=2G").contains("client.read_ahead must be at most 1 GiB"));
         assert!(over("client.write_behind=2G").contains("client.write_behind must be at most 1 GiB"));
         assert!(over("client.write_behind=lots").contains("client.write_behind = \"lots\""));
+        assert!(
+            over("client.mount_write_behind=2G").contains("client.mount_write_behind must be at most 1 GiB")
+        );
+        assert!(over("network.tcp_segment_size=4K").contains("network.tcp_segment_size must be 0"));
+        assert!(over("network.tcp_segment_size=32M").contains("network.tcp_segment_size must be 0"));
         assert!(e(Config::from_toml("[client\n")).contains("malformed TOML"));
         assert!(e(Config::from_toml("[layout]\nchunk_size = 0\n"))
             .contains("layout.chunk_size must be between 1 byte and 1 GiB (from configuration text)"));
@@ -887,7 +904,7 @@ mod tests {
         assert_eq!(
             over("storage.layout=striped"),
             "invalid configuration: storage.layout (from override): `striped` is not one of \
-             `chunkfile`, `packed`"
+             `chunkfile`, `packed`, `discard`"
         );
         assert!(over("storage.submit_policy=timer").contains("storage.submit_policy"));
         assert!(over("client.max_inflight=5000000000")

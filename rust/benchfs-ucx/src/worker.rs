@@ -187,9 +187,19 @@ pub struct WorkerOptions {
     pub rndv_threshold: Option<u64>,
     /// `UCX_PROTO_ENABLE`: UCX's newer protocol selection (false: the original protocols).
     pub proto_v2: bool,
+    /// `UCX_TCP_TX_SEG_SIZE` and `UCX_TCP_RX_SEG_SIZE`, unless the environment sets either.
+    pub tcp_segment_size: Option<u64>,
     /// Allow use from any thread, one at a time (`UCS_THREAD_MODE_SERIALIZED`) instead of
     /// only the creating thread.
     pub serialized: bool,
+}
+
+/// The TCP segment size to set, unless the process's environment chose one.
+fn tcp_segment(options: &WorkerOptions) -> Option<u64> {
+    let chosen = ["UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    options.tcp_segment_size.filter(|_| !chosen)
 }
 
 impl Worker {
@@ -209,6 +219,8 @@ impl Worker {
                 "PROTO_ENABLE",
                 if options.proto_v2 { "y" } else { "n" }.to_string(),
             )),
+            tcp_segment(&options).map(|s| ("TCP_TX_SEG_SIZE", s.to_string())),
+            tcp_segment(&options).map(|s| ("TCP_RX_SEG_SIZE", s.to_string())),
         ]
         .into_iter()
         .flatten()
