@@ -213,17 +213,20 @@ def test_failing_perftest_is_named(tmp_path: Path) -> None:
 
 
 def test_cases_have_the_issue_names() -> None:
-    assert CASE_NAMES == ("write-4m", "read-4m", "rtt-null", "rtt-write-4k", "rtt-read-4k")
+    assert CASE_NAMES == (
+        "write-4m", "read-4m", "rtt-null", "rtt-null-rust", "rtt-write-4k", "rtt-read-4k"
+    )  # fmt: skip
     assert [t.name for t in TRANSPORTS] == ["tcp", "shm"]
     tcp, shm = TRANSPORTS
     assert tcp.peer_error_handling and not shm.peer_error_handling
     assert "network.peer_error_handling=false" in shm.overrides()
     by_name = {name: Case(tcp, name) for name in CASE_NAMES}
     assert by_name["write-4m"].perftest == ("ucp_am_bw", 4 * MIB)
-    assert by_name["rtt-null"].perftest == ("ucp_am_lat", 8)
+    assert by_name["rtt-null"].perftest == by_name["rtt-null-rust"].perftest == ("ucp_am_lat", 8)
     assert by_name["rtt-read-4k"].perftest == ("ucp_am_lat", 4096)
-    assert [by_name[n].op for n in CASE_NAMES] == ["write", "read", "null", "write", "read"]
-    assert by_name["rtt-null"].server_op == "meta"
+    ops = ["write", "read", "null", "null-rust", "write", "read"]
+    assert [by_name[n].op for n in CASE_NAMES] == ops
+    assert by_name["rtt-null"].server_op == by_name["rtt-null-rust"].server_op == "meta"
     # ucx_perftest as BenchFS runs UCX: -e where BenchFS detects failed peers, its protocols.
     assert by_name["write-4m"].perftest_as_benchfs(False) == (["-e"], {"UCX_PROTO_ENABLE": "n"})
     assert Case(shm, "read-4m").perftest_as_benchfs(True) == ([], {"UCX_PROTO_ENABLE": "y"})
@@ -350,6 +353,14 @@ def test_targets_are_checked() -> None:
             "ratio_storing_limit": 0.85,
             "p50_us": None,
         },
+        {"transport": "shm", "name": "rtt-null-rust", "ratio": None, "p50_us": 2.5},
+        {
+            "transport": "tcp",
+            "name": "rtt-null-rust",
+            "ratio": None,
+            "p50_us": 12.0,
+            "perftest_us": 7.0,
+        },
         {"transport": "shm", "name": "rtt-write-4k", "ratio": None, "p50_us": 30.0},
         {"transport": "tcp", "name": "rtt-read-4k", "ratio": None, "p50_us": 30.0},
         {"transport": "tcp", "name": "rtt-null", "ratio": None, "p50_us": 500.0},
@@ -369,6 +380,8 @@ def test_targets_are_checked() -> None:
         "read-4m over shm, a server that keeps nothing: ratio to ucx_perftest as BenchFS runs "
         "UCX >= 0.8": False,
         "read-4m over shm, storing on tmpfs: ratio to 1/(1/perftest + 1/copy) >= 0.8": True,
+        "rtt-null-rust over shm (Rust API): p50 <= 3 µs": True,
+        "rtt-null-rust over tcp (Rust API): p50 <= 1.5 x ucx_perftest's round trip": False,
         "rtt-write-4k over shm: p50 <= 25 µs": False,
         "rtt-read-4k over tcp: p50 <= 60 µs": True,
         "overload: zero timeouts": True,

@@ -253,7 +253,8 @@ def test_the_old_chunk_size_name_still_works_with_one_notice(tmp_path: Path) -> 
         ("layout.chunk_size=1X", 'layout.chunk_size = "1X" (from override): unknown suffix "x"'),
         (
             "storage.layout=striped",
-            "storage.layout (from override): `striped` is not one of `chunkfile`, `packed`, `discard`",
+            "storage.layout (from override): `striped` is not one of `chunkfile`, `packed`, "
+            "`discard`",
         ),
         ("storage.submit_policy=timer", "unknown key storage.submit_policy (from override)"),
     ],

@@ -226,6 +226,9 @@ class Client:
         """Set the modification time of the symbolic link at `path` itself."""
     def locate(self, path: str, offset: int) -> int:
         """The id of the server that holds byte `offset` of the file at `path`."""
+    def time_stats(self, path: str, count: int, seconds: float) -> list[int]:
+        """Times `count` stats of `path` one by one in Rust (no interpreter between them), for
+        at most `seconds`: each call's nanoseconds."""
     def server_stats(self) -> list[dict[str, int]]:
         """Per server: id, requests, retries, timeouts, failures (as this client saw them)."""
     def checksum(self, path: str) -> dict[str, Any]:

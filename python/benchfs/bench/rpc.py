@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 
-CASE_NAMES = ("write-4m", "read-4m", "rtt-null", "rtt-write-4k", "rtt-read-4k")
+CASE_NAMES = ("write-4m", "read-4m", "rtt-null", "rtt-null-rust", "rtt-write-4k", "rtt-read-4k")
 TOOLS = ("benchfs", "ucx_perftest", "ucx_perftest_as_benchfs", "benchfs_discard", "copy")
 """BenchFS, ucx_perftest as UCX runs by default, and ucx_perftest as BenchFS runs UCX; the
 bandwidth cases only: BenchFS with a server that keeps nothing, and the store's own copy."""
@@ -144,13 +144,15 @@ class Case:
 
     @property
     def op(self) -> str:
-        """What the client does: write, read (bandwidth, round trips) or null (round trip)."""
-        return {"write-4m": "write", "read-4m": "read"}.get(self.name) or self.name.split("-")[1]
+        """What the client does: write, read (bandwidth, round trips) or null (round trip; timed
+        in Rust: null-rust)."""
+        named = {"write-4m": "write", "read-4m": "read", "rtt-null-rust": "null-rust"}
+        return named.get(self.name) or self.name.split("-")[1]
 
     @property
     def server_op(self) -> str:
         """The operation the server's telemetry counts it under."""
-        return "meta" if self.op == "null" else self.op
+        return "meta" if self.op.startswith("null") else self.op
 
     def perftest_as_benchfs(self, proto_v2: bool) -> tuple[list[str], dict[str, str]]:
         """ucx_perftest's extra arguments and environment to run UCX as BenchFS does: with
@@ -163,7 +165,7 @@ class Case:
         """ucx_perftest's test and message size for this case."""
         if self.bandwidth:
             return "ucp_am_bw", BW_CHUNK
-        return "ucp_am_lat", 8 if self.name == "rtt-null" else SMALL
+        return "ucp_am_lat", 8 if self.op.startswith("null") else SMALL
 
     def __str__(self) -> str:
         return f"{self.name} over {self.transport.name}"
@@ -322,6 +324,15 @@ def summarize_case(case: Case, runs: dict[str, list[dict[str, Any]]]) -> dict[st
     row["perftest_size"] = size
     row["raw"] = {tool: runs.get(tool, []) for tool in TOOLS}
     return row
+
+
+def python_call_us(rows: list[dict[str, Any]]) -> None:
+    """Sets `python_call_us` on each transport's rtt-null row: its p50 less rtt-null-rust's
+    (the same stats timed in Rust), the Python call's own cost."""
+    rust = {r["transport"]: r["p50_us"] for r in rows if r["name"] == "rtt-null-rust"}
+    for row in rows:
+        if row["name"] == "rtt-null" and rust.get(row["transport"]) is not None:
+            row["python_call_us"] = row["p50_us"] - rust[row["transport"]]
 
 
 def summarize_overload(
@@ -666,6 +677,7 @@ class RpcBench:
         for row in rows:
             if row["mib_s"] is not None:
                 row["error_handling_refused"] = refused.get(row["transport"])
+        python_call_us(rows)
         return rows
 
     def _rndv_study(self) -> dict[str, Any]:
@@ -858,6 +870,10 @@ RPC_STORING_TARGET = 0.8
 """4 MiB requests against ucx_perftest run as BenchFS runs UCX (the same error handling and
 protocol generation; not the default mode, which BenchFS cannot run in safely over TCP)."""
 RPC_RTT_TARGET_US = {"shm": 25.0, "tcp": 60.0}
+RPC_NULL_RUST_SHM_US = 3.0
+"""A null round trip timed in Rust, over shared memory."""
+RPC_NULL_RUST_OVER_PERFTEST = 1.5
+"""A null round trip timed in Rust over TCP, against ucx_perftest's round trip."""
 RPC_PEAK_SHARE_TARGET = 0.9
 RPC_STEADY_TARGET = 0.9
 STEADY_EDGE_S = 2.0
@@ -924,6 +940,19 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                     f"1/(1/perftest + 1/copy) >= {RPC_STORING_TARGET}",
                     "value": storing,
                     "met": storing >= RPC_STORING_TARGET,
+                }
+            )
+        if name == "rtt-null-rust" and case["p50_us"] is not None:
+            if transport == "shm":
+                limit, what = RPC_NULL_RUST_SHM_US, f"{RPC_NULL_RUST_SHM_US:g} µs"
+            else:
+                limit = RPC_NULL_RUST_OVER_PERFTEST * (case.get("perftest_us") or 0.0)
+                what = f"{RPC_NULL_RUST_OVER_PERFTEST:g} x ucx_perftest's round trip"
+            found.append(
+                {
+                    "target": f"{name} over {transport} (Rust API): p50 <= {what}",
+                    "value": case["p50_us"],
+                    "met": limit > 0 and case["p50_us"] <= limit,
                 }
             )
         if name in ("rtt-write-4k", "rtt-read-4k") and case["p50_us"] is not None:
@@ -996,6 +1025,15 @@ def case_lines(cases: list[dict[str, Any]]) -> list[tuple[str, str]]:
             refusals[case["transport"]] = case["error_handling_refused"]
     for transport, why in refusals.items():
         lines.append((f"{transport} -e", f"ucx_perftest with error handling (-e): {why}"))
+    for case in cases:
+        if case.get("python_call_us") is not None:
+            lines.append(
+                (
+                    f"{case['transport']} python call",
+                    f"rtt-null less rtt-null-rust: {fmt(case['python_call_us'], 1)} µs of "
+                    f"{fmt(case['p50_us'], 1)} µs is the Python call's own",
+                )
+            )
     return lines
 
 
@@ -1142,7 +1180,8 @@ def method_notes(settings: RpcSettings, quick: bool) -> list[str]:
     """What the output's figures are, said where they are read."""
     notes = [
         "rtt-null is Client.stat on a 1-server cluster (BenchFS has no null op): one "
-        "round trip to the metadata owner, no payload and no disk",
+        "round trip to the metadata owner, no payload and no disk; rtt-null-rust is the same "
+        "stats timed in Rust (no interpreter per call): the difference is the Python call's",
         "perftest RTT = 2 x ucx_perftest's ucp_am_lat latency, which is one-way (half the "
         "ping-pong round trip); ucx_perftest busy-polls, BenchFS sleeps in the kernel when idle",
     ]

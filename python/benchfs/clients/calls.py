@@ -9,10 +9,12 @@ commands, `/<NAME>-4k.dat` of 4 KiB for the round trips; `--no-prepare` skips th
 - `bw write|read SECONDS`: write (or read) the whole B-byte file in one call, again and again,
   until SECONDS have passed; a call of B bytes is B / chunk_size chunk requests, issued
   concurrently up to the client's windows. Answer `{"bytes", "calls", "seconds"}`.
-- `rtt null|write|read COUNT SECONDS`: COUNT calls (or fewer if SECONDS run out), each timed
-  alone with `time.perf_counter_ns`, after a short untimed warm-up. `null` is `stat` (one
-  round trip to the metadata owner, no payload and no disk), `write` and `read` move 4 KiB at
-  offset 0 (one chunk request). Answer `{"count", "p50_us", "p99_us", "mean_us", "min_us"}`.
+- `rtt null|null-rust|write|read COUNT SECONDS`: COUNT calls (or fewer if SECONDS run out),
+  each timed alone with `time.perf_counter_ns`, after a short untimed warm-up. `null` is
+  `stat` (one round trip to the metadata owner, no payload and no disk), `null-rust` the same
+  stats timed in Rust (`_core.Client.time_stats`: no interpreter per call), `write` and `read`
+  move 4 KiB at offset 0 (one chunk request). Answer `{"count", "p50_us", "p99_us",
+  "mean_us", "min_us"}`.
 - `load write|read SECONDS`: like `bw`, but a failed call is counted (`errors`, with the first
   message in `first_error`) instead of ending the process, and the load ends with a flush of
   writes still behind (`client.write_behind`); the answer also has the per-call latency
@@ -121,6 +123,11 @@ class Driver:
 
     def round_trip(self, op: str, count: int, seconds: float) -> dict[str, Any]:
         client, path, small = self.client, self.small_path, self.small_file
+        if op == "null-rust":  # the same stats, timed in Rust: no interpreter per call
+            for _ in range(WARMUP_CALLS):
+                client.stat(path)
+            samples = client._core.time_stats(path, count, seconds)
+            return {"count": len(samples), **percentiles_us(samples)}
         if op == "null":
 
             def once() -> None:

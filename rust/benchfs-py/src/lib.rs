@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -508,6 +508,26 @@ impl PyClient {
     /// The id of the server holding byte `offset` of the file at `path`.
     fn locate(&self, py: Python<'_>, path: &str, offset: u64) -> PyResult<u32> {
         self.with(py, |c| c.locate(path, offset))
+    }
+
+    /// Times `count` stats of `path` one by one in Rust, with no interpreter between them, for
+    /// at most `seconds`: each call's nanoseconds (`benchfs-bench rpc` sets them beside the
+    /// same loop in Python, so the Python call's own cost shows).
+    fn time_stats(&self, py: Python<'_>, path: &str, count: usize, seconds: f64) -> PyResult<Vec<u64>> {
+        let until = Instant::now() + Duration::from_secs_f64(seconds.max(0.0));
+        self.with(py, |c| {
+            let mut samples = Vec::with_capacity(count);
+            for _ in 0..count {
+                let t0 = Instant::now();
+                c.stat(path)?;
+                let t1 = Instant::now();
+                samples.push((t1 - t0).as_nanos() as u64);
+                if t1 >= until {
+                    break;
+                }
+            }
+            Ok(samples)
+        })
     }
 
     /// Per server (membership order): requests sent, retries, timeouts and failures.
