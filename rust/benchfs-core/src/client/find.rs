@@ -87,12 +87,17 @@ impl Client {
                 self.meta_with_copies(index, Op::Find, &payload).await?
             } else {
                 let header = Header::request(Op::Find, 0, 0, 0, 0, payload.len() as u64);
-                let mut reply = vec![0u8; meta::REPLY_MAX];
+                let mut room = self.reply_buf();
                 let h = self
-                    .call(owner, header, &payload, Some(&mut reply[..]), Instant::now())
+                    .call(
+                        owner,
+                        header,
+                        &payload,
+                        Some(&mut room[..meta::REPLY_MAX]),
+                        Instant::now(),
+                    )
                     .await?;
-                reply.truncate((h.length as usize).min(meta::REPLY_MAX));
-                (h, reply)
+                (h, room.body((h.length as usize).min(meta::REPLY_MAX)))
             };
             let (examined, matched, page) =
                 meta::decode_found(&reply).ok_or_else(|| Error::Protocol("malformed find reply".into()))?;

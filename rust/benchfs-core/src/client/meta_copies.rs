@@ -22,7 +22,7 @@ use crate::lost::append_lost;
 use crate::lost::Event;
 use crate::placement::{metadata_owner, MetadataCopies};
 use crate::protocol::mirror::{decode_snapshot, decode_versioned, Mirror};
-use crate::protocol::{meta, Header, Op, ReplyValue};
+use crate::protocol::{Header, Op, ReplyValue};
 
 use super::replicas::is_fault;
 use super::Client;
@@ -34,7 +34,7 @@ const MOVES: usize = 4;
 /// Bytes of changes one metadata request may return besides its reply (paths, an attribute
 /// and a directory's entries: well under this), and a snapshot page's one record beyond half
 /// a reply.
-const CHANGES_MAX: usize = 4 * (crate::namespace::PATH_MAX + 256);
+pub(super) const CHANGES_MAX: usize = 4 * (crate::namespace::PATH_MAX + 256);
 
 /// What handing a change to the other copies came to.
 enum Mirrored {
@@ -106,21 +106,22 @@ impl Client {
                 return Err(self.no_copy_left(owner));
             };
             let header = Header::request(op, 0, 0, owner as u64 + 1, 0, payload.len() as u64);
-            let mut reply = vec![0u8; meta::REPLY_MAX + CHANGES_MAX];
+            let mut room = self.reply_buf();
             let answer = self
                 .call(
                     (serving, worker),
                     header,
                     payload,
-                    Some(&mut reply[..]),
+                    Some(&mut room[..]),
                     Instant::now(),
                 )
                 .await;
             match answer {
                 Ok(h) => {
-                    let total = (h.length as usize).min(reply.len());
+                    let total = (h.length as usize).min(room.len());
                     let changes = (h.chunk as usize).min(total);
-                    reply.truncate(total);
+                    let mut reply = room.body(total);
+                    drop(room);
                     let records = reply.split_off(total - changes);
                     if (h.file_id >> 64) as u64 != self.epoch.get() {
                         self.refresh_declared();

@@ -20,6 +20,7 @@ mod netns;
 mod put;
 mod readahead;
 mod replicas;
+mod replybuf;
 mod rpc;
 mod sender;
 mod telemetry;
@@ -170,6 +171,8 @@ pub struct Client {
     /// Per file with locks taken through this client: the epoch of the server worker keeping
     /// them (client/locks.rs), to tell a restart.
     lock_epochs: RefCell<std::collections::HashMap<u128, u32>>,
+    /// Metadata reply buffers kept for reuse (replybuf.rs).
+    reply_bufs: RefCell<Vec<Vec<u8>>>,
     /// The job token every request carries.
     token: u64,
     telemetry: ClientTelemetry,
@@ -281,6 +284,7 @@ impl Client {
             registry_dir: registry_dir.to_path_buf(),
             moved: RefCell::new(HashMap::new()),
             lock_epochs: RefCell::new(std::collections::HashMap::new()),
+            reply_bufs: RefCell::new(Vec::new()),
             token,
             telemetry,
             crash_at: crash_point()?,

@@ -32,19 +32,16 @@ impl Client {
                 .await
         } else {
             let header = Header::request(op, 0, 0, 0, 0, payload.len() as u64);
-            let mut reply = vec![0u8; meta::REPLY_MAX];
+            let mut room = self.reply_buf();
             self.call(
                 self.owner(&req.path),
                 header,
                 &payload,
-                Some(&mut reply[..]),
+                Some(&mut room[..meta::REPLY_MAX]),
                 Instant::now(),
             )
             .await
-            .map(|h| {
-                reply.truncate((h.length as usize).min(meta::REPLY_MAX));
-                (h, reply)
-            })
+            .map(|h| (h, room.body((h.length as usize).min(meta::REPLY_MAX))))
         };
         match answer {
             Ok(reply) => Ok(reply),
