@@ -652,6 +652,8 @@ class RpcBench:
         for step in interleave(cases, s.repeats, tools=TOOLS):
             if step.tool in BANDWIDTH_ONLY and not step.case.bandwidth:
                 continue
+            if step.tool == "ucx_perftest" and step.case.op == "null-rust":
+                continue  # the same ucx_perftest as rtt-null's, taken from there below
             self.progress(f"repeat {step.repeat + 1}/{s.repeats}: {step.case}, {step.tool}")
             if step.tool == "benchfs":
                 figures = self._benchfs(step.case, pairs[step.case.transport.name])
@@ -664,6 +666,9 @@ class RpcBench:
             else:
                 figures = self._perftest_as_benchfs(step.case, proto_v2[step.case.transport.name])
             runs[step.case][step.tool].append(figures)
+        for c in cases:
+            if c.op == "null-rust":
+                runs[c]["ucx_perftest"] = runs[Case(c.transport, "rtt-null")]["ucx_perftest"]
         for pair in [*pairs.values(), *discards.values()]:
             pair.cluster.check_alive()
             self._stop(pair.cluster)
