@@ -927,26 +927,22 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for case in report["cases"]:
         name, transport = case["name"], case["transport"]
-        protocol = case.get("ratio_discard_as_benchfs")
-        if name in ("write-4m", "read-4m") and protocol is not None:
-            found.append(
-                {
-                    "target": f"{name} over {transport}, a server that keeps nothing: ratio to "
-                    f"ucx_perftest as BenchFS runs UCX >= {RPC_PROTOCOL_TARGET}",
-                    "value": protocol,
-                    "met": protocol >= RPC_PROTOCOL_TARGET,
-                }
-            )
-        storing = case.get("ratio_storing_limit")
-        if name in ("write-4m", "read-4m") and storing is not None:
-            found.append(
-                {
-                    "target": f"{name} over {transport}, storing on tmpfs: ratio to "
-                    f"1/(1/perftest + 1/copy) >= {RPC_STORING_TARGET}",
-                    "value": storing,
-                    "met": storing >= RPC_STORING_TARGET,
-                }
-            )
+        for key, what, limit in (
+            ("ratio_discard_as_benchfs",
+             "a server that keeps nothing: ratio to ucx_perftest as BenchFS runs UCX",
+             RPC_PROTOCOL_TARGET),
+            ("ratio_storing_limit", "storing on tmpfs: ratio to 1/(1/perftest + 1/copy)",
+             RPC_STORING_TARGET),
+        ):  # fmt: skip
+            value = case.get(key)
+            if name in ("write-4m", "read-4m") and value is not None:
+                found.append(
+                    {
+                        "target": f"{name} over {transport}, {what} >= {limit}",
+                        "value": value,
+                        "met": value >= limit,
+                    }
+                )
         if name == "rtt-null-rust" and case["p50_us"] is not None:
             if transport == "shm":
                 limit, what = RPC_NULL_RUST_SHM_US, f"{RPC_NULL_RUST_SHM_US:g} µs"
