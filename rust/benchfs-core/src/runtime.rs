@@ -535,7 +535,7 @@ impl Reactor {
             submit(0, None)?;
             let until = Instant::now() + self.spin.get();
             let mut polls = 0u32;
-            while !polls.is_multiple_of(SPIN_POLLS_PER_YIELD) || Instant::now() < until {
+            while polls % SPIN_POLLS_PER_YIELD != 0 || Instant::now() < until {
                 if let Some(w) = &ucx {
                     if w.progress() > 0 {
                         self.woke.set(true);
@@ -547,7 +547,7 @@ impl Reactor {
                     return Ok(());
                 }
                 polls = polls.wrapping_add(1);
-                if !polls.is_multiple_of(SPIN_POLLS_PER_YIELD) {
+                if polls % SPIN_POLLS_PER_YIELD != 0 {
                     std::hint::spin_loop();
                     continue;
                 }
