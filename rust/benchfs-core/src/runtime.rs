@@ -35,11 +35,6 @@ use crate::telemetry::SubmitStats;
 const TOKEN_UCX: u64 = 1 << 62;
 const TOKEN_NOTIFY: u64 = u64::MAX;
 
-/// Polls of a spin between two yields of the CPU ([`Reactor::turn`]): a yield is a
-/// syscall, and polling between them finds a reply sooner (a null round trip over shared
-/// memory: 3.0 µs yielding after every poll).
-const SPIN_POLLS_PER_YIELD: u32 = 8;
-
 /// The first and the longest pause of a loop whose UCX wakes it with nothing to do (see
 /// `Reactor::fruitless_wakes`).
 const BUSY_PAUSE_FIRST: Duration = Duration::from_micros(100);
@@ -534,8 +529,7 @@ impl Reactor {
         if self.was_active.replace(false) && !self.spin.get().is_zero() {
             submit(0, None)?;
             let until = Instant::now() + self.spin.get();
-            let mut polls = 0u32;
-            while polls % SPIN_POLLS_PER_YIELD != 0 || Instant::now() < until {
+            while Instant::now() < until {
                 if let Some(w) = &ucx {
                     if w.progress() > 0 {
                         self.woke.set(true);
@@ -546,16 +540,11 @@ impl Reactor {
                     self.was_active.set(true);
                     return Ok(());
                 }
-                polls = polls.wrapping_add(1);
-                if polls % SPIN_POLLS_PER_YIELD != 0 {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                // Not only a pause: the peer this loop waits for may be runnable on this very
-                // CPU (two processes on one core); yielding lets it run (measured: a 4 KiB round
-                // trip between a client and a server sharing a CPU took 140-160 µs with pauses
-                // alone, the whole spin lost each time). With nothing else runnable it returns
-                // at once; it is a syscall, so not after every poll.
+                // Not a pause: the peer this loop waits for may be runnable on this very CPU
+                // (two processes on one core); yielding lets it run (measured: a 4 KiB round
+                // trip between a client and a server sharing a CPU took 140-160 µs with a
+                // pause, the whole spin lost each time). With nothing else runnable it returns
+                // at once.
                 std::thread::yield_now();
             }
         }
