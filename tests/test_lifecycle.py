@@ -5,6 +5,7 @@ stop after `kill -9` of the whole cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import os
@@ -362,17 +363,22 @@ def test_an_interrupted_staging_across_nodes_leaves_no_copier(tmp_path: Path) ->
             env={**os.environ, **env}, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert stager.stderr is not None
+        # Each copier is held as soon as it appears (it needs a few tenths of a second to start
+        # copying), so that the Ctrl-C lands mid-copy: 768 MiB took 2.4-2.7 s, less than a
+        # busy machine once took to print the "copying" lines and find the copiers after them.
+        copiers: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(copiers) < 2 and time.monotonic() < deadline and stager.poll() is None:
+            for p in descendants(stager.pid):
+                with contextlib.suppress(OSError):  # gone, or not yet the copier it execs
+                    line = Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+                    if p not in copiers and "benchfs.lifecycle.spread" in line:
+                        os.kill(p, signal.SIGSTOP)
+                        copiers.append(p)
+            time.sleep(0.002)
+        assert len(copiers) == 2, copiers
         said = [stager.stderr.readline() for _ in range(3)]  # the listing, then each node
         assert sum("copying" in line for line in said) == 2, said
-        copiers = [
-            p for p in descendants(stager.pid)
-            if "benchfs.lifecycle.spread" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-        ]  # fmt: skip
-        assert copiers
-        # Held while the Ctrl-C lands, so that it lands mid-copy: 768 MiB took 2.4 s once, less
-        # than this test took to find the copiers on a busy machine.
-        for p in copiers:
-            os.kill(p, signal.SIGSTOP)
         stager.send_signal(signal.SIGINT)
         for p in copiers:
             os.kill(p, signal.SIGCONT)
