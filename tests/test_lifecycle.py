@@ -358,9 +358,13 @@ def test_an_interrupted_staging_across_nodes_leaves_no_copier(tmp_path: Path) ->
         (src / f"f{i:02d}").write_bytes(block * 32)
     env = start(tmp_path)
     try:
+        # As a terminal starts it: with SIGINT's default action. A suite started in the
+        # background by a shell without job control ignores SIGINT, and the stager inherited
+        # that (Python then installs no KeyboardInterrupt handler): the Ctrl-C did nothing.
         stager = subprocess.Popen(
             [str(BIN / "benchfs"), "stage-in", "--nodes", "--threads", "1", str(src), "/d"],
             env={**os.environ, **env}, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         assert stager.stderr is not None
         # Each copier is held as soon as it appears (it needs a few tenths of a second to start
