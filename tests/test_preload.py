@@ -509,6 +509,25 @@ def test_without_a_cluster_calls_fail_with_one_clear_line(tmp_path: Path) -> Non
     assert "Traceback" not in done.stderr and "panicked" not in done.stderr
 
 
+def test_a_program_started_in_benchfs_sets_up_no_client_it_does_not_use(tmp_path: Path) -> None:
+    """UCX reads `./ucx.conf` in its constructor, before the library's own: in a working
+    directory under the prefix that read set up a client (connecting to every server) in
+    every process started there, `seq` included. Without a cluster that shows as the line
+    saying why calls fail; now the program runs as it would anywhere."""
+    root = tmp_path / "bfs"
+    root.mkdir()
+    done = subprocess.run(
+        ["seq", "1", "3"],
+        env=preload_env(own_env(), root),
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "1\n2\n3\n", "")
+
+
 def test_a_bad_prefix_is_said_once_and_nothing_is_intercepted(tmp_path: Path) -> None:
     env = preload_env(own_env(), "relative/dir")
     (tmp_path / "f").write_text("local\n")

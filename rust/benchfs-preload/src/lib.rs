@@ -78,10 +78,20 @@ thread_local! {
     static BUSY: Cell<bool> = const { Cell::new(false) };
 }
 
-/// True while this thread is inside BenchFS (or its thread-local state is gone): every call
-/// then goes to libc.
+/// Set when this library's constructor runs. The initialisers that run before it (the
+/// libraries it loads, UCX's among them) are not the program's calls: UCX reads `./ucx.conf`
+/// in its constructor, and with the working directory inside BenchFS that read set up a
+/// client (connecting to every server) in every process started there, `seq` included.
+static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn mark_loaded() {
+    LOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// True while this thread is inside BenchFS (or its thread-local state is gone), or before
+/// this library's constructor ran: every call then goes to libc.
 pub(crate) fn busy() -> bool {
-    BUSY.try_with(Cell::get).unwrap_or(true)
+    !LOADED.load(std::sync::atomic::Ordering::Relaxed) || BUSY.try_with(Cell::get).unwrap_or(true)
 }
 
 /// Marks this thread busy until dropped.

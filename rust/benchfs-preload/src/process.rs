@@ -274,6 +274,7 @@ fn take_over() {
 }
 
 extern "C" fn on_load() {
+    crate::mark_loaded();
     if catch_unwind(AssertUnwindSafe(take_over)).is_err() {
         say("internal error while taking up inherited BenchFS descriptors");
     }
