@@ -104,7 +104,7 @@ fn start_worker(opts: &ServerOptions, index: u32) -> Result<WorkerParts> {
         runtime.spawn(async move {
             loop {
                 r.sleep(every).await;
-                snapshot(&s, &w);
+                snapshot(&s, &w, true);
             }
         })?;
     }
@@ -224,7 +224,7 @@ fn stop_worker(parts: WorkerParts) -> Result<ServerStats> {
         }
     })?;
     runtime.quiesce(DRAIN_TIMEOUT)?;
-    snapshot(&state, &outputs);
+    snapshot(&state, &outputs, false);
     state
         .store
         .close()
@@ -263,14 +263,20 @@ struct Outputs {
     trace: Option<TraceWriter>,
 }
 
-/// Writes the worker's telemetry snapshot (gauges refreshed first), then flushes its trace
-/// ring; reports a failure once per file.
-fn snapshot(state: &ServerState, outputs: &RefCell<Outputs>) {
+/// Writes the worker's telemetry snapshot (gauges refreshed first; a `periodic` one only if
+/// something changed since the last), then flushes its trace ring; reports a failure once
+/// per file.
+fn snapshot(state: &ServerState, outputs: &RefCell<Outputs>, periodic: bool) {
     let mut out = outputs.borrow_mut();
     if let Some(w) = out.snapshots.as_mut() {
         state.set_gauges();
         state.absorb_parts();
-        if let Err(e) = w.write(&*state.metrics, unix_time_ns()) {
+        let written = if periodic {
+            w.write_changed(&*state.metrics, unix_time_ns())
+        } else {
+            w.write(&*state.metrics, unix_time_ns())
+        };
+        if let Err(e) = written {
             eprintln!("benchfs: telemetry snapshots stopped: {e}");
             out.snapshots = None;
         }

@@ -447,4 +447,8 @@ impl Snapshot for WorkerMetrics {
             histogram_records(h, metric, op, NO_TARGET, push);
         }
     }
+
+    fn upkeep(&self, metric: u8) -> bool {
+        metric == id::CPU_NS
+    }
 }

@@ -126,6 +126,12 @@ pub trait Snapshot {
     /// Calls `push(metric, op, bucket, value, target)` for every record of one snapshot
     /// (`target` is [`NO_TARGET`] for metrics that are not per target).
     fn records(&self, push: &mut dyn FnMut(u8, u8, u16, u64, u16));
+
+    /// Whether `metric` grows by the writer's own upkeep (its CPU time): left out when
+    /// [`SnapshotWriter::write_changed`] decides whether anything changed.
+    fn upkeep(&self, _metric: u8) -> bool {
+        false
+    }
 }
 
 /// The four statistics of a histogram, then its non-empty buckets.
@@ -326,8 +332,27 @@ pub struct SnapshotWriter {
     /// File length after the last complete snapshot (a failed write is cut back to it).
     good_len: u64,
     broken: bool,
+    /// The encoding of the last snapshot written (what a held one repeats).
     buf: Vec<u8>,
+    /// A fingerprint of the last written snapshot's values (None before the first).
+    last_values: Option<u64>,
+    last_written_ns: u64,
+    /// The time of the latest snapshot [`write_changed`](Self::write_changed) held back.
+    held_ns: Option<u64>,
 }
+
+/// [`SnapshotWriter::write_changed`] appends an unchanged snapshot at least this often, so
+/// a reader sees the writer alive (and an idle file grows by one snapshot a minute).
+const HELD_MAX_NS: u64 = 60_000_000_000;
+
+/// FNV-1a over one record's identity and value: equal snapshots fold to equal fingerprints.
+fn fold(h: u64, metric: u8, op: u8, bucket: u16, value: u64, target: u16) -> u64 {
+    let key = u64::from(metric) | u64::from(op) << 8 | u64::from(bucket) << 16 | u64::from(target) << 32;
+    let h = (h ^ key).wrapping_mul(0x0100_0000_01b3);
+    (h ^ value).wrapping_mul(0x0100_0000_01b3)
+}
+
+const FOLD_START: u64 = 0xcbf2_9ce4_8422_2325;
 
 impl std::fmt::Debug for SnapshotWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -428,6 +453,9 @@ impl SnapshotWriter {
             good_len: header.len() as u64,
             broken: false,
             buf: Vec::with_capacity(64 * RECORD_SIZE),
+            last_values: None,
+            last_written_ns: 0,
+            held_ns: None,
         })
     }
 
@@ -451,7 +479,49 @@ impl SnapshotWriter {
     /// an error the file is cut back to its last complete snapshot, so a later snapshot never
     /// follows a torn one.
     pub fn write(&mut self, m: &dyn Snapshot, unix_time_ns: u64) -> Result<()> {
-        self.encode(m, unix_time_ns);
+        self.write_held()?;
+        let values = self.encode(m, unix_time_ns);
+        self.append()?;
+        self.last_values = Some(values);
+        self.last_written_ns = unix_time_ns;
+        Ok(())
+    }
+
+    /// [`write`](Self::write) for a periodic writer: a snapshot whose values all equal the
+    /// last written one's is held back (an idle server's file grew ~160 KB/s at 100 ms
+    /// intervals, hours of nothing). The latest held one is written just before the next
+    /// snapshot that differs (or the next `write`), so the interval that ends in a change
+    /// keeps its true length and rates stay right; and at least one a minute.
+    pub fn write_changed(&mut self, m: &dyn Snapshot, unix_time_ns: u64) -> Result<()> {
+        let mut values = FOLD_START;
+        m.records(&mut |metric, op, bucket, value, target| {
+            if !m.upkeep(metric) {
+                values = fold(values, metric, op, bucket, value, target);
+            }
+        });
+        if self.last_values == Some(values) && unix_time_ns.saturating_sub(self.last_written_ns) < HELD_MAX_NS
+        {
+            self.held_ns = Some(unix_time_ns);
+            return Ok(());
+        }
+        self.write(m, unix_time_ns)
+    }
+
+    /// Appends the held snapshot: the last one written, stamped with the held time.
+    fn write_held(&mut self) -> Result<()> {
+        let Some(t_ns) = self.held_ns.take() else {
+            return Ok(());
+        };
+        for record in self.buf.chunks_exact_mut(RECORD_SIZE) {
+            record[0..8].copy_from_slice(&t_ns.to_le_bytes());
+            record[20..24].copy_from_slice(&self.seq.to_le_bytes());
+        }
+        self.append()?;
+        self.last_written_ns = t_ns;
+        Ok(())
+    }
+
+    fn append(&mut self) -> Result<()> {
         append_all(
             &mut self.file,
             &self.path,
@@ -463,7 +533,8 @@ impl SnapshotWriter {
         Ok(())
     }
 
-    fn encode(&mut self, m: &dyn Snapshot, t_ns: u64) {
+    /// Encodes one snapshot into `buf`; returns the fingerprint of its values.
+    fn encode(&mut self, m: &dyn Snapshot, t_ns: u64) -> u64 {
         // Version 1 has no target field: its `reserved` is 0.
         let none = if self.version >= 2 { NO_TARGET } else { 0 };
         let base = Record {
@@ -479,7 +550,11 @@ impl SnapshotWriter {
         };
         let buf = &mut self.buf;
         buf.clear();
+        let mut values = FOLD_START;
         m.records(&mut |metric, op, bucket, value, target| {
+            if !m.upkeep(metric) {
+                values = fold(values, metric, op, bucket, value, target);
+            }
             Record {
                 metric,
                 op,
@@ -497,6 +572,7 @@ impl SnapshotWriter {
             ..base
         }
         .encode(buf);
+        values
     }
 }
 
@@ -530,6 +606,9 @@ mod tests {
             good_len: 0,
             broken: false,
             buf: Vec::new(),
+            last_values: None,
+            last_written_ns: 0,
+            held_ns: None,
         };
         buf.encode(&m, 0);
         let records = buf.buf.len() / RECORD_SIZE;
