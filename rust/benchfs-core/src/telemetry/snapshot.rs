@@ -339,7 +339,14 @@ pub struct SnapshotWriter {
     last_written_ns: u64,
     /// The time of the latest snapshot [`write_changed`](Self::write_changed) held back.
     held_ns: Option<u64>,
+    /// Unchanged snapshots written in a row since the last change.
+    unchanged: u32,
 }
+
+/// [`SnapshotWriter::write_changed`] writes this many unchanged snapshots in a row before it
+/// holds any: a live reader waiting for a snapshot taken after a moment it names (the
+/// benches, after their load) still gets one when the load has just ended.
+const HOLD_AFTER: u32 = 10;
 
 /// [`SnapshotWriter::write_changed`] appends an unchanged snapshot at least this often, so
 /// a reader sees the writer alive (and an idle file grows by one snapshot a minute).
@@ -456,6 +463,7 @@ impl SnapshotWriter {
             last_values: None,
             last_written_ns: 0,
             held_ns: None,
+            unchanged: 0,
         })
     }
 
@@ -487,11 +495,12 @@ impl SnapshotWriter {
         Ok(())
     }
 
-    /// [`write`](Self::write) for a periodic writer: a snapshot whose values all equal the
-    /// last written one's is held back (an idle server's file grew ~160 KB/s at 100 ms
-    /// intervals, hours of nothing). The latest held one is written just before the next
-    /// snapshot that differs (or the next `write`), so the interval that ends in a change
-    /// keeps its true length and rates stay right; and at least one a minute.
+    /// [`write`](Self::write) for a periodic writer: once [`HOLD_AFTER`] snapshots in a row
+    /// were unchanged (all values equal but the writer's upkeep), further unchanged ones are
+    /// held back (an idle server's file grew ~160 KB/s at 100 ms intervals, for hours of
+    /// nothing). The latest held one is written just before the next snapshot that differs
+    /// (or the next `write`), so the interval that ends in a change keeps its true length and
+    /// rates stay right; and at least one a minute.
     pub fn write_changed(&mut self, m: &dyn Snapshot, unix_time_ns: u64) -> Result<()> {
         let mut values = FOLD_START;
         m.records(&mut |metric, op, bucket, value, target| {
@@ -499,10 +508,15 @@ impl SnapshotWriter {
                 values = fold(values, metric, op, bucket, value, target);
             }
         });
-        if self.last_values == Some(values) && unix_time_ns.saturating_sub(self.last_written_ns) < HELD_MAX_NS
-        {
-            self.held_ns = Some(unix_time_ns);
-            return Ok(());
+        if self.last_values == Some(values) {
+            if self.unchanged >= HOLD_AFTER && unix_time_ns.saturating_sub(self.last_written_ns) < HELD_MAX_NS
+            {
+                self.held_ns = Some(unix_time_ns);
+                return Ok(());
+            }
+            self.unchanged = self.unchanged.saturating_add(1);
+        } else {
+            self.unchanged = 0;
         }
         self.write(m, unix_time_ns)
     }
@@ -609,6 +623,7 @@ mod tests {
             last_values: None,
             last_written_ns: 0,
             held_ns: None,
+            unchanged: 0,
         };
         buf.encode(&m, 0);
         let records = buf.buf.len() / RECORD_SIZE;

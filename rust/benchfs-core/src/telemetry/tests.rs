@@ -281,19 +281,21 @@ fn unchanged_periodic_snapshots_are_held_until_a_change() -> Result<()> {
     let m = WorkerMetrics::new(true);
     let mut w = SnapshotWriter::create(dir.path(), 0, 0, "n")?;
     let s = 1_000_000_000u64;
-    w.write_changed(&m, s)?;
-    for t in 2..=5 {
-        w.write_changed(&m, t * s)?; // idle: held
+    let times = |f: &TelemetryFile| {
+        let mut t: Vec<(u32, u64)> = f.records.iter().map(|r| (r.seq, r.t_ns)).collect();
+        t.dedup();
+        t
+    };
+    // The first, then 10 unchanged ones in a row (1-11 s); the next unchanged ones are held.
+    for t in 1..=15 {
+        w.write_changed(&m, t * s)?;
     }
-    assert_eq!(read_file(w.path())?.snapshots, 1);
+    assert_eq!(read_file(w.path())?.snapshots, 11);
     exercise(&m);
-    w.write_changed(&m, 6 * s)?;
-    // The last held one (5 s) went in before the change: the interval of the change is 1 s.
+    w.write_changed(&m, 16 * s)?;
+    // The last held one (15 s) went in before the change: the interval of the change is 1 s.
     let f = read_file(w.path())?;
-    let times: Vec<(u32, u64)> = f.records.iter().map(|r| (r.seq, r.t_ns)).collect();
-    let mut snapshots = times.clone();
-    snapshots.dedup();
-    assert_eq!(snapshots, vec![(0, s), (1, 5 * s), (2, 6 * s)]);
+    assert_eq!(&times(&f)[10..], &[(10, 11 * s), (11, 15 * s), (12, 16 * s)]);
     let read = OpKind::Read as u8;
     let ops_at = |seq: u32| {
         f.records
@@ -301,18 +303,22 @@ fn unchanged_periodic_snapshots_are_held_until_a_change() -> Result<()> {
             .find(|r| r.seq == seq && r.metric == id::OPS && r.op == read && r.bucket == BUCKET_NONE)
             .map(|r| r.value)
     };
-    assert_eq!((ops_at(0), ops_at(1), ops_at(2)), (Some(0), Some(0), Some(2)));
-    // Idle again: one a minute at least, and a plain write (the last one) writes the held first.
-    for t in 7..=70 {
+    assert_eq!((ops_at(11), ops_at(12)), (Some(0), Some(2)));
+    // Idle again: 10 written (17-26 s), then one a minute at least (the held 85 s, then 86 s,
+    // 60 s after 26 s), and a plain write (the last one) writes the held one first.
+    for t in 17..=90 {
         w.write_changed(&m, t * s)?;
     }
-    w.write(&m, 71 * s)?;
+    w.write(&m, 91 * s)?;
     let f = read_file(w.path())?;
-    let mut snapshots: Vec<(u32, u64)> = f.records.iter().map(|r| (r.seq, r.t_ns)).collect();
-    snapshots.dedup();
-    // 60 s after the last written (6 s): the held 65 s, then 66 s; the held 70 s, then 71 s.
-    let tail = [(3, 65 * s), (4, 66 * s), (5, 70 * s), (6, 71 * s)];
-    assert_eq!(&snapshots[3..], &tail);
+    let tail = [
+        (22, 26 * s),
+        (23, 85 * s),
+        (24, 86 * s),
+        (25, 90 * s),
+        (26, 91 * s),
+    ];
+    assert_eq!(&times(&f)[22..], &tail);
     assert_eq!(f.torn_bytes, 0);
     Ok(())
 }
