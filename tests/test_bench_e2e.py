@@ -61,6 +61,10 @@ def test_e2e_quick_json(tmp_path: Path, netns: bool) -> None:
         assert len(case["samples"]) == len(case["fio_samples"]) == 1
         assert case["copies_mib_s"] > 0 and len(case["copies_samples"]) == 1, case
         assert case["copies_ratio"] == pytest.approx(case["copies_mib_s"] / case["mib_s"])
+        assert case["transport_mib_s"] > 0 and len(case["transport_samples"]) == 1, case
+        assert case["limit_mib_s"] == min(case["fio_mib_s"], case["transport_mib_s"])
+        assert case["binds"] == ("fio" if case["limit_mib_s"] == case["fio_mib_s"] else "transport")
+        assert case["limit_ratio"] == pytest.approx(case["mib_s"] / case["limit_mib_s"])
     chunks = {c["name"]: c["chunk_size"] for c in report["cases"]}
     assert chunks["read-t2m-chunk1m"] == 1 << 20
     assert report["data_dir"].startswith(str(tmp_path)) and report["data_fs"] != "tmpfs"
@@ -68,12 +72,16 @@ def test_e2e_quick_json(tmp_path: Path, netns: bool) -> None:
     assert len(report["targets"]) == 2 * len(CASES)
     text = rendered(e2e.render, report)
     assert "read-t2m-chunk1m" in text and "target write-t1m" in text
+    assert "the limits" in text and "ucx_perftest as BenchFS runs UCX" in text
     assert report["ranks"] == 2 and report["block_size"] == 8 << 20
     assert report["netns"] is netns
-    wanted = {"write": "0.85", "read": "0.9"}
-    fio_targets, copies_targets = report["targets"][: len(CASES)], report["targets"][len(CASES) :]
-    for case, target in zip(report["cases"], fio_targets, strict=True):
-        assert target["target"].endswith(f">= {'0.8' if netns else wanted[case['direction']]}")
+    wanted = {"write": "0.9", "read": "0.95"}
+    limit_targets, copies_targets = report["targets"][: len(CASES)], report["targets"][len(CASES) :]
+    for case, target in zip(report["cases"], limit_targets, strict=True):
+        assert target["value"] == case["limit_ratio"]
+        assert target["target"].endswith(
+            f"binding limit ({case['binds']}) >= {'0.8' if netns else wanted[case['direction']]}"
+        )
     copies_wanted = {"write": "0.45", "read": "0.95"}
     for case, target in zip(report["cases"], copies_targets, strict=True):
         assert target["target"].endswith(f"2 copies >= {copies_wanted[case['direction']]}x of one")

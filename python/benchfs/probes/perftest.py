@@ -229,7 +229,7 @@ def run_perftest(
     size: int,
     iterations: int,
     warmup: int,
-    tls: str,
+    tls: str | None,
     workdir: Path,
     timeout_s: float,
     extra: Sequence[str] = (),
@@ -237,7 +237,8 @@ def run_perftest(
     apart: tuple[Sequence[str], Sequence[str], str] | None = None,
     extra_env: Mapping[str, str] | None = None,
 ) -> PerftestResult:
-    """One ucx_perftest measurement over `UCX_TLS=tls` on loopback; both processes always end.
+    """One ucx_perftest measurement over `UCX_TLS=tls` on loopback (None: the transports UCX
+    chooses itself); both processes always end.
     `apart` = (responder's prefix, initiator's prefix, responder's address) runs the two on
     different nodes (network namespaces; each prefix must exec, keeping the pid). `extra_env`
     adds variables for both sides (`UCX_PROTO_ENABLE`).
@@ -247,7 +248,7 @@ def run_perftest(
     no result raises PerftestError with the command and the processes' last lines.
     """
     perftest = perftest or find_perftest()
-    variables = {**(extra_env or {}), "UCX_TLS": tls}
+    variables = {**(extra_env or {}), **({} if tls is None else {"UCX_TLS": tls})}
     env = {**os.environ, **variables}
     last: PerftestError | None = None
     for _attempt in range(PORT_ATTEMPTS):
