@@ -207,6 +207,25 @@ impl CopyKeeper {
         }
     }
 
+    /// Whether a copy's store has changes waiting for their commit.
+    pub fn has_staged(&self) -> bool {
+        self.stores.borrow().values().any(MetaStore::has_staged)
+    }
+
+    /// Commits every copy's staged changes (each store its own transaction); returns how many
+    /// writes they made, EIO if any commit failed.
+    pub fn commit(&self) -> std::result::Result<usize, Errno> {
+        let mut result = Ok(0);
+        for store in self.stores.borrow().values() {
+            match (store.commit(), &mut result) {
+                (Ok(n), Ok(total)) => *total += n,
+                (Err(e), _) => result = Err(e),
+                (Ok(_), Err(_)) => {}
+            }
+        }
+        result
+    }
+
     /// Runs `f` on this worker's store of owner `owner`'s copy (made on first use).
     pub fn with_store<T>(
         &self,

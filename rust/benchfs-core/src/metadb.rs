@@ -4,9 +4,13 @@
 //! every name it owned. LMDB was chosen by measurement (docs/storage.md): 180,000-200,000
 //! single-change commits per second without a sync, against 9,000-15,000 for redb.
 //!
-//! Every commit reaches the kernel before the change is answered, so a killed server loses
-//! nothing; with `durable` every commit is also synced (`storage.durability` fsync or close).
+//! Changes are staged, then committed in groups: the server commits the changes of the
+//! requests served in one turn of its event loop in one transaction (`commit_staged`), and
+//! answers them after it. Every commit reaches the kernel before its changes are answered, so a
+//! killed server loses only changes it had not answered; with `durable` every commit is also
+//! synced (`storage.durability` fsync or close): one sync per group.
 
+use std::cell::RefCell;
 use std::path::Path;
 
 use heed::types::Bytes;
@@ -63,10 +67,15 @@ pub struct Loaded {
     pub nonce: u32,
 }
 
+/// One write of a commit: a key and its new value (None: the key is deleted).
+type Write = (Vec<u8>, Option<Vec<u8>>);
+
 pub struct MetaDb {
     env: Env,
     db: Database<Bytes, Bytes>,
     path: String,
+    /// Writes staged for the next commit, in order.
+    staged: RefCell<Vec<Write>>,
 }
 
 fn db_error(what: &str, path: &str, e: heed::Error) -> Error {
@@ -93,6 +102,36 @@ fn inode_key(path: &str) -> Vec<u8> {
     k
 }
 
+/// The write that persists `c`.
+fn write_of(c: &Change<'_>) -> Write {
+    match c {
+        Change::Inode {
+            path,
+            attr,
+            added,
+            target,
+        } => {
+            let target = target.unwrap_or("");
+            let mut value = Vec::with_capacity(ATTR_LEN + 8 + target.len());
+            attr.encode(&mut value);
+            value.extend_from_slice(&added.to_le_bytes());
+            value.extend_from_slice(target.as_bytes());
+            (inode_key(path), Some(value))
+        }
+        Change::Removed(path) => (inode_key(path), None),
+        Change::Entry { dir, name, entry } => {
+            let mut value = Vec::with_capacity(9);
+            value.push(entry.kind as u8);
+            if entry.mark != 0 {
+                value.extend_from_slice(&entry.mark.to_le_bytes());
+            }
+            (entry_key(dir, name), Some(value))
+        }
+        Change::EntryRemoved { dir, name } => (entry_key(dir, name), None),
+        Change::NextId(n) => (COUNTER.to_vec(), Some(n.to_le_bytes().to_vec())),
+    }
+}
+
 fn u64_of(b: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(b.try_into().ok()?))
 }
@@ -117,7 +156,12 @@ impl MetaDb {
             .create_database::<Bytes, Bytes>(&mut w, None)
             .map_err(|e| db_error("create", &path, e))?;
         w.commit().map_err(|e| db_error("commit", &path, e))?;
-        Ok(MetaDb { env, db, path })
+        Ok(MetaDb {
+            env,
+            db,
+            path,
+            staged: RefCell::new(Vec::new()),
+        })
     }
 
     /// Everything the store holds, or None when it is new. A store written by another owner
@@ -226,8 +270,9 @@ impl MetaDb {
         w.commit().map_err(|e| self.err("commit", e))
     }
 
-    /// Removes every inode and entry (the counter, nonce and shape stay).
+    /// Removes every inode and entry (the counter, nonce and shape stay), staged ones too.
     pub fn clear(&self) -> Result<()> {
+        self.staged.borrow_mut().clear();
         let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
         let keys: Vec<Vec<u8>> = {
             let iter = self.db.iter(&w).map_err(|e| self.err("read", e))?;
@@ -246,39 +291,40 @@ impl MetaDb {
         w.commit().map_err(|e| self.err("commit", e))
     }
 
-    /// Persists `changes` in one commit.
+    /// Persists `changes` in one commit of their own (with anything staged before them).
     pub fn apply(&self, changes: &[Change<'_>]) -> Result<()> {
-        let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
-        let mut value = Vec::with_capacity(ATTR_LEN + 8);
-        for c in changes {
-            let done = match c {
-                Change::Inode {
-                    path,
-                    attr,
-                    added,
-                    target,
-                } => {
-                    value.clear();
-                    attr.encode(&mut value);
-                    value.extend_from_slice(&added.to_le_bytes());
-                    value.extend_from_slice(target.unwrap_or("").as_bytes());
-                    self.db.put(&mut w, &inode_key(path), &value)
-                }
-                Change::Removed(path) => self.db.delete(&mut w, &inode_key(path)).map(drop),
-                Change::Entry { dir, name, entry } => {
-                    value.clear();
-                    value.push(entry.kind as u8);
-                    if entry.mark != 0 {
-                        value.extend_from_slice(&entry.mark.to_le_bytes());
-                    }
-                    self.db.put(&mut w, &entry_key(dir, name), &value)
-                }
-                Change::EntryRemoved { dir, name } => self.db.delete(&mut w, &entry_key(dir, name)).map(drop),
-                Change::NextId(n) => self.db.put(&mut w, COUNTER, &n.to_le_bytes()),
-            };
-            done.map_err(|e| self.err("write", e))?;
+        self.stage(changes);
+        self.commit_staged().map(drop)
+    }
+
+    /// Stages `changes` for the next [`commit_staged`](Self::commit_staged).
+    pub fn stage(&self, changes: &[Change<'_>]) {
+        self.staged.borrow_mut().extend(changes.iter().map(write_of));
+    }
+
+    /// Whether changes wait for a commit.
+    pub fn has_staged(&self) -> bool {
+        !self.staged.borrow().is_empty()
+    }
+
+    /// Commits every staged change in one transaction (synced when `durable`); returns how
+    /// many writes it made. On an error the staged changes are dropped: they stay in memory
+    /// only, and are lost at a restart.
+    pub fn commit_staged(&self) -> Result<usize> {
+        let writes = std::mem::take(&mut *self.staged.borrow_mut());
+        if writes.is_empty() {
+            return Ok(0);
         }
-        w.commit().map_err(|e| self.err("commit", e))
+        let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
+        for (key, value) in &writes {
+            match value {
+                Some(v) => self.db.put(&mut w, key, v),
+                None => self.db.delete(&mut w, key).map(drop),
+            }
+            .map_err(|e| self.err("write", e))?;
+        }
+        w.commit().map_err(|e| self.err("commit", e))?;
+        Ok(writes.len())
     }
 
     fn err(&self, what: &str, e: heed::Error) -> Error {

@@ -266,8 +266,8 @@ impl MetaStore {
         Ok(store)
     }
 
-    /// Writes `changes` through to the store (EIO if that fails; the change is then in memory
-    /// only, and lost at a restart).
+    /// Stages `changes` for the store's next group commit ([`commit`](Self::commit)), and
+    /// with copies of the metadata journals them for the mirrors.
     fn persist(&self, changes: &[Change<'_>]) -> Result<(), Errno> {
         if let Some(c) = &self.copies {
             let mut journal = c.journal.borrow_mut();
@@ -281,11 +281,26 @@ impl MetaStore {
         self.write_through(changes)
     }
 
-    /// Writes `changes` to the store on the device only.
+    /// Stages `changes` for the store on the device only.
     fn write_through(&self, changes: &[Change<'_>]) -> Result<(), Errno> {
+        if let Some(db) = &self.db {
+            db.stage(changes);
+        }
+        Ok(())
+    }
+
+    /// Whether changes wait for [`commit`](Self::commit).
+    pub fn has_staged(&self) -> bool {
+        self.db.as_ref().is_some_and(MetaDb::has_staged)
+    }
+
+    /// Commits the staged changes to the store on the device in one transaction; returns how
+    /// many writes it made (EIO if it failed: the changes are then in memory only, and lost at
+    /// a restart). The changes of a request are answered only after this.
+    pub fn commit(&self) -> Result<usize, Errno> {
         match &self.db {
-            None => Ok(()),
-            Some(db) => db.apply(changes).map_err(|e| {
+            None => Ok(0),
+            Some(db) => db.commit_staged().map_err(|e| {
                 eprintln!("benchfs: {e}");
                 libc::EIO
             }),
@@ -1135,6 +1150,7 @@ mod tests {
             assert_eq!(m.dir_confirm("/", "b", b), Ok(true));
             assert_eq!(mark_of(&mut m, "b"), Some(0));
             assert_eq!(m.dir_confirm("/", "b", 0), Ok(false));
+            m.commit().expect("commit");
             (seen, later)
         };
         let mut m = open()?;
@@ -1170,6 +1186,7 @@ mod tests {
             m.dir_add("/d", "g", Kind::File, false).expect("entry g");
             m.unlink("/d/g").expect("unlink");
             m.dir_remove("/d", "g", None).expect("entry removed");
+            m.commit().expect("commit");
             (file, m.stat("/d/f").expect("stat"), m.next_id)
         };
         let mut m = open()?;
@@ -1192,6 +1209,44 @@ mod tests {
         // Another cluster shape: its paths belong to other owners now.
         let other = MetaStore::open(&path, false, (0, 2), 4, 1 << 20, 77);
         assert!(matches!(other, Err(crate::error::Error::Config(ref m)) if m.contains("owner 0 of 2")));
+        Ok(())
+    }
+
+    /// Group commit: changes are staged until `commit`, which writes those of several
+    /// operations at once; a store reopened without it (a server killed mid-group) has none of
+    /// the staged changes and every committed one.
+    #[test]
+    fn staged_changes_reach_the_store_only_with_their_commit() -> crate::error::Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| crate::error::Error::io("tempdir", e))?;
+        let path = dir.path().join("meta-w0");
+        let open = || MetaStore::open(&path, false, (0, 1), 4, 1 << 20, 77);
+        {
+            let mut m = open()?;
+            assert!(!m.has_staged());
+            for name in ["a", "b", "c"] {
+                m.create(&format!("/{name}"), CREATE, 0o644, None)
+                    .expect("create");
+                m.dir_add("/", name, Kind::File, false).expect("entry");
+            }
+            assert!(m.has_staged());
+            m.commit().expect("commit");
+            assert!(!m.has_staged());
+            m.create("/lost", CREATE, 0o644, None).expect("create");
+            m.dir_add("/", "lost", Kind::File, false).expect("entry");
+            m.unlink("/a").expect("unlink");
+            assert!(m.has_staged());
+            // Dropped without a commit: as a server killed before answering these.
+        }
+        let mut m = open()?;
+        for name in ["/a", "/b", "/c"] {
+            assert!(m.stat(name).is_ok(), "{name} was committed");
+        }
+        assert_eq!(m.stat("/lost"), Err(libc::ENOENT));
+        let (names, _) = m.readdir("/", "", 10).expect("readdir");
+        assert_eq!(
+            names.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
         Ok(())
     }
 }

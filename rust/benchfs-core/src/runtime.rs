@@ -743,6 +743,20 @@ impl Future for Notified {
 }
 
 /// Resolves to `Err(Timeout)`-style `None` when `dur` passes before `fut` completes.
+/// Lets every other task that is ready now run first: the task wakes itself and is queued
+/// behind them.
+pub fn yield_now() -> impl Future<Output = ()> {
+    let mut yielded = false;
+    futures::future::poll_fn(move |cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+}
+
 pub async fn with_timeout<F: Future>(reactor: &Rc<Reactor>, dur: Duration, fut: F) -> Option<F::Output> {
     let fut = pin!(fut);
     let sleep = pin!(reactor.sleep(dur));

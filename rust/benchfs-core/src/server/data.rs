@@ -181,10 +181,14 @@ impl ServerState {
                     }
                 };
                 served.device_start = Some(Instant::now());
-                let (status, value, body, changes) = match request {
+                let (mut status, value, body, changes) = match request {
                     Some(bytes) => self.serve_meta(h, &bytes),
                     None => (-libc::ECOMM, ReplyValue::Nothing, Vec::new(), None),
                 };
+                // Answered only once what it changed, or saw changed, is stored.
+                if !self.metadata_committed().await && status >= 0 {
+                    status = -libc::EIO;
+                }
                 served.status = status;
                 served.meta = Some((value, body));
                 served.changes = changes;

@@ -21,6 +21,7 @@
 
 mod connections;
 mod data;
+mod group_commit;
 mod intake;
 mod locks;
 mod metadata;
@@ -126,6 +127,9 @@ struct ServerState {
     /// With copies of the metadata (`layout.replicas` > 1): who serves which owner, and the
     /// copies of other owners this worker keeps.
     copies: Option<CopyKeeper>,
+    /// The metadata changes being committed together, and whether the last groups' commits
+    /// failed.
+    group: group_commit::GroupCommit,
     /// `server.workers` and `cluster.expected_servers`: metadata owners are numbered by them.
     config_workers: u32,
     config_servers: u32,

@@ -160,6 +160,10 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
         }),
         meta: RefCell::new(meta_store(opts, index)?),
         copies: copy_keeper(opts, index),
+        group: super::group_commit::GroupCommit::new(matches!(
+            config.storage.durability,
+            crate::config::Durability::Fsync | crate::config::Durability::Close
+        )),
         config_workers: config.server.workers.max(1),
         config_servers: config.cluster.expected_servers,
         chunk_size: config.layout.chunk_size,

@@ -32,6 +32,7 @@ pub(super) mod id {
     pub const QUEUE_WAIT_NS: u8 = 18;
     pub const DEVICE_NS: u8 = 19;
     pub const TOTAL_NS: u8 = 20;
+    pub const META_COMMIT: u8 = 24;
 }
 
 /// Every metric a server worker writes, in the order of its records in a snapshot.
@@ -67,6 +68,7 @@ pub const SERVER_METRICS: &[MetricDef] = {
         def(id::QUEUE_WAIT_NS, "queue_wait_ns", Histogram, true, "ns"),
         def(id::DEVICE_NS, "device_ns", Histogram, true, "ns"),
         def(id::TOTAL_NS, "total_ns", Histogram, true, "ns"),
+        def(id::META_COMMIT, "meta_commit", Histogram, false, "writes"),
     ]
 };
 
@@ -117,6 +119,7 @@ pub struct WorkerMetrics {
     queue_wait_ns: [Histogram; OpKind::COUNT],
     device_ns: [Histogram; OpKind::COUNT],
     total_ns: [Histogram; OpKind::COUNT],
+    meta_commit: Histogram,
     ops: [Cell<u64>; OpKind::COUNT],
     bytes: [Cell<u64>; OpKind::COUNT],
     errors: [Cell<u64>; OpKind::COUNT],
@@ -164,6 +167,7 @@ impl WorkerMetrics {
             queue_wait_ns: std::array::from_fn(|_| Histogram::new()),
             device_ns: std::array::from_fn(|_| Histogram::new()),
             total_ns: std::array::from_fn(|_| Histogram::new()),
+            meta_commit: Histogram::new(),
             ops: Default::default(),
             bytes: Default::default(),
             errors: Default::default(),
@@ -262,6 +266,14 @@ impl WorkerMetrics {
         }
     }
 
+    /// A group commit of the worker's metadata made `writes` writes (the changes of the
+    /// requests served in one turn of its event loop).
+    pub fn record_meta_commit(&self, writes: u64) {
+        if self.enabled {
+            self.meta_commit.record(writes);
+        }
+    }
+
     pub fn trace_dropped(&self) -> u64 {
         self.trace_dropped.get()
     }
@@ -328,6 +340,9 @@ impl WorkerMetrics {
     pub fn total_ns(&self, kind: OpKind) -> &Histogram {
         &self.total_ns[kind.index()]
     }
+    pub fn meta_commit(&self) -> &Histogram {
+        &self.meta_commit
+    }
     pub fn ops(&self, kind: OpKind) -> u64 {
         self.ops[kind.index()].get()
     }
@@ -379,6 +394,7 @@ impl WorkerMetrics {
     pub fn merge_from(&self, other: &WorkerMetrics) {
         self.inflight_at_submit.merge_from(&other.inflight_at_submit);
         self.submit_batch.merge_from(&other.submit_batch);
+        self.meta_commit.merge_from(&other.meta_commit);
         for k in 0..OpKind::COUNT {
             self.queue_wait_ns[k].merge_from(&other.queue_wait_ns[k]);
             self.device_ns[k].merge_from(&other.device_ns[k]);
@@ -426,6 +442,7 @@ impl WorkerMetrics {
         .chain(per_op(id::QUEUE_WAIT_NS, &self.queue_wait_ns))
         .chain(per_op(id::DEVICE_NS, &self.device_ns))
         .chain(per_op(id::TOTAL_NS, &self.total_ns))
+        .chain([(id::META_COMMIT, NO_OP, &self.meta_commit)])
     }
 }
 
