@@ -142,7 +142,7 @@ class ChangedInFlight(BenchfsSide):
     def open_write(self, rel: str, mode: int) -> AbstractContextManager[BinaryIO]:
         f = self.client.open(_join(self.root, rel), "w", perm=mode)
         real = f.write_checked
-        f.write_checked = lambda data: real(self.changed(data))  # type: ignore[method-assign]
+        f.write_checked = lambda data, check="stored": real(self.changed(data), check)  # type: ignore[method-assign]
         return f  # type: ignore[return-value]
 
     def put_whole(self, files: list[tuple[str, bytes, int, int]]) -> list[FileChecksum | OSError]:
@@ -172,6 +172,31 @@ def test_a_byte_changed_on_its_way_fails_the_staging(
         assert (out / "f").read_bytes() == bytes(body)
         assert report.manifest["files"][0]["chunks"] == list(ranges(bytes(body)))
         assert report.manifest["fsync_seconds"] > 0
+
+
+def test_staging_records_what_its_check_covered(client: Client, tmp_path: Path) -> None:
+    """Into BenchFS: the bytes as the servers received them by default, read back from their
+    stores with `stored`; out of BenchFS always read back; a bad check is one line."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "small").write_bytes(os.urandom(1000))  # written whole
+    (src / "big").write_bytes(os.urandom(WHOLE_MAX + 5))  # written a block at a time
+    for check, into in (("received", "/r"), ("stored", "/s")):
+        side = (
+            BenchfsSide(into, lambda: client)
+            if check == "received"
+            else BenchfsSide(into, lambda: client, check)
+        )
+        report = stage(LocalSide(src), side, "in", tmp_path / f"{check}.json")
+        assert report.manifest["check"] == check
+        assert read_json(tmp_path / f"{check}.json")["check"] == check
+        assert all(f["verified"] for f in report.manifest["files"])
+    out = stage(BenchfsSide("/r", lambda: client), LocalSide(tmp_path / "out"), "out",
+                tmp_path / "out.json")  # fmt: skip
+    assert out.manifest["check"] == "stored"
+    assert (tmp_path / "out" / "big").read_bytes() == (src / "big").read_bytes()
+    with pytest.raises(ValueError, match="check must be one of received, stored, not 'device'"):
+        BenchfsSide("/x", lambda: client, "device")
 
 
 class Unreachable(BenchfsSide):
@@ -214,15 +239,19 @@ def test_a_byte_changed_on_a_server_shows_in_the_checksum(
         assert c.checksum("/f").chunks == ranges(bytes(body))
 
 
+@pytest.mark.parametrize("check", ["stored", "received"])
 @pytest.mark.parametrize(
     "offset,size", [(0, 0), (0, 1), (0, CHUNK), (0, 5 * CHUNK + 3), (CHUNK - 2, 7), (17, 3 * CHUNK)]
 )
-def test_checked_writes_answer_with_what_was_stored(client: Client, offset: int, size: int) -> None:
-    """One hash per chunk part of the range written, as xxhash gives it over those bytes."""
+def test_checked_writes_answer_with_what_was_stored(
+    client: Client, offset: int, size: int, check: str
+) -> None:
+    """One hash per chunk part of the range written, as xxhash gives it over those bytes: read
+    back from the store, or as the servers received them."""
     data = os.urandom(size)
     with client.open("/w", "wb") as f:
         f.seek(offset)
-        got = f.write_checked(data)
+        got = f.write_checked(data, check)
         assert f.tell() == offset + size
     inner = range((offset // CHUNK + 1) * CHUNK, offset + size, CHUNK)
     cuts = sorted({offset, offset + size, *inner})
@@ -232,7 +261,17 @@ def test_checked_writes_answer_with_what_was_stored(client: Client, offset: int,
         assert f.read() == bytes(offset) + data
 
 
-def test_put_files_writes_whole_files_with_their_attributes(client: Client) -> None:
+def test_a_checked_write_names_a_bad_check_in_one_line(client: Client) -> None:
+    with client.open("/bad-check", "wb") as f:
+        with pytest.raises(ValueError, match=r'check must be "received" or "stored", not "both"'):
+            f.write_checked(b"x", "both")
+    with pytest.raises(ValueError, match=r'check must be "received" or "stored", not ""'):
+        client.put_files([("/bad-check", b"x", 0o644, 0)], "")
+    assert client.stat("/bad-check").st_size == 0  # nothing was written
+
+
+@pytest.mark.parametrize("check", ["stored", "received"])
+def test_put_files_writes_whole_files_with_their_attributes(client: Client, check: str) -> None:
     client.mkdir("/p")
     client.mkdir("/p/dir")
     with client.open("/p/longer", "wb") as f:  # replaced: truncated, then written
@@ -250,7 +289,7 @@ def test_put_files_writes_whole_files_with_their_attributes(client: Client) -> N
         ("relative", b"x", 0o644, 1),
         ("/p/dir", b"x", 0o644, 1),
     ]
-    results = client.put_files(batch[:2] + bad + batch[2:])
+    results = client.put_files(batch[:2] + bad + batch[2:], check)
     errors = results[2:5]
     assert [type(e) for e in errors] == [NotADirectoryError, OSError, IsADirectoryError]
     assert "relative" in str(errors[1])

@@ -541,7 +541,8 @@ class FaultRound:
         while waiting and time.monotonic() < deadline:
             time.sleep(0.05)
             waiting = [n for n in waiting if self.log(n).rfind(lost) > self.log(n).rfind(back)]
-        assert not waiting, {n: self.log(n)[-3000:] for n in waiting}
+        if waiting:  # each log whole (an assertion's repr would cut the middle out)
+            pytest.fail("".join(f"\n--- {n}'s log:\n{self.log(n)[-6000:]}" for n in waiting))
 
     def kill_victim(self, point: str) -> str:
         """Start a client and SIGKILL it at `point`; returns what was done."""

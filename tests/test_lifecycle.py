@@ -498,7 +498,8 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report["mib_s"]) == {"stage-in", "stage-out", "cp -r", "cp -r + sync"}
+    assert set(report["mib_s"]) == {"stage-in", "stage-in stored", "stage-out", "cp -r",
+                                    "cp -r + sync"}  # fmt: skip
     assert all(v > 0 for v in report["mib_s"].values())
     assert report["ratio_vs_cp_sync"] == pytest.approx(
         report["mib_s"]["stage-in"] / report["mib_s"]["cp -r + sync"]
@@ -506,9 +507,14 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
     assert report["stage_out_ratio_vs_cp_sync"] == pytest.approx(
         report["mib_s"]["stage-out"] / report["mib_s"]["cp -r + sync"]
     )
-    # What the device did: stage-in wrote the tree (direct writes) at least once.
+    assert report["stored_ratio_vs_cp_sync"] == pytest.approx(
+        report["mib_s"]["stage-in stored"] / report["mib_s"]["cp -r + sync"]
+    )
+    # What the device did: stage-in wrote the tree (direct writes) at least once, and with
+    # `stored` read it back too (direct writes leave nothing in the page cache to read).
     if report["device"] is not None:
         assert report["device_mib"]["stage-in"]["written"] >= 32
+        assert report["device_mib"]["stage-in stored"]["read"] >= 32
     small = report["small"]
     assert small["files"] == 200 and all(v > 0 for v in small["files_s"].values())
     assert small["ratio_vs_create"] == pytest.approx(
@@ -519,4 +525,5 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
     assert not Path(report["data_dir"]).exists()
     text = rendered(staging.render, report)
     assert "stage-out / cp -r + sync" in text and "small stage-in / create" in text
+    assert "stage-in stored / cp -r + sync" in text
     assert descendants(os.getpid()) == []

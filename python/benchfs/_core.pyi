@@ -234,9 +234,12 @@ class Client:
     def checksum(self, path: str) -> dict[str, Any]:
         """{"size", "chunk_size", "chunks"}: the xxh3-128 (32 hex digits) of each
         chunk-aligned range of the file, as its servers read it back."""
-    def put_files(self, files: list[tuple[str, bytes, int, int]]) -> list[dict[str, Any] | OSError]:
+    def put_files(
+        self, files: list[tuple[str, bytes, int, int]], check: str = "stored"
+    ) -> list[dict[str, Any] | OSError]:
         """Write each (path, data, mode, mtime_ns) whole, many at once; per file, in order, the
-        checksum of what its servers stored (as checksum) or the OSError that stopped it."""
+        checksum of its bytes as `check` says ("received": as its servers received them;
+        "stored": as they read them back, as checksum) or the OSError that stopped it."""
     def reachable_files(self, root: str) -> tuple[list[tuple[str, int]], list[tuple[int, str]]]:
         """Every file under `root` the answering metadata owners hold, as (path, size), and
         (server id, error) per owner whose server is gone (its files are not listed)."""
@@ -294,9 +297,12 @@ class File:
     """An open file: positional I/O; close publishes the size it wrote (close-to-open)."""
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> int: ...
-    def write_checked(self, offset: int, data: bytes | bytearray | memoryview) -> list[str]:
-        """As write; the xxh3-128 (32 hex digits) of each chunk part written, as the servers
-        read it back after writing it."""
+    def write_checked(
+        self, offset: int, data: bytes | bytearray | memoryview, check: str = "stored"
+    ) -> list[str]:
+        """As write; the xxh3-128 (32 hex digits) of each chunk part written, as `check` says:
+        "stored" (the servers read it back after writing it) or "received" (as they received
+        it)."""
     def read(self, offset: int, length: int) -> bytes:
         """Short at the end of the file; never-written ranges inside the file read as zeros."""
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int: ...

@@ -263,17 +263,19 @@ class File(io.RawIOBase):
             self._pos += n
             return n
 
-    def write_checked(self, data: Buffer) -> tuple[str, ...]:
+    def write_checked(self, data: Buffer, check: str = "stored") -> tuple[str, ...]:
         """Writes all of `data` as `write` does; returns the xxh3-128 (32 hex digits) of each
-        chunk part of the range written, cut at chunk boundaries, as the servers read it back
-        after writing it. From a chunk-aligned position, in whole chunks, these are the
-        file's `checksum` ranges (`benchfs.checksum`)."""
+        chunk part of the range written, cut at chunk boundaries: with `check="stored"` as the
+        servers read it back after writing it (the device covered), with `"received"` as
+        they received it, hashed in the buffer they store from (the network and the receipt
+        covered; no second pass over the device). From a chunk-aligned position, in whole
+        chunks, these are the file's `checksum` ranges (`benchfs.checksum`)."""
         self._check_writable()
         with self._lock:
             if self._append:
                 self._pos = self._core.size
             view = _bytes_view(data)
-            digests = self._core.write_checked(self._pos, view)
+            digests = self._core.write_checked(self._pos, view, check)
             self._pos += len(view)
             return tuple(digests)
 
@@ -637,14 +639,15 @@ class Client:
         return FileChecksum.from_core(self._core.checksum(path))
 
     def put_files(
-        self, files: Sequence[tuple[str, Buffer, int, int]]
+        self, files: Sequence[tuple[str, Buffer, int, int]], check: str = "stored"
     ) -> list[FileChecksum | OSError]:
         """Writes each `(path, data, mode, mtime_ns)` whole: created (or truncated), written,
         and given its size, mode and time, many files at once (`client.max_inflight`). For
-        each, in order, the checksum of what its servers stored, read back after writing (as
-        `checksum`), or the OSError that stopped it, returned, not raised: a failed file is
-        never published at its full size."""
-        results = self._core.put_files([(p, bytes(d), m, t) for p, d, m, t in files])
+        each, in order, the checksum of its bytes as `check` says (as `File.write_checked`:
+        "stored", read back after writing, as `checksum` gives it; "received", as the servers
+        received them), or the OSError that stopped it, returned, not raised: a failed file
+        is never published at its full size."""
+        results = self._core.put_files([(p, bytes(d), m, t) for p, d, m, t in files], check)
         return [r if isinstance(r, OSError) else FileChecksum.from_core(r) for r in results]
 
     def statfs(self) -> dict[str, Any]:

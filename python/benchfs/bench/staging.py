@@ -7,8 +7,11 @@ default), so every copy reads the same source and writes to the same device. `cp
 with its data in the page cache; `cp -r` + `sync` is the durable comparison, and the one the
 targets use: stage-out fsyncs what it writes, and stage-in's copy is on the servers' device
 (direct writes) and verified there. Both stagings include what staging always does: a
-checksum of every byte read, the servers' checksums of what they store (read back from their
-device) compared with it, and the modes and times set on every file. The device's own counts
+checksum of every byte read, the servers' checksums compared with it (into BenchFS, of the
+bytes as they received them, its default; out of it, read back from their device), and the
+modes and times set on every file. `stage-in stored` is `benchfs stage-in --verify stored`:
+each server also reads every byte it wrote back from its device and hashes that, so the disk
+moves every byte twice. The device's own counts
 (/proc/diskstats) of bytes read and written during each copy show where the time goes.
 
 Small files: `files` x 4 KiB staged in with the same threads, against the rate at which the
@@ -37,7 +40,7 @@ from benchfs.bench.stats import interleave, median, ratio
 from benchfs.lifecycle.stage import BenchfsSide, LocalSide, stage
 from benchfs.units import KIB, MIB
 
-TOOLS = ("stage-in", "stage-out", "cp -r", "cp -r + sync")
+TOOLS = ("stage-in", "stage-in stored", "stage-out", "cp -r", "cp -r + sync")
 TARGET = 0.8
 """Stage-in and stage-out at least this fraction of `cp -r` + `sync`'s bandwidth."""
 SMALL_TARGET = 0.5
@@ -151,6 +154,18 @@ def run_staging(root: Path, settings: StagingSettings, benchfsd: str) -> dict[st
             n = step.repeat
             if step.tool == "stage-out":
                 continue  # right after its stage-in, below, so the tree is there
+            if step.tool == "stage-in stored":
+                side = BenchfsSide(f"/stored-{n}", connect, "stored")
+                manifest = root / f"stage-in-stored-{n}.json"
+                measured = _timed(device, partial(stage, LocalSide(src), side, "in", manifest,
+                                                  settings.threads))  # fmt: skip
+                seconds[step.tool].append(measured[0])
+                device_mib[step.tool].append((measured[1] / MIB, measured[2] / MIB))
+                side.close()
+                with connect() as c:
+                    _remove_tree(c, f"/stored-{n}")
+                subprocess.run(["sync", "-f", str(root)], check=True)
+                continue
             if step.tool != "stage-in":
                 dest = root / f"cp-{n}"
                 measured = _timed(device, partial(_cp, src, dest, step.tool == "cp -r + sync"))
@@ -200,6 +215,7 @@ def run_staging(root: Path, settings: StagingSettings, benchfsd: str) -> dict[st
         "ratio_vs_cp": ratio(mib_s["stage-in"], mib_s["cp -r"]),
         "ratio_vs_cp_sync": in_vs,
         "stage_out_ratio_vs_cp_sync": out_vs,
+        "stored_ratio_vs_cp_sync": ratio(mib_s["stage-in stored"], durable),
         "small": small_report,
         "targets": [
             {
@@ -303,6 +319,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
         [
             ("stage-in / cp -r", fmt(report["ratio_vs_cp"], 2) + "x"),
             ("stage-in / cp -r + sync", fmt(report["ratio_vs_cp_sync"], 2) + "x"),
+            ("stage-in stored / cp -r + sync", fmt(report["stored_ratio_vs_cp_sync"], 2) + "x"),
             ("stage-out / cp -r + sync", fmt(report["stage_out_ratio_vs_cp_sync"], 2) + "x"),
             ("small stage-in / create", fmt(small["ratio_vs_create"], 2) + "x"),
             ("small stage-in / cp -r + sync", fmt(small["ratio_vs_cp_sync"], 2) + "x"),

@@ -30,7 +30,7 @@ from benchfs.client import Client
 from benchfs.errors import EXIT_FAILED, BenchfsError, JobError, errno_name
 from benchfs.lifecycle.repair import repair_job
 from benchfs.lifecycle.spread import NodeCopier
-from benchfs.lifecycle.stage import BenchfsSide, LocalSide, manifest_path_for, stage
+from benchfs.lifecycle.stage import CHECKS, BenchfsSide, LocalSide, manifest_path_for, stage
 from benchfs.lifecycle.start import start_job
 from benchfs.lifecycle.state import JobState, find_job
 from benchfs.lifecycle.status import job_status
@@ -125,6 +125,11 @@ _manifest_option = click.option(
 _follow_option = click.option(
     "--follow-links", is_flag=True,
     help="Copy what symbolic links lead to, as cp -rL does [keep them as links, as cp -a].",
+)  # fmt: skip
+_verify_option = click.option(
+    "--verify", "check", type=click.Choice(CHECKS), default="received", show_default=True,
+    help="What each file's check covers: the bytes as the servers received them (the network "
+    "and their receipt), or as they read them back from their devices (a second pass).",
 )  # fmt: skip
 _nodes_option = click.option(
     "--nodes", "across_nodes", is_flag=True,
@@ -275,12 +280,14 @@ def stop(
 def _stage(
     state: JobState, direction: str, source: str, destination: str, threads: int,
     manifest: str | None, follow_links: bool = False, across_nodes: bool = False,
+    check: str = "received",
 ) -> None:  # fmt: skip
     state.use_network()
     config = Path(state.config).read_text()
     bfs = BenchfsSide(
-        destination if direction == "in" else source, lambda: Client(state.registry, config)
-    )
+        destination if direction == "in" else source, lambda: Client(state.registry, config),
+        check,
+    )  # fmt: skip
     local = LocalSide(Path(source if direction == "in" else destination).resolve())
     src, dst = (local, bfs) if direction == "in" else (bfs, local)
     if direction == "out":
@@ -294,7 +301,9 @@ def _stage(
         else manifest_path_for(Path(state.run_dir), direction, src.label, dst.label)
     )
     copier = (
-        NodeCopier(state, direction, local.root, bfs.root, threads, _say) if across_nodes else None
+        NodeCopier(state, direction, local.root, bfs.root, threads, _say, check)
+        if across_nodes
+        else None
     )
     try:
         report = stage(
@@ -312,18 +321,18 @@ def _stage(
     _say(
         f"staged {m['files_copied']} files ({human_size(m['bytes_copied'])}, {rate:.1f} MiB/s), "
         f"{m['files_skipped']} already verified; every file checked against the servers' "
-        f"checksums{durable}; manifest {path}"
+        f"checksums (of the bytes as they {m['check']} them){durable}; manifest {path}"
     )
 
 
 def _run_stage(
     direction: str, source: str, destination: str, job: str | None, threads: int,
-    manifest: str | None, follow_links: bool, across_nodes: bool,
+    manifest: str | None, follow_links: bool, across_nodes: bool, check: str = "received",
 ) -> None:  # fmt: skip
     try:
         _stage(
             JobState.load(find_job(job)), direction, source, destination, threads, manifest,
-            follow_links, across_nodes,
+            follow_links, across_nodes, check,
         )  # fmt: skip
     except BenchfsError as e:
         _fail(e)
@@ -337,15 +346,16 @@ def _run_stage(
 @_manifest_option
 @_follow_option
 @_nodes_option
+@_verify_option
 def stage_in(
     source: str, destination: str, job: str | None, threads: int, manifest: str | None,
-    follow_links: bool, across_nodes: bool,
+    follow_links: bool, across_nodes: bool, check: str,
 ) -> None:  # fmt: skip
     """Copy the local directory SOURCE into the BenchFS directory DESTINATION [/]: in
     parallel, every file checked against the servers' checksums, sizes, modes and times
     kept, symbolic links kept as links; resumable (files already verified are skipped,
     damaged ones copied again)."""
-    _run_stage("in", source, destination, job, threads, manifest, follow_links, across_nodes)
+    _run_stage("in", source, destination, job, threads, manifest, follow_links, across_nodes, check)
 
 
 @main.command("stage-out")

@@ -67,6 +67,8 @@ class NodeCopier:
     benchfs_root: str
     threads: int
     say: Callable[[str], None]
+    check: str = "received"
+    """What the servers' checksums cover when staging in (`stage.CHECKS`)."""
 
     def __call__(self, todo: list[Entry]) -> Copied:
         launcher, nodes = _launcher(self.state), self.state.client_nodes()
@@ -92,6 +94,7 @@ class NodeCopier:
                         "registry": self.state.registry,
                         "config": self.state.config,
                         "threads": self.threads,
+                        "check": self.check,
                         "files": [dataclasses.asdict(e) for e in share],
                     },
                 )
@@ -135,7 +138,9 @@ def _share(plan_path: Path, result: Path) -> int:
         print(f"{plan_path}: not a staging share", file=sys.stderr)
         return 2
     config = Path(plan["config"]).read_text()
-    bfs = BenchfsSide(plan["benchfs"], lambda: Client(plan["registry"], config))
+    bfs = BenchfsSide(
+        plan["benchfs"], lambda: Client(plan["registry"], config), plan.get("check", "received")
+    )
     local = LocalSide(Path(plan["local"]))
     src, dst = (local, bfs) if plan["direction"] == "in" else (bfs, local)
     entries = [Entry(**e) for e in plan["files"]]

@@ -1,19 +1,21 @@
 """Stage-in and stage-out: parallel, verified, resumable copies of a tree between a directory
 (the parallel file system) and BenchFS.
 
-Every file is checksummed while it is copied, in chunk-aligned ranges (`benchfs.checksum`):
-from the bytes read from the source, and by BenchFS's servers from the bytes they read back
-from their storage (into BenchFS: in the answer to each write; out of it: asked once the file
-is read); the two must agree. So the bytes never travel back over the network, yet the check
-covers the network and the servers' storage. Into BenchFS, files up to `WHOLE_MAX` are written
+Every file is checksummed while it is copied, in chunk-aligned ranges (`benchfs.checksum`): from
+the bytes read from the source, and by BenchFS's servers (into BenchFS: in the answer to each
+write, from the bytes as they received them, hashed in the buffer they store from, or with
+`check="stored"` as they read them back from their storage; out of it: asked once the file is
+read, from their storage); the two must agree. So the bytes never travel back over the network,
+yet the check covers the network and the servers' receipt (into BenchFS by default) or their
+storage too (`stored`, and out of BenchFS). Into BenchFS, files up to `WHOLE_MAX` are written
 whole, many per call (`Client.put_files`: four requests a file). What staging writes outside
-BenchFS is fsynced, files and directories, before it reports success. Sizes, permission bits
-and modification times are kept, directories too. Symbolic links are kept as links, their
-targets as written, as `cp -a` keeps them; with `follow_links`, what they lead to is copied
-instead, as `cp -rL` does. A manifest records what moved; a later staging between the same two
-trees skips files it verified whose source and destination are unchanged, and copies again any
-whose destination was truncated or changed. A file that cannot be copied whole is an error:
-the staging fails, it never reports success for a short copy.
+BenchFS is fsynced, files and directories, before it reports success. Sizes, permission bits and
+modification times are kept, directories too. Symbolic links are kept as links, their targets as
+written, as `cp -a` keeps them; with `follow_links`, what they lead to is copied instead, as `cp
+-rL` does. A manifest records what moved; a later staging between the same two trees skips files
+it verified whose source and destination are unchanged, and copies again any whose destination
+was truncated or changed. A file that cannot be copied whole is an error: the staging fails, it
+never reports success for a short copy.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from benchfs.results import read_json, utc_now, write_json_atomic
 
 STAGE_FORMAT = "benchfs-stage"
 STAGE_VERSION = 2
+CHECKS = ("received", "stored")
+"""What the servers' checksums of files staged into BenchFS cover: the bytes as they received
+them (the network and their receipt; the default: no second pass over their devices), or as
+they read them back from their storage (their devices too)."""
 BLOCK = 8 << 20
 """Bytes per read and write (a few chunks: every server of a stripe gets a request)."""
 WHOLE_MAX = 1 << 20
@@ -216,8 +222,12 @@ class BenchfsSide:
     """A BenchFS directory; each thread uses a client of its own (a client serves one
     request at a time)."""
 
-    def __init__(self, root: str, connect: Callable[[], Client]) -> None:
+    def __init__(self, root: str, connect: Callable[[], Client], check: str = "received") -> None:
+        if check not in CHECKS:
+            raise ValueError(f"check must be one of {', '.join(CHECKS)}, not {check!r}")
         self.root = "/" + root.strip("/") if root.strip("/") else "/"
+        self.check = check
+        """What the servers' checksums of files written here cover (`CHECKS`)."""
         self.label = f"benchfs:{self.root}"
         self._connect = connect
         self._local = threading.local()
@@ -317,8 +327,10 @@ class BenchfsSide:
 
     def put_whole(self, files: list[tuple[str, bytes, int, int]]) -> list[FileChecksum | OSError]:
         """Writes each `(rel, data, mode, mtime_ns)` whole (`Client.put_files`): per file, the
-        checksum its servers read back, or its error."""
-        return self.client.put_files([(_join(self.root, r), d, m, t) for r, d, m, t in files])
+        checksum its servers answered (as `check` says), or its error."""
+        return self.client.put_files(
+            [(_join(self.root, r), d, m, t) for r, d, m, t in files], self.check
+        )
 
     def sync(self, f: BinaryIO) -> None:
         """Nothing: BenchFS holds the job's working copy, whose source stays where it was."""
@@ -543,6 +555,7 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         hasher = ChunkHasher(ranges)
         # Into BenchFS, whole chunks per write, each answered with what its server stored.
         checked: list[str] | None = [] if isinstance(w, File) else None
+        check = dst.check if isinstance(dst, BenchfsSide) else "stored"
         block = max(BLOCK // ranges, 1) * ranges
         buf = getattr(buffers, "buf", None)
         if buf is None or len(buf) != block:
@@ -550,7 +563,7 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         for data in _blocks(r, buf):
             hasher.update(data)
             if checked is not None:
-                checked.extend(w.write_checked(data))  # type: ignore[attr-defined]
+                checked.extend(w.write_checked(data, check))  # type: ignore[attr-defined]
             else:
                 _write_all(w, data)
             copied += len(data)
@@ -658,6 +671,9 @@ def stage(
         "files_skipped": skipped,
         "seconds": round(time.monotonic() - started, 3),
         "fsync_seconds": round(fsync_s, 3),
+        # What the servers' checksums covered: into BenchFS as its side says; out of it, the
+        # servers read the stored bytes back.
+        "check": dst.check if isinstance(dst, BenchfsSide) else "stored",
         "errors": sorted(errors),
         "notes": notes,
     }

@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use benchfs_core::client::{Client as CoreClient, FileChecksum, FileHandle, WholeFile};
+use benchfs_core::client::{Check, Client as CoreClient, FileChecksum, FileHandle, WholeFile};
 use benchfs_core::config::{self, Config};
 use benchfs_core::namespace::{Attr, Kind};
 use benchfs_core::posix;
@@ -208,6 +208,17 @@ impl PyClient {
     /// released, so a thread waiting for the client never holds the GIL.
     fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&CoreClient) -> Result<R, Error>) -> PyResult<R> {
         detached(py, &self.inner, |shared| shared.with(f)).map_err(to_py)
+    }
+}
+
+/// A checked write's check by name: "received" or "stored".
+fn check_of(name: &str) -> PyResult<Check> {
+    match name {
+        "received" => Ok(Check::Received),
+        "stored" => Ok(Check::Stored),
+        other => Err(PyValueError::new_err(format!(
+            "check must be \"received\" or \"stored\", not {other:?}"
+        ))),
     }
 }
 
@@ -555,13 +566,17 @@ impl PyClient {
     }
 
     /// Writes each `(path, data, mode, mtime_ns)` whole (created, or truncated), many at
-    /// once; for each, in order, the checksum of what its servers stored (as `checksum`) or
-    /// the OSError that stopped it (returned, not raised).
+    /// once; for each, in order, the checksum of its bytes as `check` says ("received": as its
+    /// servers received them; "stored": as they read them back, as `checksum`) or the OSError
+    /// that stopped it (returned, not raised).
+    #[pyo3(signature = (files, check="stored"))]
     fn put_files<'py>(
         &self,
         py: Python<'py>,
         files: Vec<(String, Vec<u8>, u32, u64)>,
+        check: &str,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let check = check_of(check)?;
         let whole: Vec<WholeFile<'_>> = files
             .iter()
             .map(|(path, data, mode, mtime_ns)| WholeFile {
@@ -571,7 +586,7 @@ impl PyClient {
                 mtime_ns: *mtime_ns,
             })
             .collect();
-        let results = self.with(py, |c| c.put_files(&whole))?;
+        let results = self.with(py, |c| c.put_files(&whole, check))?;
         results
             .into_iter()
             .map(|r| match r {
@@ -715,16 +730,25 @@ impl PyFile {
     }
 
     /// Writes as `write` does; returns the xxh3-128 (32 hex digits) of each chunk part of
-    /// the range, in order, as the servers read it back after writing it.
-    fn write_checked(&self, py: Python<'_>, offset: u64, data: PyBuffer<u8>) -> PyResult<Vec<String>> {
+    /// the range, in order, as `check` says: "stored" (the servers read it back after writing
+    /// it) or "received" (as they received it).
+    #[pyo3(signature = (offset, data, check="stored"))]
+    fn write_checked(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        data: PyBuffer<u8>,
+        check: &str,
+    ) -> PyResult<Vec<String>> {
         contiguous(&data, "data")?;
+        let check = check_of(check)?;
         // SAFETY: the buffer is held (and its exporter pinned) for the whole call.
         let bytes = OnThisThread(unsafe {
             std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes())
         });
         let digests = self.with(py, move |c, f| {
             let b = bytes;
-            c.write_checked(f, offset, b.0)
+            c.write_checked(f, offset, b.0, check)
         })?;
         Ok(digests.iter().map(|h| format!("{h:032x}")).collect())
     }

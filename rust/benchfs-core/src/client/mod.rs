@@ -49,7 +49,7 @@ pub use self::capacity::{ClusterCapacity, ServerCapacity};
 use self::connect::Probing;
 pub use self::data::FileChecksum;
 pub use self::find::FindResult;
-pub use self::put::WholeFile;
+pub use self::put::{Check, WholeFile};
 use self::readahead::ReadAhead;
 pub use self::replicas::{CopiesLeft, Repaired};
 use self::rpc::{make_worker, ServerLink, Shared};

@@ -1,7 +1,9 @@
 //! Checked writes, and whole files written in one call, many at once (what staging does with
 //! a tree's files). A checked write's servers answer with the xxh3-128 of each chunk-aligned
-//! range as they read it back from their store after writing it, so the writer compares it
-//! with the hash of what it sent without a second request and without the bytes coming back.
+//! range, as they received it ([`Check::Received`]: hashed in the buffer they store from) or
+//! as they read it back from their store after writing it ([`Check::Stored`]: a second pass
+//! over the device), so the writer compares it with the hash of what it sent without a second
+//! request and without the bytes coming back.
 //! A whole file is four requests: the parent's entry, the inode (created or truncated), the
 //! checked writes, and its size, mode and time together; a batch runs them for
 //! `client.max_inflight` files at once.
@@ -20,6 +22,24 @@ use crate::telemetry::OpKind;
 use super::data::FileChecksum;
 use super::{Client, FileHandle};
 
+/// What a checked write's hash covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// The bytes as each server received them (the transfer and the receipt; no read-back).
+    Received,
+    /// The bytes as each server's store reads them back after writing them (the device too).
+    Stored,
+}
+
+impl Check {
+    fn op(self) -> Op {
+        match self {
+            Check::Received => Op::WriteHashed,
+            Check::Stored => Op::WriteChecked,
+        }
+    }
+}
+
 /// A file to write whole: its path, all of its bytes, and the mode and time it gets.
 #[derive(Debug, Clone, Copy)]
 pub struct WholeFile<'a> {
@@ -31,9 +51,15 @@ pub struct WholeFile<'a> {
 
 impl Client {
     /// Writes `data` at `offset` of an open file as [`Client::write`] does, and returns the
-    /// xxh3-128 of each chunk part of the range (cut at chunk boundaries, in order), as the
-    /// servers read it back after writing it. Writes behind of the file are waited for first.
-    pub fn write_checked(&self, file: &FileHandle, offset: u64, data: &[u8]) -> Result<Vec<u128>> {
+    /// xxh3-128 of each chunk part of the range (cut at chunk boundaries, in order), as `check`
+    /// says. Writes behind of the file are waited for first.
+    pub fn write_checked(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        data: &[u8],
+        check: Check,
+    ) -> Result<Vec<u128>> {
         let _call = self.telemetry_call(OpKind::Write);
         let end = offset
             .checked_add(data.len() as u64)
@@ -43,7 +69,7 @@ impl Client {
             if self.writes_behind(file.attr.id.0) {
                 self.settle_file(file.attr.id.0, true).await?;
             }
-            self.write_checked_at(&file.attr, offset, data).await
+            self.write_checked_at(&file.attr, offset, data, check).await
         })?;
         if !data.is_empty() {
             file.written_end.set(file.written_end.get().max(end));
@@ -53,30 +79,30 @@ impl Client {
     }
 
     /// Writes each file whole (created, or truncated if it exists; links followed), with its
-    /// mode and time, and returns for each, in order, the checksum of what its servers stored
-    /// (read back after writing) or why it failed. A failed file may be left shorter than its
+    /// mode and time, and returns for each, in order, the checksum of its bytes as `check` says
+    /// or why it failed. A failed file may be left shorter than its
     /// data, never reported at the full size. The outer error: the client could not run.
-    pub fn put_files(&self, files: &[WholeFile<'_>]) -> Result<Vec<Result<FileChecksum>>> {
+    pub fn put_files(&self, files: &[WholeFile<'_>], check: Check) -> Result<Vec<Result<FileChecksum>>> {
         let _call = self.telemetry_call(OpKind::Write);
         let window = self.config.client.max_inflight.max(1) as usize;
         let mut done: Vec<(usize, Result<FileChecksum>)> = self.run(async {
             let calls = files
                 .iter()
                 .enumerate()
-                .map(|(i, f)| async move { (i, self.put_one(f).await) });
+                .map(|(i, f)| async move { (i, self.put_one(f, check).await) });
             Ok(stream::iter(calls).buffer_unordered(window).collect().await)
         })?;
         done.sort_unstable_by_key(|(i, _)| *i);
         Ok(done.into_iter().map(|(_, r)| r).collect())
     }
 
-    async fn put_one(&self, f: &WholeFile<'_>) -> Result<FileChecksum> {
+    async fn put_one(&self, f: &WholeFile<'_>, check: Check) -> Result<FileChecksum> {
         let path = self.checked("put", f.path)?;
         let (path, attr) = self
             .open_at(&path, meta::CREATE | meta::TRUNCATE, f.mode & 0o7777)
             .await?;
         self.forget_read_ahead(attr.id.0);
-        let chunks = self.write_checked_at(&attr, 0, f.data).await?;
+        let chunks = self.write_checked_at(&attr, 0, f.data, check).await?;
         let mut req = MetaRequest::new(&path);
         req.flags = meta::SET_SIZE | meta::SET_MODE | meta::SET_MTIME;
         req.size = f.data.len() as u64;
@@ -91,14 +117,20 @@ impl Client {
     }
 
     /// Checked writes of `data` at `offset` of `attr`'s file, at most `client.max_inflight`
-    /// in flight: the stored hash of each chunk part, in order.
-    async fn write_checked_at(&self, attr: &Attr, offset: u64, data: &[u8]) -> Result<Vec<u128>> {
+    /// in flight: the hash of each chunk part, in order, as `check` says.
+    async fn write_checked_at(
+        &self,
+        attr: &Attr,
+        offset: u64,
+        data: &[u8],
+        check: Check,
+    ) -> Result<Vec<u128>> {
         let window = self.config.client.max_inflight.max(1) as usize;
         let ready = Instant::now();
         let parts: Vec<_> = split(offset, data.len() as u64, attr.layout.chunk_size).collect();
         let mut digests = vec![0u128; parts.len()];
         let calls = parts.into_iter().enumerate().map(|(i, p)| async move {
-            let header = Header::request(Op::WriteChecked, 0, attr.id.0, p.chunk, p.offset, p.len);
+            let header = Header::request(check.op(), 0, attr.id.0, p.chunk, p.offset, p.len);
             let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             let digest = if attr.layout.replicas <= 1 {
                 self.call_for_digest(self.route(attr, p.chunk), header, part, ready)

@@ -23,7 +23,7 @@ pub const VERSION: u16 = 7;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
-/// Bytes of a checksum reply's payload (`Op::Checksum`, `Op::WriteChecked`).
+/// Bytes of a checksum reply's payload (`Op::Checksum`, `Op::WriteChecked`, `Op::WriteHashed`).
 pub const CHECKSUM_LEN: usize = 16;
 
 /// Active-message ids: requests travel client to server, replies server to client.
@@ -60,6 +60,10 @@ pub enum Op {
     /// with its xxh3-128 as [`Op::Checksum`] would (reply `length`: [`CHECKSUM_LEN`], the
     /// payload the hash; a reply without error means every byte was written).
     WriteChecked = 10,
+    /// As [`Op::WriteChunk`], answered with the xxh3-128 of the bytes the server received,
+    /// hashed in the buffer it stores them from: the transfer and the receipt are covered, the
+    /// device is not (no read-back). Reply as [`Op::WriteChecked`]'s.
+    WriteHashed = 11,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
@@ -125,6 +129,7 @@ impl Op {
             8 => Some(Op::Lock),
             9 => Some(Op::Checksum),
             10 => Some(Op::WriteChecked),
+            11 => Some(Op::WriteHashed),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -158,6 +163,7 @@ impl Op {
             Op::Lock => "lock",
             Op::Checksum => "checksum",
             Op::WriteChecked => "write_checked",
+            Op::WriteHashed => "write_hashed",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -180,7 +186,7 @@ impl Op {
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 27] = [
+    pub const ALL: [Op; 28] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -190,6 +196,7 @@ impl Op {
         Op::Lock,
         Op::Checksum,
         Op::WriteChecked,
+        Op::WriteHashed,
         Op::Create,
         Op::Stat,
         Op::Unlink,
@@ -284,7 +291,7 @@ impl ReplyValue {
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir | Op::Find | Op::Snapshot => ReplyValue::MoreFollows(word != 0),
             Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
-            Op::WriteChunk | Op::WriteChecked | Op::ReadChunk => ReplyValue::Served {
+            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk => ReplyValue::Served {
                 queue_us: (word >> 32) as u32,
                 total_us: word as u32,
             },
@@ -465,7 +472,9 @@ pub fn is_server_fault(status: i32) -> bool {
 pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<()> {
     let end = h.offset.checked_add(h.length);
     match h.op {
-        Op::WriteChunk | Op::WriteChecked | Op::ReadChunk if end.is_none_or(|e| e > chunk_size) => {
+        Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk
+            if end.is_none_or(|e| e > chunk_size) =>
+        {
             Err(Error::Protocol(format!(
                 "{} range {}+{} exceeds the chunk size {chunk_size}",
                 h.op.name(),
@@ -473,11 +482,13 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
                 h.length
             )))
         }
-        Op::WriteChunk | Op::WriteChecked if h.length != payload_len as u64 => Err(Error::Protocol(format!(
-            "{} header says {} bytes but {payload_len} arrived",
-            h.op.name(),
-            h.length
-        ))),
+        Op::WriteChunk | Op::WriteChecked | Op::WriteHashed if h.length != payload_len as u64 => {
+            Err(Error::Protocol(format!(
+                "{} header says {} bytes but {payload_len} arrived",
+                h.op.name(),
+                h.length
+            )))
+        }
         Op::Hello if !(1..=HELLO_ADDRESS_MAX).contains(&payload_len) || h.length != payload_len as u64 => {
             Err(Error::Protocol(format!(
                 "hello carries a worker address of {payload_len} bytes (header says {}, at most \

@@ -90,7 +90,7 @@ impl ServerState {
         let errno = |e: std::io::Error| -e.raw_os_error().unwrap_or(libc::EIO);
         let mut served = Served::default();
         match h.op {
-            Op::WriteChunk | Op::WriteChecked => {
+            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed => {
                 let buf = match payload {
                     Payload::Eager(v) => Some((IoBuffer::Heap(v), 0)),
                     Payload::None => Some((IoBuffer::empty(), 0)),
@@ -111,10 +111,20 @@ impl ServerState {
                     None => served.status = -libc::ECOMM,
                     Some(_) if len == 0 => {}
                     Some((buf, start)) => {
+                        // The bytes as received, hashed in the buffer the store writes from.
+                        let received = (h.op == Op::WriteHashed)
+                            .then(|| xxhash_rust::xxh3::xxh3_128(&buf.as_slice(start + len)[start..]));
                         served.device_start = Some(Instant::now());
                         match self.store.write(file, h.chunk, h.offset, buf, start, len).await {
                             (Ok(n), _) => served.count = n as u64,
                             (Err(e), _) => served.status = errno(e),
+                        }
+                        if let (Some(d), 0) = (received, served.status) {
+                            if served.count == len as u64 {
+                                served.meta = Some((ReplyValue::Nothing, d.to_le_bytes().to_vec()));
+                            } else {
+                                served.status = -libc::EIO;
+                            }
                         }
                         // The write's buffer is back in the pool before the read-back takes one.
                         if h.op == Op::WriteChecked && served.status == 0 {
@@ -245,7 +255,10 @@ impl ServerState {
         let started = served.device_start.unwrap_or(done);
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
         let kind = OpKind::of(h.op);
-        let moved = if matches!(h.op, Op::WriteChunk | Op::WriteChecked | Op::ReadChunk) {
+        let moved = if matches!(
+            h.op,
+            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk
+        ) {
             served.count
         } else {
             0
@@ -296,7 +309,10 @@ impl ServerState {
             changes,
             ..
         } = served;
-        let data_op = matches!(h.op, Op::WriteChunk | Op::WriteChecked | Op::ReadChunk);
+        let data_op = matches!(
+            h.op,
+            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk
+        );
         let mut reply = match &meta {
             // A checked write's hash: a data reply all the same (the server's time with it).
             Some((_, body)) if data_op => h.reply(status, body.len() as u64).with_value(time),
