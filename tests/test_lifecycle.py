@@ -520,10 +520,21 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
     assert small["ratio_vs_create"] == pytest.approx(
         small["files_s"]["stage-in"] / small["files_s"]["create"]
     )
-    assert len(report["targets"]) == 3
+    assert len(report["targets"]) == 6
+    # The cold form: each tool with the page cache dropped before it (root here), its source
+    # then read from the device.
+    cold = report["cold"]
+    assert set(cold["mib_s"]) == set(report["mib_s"]) and all(v > 0 for v in cold["mib_s"].values())
+    assert cold["stage_out_ratio_vs_cp_sync"] == pytest.approx(
+        cold["mib_s"]["stage-out"] / cold["mib_s"]["cp -r + sync"]
+    )
+    assert report["cache_dropped"] is (os.geteuid() == 0)
+    if report["device"] is not None and report["cache_dropped"]:
+        assert cold["device_mib"]["cp -r"]["read"] >= 32
     assert report["files"] == 4 and report["data_fs"] != "tmpfs"
     assert not Path(report["data_dir"]).exists()
     text = rendered(staging.render, report)
     assert "stage-out / cp -r + sync" in text and "small stage-in / create" in text
-    assert "stage-in stored / cp -r + sync" in text
+    assert "stage-in stored / cp -r + sync" in text and "cold stage-out / cp -r + sync" in text
+    assert "(cold: page cache dropped first)" in text
     assert descendants(os.getpid()) == []

@@ -118,6 +118,16 @@ pub enum Op {
 }
 
 impl Op {
+    /// A write of chunk data (plain, checked or hashed): a payload of `length` bytes.
+    pub fn writes_data(self) -> bool {
+        matches!(self, Op::WriteChunk | Op::WriteChecked | Op::WriteHashed)
+    }
+
+    /// A request that moves chunk data (a write of any kind, or a read).
+    pub fn moves_data(self) -> bool {
+        self.writes_data() || self == Op::ReadChunk
+    }
+
     pub fn from_u16(v: u16) -> Option<Op> {
         match v {
             1 => Some(Op::WriteChunk),
@@ -291,7 +301,7 @@ impl ReplyValue {
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir | Op::Find | Op::Snapshot => ReplyValue::MoreFollows(word != 0),
             Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
-            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk => ReplyValue::Served {
+            op if op.moves_data() => ReplyValue::Served {
                 queue_us: (word >> 32) as u32,
                 total_us: word as u32,
             },
@@ -472,23 +482,17 @@ pub fn is_server_fault(status: i32) -> bool {
 pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<()> {
     let end = h.offset.checked_add(h.length);
     match h.op {
-        Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk
-            if end.is_none_or(|e| e > chunk_size) =>
-        {
-            Err(Error::Protocol(format!(
-                "{} range {}+{} exceeds the chunk size {chunk_size}",
-                h.op.name(),
-                h.offset,
-                h.length
-            )))
-        }
-        Op::WriteChunk | Op::WriteChecked | Op::WriteHashed if h.length != payload_len as u64 => {
-            Err(Error::Protocol(format!(
-                "{} header says {} bytes but {payload_len} arrived",
-                h.op.name(),
-                h.length
-            )))
-        }
+        op if op.moves_data() && end.is_none_or(|e| e > chunk_size) => Err(Error::Protocol(format!(
+            "{} range {}+{} exceeds the chunk size {chunk_size}",
+            h.op.name(),
+            h.offset,
+            h.length
+        ))),
+        op if op.writes_data() && h.length != payload_len as u64 => Err(Error::Protocol(format!(
+            "{} header says {} bytes but {payload_len} arrived",
+            h.op.name(),
+            h.length
+        ))),
         Op::Hello if !(1..=HELLO_ADDRESS_MAX).contains(&payload_len) || h.length != payload_len as u64 => {
             Err(Error::Protocol(format!(
                 "hello carries a worker address of {payload_len} bytes (header says {}, at most \

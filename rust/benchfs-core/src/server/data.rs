@@ -255,14 +255,7 @@ impl ServerState {
         let started = served.device_start.unwrap_or(done);
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
         let kind = OpKind::of(h.op);
-        let moved = if matches!(
-            h.op,
-            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk
-        ) {
-            served.count
-        } else {
-            0
-        };
+        let moved = if h.op.moves_data() { served.count } else { 0 };
         // Device time starts when the operation is handed to the store.
         let (queue_ns, device_ns, total_ns) = (
             ns(started.saturating_duration_since(arrived)),
@@ -309,10 +302,7 @@ impl ServerState {
             changes,
             ..
         } = served;
-        let data_op = matches!(
-            h.op,
-            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed | Op::ReadChunk
-        );
+        let data_op = h.op.moves_data();
         let mut reply = match &meta {
             // A checked write's hash: a data reply all the same (the server's time with it).
             Some((_, body)) if data_op => h.reply(status, body.len() as u64).with_value(time),

@@ -27,7 +27,7 @@ impl OpKind {
     /// The kind a request of `op` is counted as, by the server and by the client alike.
     pub fn of(op: Op) -> OpKind {
         match op {
-            Op::WriteChunk | Op::WriteChecked | Op::WriteHashed => OpKind::Write,
+            op if op.writes_data() => OpKind::Write,
             // A checksum reads a chunk back from the store, as a read does.
             Op::ReadChunk | Op::Checksum => OpKind::Read,
             Op::Fsync => OpKind::Fsync,
