@@ -141,7 +141,8 @@ def test_screen_slow_above_the_device_and_member_asymmetry(sim: Sim, tmp_path: P
     assert e["metrics"]["dev_r_await_ms"] < SLOW_MS / 2
     assert any("the device is not slow" in f["evidence"] for f in e["flags"])
     for ok in "abc":
-        assert nodes_by[ok]["verdict"]["status"] == "ok", nodes_by[ok]
+        if nodes_by[ok]["verdict"]["status"] != "ok":  # its flags whole (a repr cuts them)
+            pytest.fail(json.dumps({k: nodes_by[ok].get(k) for k in ("verdict", "flags")}))
     assert {x["host"] for x in doc["excluded"]} == {"host-d", "host-e"}
     # The healthy twins are not told apart: no member flag on c. (Its raw member ratio is
     # not asserted: with five nodes queueing on two CPUs one loop device's r_await spiked to

@@ -447,3 +447,25 @@ def test_a_fork_while_writes_are_behind_leaves_them_to_the_parent(
         "parent read back True",
         "parent reads the child's True",
     ], out.stderr
+
+
+def test_a_stat_built_from_the_core_is_the_dataclass_it_says() -> None:
+    """`_stat_of` fills a `Stat`'s dict directly (a stat's Python cost): the object equals,
+    hashes and refuses changes as one made by the constructor."""
+    import dataclasses
+
+    from benchfs.client import Stat, _stat_of
+
+    core = {"kind": "file", "size": 5, "mode": 0o640, "id": "ab" * 16, "mtime_ns": 7,
+            "ctime_ns": 8, "chunk_size": 1 << 20, "stripe_count": 4, "replicas": 2,
+            "stripe_start": 3}  # fmt: skip
+    made = Stat(
+        st_mode=0o100640, st_size=5, st_mtime_ns=7, st_ctime_ns=8, kind="file", id="ab" * 16,
+        chunk_size=1 << 20, stripe_count=4, stripe_start=3, replicas=2,
+    )  # fmt: skip
+    got = _stat_of(core)
+    assert got == made and hash(got) == hash(made) and repr(got) == repr(made)
+    assert dataclasses.asdict(got) == dataclasses.asdict(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.st_size = 6  # type: ignore[misc]
+    assert _stat_of({**core, "kind": "dir", "mode": 0o755}).is_dir()
