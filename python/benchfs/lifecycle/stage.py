@@ -544,6 +544,12 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
         data = data[n:]
 
 
+def _check_of(dst: Side) -> str:
+    """What the servers' checksums of a staging into `dst` cover: into BenchFS as its side
+    says; out of it, the servers read the stored bytes back."""
+    return dst.check if isinstance(dst, BenchfsSide) else "stored"
+
+
 def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[FileChecksum, float]:
     """Copy one file and verify it; its checksum and the seconds its fsync took."""
     copied = 0
@@ -553,9 +559,9 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         side, f = (src, r) if isinstance(r, File) and not isinstance(w, File) else (dst, w)
         ranges = f.chunk_size if isinstance(f, File) else BLOCK
         hasher = ChunkHasher(ranges)
-        # Into BenchFS, whole chunks per write, each answered with what its server stored.
+        # Into BenchFS, whole chunks per write, each answered with its server's checksum.
         checked: list[str] | None = [] if isinstance(w, File) else None
-        check = dst.check if isinstance(dst, BenchfsSide) else "stored"
+        check = _check_of(dst)
         block = max(BLOCK // ranges, 1) * ranges
         buf = getattr(buffers, "buf", None)
         if buf is None or len(buf) != block:
@@ -671,9 +677,7 @@ def stage(
         "files_skipped": skipped,
         "seconds": round(time.monotonic() - started, 3),
         "fsync_seconds": round(fsync_s, 3),
-        # What the servers' checksums covered: into BenchFS as its side says; out of it, the
-        # servers read the stored bytes back.
-        "check": dst.check if isinstance(dst, BenchfsSide) else "stored",
+        "check": _check_of(dst),
         "errors": sorted(errors),
         "notes": notes,
     }

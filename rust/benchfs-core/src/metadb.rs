@@ -4,11 +4,11 @@
 //! every name it owned. LMDB was chosen by measurement (docs/storage.md): 180,000-200,000
 //! single-change commits per second without a sync, against 9,000-15,000 for redb.
 //!
-//! Changes are staged, then committed in groups: the server commits the changes of the
-//! requests served in one turn of its event loop in one transaction (`commit_staged`), and
-//! answers them after it. Every commit reaches the kernel before its changes are answered, so a
-//! killed server loses only changes it had not answered; with `durable` every commit is also
-//! synced (`storage.durability` fsync or close): one sync per group.
+//! Changes are staged, then committed (`commit_staged`) before the requests that made them are
+//! answered: each request's at once, or, where commits sync, the changes of every request served
+//! in one turn of the event loop together (`server/group_commit.rs`). Every commit reaches the
+//! kernel before its changes are answered, so a killed server loses only changes it had not
+//! answered; with `durable` every commit is also synced (`storage.durability` fsync or close).
 
 use std::cell::RefCell;
 use std::path::Path;
