@@ -99,6 +99,10 @@ class Side(Protocol):
         it is stored; None where only reading the file back could tell."""
         ...
 
+    def wrote(self, f: BinaryIO, offset: int, length: int) -> None:
+        """`length` bytes at `offset` of a file written through `open_write` are written."""
+        ...
+
     def sync(self, f: BinaryIO) -> None:
         """Makes a file written through `open_write` durable, if this side must be."""
         ...
@@ -205,6 +209,14 @@ class LocalSide:
 
     def checksum(self, f: BinaryIO) -> FileChecksum | None:
         return None
+
+    def wrote(self, f: BinaryIO, offset: int, length: int) -> None:
+        # Starts writing the range to the device now (the kernel would wait for its dirty
+        # thresholds, and the fsync at the end find the whole file to write: the device idle
+        # while the network works, then the reverse) and lets its pages go once written: the
+        # bytes staged out are not read here again. Measured: stage-out of 16 x 64 MiB from 0.30
+        # to 0.64x `cp -r` + `sync` warm, 0.92 to 1.08x cold (docs/lifecycle.md).
+        os.posix_fadvise(f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
 
     def sync(self, f: BinaryIO) -> None:
         # What lands here outlives the job: BenchFS's copy is deleted at `benchfs stop`.
@@ -331,6 +343,9 @@ class BenchfsSide:
         return self.client.put_files(
             [(_join(self.root, r), d, m, t) for r, d, m, t in files], self.check
         )
+
+    def wrote(self, f: BinaryIO, offset: int, length: int) -> None:
+        """Nothing: the servers store what they receive as it comes."""
 
     def sync(self, f: BinaryIO) -> None:
         """Nothing: BenchFS holds the job's working copy, whose source stays where it was."""
@@ -572,6 +587,7 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
                 checked.extend(w.write_checked(data, check))  # type: ignore[attr-defined]
             else:
                 _write_all(w, data)
+                dst.wrote(w, copied, len(data))
             copied += len(data)
         if copied != e.size:
             raise _changed(src, e, copied)

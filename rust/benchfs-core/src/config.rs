@@ -494,7 +494,7 @@ fn retired(name: &str, origin: &str) -> bool {
     let mut noticed = NOTICED.lock().unwrap_or_else(PoisonError::into_inner);
     if !noticed.contains(&old) {
         noticed.push(old);
-        eprintln!("benchfs: {old} (from {origin}) is no longer used ({now}); it is ignored");
+        crate::warn_line!("benchfs: {old} (from {origin}) is no longer used ({now}); it is ignored");
     }
     true
 }
@@ -507,7 +507,7 @@ fn current_name(name: &str, origin: &str) -> String {
     let mut noticed = NOTICED.lock().unwrap_or_else(PoisonError::into_inner);
     if !noticed.contains(&old) {
         noticed.push(old);
-        eprintln!("benchfs: {old} (from {origin}) is now called {new}; the old name will go");
+        crate::warn_line!("benchfs: {old} (from {origin}) is now called {new}; the old name will go");
     }
     new.to_string()
 }

@@ -1,6 +1,17 @@
 //! BenchFS core: everything the daemon, the Python module, the C library and the FUSE mount
 //! share. Front-ends stay thin; the behaviour lives here.
 
+/// One line to stderr, as `eprintln!` writes it, except that a stderr that cannot be written
+/// (a full disk, a closed pipe) loses the line instead of panicking: this code runs inside
+/// servers and applications, which must not die of a message.
+#[macro_export]
+macro_rules! warn_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod buffer;
 pub mod chunking;
 pub mod client;

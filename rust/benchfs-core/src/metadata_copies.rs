@@ -238,7 +238,7 @@ impl CopyKeeper {
             std::collections::hash_map::Entry::Vacant(v) => match (self.make_store)(owner) {
                 Ok(s) => v.insert(s),
                 Err(e) => {
-                    eprintln!("benchfs: copy of metadata owner {owner}: {e}");
+                    crate::warn_line!("benchfs: copy of metadata owner {owner}: {e}");
                     return Err(libc::EIO);
                 }
             },

@@ -301,7 +301,7 @@ impl MetaStore {
         match &self.db {
             None => Ok(0),
             Some(db) => db.commit_staged().map_err(|e| {
-                eprintln!("benchfs: {e}");
+                crate::warn_line!("benchfs: {e}");
                 libc::EIO
             }),
         }
@@ -414,7 +414,7 @@ impl MetaStore {
         }
         if let Some(db) = &self.db {
             if let Err(e) = db.clear() {
-                eprintln!("benchfs: {e}");
+                crate::warn_line!("benchfs: {e}");
             }
         }
     }

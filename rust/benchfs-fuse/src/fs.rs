@@ -60,7 +60,7 @@ type Res<T> = Result<T, Errno>;
 fn errno(op: &str, e: Error) -> Errno {
     let code = e.errno();
     if !posix::is_path_answer(code) {
-        eprintln!("benchfs-mount: {op}: {e}");
+        benchfs_core::warn_line!("benchfs-mount: {op}: {e}");
     }
     Errno::from_i32(code)
 }
@@ -424,7 +424,7 @@ impl Worker {
             if let Some(n) = self.shared.notifier.get() {
                 // Attributes only (offset -1): the pages go anyway at this open.
                 if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
-                    eprintln!("benchfs-mount: cannot invalidate cached attributes: {e}");
+                    benchfs_core::warn_line!("benchfs-mount: cannot invalidate cached attributes: {e}");
                 }
             }
         }
@@ -558,7 +558,7 @@ impl Worker {
         if held.is_none() && req.cmd != LockCmd::Get && req.kind != LockType::Unlock {
             if let Some(n) = self.shared.notifier.get() {
                 if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
-                    eprintln!("benchfs-mount: cannot drop cached pages after a lock: {e}");
+                    benchfs_core::warn_line!("benchfs-mount: cannot drop cached pages after a lock: {e}");
                 }
             }
         }
@@ -801,7 +801,7 @@ impl Worker {
         let hidden = self.shared.table().unlinked_paths();
         for path in hidden {
             if let Err(e) = self.client.unlink(&path) {
-                eprintln!("benchfs-mount: cannot remove {path} (unlinked while open): {e}");
+                benchfs_core::warn_line!("benchfs-mount: cannot remove {path} (unlinked while open): {e}");
             }
         }
     }
@@ -934,14 +934,14 @@ impl BenchFs {
             if slot.is_none() {
                 match Worker::connect(&self.registry, self.config.clone(), self.shared.clone()) {
                     Ok(w) => *slot = Some(w),
-                    Err(e) => eprintln!("benchfs-mount: {e}"),
+                    Err(e) => benchfs_core::warn_line!("benchfs-mount: {e}"),
                 }
             }
             let worker = slot.as_mut().ok_or(Errno::EIO);
             // A bug in one request must not end this event loop (the kernel would wait
             // forever for its replies); the dropped reply answers EIO.
             if catch_unwind(AssertUnwindSafe(|| serve(worker))).is_err() {
-                eprintln!("benchfs-mount: a request panicked; answered EIO");
+                benchfs_core::warn_line!("benchfs-mount: a request panicked; answered EIO");
             }
         });
     }

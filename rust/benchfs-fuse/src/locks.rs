@@ -168,7 +168,7 @@ impl Waiters {
     pub fn wait(&self, ino: u64, req: LockRequest, reply: ReplyEmpty) {
         if self.idle() == 0 && self.threads.load(Ordering::Acquire) < MAX_WAITERS {
             if let Err(e) = self.spawn() {
-                eprintln!("benchfs-mount: cannot start a lock waiter: {e}");
+                benchfs_core::warn_line!("benchfs-mount: cannot start a lock waiter: {e}");
             }
         }
         if self.idle() == 0 && self.threads.load(Ordering::Acquire) >= MAX_WAITERS {
@@ -202,7 +202,7 @@ impl Waiters {
                         match Worker::connect(&registry, config.clone(), shared.clone()) {
                             Ok(w) => worker = Some(w),
                             Err(e) => {
-                                eprintln!("benchfs-mount: lock waiter: {e}");
+                                benchfs_core::warn_line!("benchfs-mount: lock waiter: {e}");
                                 reply.error(Errno::EIO);
                                 count(&idle, 1);
                                 continue;
@@ -248,7 +248,7 @@ impl Drop for Waiters {
         while *idle > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                eprintln!(
+                benchfs_core::warn_line!(
                     "benchfs-mount: {} lock waiters did not close their clients",
                     *idle
                 );

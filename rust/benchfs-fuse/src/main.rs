@@ -133,7 +133,7 @@ fn unmount(unmounter: &mut SessionUnmounter, mountpoint: &Path) {
         // SAFETY: a valid NUL-terminated path; umount2 reads it only during the call.
         .is_some_and(|c| unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0);
     if lazy {
-        eprintln!(
+        benchfs_core::warn_line!(
             "benchfs-mount: {} was busy ({e}); detached it lazily",
             mountpoint.display()
         );
@@ -145,7 +145,7 @@ fn unmount(unmounter: &mut SessionUnmounter, mountpoint: &Path) {
         .arg(mountpoint)
         .status();
     if !helper.is_ok_and(|s| s.success()) {
-        eprintln!("benchfs-mount: cannot unmount {}: {e}", mountpoint.display());
+        benchfs_core::warn_line!("benchfs-mount: cannot unmount {}: {e}", mountpoint.display());
     }
 }
 
@@ -206,7 +206,7 @@ fn run(args: Args) -> Result<(), String> {
             }
         })
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
-    eprintln!(
+    benchfs_core::warn_line!(
         "benchfs-mount: mounted {} at {} ({servers} servers, {threads} threads, requests up to {} KiB)",
         registry.display(),
         mountpoint.display(),
@@ -215,12 +215,12 @@ fn run(args: Args) -> Result<(), String> {
 
     let outcome = match events.recv() {
         Ok(Event::Signal(sig)) => {
-            eprintln!("benchfs-mount: signal {sig}, unmounting {}", mountpoint.display());
+            benchfs_core::warn_line!("benchfs-mount: signal {sig}, unmounting {}", mountpoint.display());
             unmount(&mut unmounter, &mountpoint);
             match events.recv_timeout(END_GRACE) {
                 Ok(Event::Ended(r)) => r.map_err(|e| format!("FUSE session failed: {e}")),
                 _ => {
-                    eprintln!(
+                    benchfs_core::warn_line!(
                         "benchfs-mount: files are still open in the detached mount; exiting (their requests now fail)"
                     );
                     // Its event loops still use their clients.
@@ -229,14 +229,14 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
         Ok(Event::Ended(r)) => {
-            eprintln!("benchfs-mount: {} was unmounted", mountpoint.display());
+            benchfs_core::warn_line!("benchfs-mount: {} was unmounted", mountpoint.display());
             r.map_err(|e| format!("FUSE session failed: {e}"))
         }
         Err(_) => Err("the FUSE session thread vanished".to_string()),
     };
     signal_thread.close();
     let _ = runner.join();
-    eprintln!(
+    benchfs_core::warn_line!(
         "benchfs-mount: served reads: {}; writes: {}",
         shared.reads.summary(),
         shared.writes.summary()
@@ -262,7 +262,7 @@ fn main() -> ExitCode {
     let code = match run(Args::parse()) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("benchfs-mount: error: {e}");
+            benchfs_core::warn_line!("benchfs-mount: error: {e}");
             1
         }
     };

@@ -2,6 +2,7 @@
 //! through its event fd.
 
 use std::cell::{Cell, RefCell};
+use std::io::Write as _;
 use std::os::fd::RawFd;
 use std::ptr;
 use std::rc::Rc;
@@ -60,7 +61,9 @@ impl Drop for WorkerInner {
             }
         }
         if self.held.get() > 0 {
-            eprintln!(
+            // Not eprintln!: a stderr that cannot be written must not panic a closing worker.
+            let _ = writeln!(
+                std::io::stderr(),
                 "benchfs: UCX still held {} requests of a closed worker after {:?}; \
                  its memory is kept",
                 self.held.get(),

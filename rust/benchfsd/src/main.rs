@@ -77,7 +77,7 @@ fn run(args: Args) -> Result<(), String> {
         config,
     };
     let stats = serve(opts, move |entry, stopper| {
-        eprintln!(
+        benchfs_core::warn_line!(
             "benchfsd: server {} serving on node {:?} (pid {}, {} workers)",
             entry.id,
             entry.node,
@@ -86,13 +86,13 @@ fn run(args: Args) -> Result<(), String> {
         );
         std::thread::spawn(move || {
             if let Some(sig) = signals.forever().next() {
-                eprintln!("benchfsd: signal {sig}, stopping");
+                benchfs_core::warn_line!("benchfsd: signal {sig}, stopping");
                 stopper.stop();
             }
         });
     })
     .map_err(|e| e.to_string())?;
-    eprintln!("benchfsd: server {id} stopped: {stats:?}");
+    benchfs_core::warn_line!("benchfsd: server {id} stopped: {stats:?}");
     Ok(())
 }
 
@@ -101,7 +101,7 @@ fn main() -> ExitCode {
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("benchfsd: error: {e}");
+            benchfs_core::warn_line!("benchfsd: error: {e}");
             ExitCode::FAILURE
         }
     }

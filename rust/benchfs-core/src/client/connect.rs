@@ -466,7 +466,7 @@ impl Client {
             link.conns = conns;
             link.probe = Probing::idle();
             if link.lost.take().is_some() {
-                eprintln!("benchfs: server {} answers again: re-admitted", link.id);
+                crate::warn_line!("benchfs: server {} answers again: re-admitted", link.id);
             }
             std::mem::replace(&mut link.endpoints, endpoints.into_iter().map(Some).collect())
         };

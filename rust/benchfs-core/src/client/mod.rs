@@ -209,7 +209,7 @@ impl Client {
             .sum::<u64>()
             + 256;
         match crate::process::ensure_descriptor_limit(needed) {
-            Ok(limit) if limit < needed => eprintln!(
+            Ok(limit) if limit < needed => crate::warn_line!(
                 "benchfs: the descriptor limit is {limit} (its hard limit), and connecting to {} \
                  servers needs about {needed}; raise the hard limit (ulimit -Hn)",
                 membership.len()

@@ -195,7 +195,7 @@ impl Client {
     pub(super) fn tell_chunk_size(&self, servers: u64) {
         let mine = self.config.layout.chunk_size;
         if servers != mine && !self.told_chunk_size.replace(true) {
-            eprintln!(
+            crate::warn_line!(
                 "benchfs: layout.chunk_size = {mine} in this client's configuration does not \
                  apply: the servers make files with {servers}-byte chunks (set it where the \
                  servers start)"

@@ -181,12 +181,12 @@ impl Client {
         }
         self.declared.borrow_mut().push(index);
         let id = self.membership[index].id;
-        eprintln!(
+        crate::warn_line!(
             "benchfs: server {id} declared lost: {why} (`benchfs repair` re-creates its copies \
              elsewhere, or catches it up once it answers)"
         );
         if let Err(e) = append_lost(&self.registry_dir, &format!("lost {id}")) {
-            eprintln!("benchfs: {e}");
+            crate::warn_line!("benchfs: {e}");
             self.unrecorded.borrow_mut().push(index);
         }
         // The record with this line (and any other client's since): where copies are now.

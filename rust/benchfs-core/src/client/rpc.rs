@@ -259,7 +259,7 @@ impl Client {
     pub(super) fn mark_lost(&self, index: usize, reason: String) {
         if let Some(link) = self.links.borrow_mut().get_mut(index) {
             if link.lost.is_none() {
-                eprintln!(
+                crate::warn_line!(
                     "benchfs: server {} lost ({reason}); requests to it fail until it answers a probe",
                     link.id
                 );
@@ -656,7 +656,7 @@ impl Client {
             self.worker.borrow().progress();
             std::thread::sleep(Duration::from_millis(1));
         }
-        eprintln!(
+        crate::warn_line!(
             "benchfs: UCX still held caller memory after closing the endpoints of lost servers; \
              rebuilding this client's UCX worker"
         );

@@ -110,7 +110,7 @@ impl ClientTelemetry {
         let Some(w) = slot.as_mut() else { return };
         self.last_snapshot.set(now);
         if let Err(e) = w.write(&self.metrics, unix_time_ns()) {
-            eprintln!("benchfs: client telemetry snapshots stopped: {e}");
+            crate::warn_line!("benchfs: client telemetry snapshots stopped: {e}");
             *slot = None;
         }
     }

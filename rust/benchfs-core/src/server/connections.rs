@@ -116,7 +116,7 @@ impl Connections {
             } else {
                 ""
             };
-            eprintln!("benchfs: {what}{more}");
+            crate::warn_line!("benchfs: {what}{more}");
         }
     }
 
@@ -207,7 +207,7 @@ impl ServerState {
         if self.conns.open.borrow().len() >= MAX_CONNECTIONS {
             self.metrics.count_undelivered();
             if !self.conns.full_logged.replace(true) {
-                eprintln!(
+                crate::warn_line!(
                     "benchfs: {MAX_CONNECTIONS} client connections open on one server worker; \
                      further hellos are not answered until clients go"
                 );
@@ -289,7 +289,7 @@ impl ServerState {
         let n = self.conns.stuck_logged.get();
         if n < MAX_LOGGED_ENDS {
             self.conns.stuck_logged.set(n + 1);
-            eprintln!(
+            crate::warn_line!(
                 "benchfs: {what} did not complete within {:.0} s; its memory is kept until UCX \
                  ends it{}",
                 (self.client_timeout * 3 / 2).as_secs_f64(),

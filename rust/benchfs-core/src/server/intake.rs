@@ -120,7 +120,7 @@ impl ServerState {
         if header.token != self.token {
             self.metrics.count_refused_auth();
             if !self.refusal_logged.replace(true) {
-                eprintln!(
+                crate::warn_line!(
                     "benchfs: refused a request without this job's token (op {}, request {}); \
                      further refusals are only counted (telemetry refused_auth)",
                     header.op.name(),

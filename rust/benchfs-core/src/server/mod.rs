@@ -213,14 +213,14 @@ pub fn serve(opts: ServerOptions, on_ready: impl FnOnce(&RegistryEntry, StopHand
     let workers = opts.config.server.workers;
     // Each client holds about two sockets per server worker.
     match crate::process::raise_descriptor_limit() {
-        Ok(limit) if limit < 4096 => eprintln!(
+        Ok(limit) if limit < 4096 => crate::warn_line!(
             "benchfs: server {}: the descriptor limit is {limit} (its hard limit): about {} clients \
              fit; raise the hard limit (ulimit -Hn) for more",
             opts.id,
             limit / 2 / u64::from(workers.max(1))
         ),
         Ok(_) => {}
-        Err(e) => eprintln!(
+        Err(e) => crate::warn_line!(
             "benchfs: server {}: cannot read the descriptor limit: {e}",
             opts.id
         ),

@@ -281,13 +281,13 @@ fn snapshot(state: &ServerState, outputs: &RefCell<Outputs>, periodic: bool) {
             w.write(&*state.metrics, unix_time_ns())
         };
         if let Err(e) = written {
-            eprintln!("benchfs: telemetry snapshots stopped: {e}");
+            crate::warn_line!("benchfs: telemetry snapshots stopped: {e}");
             out.snapshots = None;
         }
     }
     if let (Some(w), Some(ring)) = (out.trace.as_mut(), state.trace.as_ref()) {
         if let Err(e) = w.flush(ring) {
-            eprintln!("benchfs: per-operation traces stopped: {e}");
+            crate::warn_line!("benchfs: per-operation traces stopped: {e}");
             out.trace = None;
         }
     }
