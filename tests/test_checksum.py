@@ -59,6 +59,38 @@ def test_the_servers_hash_what_was_written(client: Client, size: int) -> None:
     assert hasher.result() == got
 
 
+@pytest.mark.parametrize("size", [0, 1, CHUNK, 3 * CHUNK + 5, 7 * CHUNK + 17])
+def test_a_hashed_read_gives_the_bytes_and_their_ranges(client: Client, size: int) -> None:
+    """readinto_hashed: the bytes as readinto gives them, with each chunk's hash as its
+    server read it, also across holes (zeros) and at the end; an unaligned start is one line."""
+    data = bytearray(os.urandom(size))
+    with client.open("/h", "wb") as f:
+        f.write(data[:CHUNK])
+        if size > 2 * CHUNK:  # chunk 1 never written: a hole
+            f.seek(2 * CHUNK)
+            f.write(data[2 * CHUNK :])
+            data[CHUNK : 2 * CHUNK] = bytes(CHUNK)
+    data = data[:size]
+    got, hashes = bytearray(), []
+    buf = bytearray(2 * CHUNK)
+    with client.open("/h", "rb") as f:
+        while True:
+            n, digests = f.readinto_hashed(buf)
+            got += buf[:n]
+            hashes += digests
+            if n < len(buf):
+                break
+        assert f.readinto_hashed(buf) == (0, ())
+        if size > 1:
+            f.seek(1)
+            with pytest.raises(ValueError, match="chunk boundary") as bad:
+                f.readinto_hashed(buf)
+            assert "\n" not in str(bad.value)
+    assert got == data
+    assert FileChecksum(size, CHUNK, tuple(hashes)) == client.checksum("/h")
+    assert tuple(hashes) == ranges(bytes(data))
+
+
 def test_holes_truncation_and_links(client: Client) -> None:
     with client.open("/sparse", "wb") as f:  # chunks 0-2 never written: zeros
         f.seek(3 * CHUNK + 5)
@@ -149,6 +181,30 @@ class ChangedInFlight(BenchfsSide):
         return super().put_whole([(r, self.changed(d), m, t) for r, d, m, t in files])
 
 
+class ChangedOnItsWayOut(BenchfsSide):
+    """BenchFS as the source, where a byte of what its servers read and hashed changes before
+    the staging receives it (as a fault of the network or of the client's memory would)."""
+
+    def __init__(self, root: str, client: Client, marker: bytes) -> None:
+        super().__init__(root, lambda: client)
+        self.marker = marker
+
+    def open_read(self, rel: str) -> AbstractContextManager[BinaryIO]:
+        f = self.client.open(_join(self.root, rel), "r")
+        real = f.readinto_hashed
+        marker = self.marker
+
+        def changed(buf: bytearray) -> tuple[int, tuple[str, ...]]:
+            n, digests = real(buf)
+            at = bytes(buf[:n]).find(marker)
+            if at >= 0:
+                buf[at] ^= 0xFF
+            return n, digests
+
+        f.readinto_hashed = changed  # type: ignore[method-assign]
+        return f  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize("size", [5 * CHUNK, WHOLE_MAX + 3 * CHUNK])
 def test_a_byte_changed_on_its_way_fails_the_staging(
     inproc_cluster: Callable[..., InProcessCluster], tmp_path: Path, size: int
@@ -172,6 +228,9 @@ def test_a_byte_changed_on_its_way_fails_the_staging(
         assert (out / "f").read_bytes() == bytes(body)
         assert report.manifest["files"][0]["chunks"] == list(ranges(bytes(body)))
         assert report.manifest["fsync_seconds"] > 0
+        with pytest.raises(StageFailed, match=r"benchfs:/in/f: bytes 131072-196608 differ"):
+            stage(ChangedOnItsWayOut("/in", c, marker), LocalSide(tmp_path / "out2"), "out",
+                  tmp_path / "o2.json")  # fmt: skip
 
 
 def test_staging_records_what_its_check_covered(client: Client, tmp_path: Path) -> None:

@@ -306,6 +306,9 @@ class File:
     def read(self, offset: int, length: int) -> bytes:
         """Short at the end of the file; never-written ranges inside the file read as zeros."""
     def readinto(self, offset: int, buffer: bytearray | memoryview) -> int: ...
+    def readinto_hashed(self, offset: int, buffer: bytearray | memoryview) -> tuple[int, list[str]]:
+        """As readinto from a chunk-aligned offset; also the xxh3-128 (32 hex digits) of each
+        chunk part read, as its servers read it from their stores."""
     def fsync(self) -> None:
         """Return once every byte of the file is durable on its servers' devices."""
     def flush(self) -> None:

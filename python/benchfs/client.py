@@ -240,6 +240,17 @@ class File(io.RawIOBase):
             self._pos += n
             return n
 
+    def readinto_hashed(self, buffer: Buffer) -> tuple[int, tuple[str, ...]]:
+        """As `readinto`, from a chunk-aligned position; also the xxh3-128 (32 hex digits) of
+        each chunk part read, cut at chunk boundaries, as the servers read it from their
+        storage and hashed it in the buffer they sent it from (one pass over their devices).
+        In whole chunks, these are the file's `checksum` ranges (`benchfs.checksum`)."""
+        self._check_readable()
+        with self._lock:
+            n, digests = self._core.readinto_hashed(self._pos, _bytes_view(buffer))
+            self._pos += n
+            return n, tuple(digests)
+
     def read(self, size: int | None = -1) -> bytes:
         """Up to `size` bytes from the position (all the rest for -1 or None)."""
         if size is None or size < 0:

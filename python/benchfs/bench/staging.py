@@ -6,16 +6,15 @@ The servers keep their data on the disk under the scratch directory (direct writ
 default), so every copy reads the same source and writes to the same device. `cp -r` returns
 with its data in the page cache; `cp -r` + `sync` is the durable comparison, and the one the
 targets use: stage-out fsyncs what it writes, and stage-in's copy is on the servers' device
-(direct writes) and verified there. Both stagings include what staging always does: a
-checksum of every byte read, the servers' checksums compared with it (into BenchFS, of the
-bytes as they received them, its default; out of it, read back from their device), and the
-modes and times set on every file. `stage-in stored` is `benchfs stage-in --verify stored`:
+(direct writes) and verified there. Both stagings include what staging always does: a checksum
+of every byte read, the servers' checksums compared with it (into BenchFS, of the bytes as they
+received them, its default; out of it, as they read them from their device for the copy), and
+the modes and times set on every file. `stage-in stored` is `benchfs stage-in --verify stored`:
 each server also reads every byte it wrote back from its device and hashes that, so the disk
 moves every byte twice. Every tool runs in two forms, interleaved: warm (the source as the
-previous step left it, mostly in the page cache) and cold (the page cache dropped before it,
-as at a job's end, so `cp -r` and stage-out read their source from the device). The
-device's own counts (/proc/diskstats) of bytes read and written during each copy show where
-the time goes.
+previous step left it, mostly in the page cache) and cold (the page cache dropped before it, as
+at a job's end, so `cp -r` and stage-out read their source from the device). The device's own
+counts (/proc/diskstats) of bytes read and written during each copy show where the time goes.
 
 Small files: `files` x 4 KiB staged in with the same threads, against the rate at which the
 same number of clients create empty files (`open(O_CREAT | O_EXCL)` + `close`, as

@@ -4,11 +4,12 @@
 Every file is checksummed while it is copied, in chunk-aligned ranges (`benchfs.checksum`): from
 the bytes read from the source, and by BenchFS's servers (into BenchFS: in the answer to each
 write, from the bytes as they received them, hashed in the buffer they store from, or with
-`check="stored"` as they read them back from their storage; out of it: asked once the file is
-read, from their storage); the two must agree. So the bytes never travel back over the network,
-yet the check covers the network and the servers' receipt (into BenchFS by default) or their
-storage too (`stored`, and out of BenchFS). Into BenchFS, files up to `WHOLE_MAX` are written
-whole, many per call (`Client.put_files`: four requests a file). What staging writes outside
+`check="stored"` as they read them back from their storage; out of it: as they read them from
+their storage, hashed in the buffer they send them from); the two must agree. So the bytes
+never travel back over the network, and out of BenchFS no device is read twice, yet the check
+covers the network and the servers' receipt (into BenchFS by default) or their storage too
+(`stored`, and out of BenchFS). Into BenchFS, files up to `WHOLE_MAX` are written whole, many
+per call (`Client.put_files`: four requests a file). What staging writes outside
 BenchFS is fsynced, files and directories, before it reports success. Sizes, permission bits and
 modification times are kept, directories too. Symbolic links are kept as links, their targets as
 written, as `cp -a` keeps them; with `follow_links`, what they lead to is copied instead, as `cp
@@ -551,6 +552,19 @@ def _blocks(f: BinaryIO, buf: bytearray) -> Iterator[memoryview]:
             return
 
 
+def _hashed_blocks(f: File, buf: bytearray, hashes: list[str]) -> Iterator[memoryview]:
+    """As `_blocks`, out of BenchFS (from a chunk-aligned position, `buf` whole chunks): each
+    block's chunks' hashes, as the servers read them from their storage, added to `hashes`."""
+    view = memoryview(buf)
+    while True:
+        n, digests = f.readinto_hashed(view)
+        hashes.extend(digests)
+        if n:
+            yield view[:n]
+        if n < len(view):  # short only at the end of the file
+            return
+
+
 def _write_all(f: BinaryIO, data: memoryview) -> None:
     while data:
         n = f.write(data)
@@ -574,14 +588,21 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         side, f = (src, r) if isinstance(r, File) and not isinstance(w, File) else (dst, w)
         ranges = f.chunk_size if isinstance(f, File) else BLOCK
         hasher = ChunkHasher(ranges)
-        # Into BenchFS, whole chunks per write, each answered with its server's checksum.
+        # Into BenchFS, whole chunks per write, each answered with its server's checksum; out
+        # of it, whole chunks per read, each hashed by its server as it reads it.
         checked: list[str] | None = [] if isinstance(w, File) else None
+        hashed: list[str] | None = [] if isinstance(r, File) and checked is None else None
         check = _check_of(dst)
         block = max(BLOCK // ranges, 1) * ranges
         buf = getattr(buffers, "buf", None)
         if buf is None or len(buf) != block:
             buf = buffers.buf = bytearray(block)
-        for data in _blocks(r, buf):
+        blocks = (
+            _hashed_blocks(r, buf, hashed)
+            if isinstance(r, File) and hashed is not None
+            else _blocks(r, buf)
+        )
+        for data in blocks:
             hasher.update(data)
             if checked is not None:
                 checked.extend(w.write_checked(data, check))  # type: ignore[attr-defined]
@@ -594,10 +615,9 @@ def _copy(src: Side, dst: Side, e: Entry, buffers: threading.local) -> tuple[Fil
         t0 = time.monotonic()
         dst.sync(w)
         synced = time.monotonic() - t0
+        served = checked if checked is not None else hashed
         stored = (
-            FileChecksum(copied, ranges, tuple(checked))
-            if checked is not None
-            else side.checksum(f)
+            FileChecksum(copied, ranges, tuple(served)) if served is not None else side.checksum(f)
         )
     sent = hasher.result()
     if stored is None:  # neither side is BenchFS: read the copy back

@@ -789,6 +789,29 @@ impl PyFile {
         })
     }
 
+    /// As `readinto` from a chunk-aligned `offset`, and the xxh3-128 (32 hex digits) of each
+    /// chunk part of what was read, as its servers read it from their stores.
+    fn readinto_hashed(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        buffer: PyBuffer<u8>,
+    ) -> PyResult<(usize, Vec<String>)> {
+        contiguous(&buffer, "buffer")?;
+        if buffer.readonly() {
+            return Err(PyValueError::new_err("buffer is read-only"));
+        }
+        // SAFETY: writable, contiguous, held for the whole call.
+        let target = OnThisThread(unsafe {
+            std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut u8, buffer.len_bytes())
+        });
+        let (n, digests) = self.with(py, move |c, f| {
+            let t = target;
+            c.read_hashed(f, offset, t.0)
+        })?;
+        Ok((n, digests.iter().map(|h| format!("{h:032x}")).collect()))
+    }
+
     /// Returns once every byte of the file is durable on its servers' devices; publishes the size.
     fn fsync(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |c, f| c.fsync(f))

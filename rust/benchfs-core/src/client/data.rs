@@ -147,6 +147,65 @@ impl Client {
         Ok(n)
     }
 
+    /// As [`Client::read`] from a chunk-aligned `offset` (no read-ahead), and with the bytes
+    /// the xxh3-128 of each chunk part of them (cut at chunk boundaries, in order), as the
+    /// servers read them from their stores, hashed in the buffers they sent them from: the
+    /// bytes and [`Client::checksum_file`]'s ranges in one pass over the servers' devices.
+    pub fn read_hashed(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<(usize, Vec<u128>)> {
+        let _call = self.telemetry_call(OpKind::Read);
+        let cs = file.attr.layout.chunk_size.max(1);
+        let mut size = file.size();
+        if offset.saturating_add(buf.len() as u64) > size {
+            let attr = self.stat(&file.path)?;
+            if attr.id == file.attr.id {
+                file.known_size.set(file.known_size.get().max(attr.size));
+                size = file.size();
+            }
+        }
+        if self.writes_behind(file.attr.id.0) {
+            self.run(self.settle_file(file.attr.id.0, false))?;
+        }
+        let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        // At the end of the file, as a read: nothing (from wherever the last read ended).
+        if n > 0 && !offset.is_multiple_of(cs) {
+            return Err(Error::InvalidArgument(format!(
+                "a hashed read starts at a chunk boundary (every {cs} bytes), not at {offset}"
+            )));
+        }
+        let attr = &file.attr;
+        let window = self.config.client.max_inflight as usize;
+        let hashes = self.run(async {
+            let ready = Instant::now();
+            let mut rest = &mut buf[..n];
+            let mut calls = Vec::new();
+            for (i, p) in split(offset, n as u64, cs).enumerate() {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
+                rest = tail;
+                calls.push(async move {
+                    let header = Header::request(Op::ReadHashed, 0, attr.id.0, p.chunk, p.offset, p.len);
+                    let reply = self.read_copies(attr, header, Some(&mut *head), ready).await?;
+                    let got = (reply.length as usize).min(head.len());
+                    // Never-written ranges inside the size are holes (hashed as zeros too).
+                    head[got..].fill(0);
+                    Ok::<_, Error>((i, reply.file_id))
+                });
+            }
+            let mut hashes = vec![0u128; calls.len()];
+            let mut results = stream::iter(calls).buffer_unordered(window);
+            let mut failed = None;
+            while let Some(r) = results.next().await {
+                match r {
+                    Ok((i, hash)) => hashes[i] = hash,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            failed.map_or(Ok(hashes), Err)
+        })?;
+        Ok((n, hashes))
+    }
+
     /// Waits until every write of this file made through this client is on its servers
     /// (write-behind, `client.write_behind`); returns the first of them that failed.
     pub fn flush(&self, file: &FileHandle) -> Result<()> {

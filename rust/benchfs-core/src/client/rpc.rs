@@ -343,6 +343,7 @@ impl Client {
         let idempotent = matches!(
             header.op,
             Op::ReadChunk
+                | Op::ReadHashed
                 | Op::Fsync
                 | Op::TruncateData
                 | Op::Stat

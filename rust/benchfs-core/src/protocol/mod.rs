@@ -19,7 +19,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 ///    (set-attribute with SET_SIZE).
 /// 7: copies of the metadata (ops 32 and 33; a metadata reply's changes, sequence and record
 ///    epoch).
-pub const VERSION: u16 = 7;
+/// 8: writes answered with the hash of what was received (op 11); reads answered with the hash
+///    of what was read (op 12).
+pub const VERSION: u16 = 8;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
@@ -64,6 +66,11 @@ pub enum Op {
     /// hashed in the buffer it stores them from: the transfer and the receipt are covered, the
     /// device is not (no read-back). Reply as [`Op::WriteChecked`]'s.
     WriteHashed = 11,
+    /// As [`Op::ReadChunk`], and the reply's `file_id` word carries the xxh3-128 of the
+    /// `length` bytes asked for as the server read them from its store (never-written bytes
+    /// count as zeros, as [`Op::Checksum`]), hashed in the buffer it sends them from: a read
+    /// and its checksum in one pass over the device.
+    ReadHashed = 12,
     // Metadata operations: the payload is a `protocol::meta::MetaRequest` of `length` bytes; the
     // reply payload (its size in the reply's `length`) is an attribute or directory entries.
     /// Open or create (flags CREATE, EXCLUSIVE, TRUNCATE). Reply: attribute and
@@ -123,9 +130,14 @@ impl Op {
         matches!(self, Op::WriteChunk | Op::WriteChecked | Op::WriteHashed)
     }
 
-    /// A request that moves chunk data (a write of any kind, or a read).
+    /// A read of chunk data (plain or hashed): a reply payload of up to `length` bytes.
+    pub fn reads_data(self) -> bool {
+        matches!(self, Op::ReadChunk | Op::ReadHashed)
+    }
+
+    /// A request that moves chunk data (a write or a read of any kind).
     pub fn moves_data(self) -> bool {
-        self.writes_data() || self == Op::ReadChunk
+        self.writes_data() || self.reads_data()
     }
 
     pub fn from_u16(v: u16) -> Option<Op> {
@@ -140,6 +152,7 @@ impl Op {
             9 => Some(Op::Checksum),
             10 => Some(Op::WriteChecked),
             11 => Some(Op::WriteHashed),
+            12 => Some(Op::ReadHashed),
             16 => Some(Op::Create),
             17 => Some(Op::Stat),
             18 => Some(Op::Unlink),
@@ -174,6 +187,7 @@ impl Op {
             Op::Checksum => "checksum",
             Op::WriteChecked => "write_checked",
             Op::WriteHashed => "write_hashed",
+            Op::ReadHashed => "read_hashed",
             Op::Create => "create",
             Op::Stat => "stat",
             Op::Unlink => "unlink",
@@ -196,7 +210,7 @@ impl Op {
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 28] = [
+    pub const ALL: [Op; 29] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -207,6 +221,7 @@ impl Op {
         Op::Checksum,
         Op::WriteChecked,
         Op::WriteHashed,
+        Op::ReadHashed,
         Op::Create,
         Op::Stat,
         Op::Unlink,
@@ -507,10 +522,12 @@ pub fn check_request(h: &Header, payload_len: usize, chunk_size: u64) -> Result<
                 lock::LockRequest::LEN
             )))
         }
-        Op::ReadChunk | Op::Fsync | Op::TruncateData if payload_len != 0 => Err(Error::Protocol(format!(
-            "{} carries an unexpected payload of {payload_len} bytes",
-            h.op.name()
-        ))),
+        Op::ReadChunk | Op::ReadHashed | Op::Fsync | Op::TruncateData if payload_len != 0 => {
+            Err(Error::Protocol(format!(
+                "{} carries an unexpected payload of {payload_len} bytes",
+                h.op.name()
+            )))
+        }
         Op::Mirror | Op::Snapshot if h.length != payload_len as u64 || payload_len > mirror::REQUEST_MAX => {
             Err(Error::Protocol(format!(
                 "{} payload of {payload_len} bytes (header says {}, at most {})",

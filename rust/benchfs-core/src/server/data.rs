@@ -22,6 +22,24 @@ use super::ServerState;
 /// Zeros hashed for the never-written bytes of a checksum's range.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
+/// The xxh3-128 of `stored` followed by zeros up to `len` bytes: a range as a read gives it
+/// (never-written bytes are zeros).
+fn hash_padded(stored: &[u8], len: usize) -> u128 {
+    if stored.len() >= len {
+        // One pass over one slice: faster than the streaming state.
+        return xxhash_rust::xxh3::xxh3_128(&stored[..len]);
+    }
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.update(stored);
+    let mut left = len - stored.len();
+    while left > 0 {
+        let zeros = left.min(ZEROS.len());
+        hash.update(&ZEROS[..zeros]);
+        left -= zeros;
+    }
+    hash.digest128()
+}
+
 /// What running a request gave: its status (0 or -errno), its byte count, the data a read
 /// returns (its buffer and where the data starts in it) or a metadata reply (its value and
 /// body), and when the storage operation started (queue wait ends there).
@@ -37,6 +55,8 @@ pub(super) struct Served {
     /// With copies of the metadata: the sequence number and length of the changes the
     /// metadata reply ends with (the reply's `file_id` carries them with the record's epoch).
     changes: Option<(u64, u64)>,
+    /// A hashed read's hash of the range it read (the reply's `file_id` carries it).
+    read_hash: Option<u128>,
 }
 
 impl ServerState {
@@ -133,11 +153,14 @@ impl ServerState {
                     }
                 }
             }
-            Op::ReadChunk => {
+            Op::ReadChunk | Op::ReadHashed => {
                 let buf = self.pool.acquire().await;
                 served.device_start = Some(Instant::now());
                 match self.store.read(file, h.chunk, h.offset, buf, len).await {
                     (Ok((skip, n)), buf) => {
+                        if h.op == Op::ReadHashed {
+                            served.read_hash = Some(hash_padded(&buf.as_slice(skip + n)[skip..], len));
+                        }
                         served.count = n as u64;
                         served.data = Some((buf, skip));
                     }
@@ -228,22 +251,7 @@ impl ServerState {
     ) -> std::result::Result<u128, i32> {
         let buf = self.pool.acquire().await;
         match self.store.read(file, chunk, offset, buf, len).await {
-            (Ok((skip, n)), buf) => {
-                let stored = &buf.as_slice(skip + n)[skip..];
-                if n == len {
-                    // One pass over one slice: faster than the streaming state.
-                    return Ok(xxhash_rust::xxh3::xxh3_128(stored));
-                }
-                let mut hash = xxhash_rust::xxh3::Xxh3::new();
-                hash.update(stored);
-                let mut left = len - n;
-                while left > 0 {
-                    let zeros = left.min(ZEROS.len());
-                    hash.update(&ZEROS[..zeros]);
-                    left -= zeros;
-                }
-                Ok(hash.digest128())
-            }
+            (Ok((skip, n)), buf) => Ok(hash_padded(&buf.as_slice(skip + n)[skip..], len)),
             (Err(e), _) => Err(-e.raw_os_error().unwrap_or(libc::EIO)),
         }
     }
@@ -300,6 +308,7 @@ impl ServerState {
             data,
             meta,
             changes,
+            read_hash,
             ..
         } = served;
         let data_op = h.op.moves_data();
@@ -313,6 +322,9 @@ impl ServerState {
         if let (Some((seq, len)), Some(copies)) = (changes, &self.copies) {
             reply.file_id = ((copies.epoch() as u128) << 64) | seq as u128;
             reply.chunk = len;
+        }
+        if let Some(hash) = read_hash {
+            reply.file_id = hash;
         }
         let payload: &[u8] = match (&data, &meta) {
             (Some((buf, skip)), _) => &buf.as_slice(skip + count as usize)[*skip..],

@@ -29,7 +29,8 @@ impl OpKind {
         match op {
             op if op.writes_data() => OpKind::Write,
             // A checksum reads a chunk back from the store, as a read does.
-            Op::ReadChunk | Op::Checksum => OpKind::Read,
+            op if op.reads_data() => OpKind::Read,
+            Op::Checksum => OpKind::Read,
             Op::Fsync => OpKind::Fsync,
             _ => OpKind::Meta,
         }
