@@ -21,6 +21,7 @@ pub mod locktable;
 pub mod lost;
 pub mod metadata_copies;
 pub mod metadb;
+pub mod metajournal;
 pub mod namespace;
 pub mod placement;
 pub mod posix;

@@ -8,7 +8,9 @@
 //! answered: each request's at once, or, where commits sync, the changes of every request served
 //! in one turn of the event loop together (`server/group_commit.rs`). Every commit reaches the
 //! kernel before its changes are answered, so a killed server loses only changes it had not
-//! answered; with `durable` every commit is also synced (`storage.durability` fsync or close).
+//! answered. With `durable` (`storage.durability` fsync or close) every commit is also on the
+//! device before it is answered: one synced record in the store's journal (`metajournal`),
+//! applied to LMDB in one synced transaction when the journal is full and when the store opens.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -17,6 +19,7 @@ use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions};
 
 use crate::error::{Error, Result};
+use crate::metajournal::{Journal, Write};
 use crate::namespace::{Attr, Entry, Kind};
 use crate::protocol::meta::ATTR_LEN;
 
@@ -33,6 +36,8 @@ const SHAPE: &[u8] = b"m:shape";
 const FORMAT: &[u8] = b"m:format";
 /// 2 kept symbolic links; 3 keeps each file's copy count in its layout.
 const FORMAT_VERSION: u32 = 3;
+/// The sequence number of the last journal record applied to the environment.
+const JOURNAL_APPLIED: &[u8] = b"m:journal";
 
 /// One change to persist; a call persists several in one commit.
 pub enum Change<'a> {
@@ -67,15 +72,15 @@ pub struct Loaded {
     pub nonce: u32,
 }
 
-/// One write of a commit: a key and its new value (None: the key is deleted).
-type Write = (Vec<u8>, Option<Vec<u8>>);
-
 pub struct MetaDb {
     env: Env,
     db: Database<Bytes, Bytes>,
     path: String,
     /// Writes staged for the next commit, in order.
     staged: RefCell<Vec<Write>>,
+    /// With `durable`: the journal, and the writes of its records not yet applied to the
+    /// environment (bounded by the journal's size).
+    journal: Option<RefCell<(Journal, Vec<Write>)>>,
 }
 
 fn db_error(what: &str, path: &str, e: heed::Error) -> Error {
@@ -142,6 +147,7 @@ impl MetaDb {
         let path = dir.display().to_string();
         std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {path}"), e))?;
         let flags = if durable {
+            // Synced: written only when the journal's records are applied (and at init, clear).
             EnvFlags::empty()
         } else {
             // Commits still reach the kernel (a killed server loses nothing), unsynced.
@@ -156,12 +162,53 @@ impl MetaDb {
             .create_database::<Bytes, Bytes>(&mut w, None)
             .map_err(|e| db_error("create", &path, e))?;
         w.commit().map_err(|e| db_error("commit", &path, e))?;
-        Ok(MetaDb {
+        let mut store = MetaDb {
             env,
             db,
             path,
             staged: RefCell::new(Vec::new()),
-        })
+            journal: None,
+        };
+        if durable {
+            let applied = {
+                let r = store.env.read_txn().map_err(|e| store.err("read", e))?;
+                let v = store
+                    .db
+                    .get(&r, JOURNAL_APPLIED)
+                    .map_err(|e| store.err("read", e))?;
+                v.and_then(u64_of).unwrap_or(0)
+            };
+            let (journal, unapplied, _) = Journal::open(dir, applied)?;
+            store.journal = Some(RefCell::new((journal, unapplied)));
+            // What a stop or crash left in the journal only, in the environment before loading.
+            store.apply_journal()?;
+        }
+        Ok(store)
+    }
+
+    /// Applies the journal's records not yet in the environment to it, in one synced
+    /// transaction that also records the last one applied; the journal starts again.
+    fn apply_journal(&self) -> Result<()> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        let mut journal = journal.borrow_mut();
+        let (j, pending) = &mut *journal;
+        let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
+        for (key, value) in pending.iter() {
+            match value {
+                Some(v) => self.db.put(&mut w, key, v),
+                None => self.db.delete(&mut w, key).map(drop),
+            }
+            .map_err(|e| self.err("write", e))?;
+        }
+        self.db
+            .put(&mut w, JOURNAL_APPLIED, &j.last().to_le_bytes())
+            .map_err(|e| self.err("write", e))?;
+        w.commit().map_err(|e| self.err("commit", e))?;
+        pending.clear();
+        j.restart();
+        Ok(())
     }
 
     /// Everything the store holds, or None when it is new. A store written by another owner
@@ -273,6 +320,8 @@ impl MetaDb {
     /// Removes every inode and entry (the counter, nonce and shape stay), staged ones too.
     pub fn clear(&self) -> Result<()> {
         self.staged.borrow_mut().clear();
+        // The journal's records first, so that none of them brings back what this removes.
+        self.apply_journal()?;
         let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
         let keys: Vec<Vec<u8>> = {
             let iter = self.db.iter(&w).map_err(|e| self.err("read", e))?;
@@ -307,13 +356,35 @@ impl MetaDb {
         !self.staged.borrow().is_empty()
     }
 
-    /// Commits every staged change in one transaction (synced when `durable`); returns how
-    /// many writes it made. On an error the staged changes are dropped: they stay in memory
-    /// only, and are lost at a restart.
+    /// Commits every staged change at once: one transaction, or with `durable` one synced
+    /// journal record; returns how many writes it made. On an error the staged changes are
+    /// dropped: they stay in memory only, and are lost at a restart.
     pub fn commit_staged(&self) -> Result<usize> {
         let writes = std::mem::take(&mut *self.staged.borrow_mut());
         if writes.is_empty() {
             return Ok(0);
+        }
+        if let Some(journal) = &self.journal {
+            let n = writes.len();
+            let (fits, holds) = {
+                let journal = journal.borrow();
+                (journal.0.fits(&writes), Journal::could_hold(&writes))
+            };
+            if !fits {
+                self.apply_journal()?;
+            }
+            let mut journal_ref = journal.borrow_mut();
+            let (j, pending) = &mut *journal_ref;
+            if holds {
+                j.append(&writes)?;
+                pending.extend(writes);
+                return Ok(n);
+            }
+            // Larger than the whole journal: straight into the environment, synced.
+            pending.extend(writes);
+            drop(journal_ref);
+            self.apply_journal()?;
+            return Ok(n);
         }
         let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
         for (key, value) in &writes {
@@ -366,6 +437,61 @@ mod tests {
             loaded.inodes,
             vec![("/l".to_string(), link_attr(), 0, Some("../t/x".to_string()))]
         );
+        Ok(())
+    }
+
+    fn file_attr(id: u128) -> Attr {
+        Attr {
+            kind: Kind::File,
+            id: FileId(id),
+            size: id as u64,
+            layout: Layout {
+                chunk_size: 1 << 20,
+                stripe_count: 1,
+                start: 0,
+                replicas: 1,
+            },
+            ..link_attr()
+        }
+    }
+
+    /// A durable store's commits are journal records until the journal fills: a store dropped
+    /// at any point (as a killed server's) opens with every committed change, across laps of
+    /// the journal, and what `clear` removed stays removed.
+    #[test]
+    fn a_durable_store_keeps_every_commit_through_its_journal() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let paths: Vec<String> = (0..5_000)
+            .map(|i| format!("/dir/file-with-a-long-name-{i:06}"))
+            .collect();
+        {
+            let db = MetaDb::open(dir.path(), true)?;
+            db.init(0, 1, 7)?;
+            for (i, p) in paths.iter().enumerate() {
+                db.stage(&[Change::Inode {
+                    path: p,
+                    attr: file_attr(i as u128),
+                    added: 0,
+                    target: None,
+                }]);
+                db.commit_staged()?;
+            }
+            db.apply(&[Change::Removed(&paths[0])])?;
+        }
+        let reopened = MetaDb::open(dir.path(), true)?;
+        let loaded = reopened
+            .load(0, 1)?
+            .ok_or_else(|| Error::Protocol("empty".into()))?;
+        assert_eq!(loaded.inodes.len(), paths.len() - 1);
+        let number = |p: &str| p.rsplit('-').next().and_then(|n| n.parse::<u64>().ok());
+        assert!(loaded
+            .inodes
+            .iter()
+            .all(|(p, a, _, _)| *p != paths[0] && number(p) == Some(a.size)));
+        reopened.clear()?;
+        drop(reopened);
+        let cleared = MetaDb::open(dir.path(), true)?.load(0, 1)?;
+        assert_eq!(cleared.map(|l| l.inodes.len()), Some(0));
         Ok(())
     }
 
