@@ -115,8 +115,13 @@ def test_meta_quick_json_shape() -> None:
     for c in report["cases"]:
         assert c["ops_s"] > 0 and len(c["samples"]) == report["repeats"] == 1
     assert [t["target"] for t in report["targets"]] == [
-        "create with durability none >= 0.8x memory",
-        "create with two copies (none-x2) >= 0.5x one (none)",
-        "stat with two copies (none-x2) >= 0.9x one (none)",
+        "create in none >= 0.95x memory",
+        "unlink in none >= 0.95x memory",
+        "create in fsync >= 0.5x none",
+        "unlink in fsync >= 0.5x none",
+        "create in none-x2 >= 0.6x none",
+        "stat in none-x2 >= 0.9x none",
     ]
+    for t in report["targets"]:
+        assert t["met"] == (t["ratio"] >= float(t["target"].split(">= ")[1].split("x")[0]))
     assert report["data_fs"] != "tmpfs" and not os.path.exists(report["data_dir"])
