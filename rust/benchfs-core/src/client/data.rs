@@ -76,20 +76,7 @@ impl Client {
     /// handle's writes (close-to-open); a read reaching past it asks the owner once more.
     pub fn read(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _call = self.telemetry_call(OpKind::Read);
-        let mut size = file.size();
-        let want_end = offset.saturating_add(buf.len() as u64);
-        if want_end > size {
-            let attr = self.stat(&file.path)?;
-            if attr.id == file.attr.id {
-                file.known_size.set(file.known_size.get().max(attr.size));
-                size = file.size();
-            }
-        }
-        if self.writes_behind(file.attr.id.0) {
-            // This client reads its own writes.
-            self.run(self.settle_file(file.attr.id.0, false))?;
-        }
-        let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let n = self.readable(file, offset, buf.len())?;
         let end = offset + n as u64;
         let sequential = offset == file.next_read.get();
         file.next_read.set(end);
@@ -147,15 +134,12 @@ impl Client {
         Ok(n)
     }
 
-    /// As [`Client::read`] from a chunk-aligned `offset` (no read-ahead), and with the bytes
-    /// the xxh3-128 of each chunk part of them (cut at chunk boundaries, in order), as the
-    /// servers read them from their stores, hashed in the buffers they sent them from: the
-    /// bytes and [`Client::checksum_file`]'s ranges in one pass over the servers' devices.
-    pub fn read_hashed(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<(usize, Vec<u128>)> {
-        let _call = self.telemetry_call(OpKind::Read);
-        let cs = file.attr.layout.chunk_size.max(1);
+    /// The bytes a read of `len` at `offset` returns: up to the size this handle knows, asked
+    /// of the owner once more when the read reaches past it; this client's writes behind of
+    /// the file settled first (it reads its own writes).
+    fn readable(&self, file: &FileHandle, offset: u64, len: usize) -> Result<usize> {
         let mut size = file.size();
-        if offset.saturating_add(buf.len() as u64) > size {
+        if offset.saturating_add(len as u64) > size {
             let attr = self.stat(&file.path)?;
             if attr.id == file.attr.id {
                 file.known_size.set(file.known_size.get().max(attr.size));
@@ -165,7 +149,17 @@ impl Client {
         if self.writes_behind(file.attr.id.0) {
             self.run(self.settle_file(file.attr.id.0, false))?;
         }
-        let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        Ok(size.saturating_sub(offset).min(len as u64) as usize)
+    }
+
+    /// As [`Client::read`] from a chunk-aligned `offset` (no read-ahead), and with the bytes
+    /// the xxh3-128 of each chunk part of them (cut at chunk boundaries, in order), as the
+    /// servers read them from their stores, hashed in the buffers they sent them from: the
+    /// bytes and [`Client::checksum_file`]'s ranges in one pass over the servers' devices.
+    pub fn read_hashed(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<(usize, Vec<u128>)> {
+        let _call = self.telemetry_call(OpKind::Read);
+        let cs = file.attr.layout.chunk_size.max(1);
+        let n = self.readable(file, offset, buf.len())?;
         // At the end of the file, as a read: nothing (from wherever the last read ended).
         if n > 0 && !offset.is_multiple_of(cs) {
             return Err(Error::InvalidArgument(format!(
