@@ -366,24 +366,17 @@ impl MetaDb {
         }
         if let Some(journal) = &self.journal {
             let n = writes.len();
-            let (fits, holds) = {
-                let journal = journal.borrow();
-                (journal.0.fits(&writes), Journal::could_hold(&writes))
-            };
-            if !fits {
+            if !journal.borrow().0.fits(&writes) {
+                if !Journal::could_hold(&writes) {
+                    // Larger than the whole journal: straight into the environment, synced.
+                    journal.borrow_mut().1.extend(writes);
+                    return self.apply_journal().map(|()| n);
+                }
                 self.apply_journal()?;
             }
-            let mut journal_ref = journal.borrow_mut();
-            let (j, pending) = &mut *journal_ref;
-            if holds {
-                j.append(&writes)?;
-                pending.extend(writes);
-                return Ok(n);
-            }
-            // Larger than the whole journal: straight into the environment, synced.
+            let (j, pending) = &mut *journal.borrow_mut();
+            j.append(&writes)?;
             pending.extend(writes);
-            drop(journal_ref);
-            self.apply_journal()?;
             return Ok(n);
         }
         let mut w = self.env.write_txn().map_err(|e| self.err("begin", e))?;
@@ -460,6 +453,7 @@ mod tests {
     /// the journal, and what `clear` removed stays removed.
     #[test]
     fn a_durable_store_keeps_every_commit_through_its_journal() -> Result<()> {
+        const BIG: &str = "/a-directory-whose-long-name-makes-its-entries-outgrow-the-journal";
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
         let paths: Vec<String> = (0..5_000)
             .map(|i| format!("/dir/file-with-a-long-name-{i:06}"))
@@ -477,12 +471,28 @@ mod tests {
                 db.commit_staged()?;
             }
             db.apply(&[Change::Removed(&paths[0])])?;
+            // One group larger than the whole journal goes straight into the environment.
+            let big: Vec<Change<'_>> = (0..3_000)
+                .map(|i| Change::Entry {
+                    dir: BIG,
+                    name: &paths[i],
+                    entry: Entry {
+                        kind: Kind::File,
+                        mark: 0,
+                    },
+                })
+                .collect();
+            assert!(!Journal::could_hold(
+                &big.iter().map(write_of).collect::<Vec<_>>()
+            ));
+            db.apply(&big)?;
         }
         let reopened = MetaDb::open(dir.path(), true)?;
         let loaded = reopened
             .load(0, 1)?
             .ok_or_else(|| Error::Protocol("empty".into()))?;
         assert_eq!(loaded.inodes.len(), paths.len() - 1);
+        assert_eq!(loaded.entries.iter().filter(|(d, _, _)| d == BIG).count(), 3_000);
         let number = |p: &str| p.rsplit('-').next().and_then(|n| n.parse::<u64>().ok());
         assert!(loaded
             .inodes
