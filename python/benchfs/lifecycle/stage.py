@@ -575,7 +575,7 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
 
 def _check_of(dst: Side) -> str:
     """What the servers' checksums of a staging into `dst` cover: into BenchFS as its side
-    says; out of it, the servers read the stored bytes back."""
+    says; out of it, the stored bytes, hashed as the servers read them for the copy."""
     return dst.check if isinstance(dst, BenchfsSide) else "stored"
 
 
