@@ -45,6 +45,8 @@ def check(client: Client, files: dict[str, bytes]) -> None:
     for path, data in files.items():
         with client.open(path) as f:
             assert f.read() == data, path
+        # Small files kept their bytes with their names (the default `layout.inline_max`).
+        assert client.stat(path).inline == (len(data) <= 8192), path
     listed = {d: client.listdir(d) for d in ("/", "/a", "/a/b", "/a/b/c", "/x")}
     for path in files:
         parent, name = path.rsplit("/", 1)

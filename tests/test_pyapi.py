@@ -458,10 +458,10 @@ def test_a_stat_built_from_the_core_is_the_dataclass_it_says() -> None:
 
     core = {"kind": "file", "size": 5, "mode": 0o640, "id": "ab" * 16, "mtime_ns": 7,
             "ctime_ns": 8, "chunk_size": 1 << 20, "stripe_count": 4, "replicas": 2,
-            "stripe_start": 3}  # fmt: skip
+            "stripe_start": 3, "inline": True}  # fmt: skip
     made = Stat(
         st_mode=0o100640, st_size=5, st_mtime_ns=7, st_ctime_ns=8, kind="file", id="ab" * 16,
-        chunk_size=1 << 20, stripe_count=4, stripe_start=3, replicas=2,
+        chunk_size=1 << 20, stripe_count=4, stripe_start=3, replicas=2, inline=True,
     )  # fmt: skip
     got = _stat_of(core)
     assert got == made and hash(got) == hash(made) and repr(got) == repr(made)

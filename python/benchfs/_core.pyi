@@ -189,7 +189,8 @@ class Client:
         ENOTDIR, ELOOP, ENAMETOOLONG or EINVAL on failure."""
     def stat(self, path: str) -> dict[str, int | str]:
         """Links followed: kind ("file"/"dir"), size, mode, id (hex), mtime_ns, ctime_ns,
-        chunk_size, stripe_count, stripe_start, replicas."""
+        chunk_size, stripe_count, stripe_start, replicas, inline (bool: the file's bytes are
+        kept with its name, `layout.inline_max`)."""
     def lstat(self, path: str) -> dict[str, int | str]:
         """As stat, a symbolic link's own (kind "symlink", size: its target's length)."""
     def symlink(self, target: str, path: str) -> None:

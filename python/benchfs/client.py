@@ -63,6 +63,9 @@ class Stat:
     stripe_start: int
     #: Copies of each chunk (`layout.replicas` when the file was created; 0: no data).
     replicas: int
+    #: The file's bytes are kept with its name at its metadata owner, not in chunks (a small
+    #: file, `layout.inline_max`); they move into chunks once it outgrows that.
+    inline: bool
 
     @property
     def st_mtime(self) -> float:
@@ -100,6 +103,7 @@ def _stat_of(a: dict[str, int | str]) -> Stat:
         stripe_count=a["stripe_count"],
         stripe_start=a["stripe_start"],
         replicas=a["replicas"],
+        inline=bool(a["inline"]),
     )
     return st
 

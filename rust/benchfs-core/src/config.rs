@@ -68,6 +68,10 @@ pub struct LayoutConfig {
     /// Copies of each chunk of a file created from now on, on servers of distinct failure
     /// domains (1 to 3).
     pub replicas: u8,
+    /// A file created from now on keeps its bytes with its inode at its metadata owner while
+    /// it is at most this long (one request to write or read it, no chunk file); it moves into
+    /// chunks when it grows past it. 0: every file has chunks. At most 60 KiB.
+    pub inline_max: u64,
 }
 
 impl Default for LayoutConfig {
@@ -75,6 +79,7 @@ impl Default for LayoutConfig {
         LayoutConfig {
             chunk_size: 4 << 20,
             replicas: 1,
+            inline_max: 8 << 10,
         }
     }
 }
@@ -323,6 +328,9 @@ impl Config {
         if !(1..=crate::placement::MAX_REPLICAS).contains(&self.layout.replicas) {
             return bad("layout.replicas must be 1, 2 or 3");
         }
+        if self.layout.inline_max > crate::protocol::meta::INLINE_LIMIT as u64 {
+            return bad("layout.inline_max must be at most 60 KiB (61440 bytes)");
+        }
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");
         }
@@ -443,6 +451,7 @@ pub const EFFECTIVE_HEADER: &str =
 /// Keys whose values are byte sizes: integers, or strings such as "4M" ([`parse_size`]).
 pub const SIZE_KEYS: &[&str] = &[
     "layout.chunk_size",
+    "layout.inline_max",
     "network.rndv_threshold",
     "network.tcp_segment_size",
     "client.read_ahead",

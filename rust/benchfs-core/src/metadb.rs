@@ -34,20 +34,22 @@ const SHAPE: &[u8] = b"m:shape";
 /// The store's format: 2 since symbolic links (an inode's value may end with a link target).
 /// A store without it was written before and is refused.
 const FORMAT: &[u8] = b"m:format";
-/// 2 kept symbolic links; 3 keeps each file's copy count in its layout.
-const FORMAT_VERSION: u32 = 3;
+/// 2 kept symbolic links; 3 keeps each file's copy count in its layout; 4 keeps small files'
+/// bytes with their inodes (an inode's value may end with them) and their chunk generation.
+const FORMAT_VERSION: u32 = 4;
 /// The sequence number of the last journal record applied to the environment.
 const JOURNAL_APPLIED: &[u8] = b"m:journal";
 
 /// One change to persist; a call persists several in one commit.
 pub enum Change<'a> {
-    /// An inode is new or changed: its attribute, its directory's entry counter, and a
-    /// symbolic link's target.
+    /// An inode is new or changed: its attribute, its directory's entry counter, a symbolic
+    /// link's target, and an inline file's bytes.
     Inode {
         path: &'a str,
         attr: Attr,
         added: u64,
         target: Option<&'a str>,
+        inline: Option<&'a [u8]>,
     },
     /// An inode is gone.
     Removed(&'a str),
@@ -63,10 +65,20 @@ pub enum Change<'a> {
     NextId(u64),
 }
 
+/// What an inode's value ends with, after its attribute and entry counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    None,
+    /// A symbolic link's target.
+    Target(String),
+    /// An inline file's bytes (possibly none).
+    Inline(Vec<u8>),
+}
+
 /// What a store held when it was opened.
 pub struct Loaded {
-    /// Path, attribute, entry counter, and a link's target.
-    pub inodes: Vec<(String, Attr, u64, Option<String>)>,
+    /// Path, attribute, entry counter, and a link's target or an inline file's bytes.
+    pub inodes: Vec<(String, Attr, u64, Tail)>,
     pub entries: Vec<(String, String, Entry)>,
     pub next_id: u64,
     pub nonce: u32,
@@ -115,12 +127,14 @@ fn write_of(c: &Change<'_>) -> Write {
             attr,
             added,
             target,
+            inline,
         } => {
-            let target = target.unwrap_or("");
-            let mut value = Vec::with_capacity(ATTR_LEN + 8 + target.len());
+            // The attribute says which the tail is: a link's target or an inline file's bytes.
+            let tail = target.map(str::as_bytes).or(*inline).unwrap_or_default();
+            let mut value = Vec::with_capacity(ATTR_LEN + 8 + tail.len());
             attr.encode(&mut value);
             value.extend_from_slice(&added.to_le_bytes());
-            value.extend_from_slice(target.as_bytes());
+            value.extend_from_slice(tail);
             (inode_key(path), Some(value))
         }
         Change::Removed(path) => (inode_key(path), None),
@@ -239,7 +253,7 @@ impl MetaDb {
         if format != Some(FORMAT_VERSION) {
             return Err(Error::Config(format!(
                 "metadata store {}: format {} (this BenchFS reads format {FORMAT_VERSION}, which \
-                 keeps each file's copy count): start the job on an empty data directory",
+                 keeps small files' bytes with their inodes): start the job on an empty data directory",
                 self.path,
                 format.map_or("1".to_string(), |f| f.to_string())
             )));
@@ -264,17 +278,20 @@ impl MetaDb {
                     let path = std::str::from_utf8(&k[1..]).map_err(|_| bad("a path is not UTF-8"))?;
                     let attr = v.get(..ATTR_LEN).and_then(Attr::decode);
                     let added = v.get(ATTR_LEN..ATTR_LEN + 8).and_then(u64_of);
-                    let target = v.get(ATTR_LEN + 8..).map(std::str::from_utf8);
-                    let (Some(attr), Some(added), Some(Ok(target))) = (attr, added, target) else {
+                    let tail = v.get(ATTR_LEN + 8..);
+                    let (Some(attr), Some(added), Some(tail)) = (attr, added, tail) else {
                         return Err(bad(&format!("inode {path} is damaged")));
                     };
-                    let target = match (attr.kind, target) {
-                        (Kind::Symlink, t) if !t.is_empty() => Some(t.to_string()),
+                    let tail = match (attr.kind, std::str::from_utf8(tail)) {
+                        (Kind::Symlink, Ok(t)) if !t.is_empty() => Tail::Target(t.to_string()),
                         (Kind::Symlink, _) => return Err(bad(&format!("link {path} has no target"))),
-                        (_, "") => None,
+                        (Kind::File, _) if attr.layout.inline && tail.len() as u64 == attr.size => {
+                            Tail::Inline(tail.to_vec())
+                        }
+                        (_, _) if tail.is_empty() && !attr.layout.inline => Tail::None,
                         _ => return Err(bad(&format!("inode {path} is damaged"))),
                     };
-                    loaded.inodes.push((path.to_string(), attr, added, target));
+                    loaded.inodes.push((path.to_string(), attr, added, tail));
                 }
                 Some(&ENTRY) => {
                     let text = std::str::from_utf8(&k[1..]).map_err(|_| bad("an entry is not UTF-8"))?;
@@ -424,11 +441,17 @@ mod tests {
             attr: link_attr(),
             added: 0,
             target: Some("../t/x"),
+            inline: None,
         }])?;
         let loaded = db.load(0, 1)?.ok_or_else(|| Error::Protocol("empty".into()))?;
         assert_eq!(
             loaded.inodes,
-            vec![("/l".to_string(), link_attr(), 0, Some("../t/x".to_string()))]
+            vec![(
+                "/l".to_string(),
+                link_attr(),
+                0,
+                Tail::Target("../t/x".to_string())
+            )]
         );
         Ok(())
     }
@@ -443,6 +466,7 @@ mod tests {
                 stripe_count: 1,
                 start: 0,
                 replicas: 1,
+                ..Layout::NONE
             },
             ..link_attr()
         }
@@ -467,6 +491,7 @@ mod tests {
                     attr: file_attr(i as u128),
                     added: 0,
                     target: None,
+                    inline: None,
                 }]);
                 db.commit_staged()?;
             }
@@ -523,22 +548,27 @@ mod tests {
         Ok(())
     }
 
-    /// Format 2 kept no copy count in its layouts: its files would read as having none.
+    /// Formats 2 and 3 kept no copy count (2) and no inline bytes or chunk generation (3) in
+    /// their inodes: their files would read wrongly, so they are refused in one line.
     #[test]
-    fn a_store_written_before_copies_is_refused_in_one_line() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
-        let db = MetaDb::open(dir.path(), false)?;
-        db.init(0, 1, 7)?;
-        let mut w = db.env.write_txn().map_err(|e| db.err("begin", e))?;
-        db.db
-            .put(&mut w, FORMAT, &2u32.to_le_bytes())
-            .map_err(|e| db.err("write", e))?;
-        w.commit().map_err(|e| db.err("commit", e))?;
-        let refused = db.load(0, 1).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            refused.contains("format 2") && refused.contains("copy count") && !refused.contains('\n'),
-            "{refused}"
-        );
+    fn a_store_of_an_older_format_is_refused_in_one_line() -> Result<()> {
+        for old in [2u32, 3] {
+            let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+            let db = MetaDb::open(dir.path(), false)?;
+            db.init(0, 1, 7)?;
+            let mut w = db.env.write_txn().map_err(|e| db.err("begin", e))?;
+            db.db
+                .put(&mut w, FORMAT, &old.to_le_bytes())
+                .map_err(|e| db.err("write", e))?;
+            w.commit().map_err(|e| db.err("commit", e))?;
+            let refused = db.load(0, 1).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                refused.contains(&format!("format {old}"))
+                    && refused.contains("small files")
+                    && !refused.contains('\n'),
+                "{refused}"
+            );
+        }
         Ok(())
     }
 }

@@ -13,13 +13,15 @@
 //! entries with the inode's owner and hide those without one, so a client that dies between
 //! the steps of an operation leaves a namespace on which stat, readdir and open agree.
 
+mod inline;
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::chunking::FileId;
-use crate::metadb::{Change, MetaDb};
+use crate::metadb::{Change, MetaDb, Tail};
 use crate::placement::{Layout, LayoutAllocator};
-use crate::protocol::meta::{DirEntry, FindRequest, Found, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
+use crate::protocol::meta::{DirEntry, FindRequest, Found, CHUNKED, CREATE, EXCLUSIVE, NO_REPLACE, TRUNCATE};
 use crate::protocol::mirror;
 
 pub const PATH_MAX: usize = 4096;
@@ -112,6 +114,16 @@ pub struct Attr {
     pub layout: Layout,
 }
 
+impl Attr {
+    /// The id the file's chunks are kept under: its id, with the generation of its chunks
+    /// (see [`Layout::generation`]) in bits 48 to 62 of its counter, which no file's counter
+    /// reaches, so each move of a small file's bytes into chunks writes chunks no other file
+    /// and no other attempt has.
+    pub fn data_id(&self) -> u128 {
+        self.id.0 ^ ((self.layout.generation as u128) << 48)
+    }
+}
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -135,6 +147,8 @@ struct Node {
     added: u64,
     /// A symbolic link's target, as its creator wrote it.
     target: Option<Box<str>>,
+    /// An inline file's bytes (`attr.layout.inline`; as many as its size).
+    inline: Option<Vec<u8>>,
 }
 
 /// What [`MetaStore::find`] answers.
@@ -172,6 +186,10 @@ pub struct MetaStore {
     /// With copies of the metadata: the changes of the request being served, and the versions
     /// of the keys changed by mirrors (see [`MetaStore::apply_mirror`]).
     copies: Option<Copies>,
+    /// Files created from now on keep up to this many bytes with their inodes (0: none).
+    inline_max: usize,
+    /// The last chunk generation handed to a move of an inline file's bytes into chunks.
+    generation: u16,
 }
 
 /// What a store with copies keeps besides its names.
@@ -201,6 +219,9 @@ impl MetaStore {
             db: None,
             next_mark: now_ns().max(1),
             copies: None,
+            inline_max: 0,
+            // Attempts of an earlier life of this owner wrote under other generations.
+            generation: (now_ns() % crate::placement::MAX_GENERATION as u64) as u16,
         };
         if crate::placement::metadata_owner("/", owners) == owner {
             store.nodes.insert("/".into(), Self::dir_node(0o755));
@@ -225,9 +246,13 @@ impl MetaStore {
                 let mut store = MetaStore::new(owner, owners, stripe_count, chunk_size, loaded.nonce);
                 store.nodes.clear();
                 store.next_id = loaded.next_id;
-                for (path, attr, added, target) in loaded.inodes {
+                for (path, attr, added, tail) in loaded.inodes {
                     let entries = (attr.kind == Kind::Dir).then(BTreeMap::new);
-                    let target = target.map(String::into_boxed_str);
+                    let (target, inline) = match tail {
+                        Tail::Target(t) => (Some(t.into_boxed_str()), None),
+                        Tail::Inline(b) => (None, Some(b)),
+                        Tail::None => (None, None),
+                    };
                     store.nodes.insert(
                         path,
                         Node {
@@ -235,6 +260,7 @@ impl MetaStore {
                             entries,
                             added,
                             target,
+                            inline,
                         },
                     );
                 }
@@ -257,6 +283,7 @@ impl MetaStore {
                         attr: root.attr,
                         added: 0,
                         target: None,
+                        inline: None,
                     }])?;
                 }
                 store
@@ -314,6 +341,7 @@ impl MetaStore {
             attr: n.attr,
             added: n.added,
             target: n.target.as_deref(),
+            inline: n.inline.as_deref(),
         })
     }
 
@@ -340,6 +368,7 @@ impl MetaStore {
             entries: Some(BTreeMap::new()),
             added: 0,
             target: None,
+            inline: None,
         }
     }
 
@@ -462,6 +491,7 @@ impl MetaStore {
                     attr: node.attr,
                     added: node.added,
                     target: node.target.as_deref(),
+                    inline: node.inline.as_deref(),
                 };
                 mirror::encode_change(&change, &mut out);
                 last = key;
@@ -500,6 +530,7 @@ impl MetaStore {
                 attr,
                 added,
                 target,
+                inline,
             } => {
                 let target = target.as_deref().map(Box::from);
                 let node = self.nodes.entry(path.clone()).or_insert_with(|| Node {
@@ -507,10 +538,12 @@ impl MetaStore {
                     entries: None,
                     added: 0,
                     target: None,
+                    inline: None,
                 });
                 node.attr = *attr;
                 node.added = *added;
                 node.target = target;
+                node.inline = inline.clone();
                 match (attr.kind, &node.entries) {
                     (Kind::Dir, None) => node.entries = Some(BTreeMap::new()),
                     (Kind::Dir, Some(_)) => {}
@@ -571,6 +604,9 @@ impl MetaStore {
             }
             let old = node.attr.size;
             let attr = if flags & TRUNCATE != 0 && old > 0 {
+                if let Some(bytes) = node.inline.as_mut() {
+                    bytes.clear();
+                }
                 node.attr.size = 0;
                 node.attr.mtime_ns = now_ns();
                 node.attr.ctime_ns = node.attr.mtime_ns;
@@ -585,10 +621,11 @@ impl MetaStore {
         if flags & CREATE == 0 {
             return Err(libc::ENOENT);
         }
-        let layout = match start {
+        let mut layout = match start {
             Some(s) => self.layouts.at(s).ok_or(libc::EINVAL)?,
             None => self.layouts.allocate(),
         };
+        layout.inline = self.inline_max > 0 && flags & CHUNKED == 0;
         let attr = self.new_inode(path, Kind::File, mode & 0o7777, 0, layout, None)?;
         Ok((attr, 0))
     }
@@ -621,6 +658,7 @@ impl MetaStore {
                 entries: None,
                 added: 0,
                 target: target.map(Into::into),
+                inline: layout.inline.then(Vec::new),
             },
         );
         self.persist(&[
@@ -629,6 +667,7 @@ impl MetaStore {
                 attr,
                 added: 0,
                 target,
+                inline: layout.inline.then_some(&[][..]),
             },
             Change::NextId(self.next_id),
         ])?;
@@ -668,11 +707,15 @@ impl MetaStore {
         self.nodes.get(path).map(|n| n.attr).ok_or(libc::ENOENT)
     }
 
-    /// Removes a file's inode and returns it (the caller frees its chunks).
-    pub fn unlink(&mut self, path: &str) -> Result<Attr, Errno> {
+    /// Removes a file's inode and returns it (the caller frees its chunks); with `unchanged`
+    /// (an id and a change time), only while the inode is that one, unchanged since (ESTALE).
+    pub fn unlink(&mut self, path: &str, unchanged: Option<(u128, u64)>) -> Result<Attr, Errno> {
         match self.nodes.get(path) {
             None => Err(libc::ENOENT),
             Some(n) if n.attr.kind == Kind::Dir => Err(libc::EISDIR),
+            Some(n) if unchanged.is_some_and(|(id, t)| n.attr.id.0 != id || n.attr.ctime_ns != t) => {
+                Err(libc::ESTALE)
+            }
             Some(_) => {
                 let attr = self.nodes.remove(path).map(|n| n.attr).ok_or(libc::ENOENT)?;
                 self.persist(&[Change::Removed(path)])?;
@@ -763,6 +806,7 @@ impl MetaStore {
                         attr,
                         added,
                         target: None,
+                        inline: None,
                     },
                 ])?;
                 Ok(Some(start as u32))
@@ -893,8 +937,15 @@ impl MetaStore {
         attr: Attr,
         flags: u32,
         target: Option<&str>,
+        inline: &[u8],
     ) -> Result<Option<Attr>, Errno> {
         if (attr.kind == Kind::Symlink) != target.is_some_and(|t| !t.is_empty()) {
+            return Err(libc::EINVAL);
+        }
+        // An inline file's bytes move with it, all of them.
+        if (attr.layout.inline && inline.len() as u64 != attr.size)
+            || (!attr.layout.inline && !inline.is_empty())
+        {
             return Err(libc::EINVAL);
         }
         if let Some(old) = self.nodes.get(path) {
@@ -916,6 +967,7 @@ impl MetaStore {
             entries: (attr.kind == Kind::Dir).then(BTreeMap::new),
             added: 0,
             target: target.map(Into::into),
+            inline: attr.layout.inline.then(|| inline.to_vec()),
         };
         let replaced = self.nodes.insert(path.to_string(), node).map(|n| n.attr);
         self.persist_inode(path)?;
@@ -937,6 +989,7 @@ impl MetaStore {
             SizeUpdate::Exact => size,
         };
         let attr = if new != old || how == SizeUpdate::Exact {
+            Self::resize_inline(node, new, self.inline_max)?;
             node.attr.size = new;
             node.attr.mtime_ns = now_ns();
             node.attr.ctime_ns = node.attr.mtime_ns;
@@ -972,6 +1025,7 @@ impl MetaStore {
         }
         if let Some(size) = size {
             if size > node.attr.size {
+                Self::resize_inline(node, size, self.inline_max)?;
                 node.attr.size = size;
                 node.attr.mtime_ns = now_ns();
             }
@@ -1030,7 +1084,7 @@ mod tests {
             Ok((0, 10))
         );
         assert_eq!(m.create("/", CREATE, 0, None), Err(libc::EISDIR));
-        assert_eq!(m.unlink("/"), Err(libc::EISDIR));
+        assert_eq!(m.unlink("/", None), Err(libc::EISDIR));
         assert_eq!(m.rmdir("/f"), Err(libc::ENOTDIR));
         assert_eq!(m.rmdir("/"), Err(libc::EBUSY));
         m.mkdir("/d", 0o755).expect("mkdir");
@@ -1046,7 +1100,7 @@ mod tests {
         assert_eq!(m.rmdir("/d"), Err(libc::ENOTEMPTY));
         m.dir_remove("/d", "x", None).expect("remove");
         assert_eq!(m.rmdir("/d"), Ok(()));
-        assert_eq!(m.unlink("/f").map(|a| a.id), Ok(a.id));
+        assert_eq!(m.unlink("/f", None).map(|a| a.id), Ok(a.id));
         assert_eq!(m.stat("/f"), Err(libc::ENOENT));
     }
 
@@ -1076,18 +1130,18 @@ mod tests {
         let (f, _) = m.create("/a", CREATE, 0o600, None).expect("create");
         let (g, _) = m.create("/b", CREATE, 0o600, None).expect("create");
         m.mkdir("/d", 0o755).expect("mkdir");
-        assert_eq!(m.install("/b", f, NO_REPLACE, None), Err(libc::EEXIST));
-        assert_eq!(m.install("/d", f, 0, None), Err(libc::EISDIR));
+        assert_eq!(m.install("/b", f, NO_REPLACE, None, &[]), Err(libc::EEXIST));
+        assert_eq!(m.install("/d", f, 0, None, &[]), Err(libc::EISDIR));
         assert_eq!(
-            m.install("/b", f, 0, None).map(|r| r.map(|a| a.id)),
+            m.install("/b", f, 0, None, &[]).map(|r| r.map(|a| a.id)),
             Ok(Some(g.id))
         );
         let d = m.stat("/d").expect("stat");
-        assert_eq!(m.install("/a", d, 0, None), Err(libc::ENOTDIR));
+        assert_eq!(m.install("/a", d, 0, None, &[]), Err(libc::ENOTDIR));
         m.dir_add("/d", "x", Kind::File, false).expect("add");
         m.mkdir("/e", 0o755).expect("mkdir");
         let e = m.stat("/e").expect("stat");
-        assert_eq!(m.install("/d", e, 0, None), Err(libc::ENOTEMPTY));
+        assert_eq!(m.install("/d", e, 0, None, &[]), Err(libc::ENOTEMPTY));
     }
 
     /// Names that collide under the original's byte-summing hash get distinct ids, and 400k
@@ -1184,7 +1238,7 @@ mod tests {
                 .expect("attr");
             m.create("/d/g", CREATE, 0o644, None).expect("create g");
             m.dir_add("/d", "g", Kind::File, false).expect("entry g");
-            m.unlink("/d/g").expect("unlink");
+            m.unlink("/d/g", None).expect("unlink");
             m.dir_remove("/d", "g", None).expect("entry removed");
             m.commit().expect("commit");
             (file, m.stat("/d/f").expect("stat"), m.next_id)
@@ -1233,7 +1287,7 @@ mod tests {
             assert!(!m.has_staged());
             m.create("/lost", CREATE, 0o644, None).expect("create");
             m.dir_add("/", "lost", Kind::File, false).expect("entry");
-            m.unlink("/a").expect("unlink");
+            m.unlink("/a", None).expect("unlink");
             assert!(m.has_staged());
             // Dropped without a commit: as a server killed before answering these.
         }

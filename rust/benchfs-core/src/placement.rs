@@ -27,7 +27,17 @@ pub struct Layout {
     /// Copies of each chunk, on that many servers of distinct failure domains
     /// ([`Domains::replica_servers`]); 1 to [`MAX_REPLICAS`].
     pub replicas: u8,
+    /// The file's bytes are kept with its inode at its metadata owner, not in chunks (a small
+    /// file: `layout.inline_max`); they move into chunks, once, when the file outgrows it.
+    pub inline: bool,
+    /// Which chunks hold the file's bytes: 0 for a file made with chunks, else the move out
+    /// of its inode that succeeded (each attempt writes chunks of its own, see
+    /// [`crate::namespace::Attr::data_id`]); at most [`MAX_GENERATION`].
+    pub generation: u16,
 }
+
+/// The largest chunk generation (15 bits: an attribute keeps it with the inline flag).
+pub const MAX_GENERATION: u16 = 0x7fff;
 
 /// The most copies of a chunk a layout may ask for.
 pub const MAX_REPLICAS: u8 = 3;
@@ -39,6 +49,8 @@ impl Layout {
         stripe_count: 0,
         start: 0,
         replicas: 0,
+        inline: false,
+        generation: 0,
     };
 
     pub fn server_index(&self, chunk: u64) -> u32 {
@@ -152,6 +164,8 @@ impl Domains {
             stripe_count: self.ring.len() as u32,
             start: owner_server as u32,
             replicas: replicas.clamp(1, MAX_REPLICAS),
+            inline: false,
+            generation: 0,
         };
         let original = self.replica_servers(&layout, 0, &[]);
         if layout.replicas == 1 {
@@ -365,6 +379,8 @@ impl LayoutAllocator {
             stripe_count: self.stripe_count,
             start,
             replicas: self.replicas,
+            inline: false,
+            generation: 0,
         })
     }
 
@@ -377,6 +393,8 @@ impl LayoutAllocator {
             stripe_count: self.stripe_count,
             start,
             replicas: self.replicas,
+            inline: false,
+            generation: 0,
         }
     }
 }
@@ -451,6 +469,7 @@ mod tests {
             stripe_count: stripe,
             start: 0,
             replicas,
+            ..Layout::NONE
         }
     }
 

@@ -4,7 +4,7 @@
 use crate::protocol::meta::{CREATE, EXCLUSIVE, NO_FOLLOW, TRUNCATE};
 
 /// The errors a metadata owner answers about a path (anything else is about the server).
-pub const NAMESPACE_ERRNOS: [i32; 10] = [
+pub const NAMESPACE_ERRNOS: [i32; 12] = [
     libc::ENOENT,
     libc::EEXIST,
     libc::EISDIR,
@@ -15,6 +15,10 @@ pub const NAMESPACE_ERRNOS: [i32; 10] = [
     libc::EBUSY,
     libc::EXDEV,
     libc::ELOOP,
+    // An inline file's: the path names another file now, or it changed under a rename.
+    libc::ESTALE,
+    // An inline file's: a truncate past `layout.inline_max` (its bytes move into chunks first).
+    libc::EFBIG,
 ];
 
 /// Whether `errno` is an answer about a path or an operation the file system does not offer

@@ -233,6 +233,7 @@ mod tests {
                 stripe_count: 1,
                 start: 0,
                 replicas: 1,
+                ..Layout::NONE
             },
         }
     }

@@ -269,7 +269,7 @@ impl PyClient {
     }
 
     /// Attributes of `path`, links followed: kind ("file" or "dir"), size, mode, id (32 hex
-    /// digits), mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start, replicas.
+    /// digits), mtime_ns, ctime_ns, chunk_size, stripe_count, stripe_start, replicas, inline.
     fn stat<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
         let a = self.with(py, |c| c.stat(path))?;
         attr_dict(py, &a)
@@ -689,6 +689,7 @@ fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("stripe_count", a.layout.stripe_count)?;
     d.set_item("replicas", a.layout.replicas)?;
     d.set_item("stripe_start", a.layout.start)?;
+    d.set_item("inline", a.layout.inline)?;
     Ok(d)
 }
 

@@ -121,6 +121,7 @@ impl Study {
                         stripe_count: servers,
                         start,
                         replicas: 1,
+                        ..Layout::NONE
                     },
                     owner_layout: owners[metadata_owner(p, servers) as usize].allocate(),
                 }

@@ -30,9 +30,19 @@ impl Client {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::InvalidArgument("offset + length overflows".into()))?;
-        let attr = &file.attr;
+        self.forget_read_ahead(file.attr.id.0);
+        if file.placed().layout.inline && self.run(self.write_inline(file, offset, data))? {
+            if !data.is_empty() {
+                // The owner has the size already: a close has nothing to report.
+                file.written_end.set(file.written_end.get().max(end));
+                file.reported_end.set(file.reported_end.get().max(end));
+                file.changed();
+            }
+            return Ok(data.len());
+        }
+        let placed = file.placed();
+        let attr = &placed;
         let window = self.config.client.max_inflight as usize;
-        self.forget_read_ahead(attr.id.0);
         // A file of several copies is written through: each write is answered when every live
         // copy has it.
         if self.config.client.write_behind > 0 && attr.layout.replicas <= 1 {
@@ -47,7 +57,7 @@ impl Client {
         let written = self.run(async {
             let ready = Instant::now();
             let calls = split(offset, data.len() as u64, attr.layout.chunk_size).map(|p| async move {
-                let header = Header::request(Op::WriteChunk, 0, attr.id.0, p.chunk, p.offset, p.len);
+                let header = Header::request(Op::WriteChunk, 0, attr.data_id(), p.chunk, p.offset, p.len);
                 let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
                 if attr.layout.replicas <= 1 {
                     return self
@@ -76,11 +86,18 @@ impl Client {
     /// handle's writes (close-to-open); a read reaching past it asks the owner once more.
     pub fn read(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _call = self.telemetry_call(OpKind::Read);
+        if file.placed().layout.inline {
+            if let Some(n) = self.run(self.read_inline(file, offset, buf))? {
+                file.next_read.set(offset + n as u64);
+                return Ok(n);
+            }
+        }
         let n = self.readable(file, offset, buf.len())?;
         let end = offset + n as u64;
         let sequential = offset == file.next_read.get();
         file.next_read.set(end);
-        let attr = &file.attr;
+        let placed = file.placed();
+        let attr = &placed;
         let window = self.config.client.max_inflight as usize;
         self.run(async {
             let ready = Instant::now();
@@ -113,7 +130,7 @@ impl Client {
                             (from / cs, from % cs)
                         }
                     };
-                    let header = Header::request(Op::ReadChunk, 0, attr.id.0, server.0, server.1, len);
+                    let header = Header::request(Op::ReadChunk, 0, attr.data_id(), server.0, server.1, len);
                     let reply = self.read_copies(attr, header, Some(&mut *head), ready).await?;
                     let got = (reply.length as usize).min(head.len());
                     // Never-written ranges inside the size are holes.
@@ -159,14 +176,27 @@ impl Client {
     pub fn read_hashed(&self, file: &FileHandle, offset: u64, buf: &mut [u8]) -> Result<(usize, Vec<u128>)> {
         let _call = self.telemetry_call(OpKind::Read);
         let cs = file.attr.layout.chunk_size.max(1);
+        let misaligned = || {
+            Err(Error::InvalidArgument(format!(
+                "a hashed read starts at a chunk boundary (every {cs} bytes), not at {offset}"
+            )))
+        };
+        if file.placed().layout.inline {
+            // The owner's record is the store: the bytes, hashed here as they arrived.
+            if let Some(n) = self.run(self.read_inline(file, offset, buf))? {
+                if n > 0 && !offset.is_multiple_of(cs) {
+                    return misaligned();
+                }
+                return Ok((n, super::inline::range_hashes(&buf[..n], cs)));
+            }
+        }
         let n = self.readable(file, offset, buf.len())?;
         // At the end of the file, as a read: nothing (from wherever the last read ended).
         if n > 0 && !offset.is_multiple_of(cs) {
-            return Err(Error::InvalidArgument(format!(
-                "a hashed read starts at a chunk boundary (every {cs} bytes), not at {offset}"
-            )));
+            return misaligned();
         }
-        let attr = &file.attr;
+        let placed = file.placed();
+        let attr = &placed;
         let window = self.config.client.max_inflight as usize;
         let hashes = self.run(async {
             let ready = Instant::now();
@@ -176,7 +206,7 @@ impl Client {
                 let (head, tail) = std::mem::take(&mut rest).split_at_mut(p.len as usize);
                 rest = tail;
                 calls.push(async move {
-                    let header = Header::request(Op::ReadHashed, 0, attr.id.0, p.chunk, p.offset, p.len);
+                    let header = Header::request(Op::ReadHashed, 0, attr.data_id(), p.chunk, p.offset, p.len);
                     let reply = self.read_copies(attr, header, Some(&mut *head), ready).await?;
                     let got = (reply.length as usize).min(head.len());
                     // Never-written ranges inside the size are holes (hashed as zeros too).
@@ -217,8 +247,9 @@ impl Client {
     pub fn fsync(&self, file: &FileHandle) -> Result<()> {
         let _call = self.telemetry_call(OpKind::Fsync);
         self.flush(file)?;
-        let targets = self.data_targets(&file.attr, 0, file.size());
-        self.run(self.to_targets(Op::Fsync, &file.attr, targets, 0))?;
+        let placed = file.placed();
+        let targets = self.data_targets(&placed, 0, file.size());
+        self.run(self.to_targets(Op::Fsync, &placed, targets, 0))?;
         self.report_size(file)
     }
 
@@ -230,41 +261,57 @@ impl Client {
     pub fn checksum(&self, path: &str) -> Result<FileChecksum> {
         let _call = self.telemetry_call(OpKind::Read);
         let path = self.checked("checksum", path)?;
-        let attr = self.run(self.stat_following(&path))?;
-        if attr.kind != Kind::File {
-            let errno = if attr.kind == Kind::Dir {
-                libc::EISDIR
-            } else {
-                libc::EINVAL
-            };
-            return Err(Error::Path {
-                op: "checksum",
-                path,
-                errno,
-            });
-        }
-        let size = attr.size;
-        self.run(self.checksum_of(&attr, size))
+        self.run(self.through_links("checksum", &path, true, |path| async move {
+            let attr = self.lookup(&path).await?;
+            if attr.kind != Kind::File {
+                let errno = match attr.kind {
+                    Kind::Dir => libc::EISDIR,
+                    // A link in the last place: followed (through_links resolves it).
+                    _ => libc::ELOOP,
+                };
+                return Err(Error::Path {
+                    op: "checksum",
+                    path,
+                    errno,
+                });
+            }
+            self.checksum_of(&path, &attr, attr.size).await
+        }))
     }
 
     /// As [`Client::checksum`], for an open file: its size as this handle knows it (the
     /// owner's at open and its own writes), so no lookup is needed.
     pub fn checksum_file(&self, file: &FileHandle) -> Result<FileChecksum> {
         let _call = self.telemetry_call(OpKind::Read);
-        self.run(self.checksum_of(&file.attr, file.size()))
+        self.run(self.checksum_of(&file.path, &file.placed(), file.size()))
     }
 
-    async fn checksum_of(&self, attr: &Attr, size: u64) -> Result<FileChecksum> {
+    async fn checksum_of(&self, path: &str, attr: &Attr, size: u64) -> Result<FileChecksum> {
         if self.writes_behind(attr.id.0) {
             self.settle_file(attr.id.0, true).await?;
         }
         let cs = attr.layout.chunk_size.max(1);
+        let (attr, size) = if attr.layout.inline {
+            // The owner's record is the store: its bytes, hashed here as they arrived.
+            let (now, bytes) = self.inline_bytes("checksum", path, attr.id.0).await?;
+            if now.layout.inline {
+                return Ok(FileChecksum {
+                    size: bytes.len() as u64,
+                    chunk_size: cs,
+                    chunks: super::inline::range_hashes(&bytes, cs),
+                });
+            }
+            (now, now.size.max(size))
+        } else {
+            (*attr, size)
+        };
+        let attr = &attr;
         let count = size.div_ceil(cs);
         let window = self.config.client.max_inflight as usize;
         let ready = Instant::now();
         let calls = (0..count).map(|chunk| async move {
             let len = (size - chunk * cs).min(cs);
-            let header = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, len);
+            let header = Header::request(Op::Checksum, 0, attr.data_id(), chunk, 0, len);
             let mut d = [0u8; CHECKSUM_LEN];
             let reply = self.read_copies(attr, header, Some(&mut d[..]), ready).await?;
             if reply.length as usize != CHECKSUM_LEN {
@@ -314,6 +361,10 @@ impl Client {
     /// The (server, worker) pairs holding the chunks (every copy) of `attr`'s bytes in
     /// `[from, to)`.
     pub(super) fn data_targets(&self, attr: &Attr, from: u64, to: u64) -> Vec<(usize, usize)> {
+        if attr.layout.inline {
+            // Its bytes are with its inode: it has no chunks.
+            return Vec::new();
+        }
         let cs = attr.layout.chunk_size.max(1);
         let (first, last) = (from / cs, to.div_ceil(cs));
         let stripe = attr.layout.stripe_count as usize;
@@ -341,7 +392,7 @@ impl Client {
     ) -> Result<()> {
         let window = self.config.client.max_inflight as usize;
         let ready = Instant::now();
-        let header = Header::request(op, 0, attr.id.0, 0, 0, length);
+        let header = Header::request(op, 0, attr.data_id(), 0, 0, length);
         if attr.layout.replicas > 1 {
             // Each target holds copies whose others are elsewhere: one gone is declared lost.
             let calls = targets

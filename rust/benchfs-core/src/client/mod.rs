@@ -12,6 +12,7 @@ mod capacity;
 mod connect;
 mod data;
 mod find;
+mod inline;
 mod links;
 mod locks;
 mod meta_copies;
@@ -76,9 +77,17 @@ pub struct FileHandle {
     changes: Arc<AtomicU64>,
     /// Whether writes through this handle were left behind since its last flush.
     behind: Cell<bool>,
+    /// The attribute the data path addresses: `attr`, until the handle learns that the file's
+    /// bytes moved from its inode into chunks (client/inline.rs).
+    placed: Cell<Attr>,
 }
 
 impl FileHandle {
+    /// Where the file's bytes are, as this handle last learned (its layout and chunk id).
+    pub fn placed(&self) -> Attr {
+        self.placed.get()
+    }
+
     /// The size as this handle knows it: the owner's at open (or last refresh) and its writes.
     pub fn size(&self) -> u64 {
         self.known_size.get().max(self.written_end.get())

@@ -225,6 +225,7 @@ impl Client {
             next_read: Cell::new(0),
             changes: Arc::default(),
             behind: Cell::new(false),
+            placed: Cell::new(attr),
         })
     }
 
@@ -551,11 +552,16 @@ impl Client {
             path: from.to_string(),
             errno,
         };
-        let (attr, _) = self
+        let (mut attr, _) = self
             .meta_attr(Op::Stat, "rename", &MetaRequest::new(from))
             .await?;
         if from == to {
             return Ok(());
+        }
+        // An inline file's bytes move with its inode: read with it, in one request.
+        let mut bytes = Vec::new();
+        if attr.layout.inline {
+            (attr, bytes) = self.inline_bytes("rename", from, attr.id.0).await?;
         }
         // A link moves with its target.
         let target = match attr.kind {
@@ -593,6 +599,7 @@ impl Client {
         let mut req = MetaRequest::new(to);
         req.attr = Some(attr);
         req.target = target;
+        req.data = bytes;
         req.flags = flags & meta::NO_REPLACE;
         let replaced = match self.meta(Op::Install, "rename", &req).await {
             Ok((_, replaced)) => replaced,
@@ -606,11 +613,33 @@ impl Client {
             }
         };
         self.step_done("rename", 3);
-        let old = MetaRequest::new(from);
+        let mut old = MetaRequest::new(from);
         if attr.kind == Kind::Dir {
             self.meta(Op::Rmdir, "rename", &old).await?;
         } else {
-            self.meta(Op::Unlink, "rename", &old).await?;
+            // An inline file goes only as its bytes were read: written since, the bytes are
+            // installed again as they are now (over the install above, the same file).
+            for tries in 0.. {
+                if attr.layout.inline {
+                    old.flags = meta::UNCHANGED;
+                    old.id = attr.id.0;
+                    old.arg = attr.ctime_ns;
+                }
+                match self.meta(Op::Unlink, "rename", &old).await {
+                    Err(Error::Path {
+                        errno: libc::ESTALE, ..
+                    }) if tries < 64 => {
+                        (attr, req.data) = self.inline_bytes("rename", from, attr.id.0).await?;
+                        req.attr = Some(attr);
+                        req.flags = 0;
+                        self.meta(Op::Install, "rename", &req).await?;
+                    }
+                    r => {
+                        r?;
+                        break;
+                    }
+                }
+            }
         }
         self.step_done("rename", 4);
         self.dir_remove("rename", from).await?;
@@ -632,7 +661,17 @@ impl Client {
                 let mut req = MetaRequest::new(&path);
                 req.arg = size;
                 req.flags = 1;
-                let (attr, old) = self.meta_attr(Op::SetSize, "truncate", &req).await?;
+                let (attr, old) = match self.meta_attr(Op::SetSize, "truncate", &req).await {
+                    // An inline file truncated past the limit: its bytes move into chunks first.
+                    Err(Error::Path {
+                        errno: libc::EFBIG, ..
+                    }) => {
+                        let attr = self.lookup(&path).await?;
+                        self.promote("truncate", &path, attr.id.0).await?;
+                        self.meta_attr(Op::SetSize, "truncate", &req).await?
+                    }
+                    r => r?,
+                };
                 self.check_layout(&path, &attr)?;
                 self.forget_read_ahead(attr.id.0);
                 self.free_data(&attr, size, old).await

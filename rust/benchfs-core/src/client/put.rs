@@ -5,16 +5,18 @@
 //! over the device), so the writer compares it with the hash of what it sent without a second
 //! request and without the bytes coming back.
 //! A whole file is four requests: the parent's entry, the inode (created or truncated), the
-//! checked writes, and its size, mode and time together; a batch runs them for
-//! `client.max_inflight` files at once.
+//! checked writes, and its size, mode and time together; a small one (`layout.inline_max`)
+//! two: the parent's entry, then the inode with its bytes, mode and time, kept with it
+//! (client/inline.rs). A batch runs them for `client.max_inflight` files at once.
 
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::chunking::split;
 use crate::error::{Error, Result};
-use crate::namespace::Attr;
+use crate::namespace::{Attr, Kind};
 use crate::protocol::meta::{self, MetaRequest};
 use crate::protocol::{Header, Op};
 use crate::telemetry::OpKind;
@@ -69,7 +71,12 @@ impl Client {
             if self.writes_behind(file.attr.id.0) {
                 self.settle_file(file.attr.id.0, true).await?;
             }
-            self.write_checked_at(&file.attr, offset, data, check).await
+            if file.placed().layout.inline && !data.is_empty() {
+                // A checked write is checked in the chunks it lands in.
+                file.placed
+                    .set(self.promote("write", &file.path, file.attr.id.0).await?);
+            }
+            self.write_checked_at(&file.placed(), offset, data, check).await
         })?;
         if !data.is_empty() {
             file.written_end.set(file.written_end.get().max(end));
@@ -98,10 +105,23 @@ impl Client {
 
     async fn put_one(&self, f: &WholeFile<'_>, check: Check) -> Result<FileChecksum> {
         let path = self.checked("put", f.path)?;
-        let (path, attr) = self
-            .open_at(&path, meta::CREATE | meta::TRUNCATE, f.mode & 0o7777)
-            .await?;
+        let small = f.data.len() as u64 <= self.config.layout.inline_max;
+        let (path, attr) = if small {
+            match self.put_inline(&path, f).await? {
+                Ok(done) => return Ok(done),
+                Err(opened) => opened,
+            }
+        } else {
+            let flags = meta::CREATE | meta::TRUNCATE | meta::CHUNKED;
+            self.open_at(&path, flags, f.mode & 0o7777).await?
+        };
         self.forget_read_ahead(attr.id.0);
+        // An inline file made before, now given more than it keeps.
+        let attr = if attr.layout.inline {
+            self.promote("put", &path, attr.id.0).await?
+        } else {
+            attr
+        };
         let chunks = self.write_checked_at(&attr, 0, f.data, check).await?;
         let mut req = MetaRequest::new(&path);
         req.flags = meta::SET_SIZE | meta::SET_MODE | meta::SET_MTIME;
@@ -116,9 +136,63 @@ impl Client {
         })
     }
 
+    /// A whole small file in one request after its entry: Ok(checksum) when its owner kept it
+    /// inline; else the file as opened (created or truncated) for its bytes to be written to
+    /// chunks. The owner's hash of the bytes as it kept them is compared with the caller's.
+    async fn put_inline(
+        &self,
+        path: &str,
+        f: &WholeFile<'_>,
+    ) -> Result<std::result::Result<FileChecksum, (String, Attr)>> {
+        self.through_links("put", path, true, |path| async move {
+            let start = self.dir_add("put", &path, Kind::File, libc::EISDIR, 0).await?;
+            let mut req = MetaRequest::new(&path);
+            req.flags = meta::CREATE | meta::TRUNCATE;
+            req.mode = f.mode & 0o7777;
+            req.arg = start.map_or(0, |s| s as u64 + 1);
+            req.size = f.mtime_ns;
+            req.data = f.data.to_vec();
+            let (h, body) = match self.meta(Op::PutInline, "put", &req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    if start.is_some() {
+                        let _ = self.dir_remove("put", &path).await;
+                    }
+                    return Err(e);
+                }
+            };
+            let attr = body
+                .get(..meta::ATTR_LEN)
+                .and_then(Attr::decode)
+                .ok_or_else(|| Error::Protocol("malformed attribute in put reply".into()))?;
+            self.check_layout(&path, &attr)?;
+            if start.is_some() {
+                self.tell_chunk_size(attr.layout.chunk_size);
+            }
+            let cs = attr.layout.chunk_size.max(1);
+            match <[u8; 16]>::try_from(&body[meta::ATTR_LEN..]).map(u128::from_le_bytes) {
+                Ok(kept) if kept == xxh3_128(f.data) => Ok(Ok(FileChecksum {
+                    size: f.data.len() as u64,
+                    chunk_size: cs,
+                    chunks: super::inline::range_hashes(f.data, cs),
+                })),
+                Ok(_) => Err(Error::Protocol(format!(
+                    "{path}: its owner kept bytes that differ from those sent"
+                ))),
+                Err(_) => {
+                    // Not kept inline (a file made with chunks before): its old chunks beyond
+                    // its new size go, as an open with O_TRUNC frees them.
+                    self.free_data(&attr, attr.size, h.value().old_size()).await?;
+                    Ok(Err((path, attr)))
+                }
+            }
+        })
+        .await
+    }
+
     /// Checked writes of `data` at `offset` of `attr`'s file, at most `client.max_inflight`
     /// in flight: the hash of each chunk part, in order, as `check` says.
-    async fn write_checked_at(
+    pub(super) async fn write_checked_at(
         &self,
         attr: &Attr,
         offset: u64,
@@ -130,7 +204,7 @@ impl Client {
         let parts: Vec<_> = split(offset, data.len() as u64, attr.layout.chunk_size).collect();
         let mut digests = vec![0u128; parts.len()];
         let calls = parts.into_iter().enumerate().map(|(i, p)| async move {
-            let header = Header::request(check.op(), 0, attr.id.0, p.chunk, p.offset, p.len);
+            let header = Header::request(check.op(), 0, attr.data_id(), p.chunk, p.offset, p.len);
             let part = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
             let digest = if attr.layout.replicas <= 1 {
                 self.call_for_digest(self.route(attr, p.chunk), header, part, ready)

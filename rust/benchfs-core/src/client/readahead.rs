@@ -139,6 +139,7 @@ impl Client {
             limit -= limit % cs; // whole chunks: no sliver requests
         }
         let id = file.attr.id.0;
+        let placed = file.placed();
         let from = {
             let files = self.read_ahead.files.borrow();
             let last = files
@@ -156,13 +157,20 @@ impl Client {
                 break;
             }
             let offset = from + piece.buf_offset;
-            let target = self.route(&file.attr, piece.chunk);
+            let target = self.route(&placed, piece.chunk);
             let mut buf = vec![0u8; piece.len as usize].into_boxed_slice();
             let dest = Dest {
                 ptr: buf.as_mut_ptr(),
                 len: buf.len(),
             };
-            let header = Header::request(Op::ReadChunk, 0, id, piece.chunk, piece.offset, piece.len);
+            let header = Header::request(
+                Op::ReadChunk,
+                0,
+                placed.data_id(),
+                piece.chunk,
+                piece.offset,
+                piece.len,
+            );
             // SAFETY: the buffer lives in the Prefetch until `release_read_ahead` (or a
             // transport reset) says UCX is done with it; a header-only send reads nothing else.
             let Ok((request, _send)) = (unsafe { self.send_detached(target, header, &[], Some(dest)) })

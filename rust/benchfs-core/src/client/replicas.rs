@@ -156,7 +156,12 @@ impl Client {
             .map(|s| {
                 (
                     s,
-                    chunk_worker(attr.id, chunk, self.server_count(), self.workers(s)),
+                    chunk_worker(
+                        crate::chunking::FileId(attr.data_id()),
+                        chunk,
+                        self.server_count(),
+                        self.workers(s),
+                    ),
                 )
             })
             .collect()
@@ -338,7 +343,8 @@ impl Client {
     /// chunks at once.
     pub(super) async fn repair_file(&self, attr: &Attr, size: u64, rejoining: &[usize]) -> Result<Repaired> {
         let mut done = Repaired::default();
-        if attr.kind != Kind::File || attr.layout.replicas <= 1 {
+        // An inline file's bytes are with its inode: the metadata's repair copies them.
+        if attr.kind != Kind::File || attr.layout.replicas <= 1 || attr.layout.inline {
             return Ok(done);
         }
         let cs = attr.layout.chunk_size.max(1);
@@ -354,7 +360,7 @@ impl Client {
                 .filter(|&&s| s < stripe)
                 .flat_map(|&s| (0..self.workers(s)).map(move |w| (s, w)));
             for target in cut {
-                let header = Header::request(Op::TruncateData, 0, attr.id.0, 0, 0, size);
+                let header = Header::request(Op::TruncateData, 0, attr.data_id(), 0, 0, size);
                 self.call(target, header, &[], None, ready).await?;
             }
         }
@@ -370,7 +376,14 @@ impl Client {
                 .copied()
                 .filter(|t| before.contains(&t.0) && !self.is_lost(t.0))
                 .collect();
-            let worker = |s: usize| chunk_worker(attr.id, chunk, self.server_count(), self.workers(s));
+            let worker = |s: usize| {
+                chunk_worker(
+                    crate::chunking::FileId(attr.data_id()),
+                    chunk,
+                    self.server_count(),
+                    self.workers(s),
+                )
+            };
             let places: Vec<Target> = now
                 .iter()
                 .copied()
@@ -390,14 +403,14 @@ impl Client {
             };
             let len = (size - chunk * cs).min(cs);
             let mut buf = vec![0u8; len as usize];
-            let read = Header::request(Op::ReadChunk, 0, attr.id.0, chunk, 0, len);
+            let read = Header::request(Op::ReadChunk, 0, attr.data_id(), chunk, 0, len);
             let got = self.call(source, read, &[], Some(&mut buf[..]), ready).await?;
             buf.truncate((got.length as usize).min(buf.len()));
-            let sum = Header::request(Op::Checksum, 0, attr.id.0, chunk, 0, buf.len() as u64);
+            let sum = Header::request(Op::Checksum, 0, attr.data_id(), chunk, 0, buf.len() as u64);
             let want = self.call_for_digest(source, sum, &[], ready).await?;
             let mut copies = 0;
             for place in places {
-                let write = Header::request(Op::WriteChecked, 0, attr.id.0, chunk, 0, buf.len() as u64);
+                let write = Header::request(Op::WriteChecked, 0, attr.data_id(), chunk, 0, buf.len() as u64);
                 let stored = self.call_for_digest(place, write, &buf, ready).await?;
                 if stored != want {
                     return Err(Error::Protocol(format!(
@@ -422,9 +435,10 @@ impl Client {
 
     /// The fewest copies any chunk of `attr`'s file (of `size` bytes) keeps on servers not in
     /// `lost` (server indexes: those not answering, and those declared lost and not repaired;
-    /// a repaired server's copies are on its stand-ins), or None for a file without data.
+    /// a repaired server's copies are on its stand-ins), or None for a file without chunks
+    /// (an inline file's bytes have the copies its name has).
     pub(super) fn fewest_live_copies(&self, attr: &Attr, size: u64, lost: &[usize]) -> Option<usize> {
-        if attr.kind != Kind::File || size == 0 {
+        if attr.kind != Kind::File || size == 0 || attr.layout.inline {
             return None;
         }
         let cs = attr.layout.chunk_size.max(1);

@@ -285,9 +285,13 @@ impl Client {
     /// layout; of several copies, the first whose server answers.
     pub(super) fn route(&self, attr: &Attr, chunk: u64) -> Target {
         if attr.layout.replicas <= 1 {
-            return chunk_target(attr.id, &attr.layout, chunk, self.server_count(), |s| {
-                self.workers(s)
-            });
+            return chunk_target(
+                crate::chunking::FileId(attr.data_id()),
+                &attr.layout,
+                chunk,
+                self.server_count(),
+                |s| self.workers(s),
+            );
         }
         let copies = self.copies(attr, chunk);
         copies

@@ -40,6 +40,8 @@ pub(super) const MAX_PARTS: usize = 4096;
 pub(super) struct Part {
     pub client: u64,
     pub file: u128,
+    /// The id the file's chunks are kept under ([`crate::namespace::Attr::data_id`]).
+    pub data_id: u128,
     pub target: Target,
     pub chunk: u64,
     pub in_chunk: u64,
@@ -418,7 +420,7 @@ async fn send(client: &Client, part: Part) -> (Part, Result<()>) {
     let header = Header::request(
         Op::WriteChunk,
         0,
-        part.file,
+        part.data_id,
         part.chunk,
         part.in_chunk,
         part.buf.len() as u64,

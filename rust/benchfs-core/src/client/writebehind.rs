@@ -23,7 +23,7 @@ impl Client {
     /// Writes `data` at `offset` of `file` behind the caller (see the module comment).
     pub(super) async fn write_behind(&self, file: &FileHandle, offset: u64, data: &[u8]) -> Result<()> {
         let sender = self.sender()?;
-        let attr = &file.attr;
+        let attr = &file.placed();
         let id = attr.id.0;
         let me = self.behind.number;
         // An earlier write of the file failed: this one says so, rather than go on.
@@ -35,6 +35,7 @@ impl Client {
             let mut part = Some(Part {
                 client: me,
                 file: id,
+                data_id: attr.data_id(),
                 target: self.route(attr, p.chunk),
                 chunk: p.chunk,
                 in_chunk: p.offset,

@@ -4,7 +4,7 @@
 
 use crate::chunking::FileId;
 use crate::namespace::{normalize, Attr, Kind, NAME_MAX, PATH_MAX};
-use crate::placement::{Layout, MAX_REPLICAS};
+use crate::placement::{Layout, MAX_GENERATION, MAX_REPLICAS};
 
 /// Open flags on the wire (the client maps O_* to these).
 pub const CREATE: u32 = 1;
@@ -27,15 +27,28 @@ pub const SET_LINK: u32 = 4;
 /// writes (before the time is set, so the time given stays).
 pub const SET_SIZE: u32 = 8;
 
+/// Promote: the second step (the bytes are in the chunks of the request's generation).
+pub const PROMOTE_END: u32 = 1;
+/// Open, PutInline: make a new file with chunks, not inline (its creator will write more
+/// than `layout.inline_max`).
+pub const CHUNKED: u32 = 64;
+/// Unlink: only while the inode is unchanged since the request's `arg` (its change time in
+/// ns) and its id the request's: a rename moving an inline file's bytes, which it read at that
+/// time (ESTALE otherwise).
+pub const UNCHANGED: u32 = 128;
+
 /// Readdir pages hold at most this many entries (and stay well under [`REPLY_MAX`]).
 pub const READDIR_PAGE: usize = 512;
 /// The largest metadata reply payload.
 pub const REPLY_MAX: usize = 64 * 1024;
-/// The fixed part of a metadata request: flags, mode, arg, size and three lengths.
-const REQUEST_FIXED: usize = 36;
-/// The largest metadata request payload: the fixed part, two paths, a link target and an
-/// attribute.
-pub const REQUEST_MAX: usize = REQUEST_FIXED + 3 * PATH_MAX + ATTR_LEN;
+/// The most bytes a file keeps with its inode (`layout.inline_max` at most): they and the
+/// attribute fit one metadata reply.
+pub const INLINE_LIMIT: usize = 60 * 1024;
+/// The fixed part of a metadata request: flags, mode, arg, size, four lengths and an id.
+const REQUEST_FIXED: usize = 56;
+/// The largest metadata request payload: the fixed part, two paths, a link target, an inline
+/// file's bytes and an attribute.
+pub const REQUEST_MAX: usize = REQUEST_FIXED + 3 * PATH_MAX + INLINE_LIMIT + ATTR_LEN;
 
 pub const ATTR_LEN: usize = 64;
 
@@ -55,7 +68,8 @@ impl Attr {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.kind as u8);
         out.push(self.layout.replicas);
-        out.extend_from_slice(&[0; 2]);
+        let placed = self.layout.generation.min(MAX_GENERATION) | (u16::from(self.layout.inline) << 15);
+        out.extend_from_slice(&placed.to_le_bytes());
         out.extend_from_slice(&self.mode.to_le_bytes());
         out.extend_from_slice(&self.id.0.to_le_bytes());
         out.extend_from_slice(&self.size.to_le_bytes());
@@ -77,6 +91,8 @@ impl Attr {
             stripe_count: le_u32(b, 56),
             start: le_u32(b, 60),
             replicas: b[1],
+            inline: b[3] & 0x80 != 0,
+            generation: u16::from_le_bytes([b[2], b[3]]) & MAX_GENERATION,
         };
         let kind = Kind::from_u8(b[0])?;
         if kind == Kind::File
@@ -84,6 +100,9 @@ impl Attr {
                 || layout.stripe_count == 0
                 || !(1..=MAX_REPLICAS).contains(&layout.replicas))
         {
+            return None;
+        }
+        if kind != Kind::File && (layout.inline || layout.generation != 0) {
             return None;
         }
         if layout.stripe_count > 0 && layout.start >= layout.stripe_count {
@@ -115,6 +134,12 @@ pub struct MetaRequest {
     pub name: String,
     /// A link's target as its creator wrote it: any bytes but NUL, 1 to PATH_MAX - 1.
     pub target: String,
+    /// Bytes of an inline file (its writes, a whole small file, a rename's move), at most
+    /// [`INLINE_LIMIT`].
+    pub data: Vec<u8>,
+    /// The file the request is about, when the path must still name it (an inline file's
+    /// reads and writes: a handle's path may have been renamed over); 0: any.
+    pub id: u128,
     pub attr: Option<Attr>,
 }
 
@@ -128,12 +153,14 @@ impl MetaRequest {
             path: path.to_string(),
             name: String::new(),
             target: String::new(),
+            data: Vec::new(),
+            id: 0,
             attr: None,
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let strings = self.path.len() + self.name.len() + self.target.len();
+        let strings = self.path.len() + self.name.len() + self.target.len() + self.data.len();
         let mut out = Vec::with_capacity(REQUEST_FIXED + strings + ATTR_LEN);
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.mode.to_le_bytes());
@@ -142,9 +169,12 @@ impl MetaRequest {
         out.extend_from_slice(&(self.path.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.target.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.id.to_le_bytes());
         out.extend_from_slice(self.path.as_bytes());
         out.extend_from_slice(self.name.as_bytes());
         out.extend_from_slice(self.target.as_bytes());
+        out.extend_from_slice(&self.data);
         if let Some(a) = &self.attr {
             a.encode(&mut out);
         }
@@ -157,21 +187,29 @@ impl MetaRequest {
         if b.len() < REQUEST_FIXED || b.len() > REQUEST_MAX {
             return Err(format!("metadata payload of {} bytes", b.len()));
         }
-        let (plen, nlen, tlen) = (
+        let (plen, nlen, tlen, dlen) = (
             le_u32(b, 24) as usize,
             le_u32(b, 28) as usize,
             le_u32(b, 32) as usize,
+            le_u32(b, 36) as usize,
         );
         let rest = b.len() - REQUEST_FIXED;
-        if plen > rest || nlen > rest - plen || tlen > rest - plen - nlen {
+        if plen > rest || nlen > rest - plen || tlen > rest - plen - nlen || dlen > rest - plen - nlen - tlen
+        {
             return Err("metadata payload shorter than its paths".into());
         }
+        if dlen > INLINE_LIMIT {
+            return Err(format!("{dlen} inline bytes (at most {INLINE_LIMIT})"));
+        }
         let (p0, n0, t0) = (REQUEST_FIXED, REQUEST_FIXED + plen, REQUEST_FIXED + plen + nlen);
-        let attr = match rest - plen - nlen - tlen {
+        let d0 = t0 + tlen;
+        let attr = match rest - plen - nlen - tlen - dlen {
             0 => None,
-            ATTR_LEN => Some(Attr::decode(&b[t0 + tlen..]).ok_or("malformed attribute")?),
+            ATTR_LEN => Some(Attr::decode(&b[d0 + dlen..]).ok_or("malformed attribute")?),
             n => return Err(format!("{n} unexpected trailing bytes")),
         };
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[40..56]);
         let text =
             |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| "path is not UTF-8".to_string());
         let path = text(&b[p0..n0])?;
@@ -199,6 +237,8 @@ impl MetaRequest {
             path,
             name,
             target,
+            data: b[d0..d0 + dlen].to_vec(),
+            id: u128::from_le_bytes(id),
             attr,
         })
     }

@@ -22,7 +22,10 @@ const NEXT_ID: u8 = 5;
 const MIRROR_FIXED: usize = 16;
 /// The largest mirror (or snapshot) request: a snapshot page (half a metadata reply) and the
 /// one record that may go over it, or the changes of one request.
-pub const REQUEST_MAX: usize = MIRROR_FIXED + crate::protocol::meta::REPLY_MAX + 4 * (PATH_MAX + 256);
+pub const REQUEST_MAX: usize = MIRROR_FIXED
+    + crate::protocol::meta::REPLY_MAX
+    + 4 * (PATH_MAX + 256)
+    + crate::protocol::meta::INLINE_LIMIT;
 
 /// A change as a copy receives it: owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +35,7 @@ pub enum Record {
         attr: Attr,
         added: u64,
         target: Option<String>,
+        inline: Option<Vec<u8>>,
     },
     Removed(String),
     Entry {
@@ -55,11 +59,13 @@ impl Record {
                 attr,
                 added,
                 target,
+                inline,
             } => Change::Inode {
                 path,
                 attr: *attr,
                 added: *added,
                 target: target.as_deref(),
+                inline: inline.as_deref(),
             },
             Record::Removed(p) => Change::Removed(p),
             Record::Entry { dir, name, entry } => Change::Entry {
@@ -98,12 +104,17 @@ pub fn encode_change(c: &Change<'_>, out: &mut Vec<u8>) {
             attr,
             added,
             target,
+            inline,
         } => {
             out.push(INODE);
             put_str(out, path);
             attr.encode(out);
             out.extend_from_slice(&added.to_le_bytes());
             put_str(out, target.unwrap_or(""));
+            // An inline file's bytes (the attribute says whether it has them).
+            let inline = inline.unwrap_or_default();
+            out.extend_from_slice(&(inline.len() as u32).to_le_bytes());
+            out.extend_from_slice(inline);
         }
         Change::Removed(path) => {
             out.push(REMOVED);
@@ -168,11 +179,22 @@ impl<'a> Reader<'a> {
                 let attr = Attr::decode(self.take(ATTR_LEN)?)?;
                 let added = self.u64()?;
                 let target = self.text(PATH_MAX - 1)?;
+                let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+                let bytes = self.take(len)?;
+                let fits = if attr.layout.inline {
+                    bytes.len() as u64 == attr.size
+                } else {
+                    bytes.is_empty()
+                };
+                if !fits {
+                    return None;
+                }
                 Record::Inode {
                     path,
                     attr,
                     added,
                     target: (!target.is_empty()).then_some(target),
+                    inline: attr.layout.inline.then(|| bytes.to_vec()),
                 }
             }
             REMOVED => Record::Removed(self.path()?),
@@ -300,6 +322,7 @@ mod tests {
                 stripe_count: 4,
                 start: 1,
                 replicas: 2,
+                ..Layout::NONE
             },
         }
     }
@@ -310,12 +333,28 @@ mod tests {
             kind: Kind::File,
             mark: 99,
         };
+        let small = Attr {
+            size: 3,
+            layout: Layout {
+                inline: true,
+                ..attr().layout
+            },
+            ..attr()
+        };
         let changes = [
             Change::Inode {
                 path: "/d/f",
                 attr: attr(),
                 added: 3,
                 target: None,
+                inline: None,
+            },
+            Change::Inode {
+                path: "/d/s",
+                attr: small,
+                added: 0,
+                target: None,
+                inline: Some(b"abc"),
             },
             Change::Removed("/d/g"),
             Change::Entry {
@@ -336,7 +375,7 @@ mod tests {
         };
         let (back, records) = Mirror::decode(&m.encode()).expect("decodes");
         assert_eq!(back, m);
-        assert_eq!(records.len(), 5);
+        assert_eq!(records.len(), 6);
         for ((seq, r), c) in records.iter().zip(&changes) {
             assert_eq!(*seq, 77);
             assert_eq!(change_key(&r.as_change()), change_key(c));
@@ -347,7 +386,18 @@ mod tests {
                 path: "/d/f".into(),
                 attr: attr(),
                 added: 3,
-                target: None
+                target: None,
+                inline: None,
+            }
+        );
+        assert_eq!(
+            records[1].1,
+            Record::Inode {
+                path: "/d/s".into(),
+                attr: small,
+                added: 0,
+                target: None,
+                inline: Some(b"abc".to_vec()),
             }
         );
     }

@@ -21,7 +21,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"BFS1");
 ///    epoch).
 /// 8: writes answered with the hash of what was received (op 11); reads answered with the hash
 ///    of what was read (op 12).
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 /// The largest worker address a hello may carry.
 pub const HELLO_ADDRESS_MAX: usize = 64 * 1024;
 pub const HEADER_LEN: usize = 72;
@@ -122,6 +122,25 @@ pub enum Op {
     /// Reply: the page's last key (u16 length, bytes), then records each preceded by its
     /// version (u64); value: whether more follow.
     Snapshot = 33,
+    /// An inline file's bytes: `size` bytes from `arg` (the request's `id`, when not 0, must be
+    /// the file's). Reply: attribute, then the bytes (none when the file is no longer inline:
+    /// its attribute says so, and where its chunks are).
+    InlineRead = 34,
+    /// Writes the request's `data` at `arg` of an inline file (`id` as for InlineRead). Reply:
+    /// attribute and [`ReplyValue::Existed`]: whether it was written (not: the file is not
+    /// inline any more, or the write would take it past `layout.inline_max`).
+    InlineWrite = 35,
+    /// Moves an inline file's bytes into chunks, in two steps. Without flags: reply attribute,
+    /// the bytes, and [`ReplyValue::Generation`], under which the client writes them to chunks
+    /// (an empty file moves at once: generation 0, not inline in the reply). Then with
+    /// `meta::PROMOTE_END`, `arg` that generation and `data` the xxh3-128 of the bytes written:
+    /// the file takes those chunks if its bytes are still those. Reply: attribute.
+    Promote = 36,
+    /// Create (flags and `arg` as Create's) and, when the file is inline, its whole bytes
+    /// (`data`), mode and modification time (`size`, ns) in the same request. Reply:
+    /// attribute, then the xxh3-128 of the bytes as kept when they were, and
+    /// [`ReplyValue::OldSize`].
+    PutInline = 37,
 }
 
 impl Op {
@@ -171,6 +190,10 @@ impl Op {
             31 => Some(Op::Readlink),
             32 => Some(Op::Mirror),
             33 => Some(Op::Snapshot),
+            34 => Some(Op::InlineRead),
+            35 => Some(Op::InlineWrite),
+            36 => Some(Op::Promote),
+            37 => Some(Op::PutInline),
             _ => None,
         }
     }
@@ -206,11 +229,15 @@ impl Op {
             Op::Readlink => "readlink",
             Op::Mirror => "mirror",
             Op::Snapshot => "snapshot",
+            Op::InlineRead => "inline_read",
+            Op::InlineWrite => "inline_write",
+            Op::Promote => "promote",
+            Op::PutInline => "put_inline",
         }
     }
 
     /// Every op, for tests and documentation.
-    pub const ALL: [Op; 29] = [
+    pub const ALL: [Op; 33] = [
         Op::WriteChunk,
         Op::ReadChunk,
         Op::Fsync,
@@ -240,6 +267,10 @@ impl Op {
         Op::Readlink,
         Op::Mirror,
         Op::Snapshot,
+        Op::InlineRead,
+        Op::InlineWrite,
+        Op::Promote,
+        Op::PutInline,
     ];
 
     /// Whether this op is served by the metadata store (payload: a `MetaRequest`).
@@ -282,8 +313,11 @@ pub enum ReplyValue {
     NewEntry(Option<u32>),
     /// Readdir: whether more entries follow this page.
     MoreFollows(bool),
-    /// DirRemove, DirMark, DirConfirm: whether the entry was there (and changed).
+    /// DirRemove, DirMark, DirConfirm: whether the entry was there (and changed); InlineWrite:
+    /// whether the bytes were written.
     Existed(bool),
+    /// Promote: the generation of the chunks to write an inline file's bytes to (0: none).
+    Generation(u16),
     /// WriteChunk, WriteChecked and ReadChunk: the server's own time for the request, in µs (saturated):
     /// from its arrival to its hand-off to the storage engine (`queue_us`, the server's
     /// `queue_wait_ns`), and to its reply being ready (`total_us`, `total_ns`); 0 when the
@@ -300,6 +334,7 @@ impl ReplyValue {
         match self {
             ReplyValue::Nothing => 0,
             ReplyValue::Connection(id) => u64::from(id),
+            ReplyValue::Generation(g) => u64::from(g),
             ReplyValue::OldSize(size) => size,
             // 0 for an existing entry, so a new entry's start is stored plus one.
             ReplyValue::NewEntry(start) => start.map_or(0, |s| u64::from(s) + 1),
@@ -312,10 +347,11 @@ impl ReplyValue {
     fn of(op: Op, word: u64) -> ReplyValue {
         match op {
             Op::Hello => ReplyValue::Connection(word as u32),
-            Op::Create | Op::SetSize => ReplyValue::OldSize(word),
+            Op::Create | Op::SetSize | Op::PutInline => ReplyValue::OldSize(word),
+            Op::Promote => ReplyValue::Generation(word as u16),
             Op::DirAdd => ReplyValue::NewEntry(word.checked_sub(1).and_then(|s| u32::try_from(s).ok())),
             Op::Readdir | Op::Find | Op::Snapshot => ReplyValue::MoreFollows(word != 0),
-            Op::DirRemove | Op::DirMark | Op::DirConfirm => ReplyValue::Existed(word != 0),
+            Op::DirRemove | Op::DirMark | Op::DirConfirm | Op::InlineWrite => ReplyValue::Existed(word != 0),
             op if op.moves_data() => ReplyValue::Served {
                 queue_us: (word >> 32) as u32,
                 total_us: word as u32,

@@ -160,7 +160,10 @@ impl ServerState {
                     .map(|(a, old)| (OldSize(old), attr(a)))
             }
             Op::Stat => meta.stat(&r.path).map(|a| (Nothing, attr(a))),
-            Op::Unlink => meta.unlink(&r.path).map(|a| (Nothing, attr(a))),
+            Op::Unlink => {
+                let unchanged = (r.flags & meta::UNCHANGED != 0).then_some((r.id, r.arg));
+                meta.unlink(&r.path, unchanged).map(|a| (Nothing, attr(a)))
+            }
             Op::Mkdir => meta.mkdir(&r.path, r.mode).map(|a| (Nothing, attr(a))),
             Op::Rmdir => meta.rmdir(&r.path).map(|()| (Nothing, Vec::new())),
             Op::DirAdd if r.name.is_empty() => Err(libc::EINVAL),
@@ -189,6 +192,7 @@ impl ServerState {
                         a,
                         r.flags,
                         (!r.target.is_empty()).then_some(r.target.as_str()),
+                        &r.data,
                     )
                     .map(|old| (Nothing, old.map(attr).unwrap_or_default())),
                 None => Err(libc::EINVAL),
@@ -210,6 +214,39 @@ impl ServerState {
                 };
                 meta.set_size(&r.path, r.arg, how)
                     .map(|(a, old)| (OldSize(old), attr(a)))
+            }
+            Op::InlineRead => meta.inline_read(&r.path, r.id, r.arg, r.size).map(|(a, bytes)| {
+                let mut body = attr(a);
+                body.extend_from_slice(bytes);
+                (Nothing, body)
+            }),
+            Op::InlineWrite => meta
+                .inline_write(&r.path, r.id, r.arg, &r.data)
+                .map(|(a, written)| (ReplyValue::Existed(written), attr(a))),
+            Op::Promote if r.flags & meta::PROMOTE_END != 0 => {
+                let hash = <[u8; 16]>::try_from(r.data.as_slice()).map(u128::from_le_bytes);
+                match (u16::try_from(r.arg), hash) {
+                    (Ok(generation), Ok(hash)) => meta
+                        .promote_end(&r.path, r.id, generation, hash)
+                        .map(|a| (ReplyValue::Generation(0), attr(a))),
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::Promote => meta.promote_begin(&r.path, r.id).map(|(a, bytes, generation)| {
+                let mut body = attr(a);
+                body.extend_from_slice(&bytes);
+                (ReplyValue::Generation(generation), body)
+            }),
+            Op::PutInline => {
+                let start = r.arg.checked_sub(1).map(|s| u32::try_from(s).unwrap_or(u32::MAX));
+                meta.put_inline(&r.path, (r.flags, r.mode, start), r.size, &r.data)
+                    .map(|(a, old, hash)| {
+                        let mut body = attr(a);
+                        if let Some(h) = hash {
+                            body.extend_from_slice(&h.to_le_bytes());
+                        }
+                        (OldSize(old), body)
+                    })
             }
             _ => Err(libc::EINVAL),
         };
@@ -271,7 +308,9 @@ fn owner_store(opts: &ServerOptions, owner: u32, dir: &str) -> Result<MetaStore>
             MetaStore::open(&dir, durable, (owner, owners), stripe, chunk, id_nonce())?
         }
     };
-    Ok(store.with_replicas(config.layout.replicas))
+    Ok(store
+        .with_replicas(config.layout.replicas)
+        .with_inline(config.layout.inline_max))
 }
 
 /// Distinguishes file ids made by a restarted server from those of its previous life.
