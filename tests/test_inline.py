@@ -150,7 +150,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_concurrent_writers_across_the_limit_lose_no_byte(cluster: InProcessCluster, client: Client, tmp_path: Path) -> None:
+def test_concurrent_writers_across_the_limit_lose_no_byte(
+    cluster: InProcessCluster, client: Client, tmp_path: Path
+) -> None:
     config = tmp_path / "config.toml"
     config.write_text(cluster.config)
     size = 4 * LIMIT
@@ -160,7 +162,16 @@ def test_concurrent_writers_across_the_limit_lose_no_byte(cluster: InProcessClus
             pass
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", WRITER, str(cluster.registry), str(config), path, str(w), str(size)],
+                [
+                    sys.executable,
+                    "-c",
+                    WRITER,
+                    str(cluster.registry),
+                    str(config),
+                    path,
+                    str(w),
+                    str(size),
+                ],
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
             )
             for w in range(4)

@@ -517,10 +517,15 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
         assert report["device_mib"]["stage-in stored"]["read"] >= 32
     small = report["small"]
     assert small["files"] == 200 and all(v > 0 for v in small["files_s"].values())
+    assert set(small["files_s"]) == {"stage-in inline", "stage-in chunkfile", "stage-in packed",
+                                     "cp -r + sync", "create"}  # fmt: skip
     assert small["ratio_vs_create"] == pytest.approx(
-        small["files_s"]["stage-in"] / small["files_s"]["create"]
+        small["files_s"]["stage-in inline"] / small["files_s"]["create"]
     )
-    assert len(report["targets"]) == 6
+    assert small["inline_vs_other_layouts"] == pytest.approx(
+        min(small["inline_vs_chunkfile"], small["inline_vs_packed"])
+    )
+    assert len(report["targets"]) == 7
     # The cold form: each tool with the page cache dropped before it (root here), its source
     # then read from the device.
     cold = report["cold"]
@@ -534,7 +539,8 @@ def test_staging_bench_quick_json(tmp_path: Path) -> None:
     assert report["files"] == 4 and report["data_fs"] != "tmpfs"
     assert not Path(report["data_dir"]).exists()
     text = rendered(staging.render, report)
-    assert "stage-out / cp -r + sync" in text and "small stage-in / create" in text
+    assert "stage-out / cp -r + sync" in text and "small stage-in (inline) / create" in text
+    assert "small stage-in inline / packed" in text
     assert "stage-in stored / cp -r + sync" in text and "cold stage-out / cp -r + sync" in text
     assert "(cold: page cache dropped first)" in text
     assert descendants(os.getpid()) == []

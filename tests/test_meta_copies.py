@@ -55,7 +55,10 @@ def _build(client: Client, model: Model, dirs: int = 4, files: int = 12) -> None
             path = f"{top}/f{i}" if i % 3 else f"{top}/sub/f{i}"
             data = data_for(d * 100 + i, 0, 1000 + 977 * i)
             with client.open(path, "wb") as f:
-                f.write(data)
+                # In two writes: the larger files are kept with their names, then outgrow
+                # `layout.inline_max` (8 KiB) and move into chunks.
+                f.write(data[:600])
+                f.write(data[600:])
             model[path] = data
 
 

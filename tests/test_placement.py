@@ -103,13 +103,13 @@ def test_placement_study_rejects_bad_input() -> None:
 @pytest.mark.serial
 def test_meta_quick_json_shape() -> None:
     report = bench("meta", "--quick", "--json")
-    modes = ["memory", "none", "fsync", "close", "none-x2"]
+    modes = ["memory", "none", "fsync", "close", "none-x2", "none-chunkfile", "none-packed"]
     assert [(c["mode"], c["name"]) for c in report["cases"]] == [
         (m, p) for m in modes for p in meta.PHASES
     ]
     assert meta.PHASES == (
         "create", "stat", "symlink", "readlink", "stat-link", "unlink-link",
-        "lock", "unlock", "lock-contended", "unlink",
+        "lock", "unlock", "lock-contended", "unlink", "write-small", "read-small", "unlink-small",
     )  # fmt: skip
     assert "unlink/s" in rendered(meta.render, report)
     for c in report["cases"]:
@@ -121,6 +121,10 @@ def test_meta_quick_json_shape() -> None:
         "unlink in fsync >= 0.5x none",
         "create in none-x2 >= 0.6x none",
         "stat in none-x2 >= 0.9x none",
+        "write-small in none >= 1.5x none-chunkfile",
+        "read-small in none >= 1.5x none-chunkfile",
+        "write-small in none >= 1.0x none-packed",
+        "read-small in none >= 1.0x none-packed",
     ]
     for t in report["targets"]:
         assert t["met"] == (t["ratio"] >= float(t["target"].split(">= ")[1].split("x")[0]))

@@ -261,7 +261,10 @@ def test_packed_index_survives_a_restart_and_a_truncated_index_is_refused(tmp_pa
     from conftest import config_text
 
     registry, data_dir = tmp_path / "registry", tmp_path / "data"
-    config = config_text("cluster.expected_servers=1", "storage.layout=packed")
+    # Every file in chunks (none kept with its name): the index is what is tested.
+    config = config_text(
+        "cluster.expected_servers=1", "storage.layout=packed", "layout.inline_max=0"
+    )
     data = data_for(11, 0, 200 * KIB + 3)
     want = bytes(5) + data
     server = Server(str(registry), str(data_dir), 0, config=config)

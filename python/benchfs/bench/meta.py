@@ -20,6 +20,14 @@ other repeat, and the report gives medians; `memory` (no store) is the reference
 persisted modes are compared with. `none-x2` is `none` with two copies of the metadata (and of
 the data: `layout.replicas=2`): every change is also handed to the next server's copy before
 it is answered, so its cost is its ratio to `none`.
+
+Small files, as mdtest's "hard" phases make them (IO500's `-w 3901 -e 3901`): each created,
+given 3,901 bytes and closed (`write-small`), opened, read whole and closed (`read-small`), and
+removed (`unlink-small`). `none` keeps them inline (the default `layout.inline_max`: their
+bytes with their names); `none-chunkfile` gives each a chunk file (`layout.inline_max=0`) and
+`none-packed` a slot of the packed layout (`layout.inline_max=0`, `storage.layout=packed`,
+4 KiB slots: one per file), so the ratios of `none` to them are what keeping small files with
+their names gains.
 """
 
 from __future__ import annotations
@@ -39,28 +47,46 @@ from benchfs.client import File
 
 PHASES = (
     "create", "stat", "symlink", "readlink", "stat-link", "unlink-link",
-    "lock", "unlock", "lock-contended", "unlink",
+    "lock", "unlock", "lock-contended", "unlink", "write-small", "read-small", "unlink-small",
 )  # fmt: skip
+SMALL_PHASES = ("write-small", "read-small", "unlink-small")
+SMALL = 3901
+"""Bytes per small file (mdtest-hard's `-w 3901 -e 3901` in IO500)."""
 CONTENDED = 200
 """Lock-and-release rounds per client in `lock-contended`."""
 COPIES = "none-x2"
 """The mode with two copies of the metadata (durability `none`, `layout.replicas=2`)."""
-MODES = ("memory", "none", "fsync", "close", COPIES)
+CHUNKFILE = "none-chunkfile"
+"""`none` with every file in chunk files (no inline files)."""
+PACKED = "none-packed"
+"""`none` with every file in the packed layout's slots (no inline files)."""
+MODES = ("memory", "none", "fsync", "close", COPIES, CHUNKFILE, PACKED)
 TARGETS = (
     ("none", "memory", ("create", "unlink"), 0.95),
     ("fsync", "none", ("create", "unlink"), 0.5),
     (COPIES, "none", ("create",), 0.6),
     (COPIES, "none", ("stat",), 0.9),
+    ("none", CHUNKFILE, ("write-small", "read-small"), 1.5),
+    ("none", PACKED, ("write-small", "read-small"), 1.0),
 )
 """(mode, against, phases, floor): each phase's rate in `mode` at least `floor` times its rate in
 `against` (the default mode against no store; a synced store against the default; two copies
-of the metadata against one)."""
+of the metadata against one; small files inline against chunk files and packed slots)."""
 
 
 def mode_overrides(mode: str) -> list[str]:
     """The configuration of a mode: a durability, and for `none-x2` two copies."""
     if mode == COPIES:
         return ["storage.durability=none", "layout.replicas=2"]
+    if mode == CHUNKFILE:
+        return ["storage.durability=none", "layout.inline_max=0"]
+    if mode == PACKED:
+        return [
+            "storage.durability=none",
+            "layout.inline_max=0",
+            "storage.layout=packed",
+            "layout.chunk_size=4096",
+        ]
     return [f"storage.durability={mode}"]
 
 
@@ -137,11 +163,29 @@ def _one_run(root: Path, settings: MetaSettings, benchfsd: str, mode: str) -> li
                         f.lock()
                         f.unlock()
 
+            small = bytes(range(256)) * (SMALL // 256) + bytes(SMALL % 256)
+
+            def write_small(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    with c.open(f"/c{i}/s{n}", "xb") as f:
+                        f.write(small)
+
+            def read_small(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    with c.open(f"/c{i}/s{n}", "rb") as f:
+                        if f.read() != small:
+                            raise OSError(f"/c{i}/s{n} does not read back as written")
+
+            def unlink_small(c: Client, i: int) -> None:
+                for n in range(per_client):
+                    c.unlink(f"/c{i}/s{n}")
+
             rates = []
             work_of = {
                 "create": create, "stat": stat, "symlink": symlink, "readlink": readlink,
                 "stat-link": stat_link, "unlink-link": unlink_link, "lock": lock,
                 "unlock": unlock, "lock-contended": contended, "unlink": unlink,
+                "write-small": write_small, "read-small": read_small, "unlink-small": unlink_small,
             }  # fmt: skip
             for phase in PHASES:
                 if phase == "lock":  # the files opened first, outside the timing
@@ -203,13 +247,16 @@ def run_meta(root: Path, settings: MetaSettings, benchfsd: str) -> dict[str, Any
 
 def render(console: Console, report: dict[str, Any]) -> None:
     """The phases' throughput per durability mode, for people."""
-    table = report_table(
-        f"benchfs-bench meta: {report['files']} files, {report['clients']} clients, "
-        f"{report['servers']} servers, median of {report['repeats']}",
-        [f"{p}/s" for p in PHASES],
-    )
     by = {(c["mode"], c["name"]): c["ops_s"] for c in report["cases"]}
-    for mode in dict.fromkeys(c["mode"] for c in report["cases"]):
-        table.add_row(mode, *(fmt(by[(mode, p)], 0) for p in PHASES))
-    console.print(table)
+    modes = list(dict.fromkeys(c["mode"] for c in report["cases"]))
+    names, small = PHASES[: -len(SMALL_PHASES)], SMALL_PHASES
+    for title, phases in (("names", names), (f"small files of {SMALL} bytes", small)):
+        table = report_table(
+            f"benchfs-bench meta, {title}: {report['files']} files, {report['clients']} "
+            f"clients, {report['servers']} servers, median of {report['repeats']}",
+            [f"{p}/s" for p in phases],
+        )
+        for mode in modes:
+            table.add_row(mode, *(fmt(by[(mode, p)], 0) for p in phases))
+        console.print(table)
     print_lines_and_targets(console, [], report["targets"])

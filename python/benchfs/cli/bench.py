@@ -373,10 +373,11 @@ def find_case(
 @click.option("--files", type=click.IntRange(min=1), help="Files in total [10000; --quick: 400].")
 @click.option(
     "--modes",
-    default="memory,none,fsync,close,none-x2",
+    default="memory,none,fsync,close,none-x2,none-chunkfile,none-packed",
     show_default=True,
     help="storage.durability modes to run, comma-separated (none-x2: none with two copies of "
-    "the metadata, layout.replicas=2).",
+    "the metadata, layout.replicas=2; none-chunkfile and none-packed: none with no file kept "
+    "with its name, layout.inline_max=0, in chunk files or packed slots).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), help="Interleaved repeats [3; --quick: 1].")
 def meta(
@@ -388,7 +389,8 @@ def meta(
     repeats: int | None,
 ) -> None:
     """Create, stat and unlink throughput from 4 clients on 4 local servers, per durability
-    mode, and with two copies of the metadata."""
+    mode, with two copies of the metadata, and of small files kept with their names, in chunk
+    files and in packed slots."""
     from benchfs.bench import meta as bench
 
     settings = bench.MetaSettings.quick() if quick else bench.MetaSettings()
