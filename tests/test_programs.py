@@ -341,6 +341,8 @@ root, chunk = sys.argv[1], int(sys.argv[2])
 page = mmap.PAGESIZE
 cases = {
     "inside-a-page": (100, 3000),
+    # Kept with its name (`layout.inline_max`, 8 KiB), then grown past it into chunks.
+    "across-the-inline-limit": (6000, 12000),
     "across-chunks": (chunk - 10, 2 * chunk + 5000),
     "past-the-old-size": (page, 3 * chunk + 123),
 }
@@ -395,7 +397,11 @@ def test_a_file_the_library_grew_maps_whole_through_the_mount(
             preexec_fn=lambda: os.makedirs(root, exist_ok=True),
         )
     assert done.returncode == 0, done.stderr
-    sizes = {"inside-a-page": 3000, "across-chunks": 2 * chunk + 5000}
+    sizes = {
+        "inside-a-page": 3000,
+        "across-the-inline-limit": 12000,
+        "across-chunks": 2 * chunk + 5000,
+    }
     sizes["past-the-old-size"] = 3 * chunk + 123
     assert done.stdout.split("\n")[:-1] == [
         f"{name} True {size} True True" for name, size in sizes.items()

@@ -341,6 +341,10 @@ impl Client {
     pub fn locate(&self, path: &str, offset: u64) -> Result<u32> {
         let _call = self.telemetry_call(OpKind::Meta);
         let attr = self.file_to_locate(path)?;
+        if attr.layout.inline {
+            // Its bytes are with its name.
+            return self.locate_metadata(path);
+        }
         Ok(self.membership[self.route(&attr, offset / attr.layout.chunk_size).0].id)
     }
 
