@@ -80,6 +80,9 @@ pub struct FileHandle {
     /// The attribute the data path addresses: `attr`, until the handle learns that the file's
     /// bytes moved from its inode into chunks (client/inline.rs).
     placed: Cell<Attr>,
+    /// An inline file's bytes as its open found them, and the change count then: its reads
+    /// use them until a change through the handles sharing its count (close-to-open).
+    at_open: std::cell::RefCell<Option<(Vec<u8>, u64)>>,
 }
 
 impl FileHandle {
@@ -112,6 +115,10 @@ impl FileHandle {
     /// returns, and once more when it is answered if it was written behind.
     pub fn share_changes(&mut self, changes: &Arc<AtomicU64>) {
         self.changes = changes.clone();
+        // The bytes its open found stay good until the next change counted there.
+        if let Some((_, seen)) = self.at_open.get_mut() {
+            *seen = changes.load(Ordering::Acquire);
+        }
     }
 
     /// Tells every handle sharing this one's counter that the file's bytes changed.

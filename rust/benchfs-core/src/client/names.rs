@@ -209,7 +209,7 @@ impl Client {
     pub fn open(&self, path: &str, flags: u32, mode: u32) -> Result<FileHandle> {
         let _call = self.telemetry_call(OpKind::Meta);
         let path = self.checked("open", path)?;
-        let (path, attr) = self.run(self.open_at(&path, flags, mode))?;
+        let (path, attr, bytes) = self.run(self.open_at(&path, flags | meta::WITH_BYTES, mode))?;
         // Close-to-open: what was read ahead before this open may be stale.
         self.forget_read_ahead(attr.id.0);
         if attr.layout.replicas > 1 {
@@ -226,11 +226,13 @@ impl Client {
             changes: Arc::default(),
             behind: Cell::new(false),
             placed: Cell::new(attr),
+            at_open: std::cell::RefCell::new(attr.layout.inline.then_some((bytes, 0))),
         })
     }
 
     /// [`Client::open`]'s requests: the path opened (links followed) and its attribute.
-    pub(super) async fn open_at(&self, path: &str, flags: u32, mode: u32) -> Result<(String, Attr)> {
+    /// With `meta::WITH_BYTES`, an inline file's bytes come with it.
+    pub(super) async fn open_at(&self, path: &str, flags: u32, mode: u32) -> Result<(String, Attr, Vec<u8>)> {
         let follow = flags & meta::NO_FOLLOW == 0;
         let flags = flags & !meta::NO_FOLLOW;
         self.through_links("open", path, follow, |path| async move {
@@ -246,8 +248,15 @@ impl Client {
             req.flags = flags;
             req.mode = mode;
             req.arg = start.map_or(0, |s| s as u64 + 1);
-            let (attr, old) = match self.meta_attr(Op::Create, "open", &req).await {
-                Ok(r) => r,
+            let (attr, old, bytes) = match self.meta(Op::Create, "open", &req).await {
+                Ok((h, mut body)) => {
+                    let attr = body
+                        .get(..meta::ATTR_LEN)
+                        .and_then(Attr::decode)
+                        .ok_or_else(|| Error::Protocol("malformed attribute in open reply".into()))?;
+                    body.drain(..meta::ATTR_LEN);
+                    (attr, h.value().old_size(), body)
+                }
                 Err(e) => {
                     if added {
                         // Undo our half of the create; the original error is what matters.
@@ -262,7 +271,7 @@ impl Client {
             }
             // Only O_TRUNC makes the size smaller than it was.
             self.free_data(&attr, attr.size, old).await?;
-            Ok((path, attr))
+            Ok((path, attr, bytes))
         })
         .await
     }

@@ -106,10 +106,10 @@ impl Client {
     async fn put_one(&self, f: &WholeFile<'_>, check: Check) -> Result<FileChecksum> {
         let path = self.checked("put", f.path)?;
         let small = f.data.len() as u64 <= self.config.layout.inline_max;
-        let (path, attr) = if small {
+        let (path, attr, _) = if small {
             match self.put_inline(&path, f).await? {
                 Ok(done) => return Ok(done),
-                Err(opened) => opened,
+                Err((path, attr)) => (path, attr, Vec::new()),
             }
         } else {
             let flags = meta::CREATE | meta::TRUNCATE | meta::CHUNKED;

@@ -32,6 +32,9 @@ pub const PROMOTE_END: u32 = 1;
 /// Open, PutInline: make a new file with chunks, not inline (its creator will write more
 /// than `layout.inline_max`).
 pub const CHUNKED: u32 = 64;
+/// Create: the reply carries an inline file's bytes after the attribute (an open that will
+/// read them: close-to-open lets its reads use them).
+pub const WITH_BYTES: u32 = 256;
 /// Unlink: only while the inode is unchanged since the request's `arg` (its change time in
 /// ns) and its id the request's: a rename moving an inline file's bytes, which it read at that
 /// time (ESTALE otherwise).

@@ -156,8 +156,15 @@ impl ServerState {
             Op::Create => {
                 // arg: 1 + the stripe start the parent's owner chose, or 0 for none.
                 let start = r.arg.checked_sub(1).map(|s| u32::try_from(s).unwrap_or(u32::MAX));
-                meta.create(&r.path, r.flags, r.mode, start)
-                    .map(|(a, old)| (OldSize(old), attr(a)))
+                meta.create(&r.path, r.flags, r.mode, start).map(|(a, old)| {
+                    let mut body = attr(a);
+                    if r.flags & meta::WITH_BYTES != 0 && a.layout.inline && a.size > 0 {
+                        if let Ok((_, bytes)) = meta.inline_read(&r.path, a.id.0, 0, a.size) {
+                            body.extend_from_slice(bytes);
+                        }
+                    }
+                    (OldSize(old), body)
+                })
             }
             Op::Stat => meta.stat(&r.path).map(|a| (Nothing, attr(a))),
             Op::Unlink => {
