@@ -190,5 +190,5 @@ def test_a_limit_beyond_a_reply_is_refused_in_one_line(tmp_path: Path) -> None:
 
     with pytest.raises(Exception) as refused:
         Client(str(tmp_path), config=config_text("layout.inline_max=1M"))
-    assert "layout.inline_max must be at most 60 KiB" in str(refused.value)
+    assert "layout.inline_max must be at most 32 KiB" in str(refused.value)
     assert "\n" not in str(refused.value)

@@ -70,7 +70,7 @@ pub struct LayoutConfig {
     pub replicas: u8,
     /// A file created from now on keeps its bytes with its inode at its metadata owner while
     /// it is at most this long (one request to write or read it, no chunk file); it moves into
-    /// chunks when it grows past it. 0: every file has chunks. At most 60 KiB.
+    /// chunks when it grows past it. 0: every file has chunks. At most 32 KiB.
     pub inline_max: u64,
 }
 
@@ -329,7 +329,7 @@ impl Config {
             return bad("layout.replicas must be 1, 2 or 3");
         }
         if self.layout.inline_max > crate::protocol::meta::INLINE_LIMIT as u64 {
-            return bad("layout.inline_max must be at most 60 KiB (61440 bytes)");
+            return bad("layout.inline_max must be at most 32 KiB (32768 bytes)");
         }
         if self.client.max_inflight == 0 || self.client.max_inflight_per_server == 0 {
             return bad("client.max_inflight and client.max_inflight_per_server must be at least 1");

@@ -169,7 +169,7 @@ fn malformed_requests_get_error_replies_and_the_server_keeps_serving() -> Result
         .with_token(token)
         .on_connection(conn);
     let mut bad_version = good.encode();
-    bad_version[4] = 9;
+    bad_version[4] = (benchfs_core::protocol::VERSION + 1) as u8; // a version nobody speaks
     bad_version[16] = 77;
     let mut bad_op = good.encode();
     bad_op[6] = 99;

@@ -279,4 +279,36 @@ mod tests {
             Some(libc::ESTALE)
         );
     }
+
+    /// A snapshot page of the largest inline files under the longest paths still fits one
+    /// metadata reply (a copy being caught up asks for them page by page).
+    #[test]
+    fn a_snapshot_page_of_the_largest_records_fits_a_reply() {
+        use crate::namespace::PATH_MAX;
+        use crate::protocol::meta::{INLINE_LIMIT, REPLY_MAX};
+        use crate::protocol::mirror::{encode_snapshot, SNAPSHOT_PAGE};
+        let mut m = MetaStore::new(0, 1, 4, 1 << 20, 7).with_inline(INLINE_LIMIT as u64);
+        let dir = format!("/{}", "d".repeat(200));
+        m.mkdir(&dir, 0o755).expect("mkdir");
+        let mut deep = dir.clone();
+        while deep.len() + 250 < PATH_MAX {
+            deep = format!("{deep}/{}", "d".repeat(200));
+            m.mkdir(&deep, 0o755).expect("mkdir");
+        }
+        for i in 0..6 {
+            let path = format!("{deep}/{i}{}", "f".repeat(PATH_MAX - 2 - deep.len() - 2));
+            let (a, _) = m.create(&path, CREATE, 0o644, None).expect("create");
+            m.inline_write(&path, a.id.0, 0, &vec![7u8; INLINE_LIMIT])
+                .expect("write");
+        }
+        let mut after = String::new();
+        loop {
+            let (records, last, more) = m.snapshot_page(&after, SNAPSHOT_PAGE);
+            assert!(encode_snapshot(&last, &records).len() <= REPLY_MAX);
+            if !more {
+                break;
+            }
+            after = last;
+        }
+    }
 }

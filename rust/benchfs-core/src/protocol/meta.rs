@@ -45,8 +45,9 @@ pub const READDIR_PAGE: usize = 512;
 /// The largest metadata reply payload.
 pub const REPLY_MAX: usize = 64 * 1024;
 /// The most bytes a file keeps with its inode (`layout.inline_max` at most): they and the
-/// attribute fit one metadata reply.
-pub const INLINE_LIMIT: usize = 60 * 1024;
+/// attribute fit one metadata reply, and so does a snapshot page with the largest record
+/// (`mirror::SNAPSHOT_PAGE`).
+pub const INLINE_LIMIT: usize = 32 * 1024;
 /// The fixed part of a metadata request: flags, mode, arg, size, four lengths and an id.
 const REQUEST_FIXED: usize = 56;
 /// The largest metadata request payload: the fixed part, two paths, a link target, an inline

@@ -18,10 +18,17 @@ const ENTRY: u8 = 3;
 const ENTRY_REMOVED: u8 = 4;
 const NEXT_ID: u8 = 5;
 
+/// The records a snapshot page gathers before it ends: room in one metadata reply for its
+/// last key and one more record of the largest kind (a path, a link's target or an inline
+/// file's bytes, and the rest).
+pub const SNAPSHOT_PAGE: usize =
+    crate::protocol::meta::REPLY_MAX - crate::protocol::meta::INLINE_LIMIT - 3 * PATH_MAX - 512;
+
 /// The fixed part of a mirror request: shard, producer, sequence number.
 const MIRROR_FIXED: usize = 16;
-/// The largest mirror (or snapshot) request: a snapshot page (half a metadata reply) and the
-/// one record that may go over it, or the changes of one request.
+/// The largest mirror (or snapshot) request: a snapshot page ([`SNAPSHOT_PAGE`] and the one
+/// record that may go over it: at most a metadata reply), or the changes of one request (an
+/// inline file's bytes among them).
 pub const REQUEST_MAX: usize = MIRROR_FIXED
     + crate::protocol::meta::REPLY_MAX
     + 4 * (PATH_MAX + 256)

@@ -663,10 +663,10 @@ mod tests {
         bad[0] ^= 1;
         assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("magic")));
         let mut bad = good;
-        bad[4] = 9;
+        bad[4] = (VERSION + 1) as u8;
         let e = Header::decode(&bad).err();
         assert_eq!(e.as_ref().and_then(|e| e.request_id), Some(u64::MAX - 3));
-        assert!(e.is_some_and(|e| e.reason.contains("version 9")));
+        assert!(e.is_some_and(|e| e.reason.contains(&format!("version {}", VERSION + 1))));
         let mut bad = good;
         bad[6] = 77;
         assert!(Header::decode(&bad).is_err_and(|e| e.reason.contains("unknown op 77")));

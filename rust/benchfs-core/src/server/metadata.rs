@@ -48,7 +48,7 @@ impl ServerState {
         if h.op == Op::Snapshot {
             let after = String::from_utf8_lossy(bytes);
             let page = |m: &mut MetaStore| {
-                let (records, last, more) = m.snapshot_page(&after, meta::REPLY_MAX / 2);
+                let (records, last, more) = m.snapshot_page(&after, mirror::SNAPSHOT_PAGE);
                 let body = mirror::encode_snapshot(&last, &records);
                 Ok((0, ReplyValue::MoreFollows(more), body, Some((0, 0))))
             };
