@@ -45,7 +45,8 @@ def files_on(client: Client, server: int, count: int, prefix: str, size: int) ->
 def test_killed_server_fails_only_the_clients_that_touch_it(
     daemon_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = daemon_cluster(3, *FAST)
+    # Files with chunks from the start (none kept with its name at its metadata owner).
+    cluster = daemon_cluster(3, *FAST, "layout.inline_max=0")
     config = cluster.config_path.read_text()
     victim = 2
     size = 64 * KIB  # one chunk: each file lives on exactly one server

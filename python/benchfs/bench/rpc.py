@@ -481,6 +481,8 @@ class RpcBench:
     ) -> BenchCluster:
         """`servers` daemons; between nodes, daemon i on nodes[i] (clients: a prefix each)."""
         assert self.workdir is not None
+        # The chunk path is what is measured: no file kept with its name (layout.inline_max).
+        overrides = ["layout.inline_max=0", *overrides]
         cluster = BenchCluster(self.workdir / name, name, servers, overrides, self.benchfsd, tel)
         if self.nodes is not None:
             cluster.server_prefixes = [self.nodes.prefix(n) for n in nodes]

@@ -27,10 +27,11 @@ impl Client {
     pub fn lock(&self, file: &FileHandle, req: &LockRequest) -> Result<Option<LockRequest>> {
         if req.cmd != LockCmd::Get {
             // A lock boundary: writes behind answered, the size written published, and
-            // nothing read ahead used after it.
+            // nothing read ahead (or brought by the open, for an inline file) used after it.
             self.flush(file)?;
             self.report_size(file)?;
             self.forget_read_ahead(file.attr.id.0);
+            file.forget_bytes_at_open();
         }
         let _call = self.telemetry_call(OpKind::Meta);
         self.run(async {

@@ -121,6 +121,12 @@ impl FileHandle {
         }
     }
 
+    /// Forgets an inline file's bytes as its open found them: reads ask the owner from now on
+    /// (a lock boundary: what another holder wrote before must be read).
+    pub fn forget_bytes_at_open(&self) {
+        self.at_open.borrow_mut().take();
+    }
+
     /// Tells every handle sharing this one's counter that the file's bytes changed.
     pub fn changed(&self) {
         self.changes.fetch_add(1, Ordering::AcqRel);
