@@ -87,10 +87,14 @@ class LocalSlurm:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
+    def client_prefix(self) -> list[str]:
+        """What a client command runs under (where the controller can be reached)."""
+        return []
+
     def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """A Slurm client command against this cluster."""
         return subprocess.run(
-            [_which(argv[0]), *argv[1:]],
+            [*self.client_prefix(), _which(argv[0]), *argv[1:]],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -133,12 +137,11 @@ class LocalSlurm:
         spool = self.base / "spool"
         for d in (state, spool, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
-        cpus = os.cpu_count() or 1
         self.conf.write_text(
             "\n".join(
                 [
                     "ClusterName=benchfs-test",
-                    f"SlurmctldHost={self.host}(127.0.0.1)",
+                    f"SlurmctldHost={self.host}({self.ctld_addr})",
                     f"SlurmctldPort={ctld_port}",
                     f"SlurmdPort={slurmd_port}",
                     "SlurmUser=root",
@@ -158,11 +161,11 @@ class LocalSlurm:
                     "JobCompType=jobcomp/none",
                     "MailProg=/bin/true",
                     f"StateSaveLocation={state}",
-                    f"SlurmdSpoolDir={spool}",
+                    f"SlurmdSpoolDir={spool}/%n",
                     f"SlurmctldPidFile={self.base / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={self.base / 'slurmd.pid'}",
+                    f"SlurmdPidFile={self.base / 'slurmd-%n.pid'}",
                     f"SlurmctldLogFile={self.log_dir / 'slurmctld.log'}",
-                    f"SlurmdLogFile={self.log_dir / 'slurmd.log'}",
+                    f"SlurmdLogFile={self.log_dir / 'slurmd-%n.log'}",
                     "SlurmctldDebug=info",
                     "SlurmdDebug=info",
                     "SlurmctldTimeout=30",
@@ -171,17 +174,27 @@ class LocalSlurm:
                     "MinJobAge=300",
                     "KillWait=15",  # cancelled jobs get this long to tear down before SIGKILL
                     "Waittime=0",
-                    f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
-                    f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
+                    *self.conf_lines(),
                     "",
                 ]
             )
         )
 
-    def _daemon(self, name: str, *args: str) -> None:
-        log = open(self.log_dir / f"{name}.out", "ab")
-        self.procs[name] = subprocess.Popen(
-            [_which(name), "-D", *args],
+    ctld_addr = "127.0.0.1"
+
+    def conf_lines(self) -> list[str]:
+        """The nodes, the partition and anything else of this cluster's slurm.conf."""
+        cpus = os.cpu_count() or 1
+        return [
+            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
+        ]
+
+    def _daemon(self, name: str, *args: str, prefix: tuple[str, ...] = (), key: str = "") -> None:
+        key = key or name
+        log = open(self.log_dir / f"{key}.out", "ab")
+        self.procs[key] = subprocess.Popen(
+            [*prefix, _which(name), "-D", *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -223,6 +236,9 @@ class LocalSlurm:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._start_munge()
         self._write_conf()
+        self.start_daemons(timeout)
+
+    def start_daemons(self, timeout: float) -> None:
         self._daemon("slurmctld", "-i")
         self._daemon("slurmd", "-N", self.host)
         self._wait(lambda: self.node_state() == "idle", timeout, f"node {self.host} to be idle")
@@ -254,7 +270,8 @@ class LocalSlurm:
     def stop(self) -> None:
         """SIGTERM every daemon this started (slurmd, slurmctld, munged), bounded wait, then
         SIGKILL; remove the private munge directory."""
-        for name in ("slurmd", "slurmctld", "munged"):
+        order = [k for k in self.procs if k.startswith("slurmd")] + ["slurmctld", "munged"]
+        for name in order:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -279,3 +296,96 @@ class LocalSlurm:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class NamespacedSlurm(LocalSlurm):
+    """Slurm on nodes that are apart: each slurmd in its node's network namespace (as
+    `benchfs-run nodes --netns` makes them) and a UTS namespace of its own, whose host name
+    is the node's; slurmctld in another node's network namespace, so the controller's host is
+    none of the job's nodes. Mount namespaces stay the host's (`nsenter --net`, not `ip netns
+    exec`), so a job on a node sees the mounts its burst buffer made. Client commands run in
+    the controller's network, as on a login node; `as_user` runs them as that user."""
+
+    def __init__(
+        self,
+        base: Path,
+        compute: dict[str, tuple[str, str]],
+        controller: tuple[str, str],
+        extra: list[str] | None = None,
+    ) -> None:
+        """`compute`: node name -> (network namespace, address); `controller`: (namespace,
+        address) of the controller's host."""
+        super().__init__(base)
+        self.compute = compute
+        self.ctl_ns, self.ctld_addr = controller
+        self.extra = extra or []
+        self.user: str | None = None
+
+    def client_prefix(self) -> list[str]:
+        prefix = ["nsenter", f"--net=/run/netns/{self.ctl_ns}"]
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            prefix += ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}"]
+            prefix += ["--clear-groups"]
+        return prefix
+
+    def as_user(
+        self, user: str | None, *argv: str, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        saved, self.user = self.user, user
+        try:
+            return self.run(*argv, timeout=timeout)
+        finally:
+            self.user = saved
+
+    def conf_lines(self) -> list[str]:
+        cpus = os.cpu_count() or 1
+        names = ",".join(self.compute)
+        return [
+            *(
+                f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN"
+                for name, (_, addr) in self.compute.items()
+            ),
+            f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+            *self.extra,
+        ]
+
+    def start_daemons(self, timeout: float) -> None:
+        self._daemon("slurmctld", "-i", prefix=("nsenter", f"--net=/run/netns/{self.ctl_ns}"))
+        for name, (ns, _) in self.compute.items():
+            self.start_node(name, ns)
+        self.wait_idle(timeout)
+
+    def start_node(self, name: str, ns: str) -> None:
+        """slurmd of node `name` in its namespaces, its host name `name`."""
+        inner = f"hostname {name} && exec {_which('slurmd')} -D -N {name}"
+        prefix = ("nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c", inner)
+        log = open(self.log_dir / f"slurmd-{name}.out", "ab")
+        self.procs[f"slurmd-{name}"] = subprocess.Popen(
+            list(prefix),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            start_new_session=True,
+        )
+        log.close()
+
+    def states(self) -> dict[str, str]:
+        out = self.run("sinfo", "--noheader", "-N", "-o", "%N %T")
+        found = {}
+        for line in out.stdout.splitlines():
+            words = line.split()
+            if len(words) == 2:
+                found[words[0]] = words[1]
+        return found
+
+    def wait_idle(self, timeout: float) -> None:
+        self._wait(
+            lambda: (
+                all(s == "idle" for s in self.states().values())
+                and set(self.states()) == set(self.compute)
+            ),
+            timeout,
+            f"nodes {', '.join(self.compute)} to be idle",
+        )

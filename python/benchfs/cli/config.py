@@ -12,6 +12,7 @@ import sys
 import click
 
 from benchfs import __version__
+from benchfs.burstbuffer import LUA_SCRIPT
 from benchfs.native import LIBEXEC_DIR, PACKAGE_DIR, PKG_CONFIG_DIR, PRELOAD_LIBRARY, UCX_SETTINGS
 
 
@@ -46,13 +47,19 @@ from benchfs.native import LIBEXEC_DIR, PACKAGE_DIR, PKG_CONFIG_DIR, PRELOAD_LIB
     flag_value="modulefile",
     help="An Lmod module file for the installation this Python is (make install writes it).",
 )
+@click.option(
+    "--slurm-bb-lua",
+    "what",
+    flag_value="slurm-bb-lua",
+    help="The burst_buffer.lua for Slurm's burst_buffer/lua plugin (docs/burst-buffer.md).",
+)
 @click.version_option(__version__, "-V", "--version", prog_name="benchfs-config")
 def main(what: str | None) -> None:
     """Print where this BenchFS installation keeps its native parts."""
     if what is None:
         raise click.UsageError(
-            "say what to print: --pkg-config-path, --prefix, --libexec, --preload, --env or "
-            "--modulefile"
+            "say what to print: --pkg-config-path, --prefix, --libexec, --preload, --env, "
+            "--modulefile or --slurm-bb-lua"
         )
     if what == "modulefile":
         click.echo(modulefile(sys.prefix), nl=False)
@@ -66,6 +73,7 @@ def main(what: str | None) -> None:
         "prefix": PACKAGE_DIR,
         "libexec": LIBEXEC_DIR,
         "preload": PRELOAD_LIBRARY,
+        "slurm-bb-lua": LUA_SCRIPT,
     }[what]
     if not path.exists():
         raise click.ClickException(

@@ -14,6 +14,7 @@ $BENCHFS_JOB_DIR (or --job) from any shell of the job.
 from __future__ import annotations
 
 import json
+import pwd
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
+from benchfs.cli.burstbuffer import bb
 from benchfs.cli.consoles import console
 from benchfs.cli.options import cluster_options
 from benchfs.cli.progress import make_progress
@@ -56,6 +58,9 @@ def main() -> None:
     """Start a BenchFS cluster for a job, stage data in and out, stop it."""
 
 
+main.add_command(bb)
+
+
 @main.command(short_help="Start a cluster and leave it running.")
 @cluster_options
 @click.option(
@@ -63,12 +68,23 @@ def main() -> None:
     metavar="DIR",
     help="Mount BenchFS at DIR on every client host (exported as BENCHFS_MOUNT).",
 )
+@click.option(
+    "--mount-owner", metavar="USER",
+    help="With --mount, as root: show every file as USER's (a name or uid, with its group) "
+    "and let USER in [the starting user].",
+)  # fmt: skip
 @click.option("--stage-in", metavar="DIR", help="Stage DIR into BenchFS's / once it is up.")
 @click.option(
     "--stage-nodes", "across_nodes", is_flag=True,
     help="With --stage-in: copy on every client node, each its share (as stage-in --nodes).",
 )  # fmt: skip
-def start(mount: str | None, stage_in: str | None, across_nodes: bool, **options: Any) -> None:
+def start(
+    mount: str | None,
+    mount_owner: str | None,
+    stage_in: str | None,
+    across_nodes: bool,
+    **options: Any,
+) -> None:
     """Start the servers (and mounts) and leave them running; print `export` lines.
 
     Use as `eval "$(benchfs start ...)"`: stdout carries only the exports (also written to
@@ -92,6 +108,7 @@ def start(mount: str | None, stage_in: str | None, across_nodes: bool, **options
         clients_per_node=options["clients_per_node"],
         pin_cpus=options["pin_cpus"],
         mount_point=mount,
+        mount_owner=None if mount_owner is None else _user_ids(mount_owner),
     )
     err = console(stderr=True)
     report, job = start_job(spec, sys.argv, make_progress(False, err, "benchfs"))
@@ -107,6 +124,17 @@ def start(mount: str | None, stage_in: str | None, across_nodes: bool, **options
             stop_job(Path(job.run_dir), say=_say)
             _fail(e)
     click.echo(job.env_text(), nl=False)
+
+
+def _user_ids(user: str) -> tuple[int, int]:
+    """(uid, gid) of a user name or numeric uid; usage error naming it when unknown."""
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        raise click.BadParameter(
+            f"no user {user!r} on this host", param_hint="--mount-owner"
+        ) from None
+    return entry.pw_uid, entry.pw_gid
 
 
 _job_option = click.option(
@@ -336,6 +364,8 @@ def _run_stage(
         )  # fmt: skip
     except BenchfsError as e:
         _fail(e)
+    except ValueError as e:  # the client cannot reach the cluster (its registry, its config)
+        _fail(BenchfsError("EINVAL", str(e)))
 
 
 @main.command("stage-in")

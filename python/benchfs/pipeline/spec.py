@@ -56,6 +56,9 @@ class RunSpec:
     unless the start fails); `benchfs stop` ends it."""
     mount_point: str | None = None
     """With `serve`: mount BenchFS at this path on every client host."""
+    mount_owner: tuple[int, int] | None = None
+    """The (uid, gid) the mounts show as every file's owner and let in, when they are not
+    the starting user's (root starting a job's burst buffer)."""
 
     def flag_overrides(self) -> list[str]:
         """Flags as config overrides: they are the highest layer of the one configuration."""

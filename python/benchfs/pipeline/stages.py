@@ -465,6 +465,8 @@ class Mounts(Stage):
             point = ctx.mountpoint(node)
             ctx.on_node(mount_side(node), ["mkdir", "-p", str(point)], f"creating {point}")
             argv = [find_benchfs_mount(), "--registry", str(run_dir.registry_dir)]
+            if ctx.spec.mount_owner is not None:
+                argv += ["--owner", "{}:{}".format(*ctx.spec.mount_owner)]
             argv += ["--config", str(run_dir.config_path), str(point)]
             log = run_dir.servers_dir / f"mount-{node.name}.log"
             cores = coredumps.core_dir(log, f"mount-{node.name}")

@@ -130,9 +130,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Files shown as owned by this process's user and group.
     pub fn new() -> Shared {
         // SAFETY: getuid and getgid cannot fail and touch no memory of ours.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Shared::owned_by(uid, gid)
+    }
+
+    /// Files shown as owned by `uid` and `gid` (a mount made by root for a job's user).
+    pub fn owned_by(uid: u32, gid: u32) -> Shared {
         Shared {
             table: Mutex::new(Table::new()),
             dirs: Mutex::new(HashMap::new()),

@@ -44,8 +44,21 @@ struct Args {
     /// Event loop threads, each with its own connection: requests served in parallel.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
+    /// Show every file as owned by UID:GID, and let that user in (with the kernel checking
+    /// permission bits): a mount made by root for another user, as a burst buffer's.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
+    owner: Option<(u32, u32)>,
     /// An existing, empty directory that is not a mount point yet.
     mountpoint: PathBuf,
+}
+
+fn parse_owner(text: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = text.split_once(':').ok_or("expected UID:GID, e.g. 1000:1000")?;
+    let number = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("{s:?} is not a numeric id (UID:GID)"))
+    };
+    Ok((number(uid)?, number(gid)?))
 }
 
 enum Event {
@@ -164,7 +177,10 @@ fn run(args: Args) -> Result<(), String> {
     let threads = usize::from(args.threads);
     let servers = config.cluster.expected_servers;
 
-    let shared = Arc::new(fs::Shared::new());
+    let shared = Arc::new(match args.owner {
+        Some((uid, gid)) => fs::Shared::owned_by(uid, gid),
+        None => fs::Shared::new(),
+    });
     // Connected here first, so that a cluster that cannot be reached fails the mount; kept
     // for the clean-up at the end. Each event loop connects its own at its first request.
     let mut first = fs::Worker::connect(&registry, config.clone(), shared.clone())?;
@@ -181,6 +197,11 @@ fn run(args: Args) -> Result<(), String> {
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
+    if args.owner.is_some() {
+        // Another user's files: the kernel checks the modes, as for a local file system.
+        options.acl = fuser::SessionACL::All;
+        options.mount_options.push(MountOption::DefaultPermissions);
+    }
     // Each event loop reads with its own descriptor and serves what it read.
     options.n_threads = Some(threads);
     options.clone_fd = true;

@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -27,6 +28,14 @@ pub(super) fn enter() -> Result<()> {
         Error::Config(format!("BENCHFS_NETNS={name:?}: {what} {}: {e}", path.display()))
     };
     let file = File::open(&path).map_err(|e| bad("cannot open", e))?;
+    // Already there (a process started inside the node's network, as a burst buffer's
+    // staging, which may not have the right to call setns): nothing to do.
+    let here = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| bad("cannot read this thread's namespace for", e))?;
+    let there = file.metadata().map_err(|e| bad("cannot read", e))?;
+    if (here.dev(), here.ino()) == (there.dev(), there.ino()) {
+        return Ok(());
+    }
     // SAFETY: a descriptor this function owns; the call changes only this thread's namespace.
     if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(bad("cannot enter", std::io::Error::last_os_error()));
