@@ -89,6 +89,22 @@ class BurstBufferSlurm:
         )
         return self.bbstat(job_id)
 
+    def assert_nothing_left(self) -> None:
+        """No server or mount of any job runs, no job's data is on the nodes."""
+        assert not _benchfs_processes(str(self.shared))
+        data = [p for p in (self.shared / "scratch").glob("*/*")]
+        assert not data, data
+        assert not [m for m in self.mount.glob("*") if os.path.ismount(m)]
+
+    def input_tree(self, name: str, size: int) -> Path:
+        """A tree of the job's user: a file of `size` random bytes and a small one."""
+        source = self.work / name
+        (source / "sub").mkdir(parents=True)
+        (source / "a.bin").write_bytes(os.urandom(size) + b"tail")
+        (source / "sub" / "small.txt").write_text("small file\n")
+        subprocess.run(["chown", "-R", f"{self.uid}:{self.gid}", str(source)], check=True)
+        return source
+
     def bbstat(self, job_id: str = "") -> str:
         done = self.slurm.run("scontrol", "show", "bbstat", *([job_id] if job_id else []))
         return done.stdout
@@ -153,6 +169,12 @@ def bb() -> Iterator[BurstBufferSlurm]:
             ],
         )
         cluster.start(timeout=60)
+        # The plugin refuses every burst buffer until it has loaded its pools once.
+        cluster._wait(
+            lambda: "Name=lua" in cluster.run("scontrol", "show", "burst").stdout,
+            30,
+            "the burst buffer plugin to load",
+        )
         yield BurstBufferSlurm(cluster, shared, root, work, mount, user.pw_uid, user.pw_gid)
     finally:
         if cluster is not None:
@@ -167,11 +189,7 @@ def bb() -> Iterator[BurstBufferSlurm]:
 def test_a_job_runs_against_its_burst_buffer_and_its_output_is_staged_out(
     bb: BurstBufferSlurm,
 ) -> None:
-    source = bb.work / "input"
-    (source / "sub").mkdir(parents=True)
-    (source / "a.bin").write_bytes(os.urandom(3 << 20) + b"tail")
-    (source / "sub" / "small.txt").write_text("small file\n")
-    subprocess.run(["chown", "-R", f"{bb.uid}:{bb.gid}", str(source)], check=True)
+    source = bb.input_tree("input", 3 << 20)
     out = bb.work / "results"
     go = bb.work / "go"
     body = f"""set -e
@@ -213,11 +231,10 @@ for i in $(seq 600); do [ -e {go} ] && break; sleep 0.1; done
     assert (out / "note.txt").read_text() == f"written by {USER} on n1\n"
     assert (out / "double.bin").stat().st_uid == bb.uid
     logs = bb.record_dir(job) / "logs"
-    assert "stage-in" in (logs / "stage-in.log").read_text()
-    assert "stage-out" in (logs / "stage-out.log").read_text()
-    assert not _benchfs_processes(str(bb.shared))
-    scratch = [p for p in (bb.shared / "scratch").rglob("*") if p.is_dir() and job in p.name]
-    assert not scratch, scratch
+    assert f"{source}" in (logs / "stage-in.log").read_text()
+    assert "checksums" in (logs / "stage-in.log").read_text()
+    assert "checksums" in (logs / "stage-out.log").read_text()
+    bb.assert_nothing_left()
 
 
 def test_a_bad_directive_is_refused_by_sbatch_in_one_line(bb: BurstBufferSlurm) -> None:
@@ -227,7 +244,7 @@ def test_a_bad_directive_is_refused_by_sbatch_in_one_line(bb: BurstBufferSlurm) 
         "stage_in relative /in": "stage_in: 'relative' is not an absolute path",
         "set storage.layout=packed": "'storage.layout' is not a key a job may set",
         "set layout.chunk_size=big": "layout.chunk_size takes a size such as 4M or 65536",
-        "capacity=1G pool=x": "capacity= and pool= are not used",
+        "pool=fast": "capacity= and pool= are not used",
     }
     for directive, expected in cases.items():
         script = bb.work / "bad.sh"
@@ -236,4 +253,67 @@ def test_a_bad_directive_is_refused_by_sbatch_in_one_line(bb: BurstBufferSlurm) 
         done = bb.slurm.as_user(USER, "sbatch", f"--chdir={bb.work}", str(script))
         assert done.returncode != 0
         said = [line for line in done.stderr.splitlines() if "burst_buffer/lua:" in line]
-        assert len(said) == 1 and expected in said[0], done.stderr
+        assert len(said) == 1 and expected in said[0], (directive, done.stderr)
+
+
+def test_a_failed_job_is_staged_out_and_torn_down(bb: BurstBufferSlurm) -> None:
+    out = bb.work / "failed-out"
+    body = """mkdir "$BENCHFS_MOUNT/out"
+echo partial > "$BENCHFS_MOUNT/out/partial.txt"
+exit 3
+"""
+    job, _ = bb.submit(body, [f"mount {bb.mount}", f"stage_out /out {out}"], nodes=1)
+    bb.wait_for("the job to fail", lambda: bb.field(job, "JobState") == "FAILED", 120)
+    assert bb.field(job, "ExitCode") == "3:0"
+    status = bb.torn_down(job)
+    assert "exit code 3:0" in status, status
+    assert re.search(rf"^{job}.*torn-down\s+1\s+deleted", status, re.M), status
+    assert (out / "partial.txt").read_text() == "partial\n"
+    bb.assert_nothing_left()
+
+
+def test_a_job_cancelled_while_staging_in_is_torn_down(bb: BurstBufferSlurm) -> None:
+    source = bb.input_tree("big-input", 1 << 30)
+    job, _ = bb.submit("true", [f"mount {bb.mount}", f"stage_in {source} /in"])
+    log = bb.record_dir(job) / "logs" / "stage-in.log"
+    bb.wait_for("the stage-in to begin", lambda: log.exists(), 120)
+    assert bb.field(job, "BurstBufferState") == "pre-run"
+    done = bb.slurm.as_user(USER, "scancel", job)
+    assert done.returncode == 0, done.stderr
+    status = bb.torn_down(job)
+    assert re.search(rf"^{job}.*torn-down\s+2\s+deleted", status, re.M), status
+    assert "pre-run-worker FAILED  the pre-run was stopped" in status, status
+    assert bb.field(job, "JobState") == "CANCELLED"
+    bb.assert_nothing_left()
+    shutil.rmtree(source)
+
+
+def test_a_source_the_user_cannot_read_holds_the_job_with_the_reason(
+    bb: BurstBufferSlurm,
+) -> None:
+    secret = bb.work / "secret"
+    secret.mkdir(mode=0o700)  # root's
+    job, _ = bb.submit("true", [f"stage_in {secret} /in"], nodes=1)
+    bb.wait_for("the job to be held", lambda: "cannot_read" in bb.field(job, "Reason"), 60)
+    reason = bb.field(job, "Reason")
+    assert f"stage_in_source_{secret}_does_not_exist_or_user_{USER}_cannot_read_it" in reason
+    assert bb.field(job, "JobState") == "PENDING"
+    bb.slurm.as_user(USER, "scancel", job)
+    bb.torn_down(job)
+    assert not (bb.record_dir(job) / "run").exists()
+
+
+def test_data_is_kept_when_the_stage_out_fails(bb: BurstBufferSlurm) -> None:
+    """The job never made the directory it asked to stage out: the stage-out fails, Slurm
+    (Flags=TeardownFailure) tears down, and the node-local data stays, its place named."""
+    out = bb.work / "never-out"
+    job, _ = bb.submit('echo kept > "$BENCHFS_MOUNT/elsewhere"', [f"mount {bb.mount}",
+                       f"stage_out /out {out}"], nodes=1)  # fmt: skip
+    status = bb.torn_down(job)
+    assert "data-out  FAILED  stage_out /out: benchfs: error ENOENT" in status, status
+    assert re.search(rf"^{job}.*torn-down\s+1\s+kept", status, re.M), status
+    kept = re.search(r"^data kept at (\S+)$", status, re.M)
+    assert kept and Path(kept.group(1)).is_dir(), status
+    assert not _benchfs_processes(str(bb.shared))
+    shutil.rmtree(kept.group(1))
+    bb.assert_nothing_left()

@@ -384,7 +384,7 @@ def post_run(phase: Phase) -> str:
     facts = show_job(phase.job_id)
     phase.job.ended, phase.job.exit_code = facts.state, facts.exit_code
     phase.save()
-    return f"job ended {facts.state} (exit code {facts.exit_code})"
+    return f"job ended with exit code {facts.exit_code} (status:signal)"
 
 
 def data_out(phase: Phase) -> str:
