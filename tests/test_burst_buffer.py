@@ -7,11 +7,12 @@ its output, which is staged out after it, checked file by file."""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -23,7 +24,7 @@ import pytest
 
 from benchfs.burstbuffer import LUA_SCRIPT
 from benchfs.nodes import write_nodes
-from benchfs.simnodes import NODES_SUBNET, netns_nodes, remove_netns_nodes
+from benchfs.simnodes import NODES_SUBNET, namespace_pids, netns_nodes, remove_netns_nodes
 from benchfs.submit import find_benchfs_run
 from slurm_local import NamespacedSlurm, missing_binaries
 
@@ -48,10 +49,13 @@ class BurstBufferSlurm:
     uid: int
     gid: int
 
-    def submit(self, body: str, directives: list[str], nodes: int = 2) -> tuple[str, str]:
+    def submit(
+        self, body: str, directives: list[str], nodes: int = 2, sbatch: tuple[str, ...] = ()
+    ) -> tuple[str, str]:
         """(job id, script path) of a job of `nodes` nodes with `#BB_LUA` directives."""
         script = self.work / f"job-{time.monotonic_ns()}.sh"
         lines = ["#!/bin/bash", f"#SBATCH --nodes={nodes}", f"#SBATCH --output={self.work}/%j.out"]
+        lines += [f"#SBATCH {option}" for option in sbatch]
         lines += [f"#BB_LUA {d}" for d in directives]
         script.write_text("\n".join([*lines, body, ""]))
         os.chown(script, self.uid, self.gid)
@@ -108,10 +112,6 @@ class BurstBufferSlurm:
     def bbstat(self, job_id: str = "") -> str:
         done = self.slurm.run("scontrol", "show", "bbstat", *([job_id] if job_id else []))
         return done.stdout
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _benchfs_processes(tag: str) -> list[str]:
@@ -316,4 +316,60 @@ def test_data_is_kept_when_the_stage_out_fails(bb: BurstBufferSlurm) -> None:
     assert kept and Path(kept.group(1)).is_dir(), status
     assert not _benchfs_processes(str(bb.shared))
     shutil.rmtree(kept.group(1))
+    bb.assert_nothing_left()
+
+
+@pytest.mark.long
+def test_a_job_cancelled_while_running_is_staged_out_and_torn_down(bb: BurstBufferSlurm) -> None:
+    out = bb.work / "cancelled-out"
+    body = """mkdir "$BENCHFS_MOUNT/out"
+seq 100000 > "$BENCHFS_MOUNT/out/numbers"
+sleep 600
+"""
+    job, _ = bb.submit(body, [f"mount {bb.mount}", f"stage_out /out {out}"])
+    bb.wait_for("the job to run", lambda: bb.field(job, "BurstBufferState") == "running", 120)
+    time.sleep(2)  # its first lines
+    assert bb.slurm.as_user(USER, "scancel", job).returncode == 0
+    status = bb.torn_down(job)
+    assert re.search(rf"^{job}.*torn-down\s+2\s+deleted", status, re.M), status
+    assert (out / "numbers").read_text() == "".join(f"{i}\n" for i in range(1, 100001))
+    assert bb.field(job, "JobState") == "CANCELLED"
+    bb.assert_nothing_left()
+
+
+@pytest.mark.long
+def test_with_two_copies_a_node_that_dies_mid_job_loses_nothing(bb: BurstBufferSlurm) -> None:
+    """Every process of node n2 (its slurmd, its BenchFS server) is killed while the job
+    runs on n1 and n2; Slurm is told the node is down, as its SlurmdTimeout would after a
+    while: the job ends (NODE_FAIL), and everything it wrote stages out from the copies."""
+    out = bb.work / "survived-out"
+    source = bb.input_tree("copies-input", 8 << 20)
+    body = """mkdir "$BENCHFS_MOUNT/out"
+for i in 1 2 3 4; do cp "$BENCHFS_MOUNT/in/a.bin" "$BENCHFS_MOUNT/out/copy$i"; done
+touch "$BENCHFS_MOUNT/out/done"
+sleep 600
+"""
+    directives = [f"mount {bb.mount}", f"stage_in {source} /in", f"stage_out /out {out}"]
+    job, _ = bb.submit(
+        body, [*directives, "replicas 2", "set layout.chunk_size=1M"], sbatch=("--no-requeue",)
+    )
+    done = bb.record_dir(job) / "mount" / "out" / "done"
+    bb.wait_for("the job's output", lambda: done.exists(), 120)
+    ns2 = bb.slurm.compute["n2"][0]
+    for pid in namespace_pids(ns2):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    bb.slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=killed")
+    try:
+        bb.wait_for("the job to end", lambda: bb.field(job, "JobState") == "NODE_FAIL", 60)
+        status = bb.torn_down(job)
+        assert "data-out  ok" in status, status
+        assert re.search(rf"^{job}.*torn-down\s+2\s+deleted", status, re.M), status
+        for i in range(1, 5):
+            assert (out / f"copy{i}").read_bytes() == (source / "a.bin").read_bytes()
+        assert not _benchfs_processes(str(bb.shared))
+    finally:
+        bb.slurm.start_node("n2", ns2)
+        bb.slurm.run("scontrol", "update", "nodename=n2", "state=resume")
+        bb.slurm.wait_idle(60)
     bb.assert_nothing_left()

@@ -130,11 +130,13 @@ class Phase:
         finally:
             log.close()
 
-    def last_line(self, log_name: str) -> str:
+    def last_line(self, log_name: str, prefix: str = "") -> str:
+        """The log's last line (that starts with `prefix`)."""
         try:
             lines = (self.logs / log_name).read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
+        lines = [line for line in lines if line.startswith(prefix)]
         return lines[-1] if lines else ""
 
 
@@ -142,7 +144,17 @@ class Phase:
 
 
 def setup(phase: Phase, uid: int, gid: int) -> str:
-    """The job's directory and record, with its user (the only phase Slurm tells who)."""
+    """The job's directory and record, with its user (the only phase Slurm tells who). A job
+    Slurm requeued (a node failed) starts a new record; the last one's directory is kept
+    as JOBID.1, JOBID.2, ..."""
+    if phase.job.torn_down is not None:
+        earlier = next(
+            phase.dir.with_name(f"{phase.job_id}.{k}")
+            for k in range(1, 1000)
+            if not phase.dir.with_name(f"{phase.job_id}.{k}").exists()
+        )
+        phase.dir.rename(earlier)
+        phase.job = BurstBufferJob(job_id=phase.job_id)
     job = phase.job
     job.uid, job.gid = uid, gid
     with contextlib.suppress(KeyError):
@@ -434,7 +446,7 @@ def teardown(phase: Phase, hurry: bool) -> str:
         if keep:
             message += " (the stage-out did not succeed): " + ", ".join(job.kept_at)
         if status != 0:
-            message += f"; {phase.last_line('teardown.log')}"
+            message += f"; {phase.last_line('teardown.log', 'benchfs: ')}"
     with contextlib.suppress(FileNotFoundError):
         (phase.dir / "mount").unlink()
     job.torn_down = utc_now()
