@@ -373,3 +373,34 @@ sleep 600
         bb.slurm.run("scontrol", "update", "nodename=n2", "state=resume")
         bb.slurm.wait_idle(60)
     bb.assert_nothing_left()
+
+
+def test_benchfs_run_submit_bb_lua_renders_a_job_slurm_stages(bb: BurstBufferSlurm) -> None:
+    """docs/burst-buffer.md's `benchfs-run submit --bb-lua` (rendered with --dry-run here:
+    Slurm refuses burst buffers to root, so the user submits the script)."""
+    source = bb.input_tree("submit-input", 1 << 20)
+    out = bb.work / "submit-out"
+    rendered = subprocess.run(
+        [find_benchfs_run("benchfs-run"), "submit", "--scheduler", "slurm", "--nodes", "2",
+         "--bb-lua", "--dry-run", "--results-root", str(bb.work / "submitted"),
+         "--stage-in", str(source), "--stage-out", str(out),
+         "--run", 'cp -r "$BENCHFS_MOUNT/sub" "$BENCHFS_MOUNT/copied"',
+         "--", "--mount", str(bb.mount), "--servers-per-node", "1", "--set", "layout.replicas=2"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert f"#BB_LUA stage_in {source} /\n#BB_LUA stage_out / {out}\n" in rendered
+    assert "#BB_LUA replicas 2\n" in rendered
+    job_dir = Path(re.search(r"#SBATCH --output=(\S+)/job-%j.out", rendered).group(1))
+    job_dir.mkdir(parents=True)
+    subprocess.run(["chown", "-R", f"{bb.uid}:{bb.gid}", str(bb.work / "submitted")], check=True)
+    script = job_dir / "job.sh"
+    script.write_text(rendered)
+    done = bb.slurm.as_user(USER, "sbatch", "--parsable", str(script))
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    bb.wait_for("the job to end", lambda: bb.field(job, "JobState") == "COMPLETED", 120)
+    bb.torn_down(job)
+    assert (out / "a.bin").read_bytes() == (source / "a.bin").read_bytes()
+    assert (out / "copied" / "small.txt").read_text() == "small file\n"
+    assert "command exited with status 0" in (job_dir / f"job-{job}.out").read_text()
+    bb.assert_nothing_left()

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import click
+
 from benchfs.errors import SubmitError
 from benchfs.nodes import Exclusion, write_exclusions
 from benchfs.results import write_json_atomic, write_text_atomic
@@ -32,6 +34,7 @@ __all__ = [
     "JobSpec",
     "Submission",
     "SubmitError",
+    "bb_lua_directives",
     "find_benchfs_run",
     "format_time_limit",
     "parse_time_limit",
@@ -156,6 +159,9 @@ class JobSpec:
     """Stage in and out on every client node, each its share (`benchfs stage-in --nodes`)."""
     benchfs: str = ""
     """The `benchfs` command, by absolute path (with `run_command`)."""
+    bb_lua: Sequence[str] | None = None
+    """Slurm's burst buffer instead of inline commands: these `#BB_LUA` directives (from
+    `bb_lua_directives`), then `run_command`."""
 
     def validate(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -183,6 +189,10 @@ class JobSpec:
                 f"results root {self.job_dir.parent} contains whitespace; job "
                 "schedulers cannot take it in a directive",
             )
+        if self.bb_lua is not None and (self.scheduler != "slurm" or self.run_command is None):
+            raise SubmitError("EINVAL", "--bb-lua goes with --scheduler slurm and --run COMMAND")
+        if self.bb_lua is not None and self.stage_nodes:
+            raise SubmitError("EINVAL", "--stage-nodes is not for --bb-lua: Slurm stages")
         if self.run_command is None and (self.stage_in or self.stage_out):
             raise SubmitError("EINVAL", "--stage-in and --stage-out go with --run COMMAND")
         if self.stage_nodes and not (self.stage_in or self.stage_out):
@@ -352,6 +362,9 @@ def render(spec: JobSpec, templates: Path | None = None) -> str:
         else f"--stage-out {shlex.quote(spec.stage_out)}" + (" --stage-nodes" if across else ""),
     }  # fmt: skip
     body = "body.sh" if spec.run_command is None else "lifecycle.sh"
+    if spec.bb_lua is not None:
+        values["bb_directives"] = "\n".join(f"#BB_LUA {d}" for d in spec.bb_lua)
+        return load("slurm-bb-lua.sh").substitute(values)
     try:
         values["prologue"] = load("prologue.sh").substitute(values).rstrip("\n")
         values["body"] = load(body).substitute(values).rstrip("\n")
@@ -361,6 +374,64 @@ def render(spec: JobSpec, templates: Path | None = None) -> str:
         raise SubmitError("ENOENT", f"job template {base / 'nodefile.sh'}: {e}") from e
     except (KeyError, ValueError) as e:
         raise SubmitError("EINVAL", f"job templates in {base}: bad placeholder {e}") from e
+
+
+BB_LUA_KEYS = ("layout.", "client.")
+"""The configuration a burst-buffer job sets itself (the site sets the rest)."""
+
+
+def bb_lua_directives(
+    start: click.Context, stage_in: str | None, stage_out: str | None
+) -> list[str]:
+    """`#BB_LUA` directives (without the prefix) for `benchfs start`'s parsed options and the
+    submit's stage-in and stage-out; SubmitError names an option with no directive."""
+    from click.core import ParameterSource
+
+    params = dict(start.params)
+    out: list[str] = []
+    if params.pop("servers_per_node") is not None:
+        out.append(f"servers_per_node {start.params['servers_per_node']}")
+    mount = params.pop("mount")
+    if mount:
+        out.append(f"mount {os.path.abspath(mount)}")
+    for setting in params.pop("sets"):
+        key, _, value = setting.partition("=")
+        if key == "layout.replicas":
+            out.append(f"replicas {value}")
+        elif key.startswith(BB_LUA_KEYS):
+            out.append(f"set {key}={value}")
+        else:
+            raise SubmitError(
+                "EINVAL",
+                f"--set {setting}: a burst-buffer job sets only layout.* and client.* keys "
+                "(the site's burst_buffer.lua sets the rest)",
+            )
+    screen, screen_args = params.pop("screen"), params.pop("screen_args")
+    if screen:
+        if screen_args not in (None, "--quick"):
+            raise SubmitError("EINVAL", "--bb-lua screens with no --screen-args or --quick")
+        out.append("screen quick" if screen_args == "--quick" else "screen")
+    for source in (stage_in, params.pop("stage_in")):
+        if source:
+            out.append(f"stage_in {os.path.abspath(source)} /")
+    if stage_out:
+        out.append(f"stage_out / {os.path.abspath(stage_out)}")
+    for name in params:
+        if start.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            flag = "--" + name.replace("_", "-").removesuffix("-path")
+            raise SubmitError(
+                "EINVAL",
+                f"{flag} has no burst-buffer directive: Slurm starts BenchFS on the job's "
+                "nodes (servers_per_node, mount, set, replicas, screen, stage_in, stage_out)",
+            )
+    spaced = [
+        v for v in (mount, stage_in, stage_out, *start.params["sets"]) if v and re.search(r"\s", v)
+    ]
+    if spaced:
+        raise SubmitError(
+            "EINVAL", f"{spaced[0]!r}: directives take paths and values without spaces"
+        )
+    return out
 
 
 def new_job_dir_path(root: str | os.PathLike[str], scheduler: str) -> Path:

@@ -359,6 +359,11 @@ def _fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
     help="Stage in and out on every client node of the job, each its share (stage-in --nodes); "
     "DIRs must be seen at the same path on every node.",
 )  # fmt: skip
+@click.option(
+    "--bb-lua", is_flag=True,
+    help="With --run on Slurm: #BB_LUA directives for the site's burst_buffer.lua instead of "
+    "inline commands; Slurm starts, stages and stops BenchFS (docs/burst-buffer.md).",
+)  # fmt: skip
 @click.argument("pipeline_args", nargs=-1, type=click.UNPROCESSED)
 def submit(
     scheduler: str,
@@ -377,6 +382,7 @@ def submit(
     stage_in: str | None,
     stage_out: str | None,
     stage_nodes: bool,
+    bb_lua: bool,
     pipeline_args: tuple[str, ...],
 ) -> None:
     """Render a batch job that runs `benchfs-run launch PIPELINE_ARGS` and submit it.
@@ -390,6 +396,7 @@ def submit(
     from benchfs.submit import (
         JobSpec,
         SubmitError,
+        bb_lua_directives,
         check_exclusions,
         find_benchfs_run,
         new_job_dir_path,
@@ -413,7 +420,7 @@ def submit(
 
         checker, what = lifecycle.commands["start"], "start"
     try:
-        checker.make_context(what, list(args))
+        parsed = checker.make_context(what, list(args))
     except click.ClickException as e:
         _fail("EINVAL", f"{what} arguments after `--`: {e.format_message()}", EXIT_USAGE)
     try:
@@ -444,6 +451,7 @@ def submit(
             stage_out=None if stage_out is None else os.path.abspath(stage_out),
             stage_nodes=stage_nodes,
             benchfs=find_benchfs_run("benchfs") if run_command is not None else "",
+            bb_lua=bb_lua_directives(parsed, stage_in, stage_out) if bb_lua else None,
         )
         if dry_run:
             from benchfs.submit import render
