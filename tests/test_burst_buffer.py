@@ -404,3 +404,17 @@ def test_benchfs_run_submit_bb_lua_renders_a_job_slurm_stages(bb: BurstBufferSlu
     assert (out / "copied" / "small.txt").read_text() == "small file\n"
     assert "command exited with status 0" in (job_dir / f"job-{job}.out").read_text()
     bb.assert_nothing_left()
+
+
+@pytest.mark.long
+def test_a_screened_job_names_its_slow_nodes_in_a_file(bb: BurstBufferSlurm) -> None:
+    """`screen quick`: benchfs-diagnose screens the job's nodes before the start (two healthy
+    nodes here: none is slow); the job's environment names the file of slow nodes."""
+    body = 'cat "$BENCHFS_EXCLUDED_FILE" > excluded-$SLURM_JOB_ID; ls "$BENCHFS_MOUNT"'
+    job, _ = bb.submit(body, [f"mount {bb.mount}", "screen quick"])
+    bb.wait_for("the job to end", lambda: bb.field(job, "JobState") == "COMPLETED", 300)
+    bb.torn_down(job)
+    assert (bb.work / f"excluded-{job}").read_text() == ""
+    run = next(bb.record_dir(job).glob("*-local-*"))
+    assert (run / "diagnose").is_dir()
+    bb.assert_nothing_left()

@@ -85,6 +85,11 @@ def test_roles_share_nodes_by_default_and_separates_with_server_nodes() -> None:
     # Clients in blocks: a node's ranks are consecutive.
     assert [n.name for n in totals.clients] == ["c", "c", "c", "d", "d"]
 
+    # A screened allocation: the slow nodes (c, d, placed last) run clients only.
+    kept = plan_roles(nodes, None, None, server_nodes=2, clients_on_all=True)
+    assert [n.name for _, n in kept.servers] == ["a", "b"]
+    assert [n.name for n in kept.clients] == ["a", "b", "c", "d"]
+
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),

@@ -334,7 +334,7 @@ def pre_run_worker(phase: Phase) -> str:
     if directives.mount:
         start += ["--mount", directives.mount, "--mount-owner", str(job.uid)]
     if directives.screen:
-        start += ["--screen"]
+        start += ["--screen", "--screen-keeps-clients"]
         if directives.screen == "quick":
             start += ["--screen-args", "--quick"]
     with open(phase.dir / "benchfs.env", "wb") as exports:

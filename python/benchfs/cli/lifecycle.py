@@ -73,6 +73,11 @@ main.add_command(bb)
     help="With --mount, as root: show every file as USER's (a name or uid, with its group) "
     "and let USER in [the starting user].",
 )  # fmt: skip
+@click.option(
+    "--screen-keeps-clients", is_flag=True,
+    help="With --screen: slow nodes run no server but keep their clients and mounts "
+    "(an allocation that cannot give nodes back) [slow nodes run nothing].",
+)  # fmt: skip
 @click.option("--stage-in", metavar="DIR", help="Stage DIR into BenchFS's / once it is up.")
 @click.option(
     "--stage-nodes", "across_nodes", is_flag=True,
@@ -81,6 +86,7 @@ main.add_command(bb)
 def start(
     mount: str | None,
     mount_owner: str | None,
+    screen_keeps_clients: bool,
     stage_in: str | None,
     across_nodes: bool,
     **options: Any,
@@ -109,6 +115,7 @@ def start(
         pin_cpus=options["pin_cpus"],
         mount_point=mount,
         mount_owner=None if mount_owner is None else _user_ids(mount_owner),
+        screen_keeps_clients=screen_keeps_clients,
     )
     err = console(stderr=True)
     report, job = start_job(spec, sys.argv, make_progress(False, err, "benchfs"))

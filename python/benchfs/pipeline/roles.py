@@ -39,11 +39,13 @@ def plan_roles(
     server_nodes: int | None = None,
     servers_per_node: int | None = None,
     clients_per_node: int | None = None,
+    clients_on_all: bool = False,
 ) -> NodeRoles:
     """Place servers and client ranks on nodes.
 
     Servers go on the first `server_nodes` nodes (all of them by default); clients on the
-    others when `server_nodes` leaves some, else on every node. Per-node counts put that many
+    others when `server_nodes` leaves some, else (or with `clients_on_all`) on every node.
+    Per-node counts put that many
     on each node of the set (server i on node i // per-node); totals spread over the set
     (servers round-robin, clients in blocks so that a node's ranks are consecutive).
     Neither given: one per node. ValueError says what does not fit.
@@ -54,7 +56,7 @@ def plan_roles(
     if not 1 <= k <= len(nodes):
         raise ValueError(f"--server-nodes {k}: the run has {len(nodes)} nodes")
     server_set = list(nodes[:k])
-    client_set = list(nodes[k:]) if k < len(nodes) else list(nodes)
+    client_set = list(nodes[k:]) if k < len(nodes) and not clients_on_all else list(nodes)
     if servers is not None and servers_per_node is not None:
         raise ValueError("give --servers or --servers-per-node, not both")
     if clients is not None and clients_per_node is not None:

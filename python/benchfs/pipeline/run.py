@@ -292,8 +292,13 @@ class Pipeline:
 
         if spec.screen:
             with manifest.phase("screen"):
-                nodes = screen_nodes(ctx, nodes)
-            roles = self._roles(nodes, run)
+                kept = screen_nodes(ctx, nodes)
+            if spec.screen_keeps_clients:
+                slow = [n for n in nodes if n not in kept]
+                roles = self._roles(kept + slow, run, len(kept), clients_on_all=True)
+            else:
+                nodes = kept
+                roles = self._roles(nodes, run)
         ctx.roles = roles
         self.report.nodes = len(roles.nodes())
         # The cluster's shape is part of the effective config, so config.toml says what ran.
@@ -404,7 +409,13 @@ class Pipeline:
             raise RunError("EINVAL", "; ".join(problems), EXIT_USAGE)
         check_workload_options(self.spec.workload, self.spec.workload_args, run)
 
-    def _roles(self, nodes: list[Node], run: dict[str, Any]) -> NodeRoles:
+    def _roles(
+        self,
+        nodes: list[Node],
+        run: dict[str, Any],
+        server_nodes: int | None = None,
+        clients_on_all: bool = False,
+    ) -> NodeRoles:
         spec = self.spec
         simulated = spec.nodes_file is None
         if simulated and (spec.server_nodes or spec.servers_per_node or spec.clients_per_node):
@@ -421,9 +432,10 @@ class Pipeline:
                 # apply only when given on the command line (else one per node).
                 None if simulated else spec.servers,
                 run["clients"] if simulated else spec.clients,
-                spec.server_nodes,
+                server_nodes or spec.server_nodes,
                 spec.servers_per_node,
                 spec.clients_per_node,
+                clients_on_all,
             )
         except ValueError as e:
             raise RunError("EINVAL", str(e), EXIT_USAGE) from e

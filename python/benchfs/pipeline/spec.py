@@ -56,6 +56,9 @@ class RunSpec:
     unless the start fails); `benchfs stop` ends it."""
     mount_point: str | None = None
     """With `serve`: mount BenchFS at this path on every client host."""
+    screen_keeps_clients: bool = False
+    """With `screen`: the nodes found slow run no server but keep their client ranks and
+    mounts (a job's own allocation, where no node can be given back)."""
     mount_owner: tuple[int, int] | None = None
     """The (uid, gid) the mounts show as every file's owner and let in, when they are not
     the starting user's (root starting a job's burst buffer)."""
