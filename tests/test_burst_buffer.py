@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 
 from benchfs.burstbuffer import LUA_SCRIPT
+from benchfs.config import parse_config, resolve_config_text
 from benchfs.nodes import write_nodes
 from benchfs.simnodes import NODES_SUBNET, namespace_pids, netns_nodes, remove_netns_nodes
 from benchfs.submit import find_benchfs_run
+from doc_examples import ROOT, examples
 from slurm_local import NamespacedSlurm, missing_binaries
 
 USER = "nobody"
@@ -273,7 +275,11 @@ exit 3
 
 
 def test_a_job_cancelled_while_staging_in_is_torn_down(bb: BurstBufferSlurm) -> None:
-    source = bb.input_tree("big-input", 1 << 30)
+    source = bb.work / "big-input"
+    source.mkdir()
+    with open(source / "zeros.bin", "wb") as f:
+        f.truncate(2 << 30)  # sparse: made at once, still seconds to stage
+    os.chown(source / "zeros.bin", bb.uid, bb.gid)
     job, _ = bb.submit("true", [f"mount {bb.mount}", f"stage_in {source} /in"])
     log = bb.record_dir(job) / "logs" / "stage-in.log"
     bb.wait_for("the stage-in to begin", lambda: log.exists(), 120)
@@ -417,4 +423,37 @@ def test_a_screened_job_names_its_slow_nodes_in_a_file(bb: BurstBufferSlurm) -> 
     assert (bb.work / f"excluded-{job}").read_text() == ""
     run = next(bb.record_dir(job).glob("*-local-*"))
     assert (run / "diagnose").is_dir()
+    bb.assert_nothing_left()
+
+
+def test_the_keys_a_job_may_set_are_the_configurations_layout_and_client_keys() -> None:
+    """burst_buffer.lua checks `set KEY=VALUE` itself (inside slurmctld, no Python): its table
+    of keys and kinds must be the configuration's layout.* and client.* keys."""
+    table = dict(re.findall(r'\["((?:layout|client)\.\w+)"\] = "(\w+)"', LUA_SCRIPT.read_text()))
+    config = parse_config(resolve_config_text(environment=False))
+    assert set(table) == {f"{s}.{k}" for s in ("layout", "client") for k in config[s]}
+    sample = {"size": "16K", "int": "1", "float": "1.5", "string": "/x"}
+    for key, kind in table.items():
+        resolve_config_text(overrides=[f"{key}={sample[kind]}"], environment=False)
+
+
+def test_the_job_of_the_manual_runs(bb: BurstBufferSlurm) -> None:
+    """docs/burst-buffer.md's job script, its paths made this test's."""
+    doc = examples(ROOT / "docs" / "burst-buffer.md")[0]
+    assert doc.code.startswith("#!/bin/bash\n#SBATCH --nodes=2\n#BB_LUA"), doc.code
+    source, results = bb.work / "manual-in", bb.work / "manual-results"
+    source.mkdir()
+    words = [f"word{i:05d}" for i in range(20000)]
+    (source / "words.txt").write_text("\n".join(reversed(words)) + "\n")
+    subprocess.run(["chown", "-R", f"{bb.uid}:{bb.gid}", str(source)], check=True)
+    script = bb.work / "manual.sh"
+    text = doc.code.replace("/home/me/input", str(source)).replace("/home/me/results", str(results))
+    script.write_text(text.replace("/tmp/bfs", str(bb.mount)))
+    os.chown(script, bb.uid, bb.gid)
+    done = bb.slurm.as_user(USER, "sbatch", "--parsable", f"--chdir={bb.work}", str(script))
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    bb.wait_for("the job to end", lambda: bb.field(job, "JobState") == "COMPLETED", 120)
+    bb.torn_down(job)
+    assert (results / "sorted.txt").read_text() == "\n".join(words) + "\n"
     bb.assert_nothing_left()

@@ -142,21 +142,3 @@ def status(**options: Any) -> None:
 
 def _phase_site(options: dict[str, Any]) -> Site:
     return Site(root=Path(options["root"]))
-
-
-@bb.command(hidden=True)
-@click.argument("direction", type=click.Choice(["in", "out"]))
-@click.argument("source")
-@click.argument("destination")
-@click.option("--job", required=True)
-@click.option("--manifest", required=True)
-@click.option("--uid", type=int, required=True)
-@click.option("--gid", type=int, required=True)
-def stage(
-    direction: str, source: str, destination: str, job: str, manifest: str, uid: int, gid: int
-) -> None:
-    """`benchfs stage-in|stage-out` as the user UID:GID (started as root, then the user's)."""
-    from benchfs.cli.lifecycle import main
-
-    phases.become_user(uid, gid)
-    main([f"stage-{direction}", source, destination, "--job", job, "--manifest", manifest])

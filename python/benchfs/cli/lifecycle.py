@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from benchfs import __version__
+from benchfs.burstbuffer.phases import become_user
 from benchfs.cli.burstbuffer import bb
 from benchfs.cli.consoles import console
 from benchfs.cli.options import cluster_options
@@ -465,3 +466,20 @@ def find(
     for f in result.found:
         click.echo(f.path)
     _say(f"{result.matched} of {result.examined} names under {root} match")
+
+
+@bb.command("stage", hidden=True)
+@click.argument("direction", type=click.Choice(["in", "out"]))
+@click.argument("source")
+@click.argument("destination")
+@click.option("--job", required=True)
+@click.option("--manifest", required=True)
+@click.option("--uid", type=int, required=True)
+@click.option("--gid", type=int, required=True)
+def bb_stage(
+    direction: str, source: str, destination: str, job: str, manifest: str, uid: int, gid: int
+) -> None:
+    """`stage-in` or `stage-out` as the user UID:GID: started as root (the user may not read
+    this Python's directories), the user's from here on, before any path is touched."""
+    become_user(uid, gid)
+    _run_stage(direction, source, destination, job, 4, manifest, False, False)
