@@ -161,7 +161,7 @@ class LocalSlurm:
                     "JobCompType=jobcomp/none",
                     "MailProg=/bin/true",
                     f"StateSaveLocation={state}",
-                    f"SlurmdSpoolDir={spool}/%n",
+                    f"SlurmdSpoolDir={spool}{self.per_node}",
                     f"SlurmctldPidFile={self.base / 'slurmctld.pid'}",
                     f"SlurmdPidFile={self.base / 'slurmd-%n.pid'}",
                     f"SlurmctldLogFile={self.log_dir / 'slurmctld.log'}",
@@ -181,6 +181,9 @@ class LocalSlurm:
         )
 
     ctld_addr = "127.0.0.1"
+    per_node = ""
+    """What tells several slurmd's spool directories apart (none with one: PMIx's socket
+    paths under it are at most 107 bytes)."""
 
     def conf_lines(self) -> list[str]:
         """The nodes, the partition and anything else of this cluster's slurm.conf."""
@@ -320,6 +323,7 @@ class NamespacedSlurm(LocalSlurm):
         self.ctl_ns, self.ctld_addr = controller
         self.extra = extra or []
         self.user: str | None = None
+        self.per_node = "/%n"
 
     def client_prefix(self) -> list[str]:
         prefix = ["nsenter", f"--net=/run/netns/{self.ctl_ns}"]
