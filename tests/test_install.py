@@ -71,6 +71,7 @@ def test_make_install_puts_everything_in_the_prefix_without_root(
         "bin/benchfs", "bin/benchfs-run", "bin/benchfs-analyze", "bin/benchfsd",
         "bin/benchfs-mount", "bin/benchfs-config", "lib/libbenchfs.so", "include/benchfs.h",
         "lib/pkgconfig/benchfs.pc", f"share/modulefiles/benchfs/{VERSION}.lua",
+        "share/benchfs/burst_buffer.lua",
     ):  # fmt: skip
         assert (prefix / rel).exists(), rel
     # The docs' C example, built with the installed pkg-config file alone, runs on a cluster
