@@ -268,6 +268,7 @@ def pre_run(phase: Phase, argv: Sequence[str]) -> str:
             job.uid, job.gid, job.user = facts.uid, facts.gid, facts.user
         _job_nodes(phase, facts.nodes)
         job.history = [h for h in job.history if h["phase"] in ("setup", "data-in")]
+        phase.save()  # the worker reads it
         log = phase.log("pre-run.log")
         proc = subprocess.Popen(
             [*argv, "--worker"],
@@ -280,7 +281,7 @@ def pre_run(phase: Phase, argv: Sequence[str]) -> str:
         log.close()
         ref = ProcessRef.of(proc.pid)
         job.worker = None if ref is None else [ref.pid, ref.start]
-        phase.save()
+        phase.save()  # at once: a teardown must find the worker (it records itself too)
         status = proc.wait()
     else:
         while worker.alive():
@@ -314,9 +315,12 @@ class _Forward:
             child.send_signal(signal.SIGTERM)
         status = child.wait()
         self.child = None
+        return status
+
+    def check(self) -> None:
+        """Stop here if told to (what was started is recorded by then)."""
         if self.terminated:
             raise JobError("EINTR", "the pre-run was stopped (the job was cancelled)")
-        return status
 
 
 def pre_run_worker(phase: Phase) -> str:
@@ -339,6 +343,7 @@ def pre_run_worker(phase: Phase) -> str:
             start += ["--screen-args", "--quick"]
     with open(phase.dir / "benchfs.env", "wb") as exports:
         status = forward.wait(phase.run_logged(start, "start.log", stdout=exports))
+    forward.check()
     if status != 0:
         raise JobError("EIO", f"benchfs start failed: {phase.last_line('start.log')}")
     state = JobState.load(Path(_exported(phase.dir / "benchfs.env", "BENCHFS_JOB_DIR")))
@@ -359,7 +364,9 @@ def pre_run_worker(phase: Phase) -> str:
     (phase.dir / "excluded.txt").write_text("".join(f"{e['host']}\n" for e in excluded))
     for k, (source, destination) in enumerate(directives.stage_in):
         argv = phase.staging("in", source, destination, k)
-        if forward.wait(phase.run_logged(argv, "stage-in.log")) != 0:
+        status = forward.wait(phase.run_logged(argv, "stage-in.log"))
+        forward.check()
+        if status != 0:
             raise JobError("EIO", f"stage_in {source}: {phase.last_line('stage-in.log')}")
     job.started, job.staged_in = True, True
     phase.save()
@@ -429,8 +436,10 @@ def teardown(phase: Phase, hurry: bool) -> str:
         stop_refs([worker], signal.SIGTERM, WORKER_STOP_GRACE_S)
         job = phase.job = record.load(phase.dir, phase.job_id)
     message = "nothing was running"
-    run_dir = Path(job.run_dir) if job.run_dir else None
-    if run_dir is not None and (run_dir / JOB_FILE).exists():
+    # Every BenchFS job started here, recorded or not (a start that ended as the worker was
+    # stopped wrote its job file, not yet the record).
+    started = [p.parent for p in sorted(phase.dir.glob(f"*-local-*/{JOB_FILE}"))]
+    for run_dir in (r for r in started if JobState.load(r).stopped is None):
         nothing_lost = job.staged_out or not phase.directives.stage_out or job.ended is None
         keep = not nothing_lost
         argv = [find_benchfs_run("benchfs"), "stop", "--job", str(run_dir)]
