@@ -8,6 +8,7 @@ its output, which is staged out after it, checked file by file."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import re
@@ -84,15 +85,18 @@ class BurstBufferSlurm:
         return self.root / job_id
 
     def torn_down(self, job_id: str, timeout: float = 90) -> str:
-        """Waits until the job's burst buffer is torn down; `scontrol show bbstat JOB`."""
-        self.wait_for(
-            f"job {job_id}'s teardown",
-            lambda: (
-                "teardown  ok" in self.bbstat(job_id)
-                and self.field(job_id, "BurstBufferState") in ("complete", "")
-            ),
-            timeout,
-        )
+        """Waits until the job's burst buffer is torn down; `scontrol show bbstat JOB`. (The
+        record is polled: each `bbstat` starts a Python process, too many for a poll.)"""
+        record = self.record_dir(job_id) / "bb.json"
+
+        def done() -> bool:
+            try:
+                torn = json.loads(record.read_text()).get("torn_down")
+            except (OSError, ValueError):
+                return False
+            return torn is not None and self.field(job_id, "BurstBufferState") in ("complete", "")
+
+        self.wait_for(f"job {job_id}'s teardown", done, timeout)
         return self.bbstat(job_id)
 
     def assert_nothing_left(self) -> None:
