@@ -15,6 +15,7 @@ import pytest
 
 from benchfs.analysis.darshanlog import read_log
 from benchfs.errors import AnalyzeError
+from conftest import benchfs_run_command
 from test_lifecycle import BIN, exports
 
 DATA = Path(__file__).parent / "data" / "darshan"
@@ -104,3 +105,45 @@ def test_real_darshan_traces_a_program_through_the_mount(tmp_path: Path) -> None
     dd = next(log for log in made if log.exe.startswith("dd "))
     writes = [op for op in dd.ops if op.path == str(mount / "out") and op.op == "write"]
     assert [(op.offset, op.length) for op in writes] == [(i * 4096, 4096) for i in range(100)]
+
+
+def test_launch_refuses_darshan_where_it_would_see_nothing(tmp_path: Path) -> None:
+    cases = {
+        ("--workload", "rw"): "--darshan traces a program of yours",
+        ("--workload", "command", "--command", "true", "--via", "capi"): "--darshan traces",
+    }
+    for args, said in cases.items():
+        done = subprocess.run(
+            [*benchfs_run_command(), "launch", "--darshan", str(tmp_path), *args,
+             "--results-root", str(tmp_path / "results")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        lines = [line for line in done.stderr.splitlines() if "error" in line]
+        assert len(lines) == 1 and said in lines[0], done.stderr
+    assert not (tmp_path / "results").exists()
+    missing = subprocess.run(
+        [*benchfs_run_command(), "launch", "--darshan", str(tmp_path), "--workload", "command",
+         "--command", "true", "--results-root", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert f"--darshan {tmp_path}: no lib/libdarshan.so" in missing.stderr
+
+
+@pytest.mark.skipif(not PREFIX, reason="real Darshan not built (BENCHFS_DARSHAN_PREFIX)")
+@pytest.mark.parametrize("via", ["mount", "preload"])
+def test_launch_traces_a_command_with_darshan(tmp_path: Path, via: str) -> None:
+    done = subprocess.run(
+        [*benchfs_run_command(), "launch", "--darshan", str(PREFIX), "--workload", "command",
+         "--via", via, "--clients", "2", "--results-root", str(tmp_path),
+         "--command", "dd if=/dev/zero of={mount}/out.{rank} bs=4096 count=50 status=none"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = next(tmp_path.glob("*-local-*"))
+    logs = [read_log(p) for p in (run / "darshan").glob("*.darshan")]
+    assert len(logs) == 2  # dd has no MPI: one log per process
+    for log in logs:
+        out = log.exe.split("of=")[1].split()[0]
+        writes = [(op.offset, op.length) for op in log.ops if op.path == out and op.op == "write"]
+        assert writes == [(i * 4096, 4096) for i in range(50)]

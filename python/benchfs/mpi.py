@@ -61,6 +61,11 @@ def find_mpich() -> str:
     )
 
 
+def flavour(mpiexec: str) -> str:
+    """ "openmpi", "mpich" or "unknown": which MPI `mpiexec` launches."""
+    return _flavour(mpiexec)
+
+
 @functools.cache
 def _flavour(mpiexec: str) -> str:
     """ "openmpi", "mpich" or "unknown", from `mpiexec --version`."""

@@ -195,6 +195,11 @@ def main() -> None:
     help="How --command reaches BenchFS: the FUSE mount ({mount}), the C library, or the "
     "interposition library (LD_PRELOAD; paths under {mount}, nothing mounted).",
 )
+@click.option(
+    "--darshan", "darshan_prefix", metavar="PREFIX", type=click.Path(file_okay=False),
+    help="Trace --command with Darshan built in PREFIX (contrib/darshan/build-darshan.sh): "
+    "preloaded, DXT on, its logs in the results' darshan/ (with --via mount or preload).",
+)  # fmt: skip
 @click.option("--no-analysis", is_flag=True, help="Do not run benchfs-analyze at the end.")
 def launch(
     servers: int | None,
@@ -227,6 +232,7 @@ def launch(
     servers_per_node: int | None,
     clients_per_node: int | None,
     pin_cpus: bool,
+    darshan_prefix: str | None,
     no_analysis: bool,
 ) -> None:
     """Run now, through a launcher: start the servers, run the workload, record it.
@@ -272,6 +278,7 @@ def launch(
         servers_per_node=servers_per_node,
         clients_per_node=clients_per_node,
         pin_cpus=pin_cpus,
+        darshan=None if darshan_prefix is None else os.path.abspath(darshan_prefix),
         analyze=not no_analysis,
     )
     report = Pipeline(spec, sys.argv, make_progress(as_json, err)).execute()

@@ -109,11 +109,24 @@ class RunContext:
                     "cpus": self.cpus(node, index) if self.roles is not None else None,
                     "mount": None if mount is None else str(mount),
                     "preload": str(PRELOAD_LIBRARY) if preload else None,
+                    "darshan": self.darshan_env(),
                 }
             )
         path = self.run_dir.path / f"{name}.ranks.json"
         write_json_atomic(path, {"ranks": ranks, **({"up": up} if up else {})})
         return path
+
+    def darshan_env(self) -> dict[str, str] | None:
+        """With --darshan, what a traced command's ranks get (benchfs.rankexec applies it)."""
+        if self.spec.darshan is None or self.spec.workload != "command":
+            return None
+        logs = self.run_dir.path / "darshan"
+        logs.mkdir(exist_ok=True)
+        return {
+            "LD_PRELOAD": str(Path(self.spec.darshan) / "lib" / "libdarshan.so"),
+            "DXT_ENABLE_IO_TRACE": "1",
+            "DARSHAN_LOGPATH": str(logs),
+        }
 
     def node_records(self) -> list[dict[str, Any]]:
         """The manifest's `nodes`: each node that runs something, with its servers and ranks."""

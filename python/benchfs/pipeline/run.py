@@ -27,6 +27,7 @@ from benchfs.errors import EXIT_INTERRUPTED, EXIT_USAGE, BenchfsError, RunError,
 from benchfs.launch import make_launcher, this_host
 from benchfs.nodes import Node, NodesFileError, load_nodes, read_exclusions, write_nodes
 from benchfs.pipeline.context import RunContext
+from benchfs.pipeline.darshanrun import darshan_problems
 from benchfs.pipeline.roles import NodeRoles, apply_exclusions, plan_roles
 from benchfs.pipeline.screen import screen_nodes
 from benchfs.pipeline.spec import VIA, WORKLOADS, MessageSink, ProgressSink, RunReport, RunSpec
@@ -401,6 +402,8 @@ class Pipeline:
             problems.append(f"unknown workload {self.spec.workload!r}")
         if self.spec.via not in VIA:
             problems.append(f"--via {self.spec.via!r}: choose mount, capi or preload")
+        if self.spec.darshan is not None:
+            problems += darshan_problems(self.spec, self._mpiexec_path())
         try:  # before the results directory is made: a run that cannot start leaves none
             find_benchfsd()
         except FileNotFoundError as e:

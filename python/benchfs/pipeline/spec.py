@@ -50,6 +50,9 @@ class RunSpec:
     servers_per_node: int | None = None
     clients_per_node: int | None = None
     pin_cpus: bool = False
+    darshan: str | None = None
+    """Darshan's prefix: `command` runs with its libdarshan.so preloaded, DXT on, its logs in
+    the results directory's darshan/."""
     analyze: bool = True
     serve: bool = False
     """`benchfs start`: bring the cluster up and leave it running (no workload, no teardown
