@@ -193,11 +193,14 @@ class LocalSlurm:
             f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
         ]
 
-    def _daemon(self, name: str, *args: str, prefix: tuple[str, ...] = (), key: str = "") -> None:
-        key = key or name
+    def _daemon(self, name: str, *args: str, prefix: tuple[str, ...] = ()) -> None:
+        self._spawn(name, [*prefix, _which(name), "-D", *args])
+
+    def _spawn(self, key: str, argv: list[str]) -> None:
+        """A daemon this object owns, its output in log/KEY.out."""
         log = open(self.log_dir / f"{key}.out", "ab")
         self.procs[key] = subprocess.Popen(
-            [*prefix, _which(name), "-D", *args],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -363,17 +366,8 @@ class NamespacedSlurm(LocalSlurm):
     def start_node(self, name: str, ns: str) -> None:
         """slurmd of node `name` in its namespaces, its host name `name`."""
         inner = f"hostname {name} && exec {_which('slurmd')} -D -N {name}"
-        prefix = ("nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c", inner)
-        log = open(self.log_dir / f"slurmd-{name}.out", "ab")
-        self.procs[f"slurmd-{name}"] = subprocess.Popen(
-            list(prefix),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env(),
-            start_new_session=True,
-        )
-        log.close()
+        netns = ["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c", inner]
+        self._spawn(f"slurmd-{name}", netns)
 
     def states(self) -> dict[str, str]:
         out = self.run("sinfo", "--noheader", "-N", "-o", "%N %T")

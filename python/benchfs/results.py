@@ -385,6 +385,17 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
+def read_versioned(path: str | os.PathLike[str], fmt: str, version: int) -> dict[str, Any]:
+    """The fields of a JSON file written as {"format": fmt, "version": version, ...};
+    ValueError when it is another file, or another version of it."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.pop("format", None) != fmt or data.pop("version", None) != version:
+        raise ValueError(f"not a {fmt} file of version {version}")
+    return data
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file of a results directory; ValueError names the file if it is malformed."""
     p = Path(path)

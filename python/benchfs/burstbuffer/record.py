@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchfs.errors import JobError
-from benchfs.results import read_json, utc_now, write_json_atomic
+from benchfs.results import read_versioned, utc_now, write_json_atomic
 
 RECORD = "bb.json"
 FORMAT = "benchfs-burst-buffer"
@@ -69,10 +69,7 @@ def load(directory: Path, job_id: str) -> BurstBufferJob:
     if not path.exists():
         return BurstBufferJob(job_id=job_id)
     try:
-        data = read_json(path)
-        if data.pop("format", None) != FORMAT or data.pop("version", None) != VERSION:
-            raise ValueError(f"not a {FORMAT} record of version {VERSION}")
-        return BurstBufferJob(**data)
+        return BurstBufferJob(**read_versioned(path, FORMAT, VERSION))
     except (ValueError, TypeError) as e:
         raise JobError("EINVAL", f"{path}: unreadable record: {e}") from e
 

@@ -14,7 +14,7 @@ from typing import Any
 from benchfs.errors import JobError
 from benchfs.nodes import Node, load_nodes
 from benchfs.procs import ProcessRef
-from benchfs.results import RunDir, read_json, write_json_atomic
+from benchfs.results import RunDir, read_json, read_versioned, write_json_atomic
 
 JOB_FILE = "job.json"
 ENV_FILE = "benchfs.env"
@@ -58,10 +58,7 @@ class JobState:
         if not path.exists():
             raise JobError("ENOENT", f"{job_dir} is not a started job (no {JOB_FILE})")
         try:
-            data = read_json(path)
-            if data.pop("format", None) != JOB_FORMAT or data.pop("version", None) != JOB_VERSION:
-                raise ValueError(f"not a {JOB_FORMAT} file of version {JOB_VERSION}")
-            return cls(**data)
+            return cls(**read_versioned(path, JOB_FORMAT, JOB_VERSION))
         except (ValueError, TypeError) as e:
             raise JobError("EINVAL", f"{path}: unreadable job file: {e}") from e
 
