@@ -200,6 +200,7 @@ def test_a_job_runs_against_its_burst_buffer_and_its_output_is_staged_out(
     go = bb.work / "go"
     body = f"""set -e
 env | grep ^BENCHFS_ | sort > {bb.work}/env-$SLURM_JOB_ID
+test -f "$BENCHFS_CONFIG" && test -d "$BENCHFS_REGISTRY" && test -f "$BENCHFS_JOB_DIR/job.json"
 hostname > {bb.work}/host-$SLURM_JOB_ID
 cmp "$BENCHFS_MOUNT/input/a.bin" {source}/a.bin
 cmp "$BENCHFS_MOUNT/input/sub/small.txt" {source}/sub/small.txt

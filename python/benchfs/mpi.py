@@ -61,6 +61,24 @@ def find_mpich() -> str:
     )
 
 
+SONAMES = {"libmpi.so.40": "openmpi", "libmpi.so.12": "mpich"}
+"""Which MPI a binary links, by the soname of its libmpi."""
+
+
+def linked_mpi(binary: str | os.PathLike[str]) -> str | None:
+    """ "openmpi", "mpich", another libmpi soname, or None (no MPI) for a program or library,
+    by ldd (its own links: LD_PRELOAD left out)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    try:
+        out = subprocess.run(
+            ["ldd", os.fspath(binary)], capture_output=True, text=True, timeout=30, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\b(libmpi\.so\.\d+)\b", out.stdout)
+    return None if found is None else SONAMES.get(found.group(1), found.group(1))
+
+
 def flavour(mpiexec: str) -> str:
     """ "openmpi", "mpich" or "unknown": which MPI `mpiexec` launches."""
     return _flavour(mpiexec)

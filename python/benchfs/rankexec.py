@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -72,22 +71,14 @@ def _trace_with_darshan(darshan: dict[str, str], argv: Sequence[str]) -> None:
     """Darshan first in LD_PRELOAD (before BenchFS's interposition library, so it sees the
     program's calls), DXT on, logs where the run keeps them; a program without MPI needs
     DARSHAN_ENABLE_NONMPI (an MPI program given it would write one log per rank)."""
+    from benchfs.mpi import linked_mpi
+
     program = shutil.which(argv[0]) if argv else None
-    if program is None or not links_mpi(program):
+    if program is None or linked_mpi(program) is None:
         os.environ["DARSHAN_ENABLE_NONMPI"] = "1"
     preload = [darshan["LD_PRELOAD"], os.environ.get("LD_PRELOAD", "")]
     os.environ.update({k: v for k, v in darshan.items() if k != "LD_PRELOAD"})
     os.environ["LD_PRELOAD"] = ":".join(filter(None, preload))
-
-
-def links_mpi(program: str) -> bool:
-    """Whether the executable `program` loads an MPI library (ldd)."""
-    try:
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the program's own
-        out = subprocess.run(["ldd", program], capture_output=True, text=True, timeout=30, env=env)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "libmpi" in out.stdout
 
 
 def main(args: Sequence[str]) -> int:

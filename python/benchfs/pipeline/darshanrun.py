@@ -3,25 +3,10 @@ Darshan (its ranks get it through benchfs.rankexec; the logs land in the results
 
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
 
-from benchfs.mpi import flavour
+from benchfs.mpi import flavour, linked_mpi
 from benchfs.pipeline.spec import RunSpec
-
-SONAMES = {"libmpi.so.40": "openmpi", "libmpi.so.12": "mpich"}
-"""Which MPI a library links, by the soname of its libmpi."""
-
-
-def linked_mpi(library: Path) -> str | None:
-    """ "openmpi", "mpich", another soname, or None (no MPI) for `library`, by ldd."""
-    try:
-        out = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"\b(libmpi\.so\.\d+)\b", out.stdout)
-    return None if found is None else SONAMES.get(found.group(1), found.group(1))
 
 
 def darshan_problems(spec: RunSpec, mpiexec: str | None) -> list[str]:
