@@ -15,6 +15,7 @@ slurm-22-05-8-1), and which timeout of burst_buffer.conf covers it:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pwd
 import shlex
@@ -324,7 +325,29 @@ class _Forward:
 
 
 def pre_run_worker(phase: Phase) -> str:
+    """Start and stage in. Stopped by teardown (SIGTERM), or by the death of the pre-run that
+    waits for it (a cancel kills that; Slurm's flush of the job's scripts may then kill the
+    teardown it queued too): then this worker stops what it started itself."""
     forward = _Forward()
+    _term_when_parent_dies()
+    try:
+        return _start_and_stage(phase, forward)
+    except JobError:
+        if forward.terminated and phase.job.torn_down is None:
+            teardown(phase, hurry=True)
+        raise
+
+
+def _term_when_parent_dies() -> None:
+    """SIGTERM to this process when the one that started it exits (prctl PR_SET_PDEATHSIG)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _start_and_stage(phase: Phase, forward: _Forward) -> str:
     job, directives = phase.job, phase.directives
     me = ProcessRef.of(os.getpid())
     job.worker = None if me is None else [me.pid, me.start]
@@ -432,7 +455,7 @@ def teardown(phase: Phase, hurry: bool) -> str:
     if job.torn_down is not None:
         return f"torn down already at {job.torn_down}"
     worker = _worker(job)
-    if worker is not None:
+    if worker is not None and worker.pid != os.getpid():
         stop_refs([worker], signal.SIGTERM, WORKER_STOP_GRACE_S)
         job = phase.job = record.load(phase.dir, phase.job_id)
     message = "nothing was running"
