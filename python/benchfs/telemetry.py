@@ -47,6 +47,7 @@ __all__ = [
     "bucket_quantile",
     "histogram_quantile",
     "load",
+    "load_names",
     "load_trace",
 ]
 
@@ -886,6 +887,39 @@ def load_trace(path: str | os.PathLike[str]) -> pd.DataFrame | None:
         for i in infos
     ]
     return df
+
+
+def load_names(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """The paths of the traced files (`server-*.names`, written beside the traces): which path
+    each file id had, as the metadata servers saw it created, stat'ed or renamed.
+
+    Columns: t (when noted, UTC), file_hi, file_lo (uint64, as in `load_trace`), path; one
+    row per (file, path), the first noted. A line cut short by a crash is skipped; an empty
+    frame when there are none.
+    """
+    p = Path(path)
+    rows: list[tuple[int, int, str]] = []
+    for names in sorted(p.glob("server-*.names")) if p.is_dir() else [p]:
+        try:
+            lines = names.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines[1:]:  # the first is the header
+            try:
+                entry = json.loads(line)
+                rows.append((int(entry["t_ns"]), int(entry["file"], 16), str(entry["path"])))
+            except (ValueError, KeyError, TypeError):
+                continue  # torn by a crash
+    frame = pd.DataFrame(
+        {
+            "t": pd.to_datetime([r[0] for r in rows], unit="ns", utc=True),
+            "file_hi": np.array([r[1] >> 64 for r in rows], dtype=np.uint64),
+            "file_lo": np.array([r[1] & (2**64 - 1) for r in rows], dtype=np.uint64),
+            "path": [r[2] for r in rows],
+        }
+    )
+    frame = frame.sort_values("t", kind="stable").drop_duplicates(["file_hi", "file_lo", "path"])
+    return frame.reset_index(drop=True)
 
 
 class TelemetryFollower:

@@ -56,6 +56,10 @@ class DarshanLog:
     modules: tuple[str, ...]
     files: tuple[str, ...]
     ops: tuple[DxtOp, ...]
+    posix: tuple[dict[str, Any], ...] = ()
+    """The POSIX module's record of each file and rank (rank -1: a file every rank opened,
+    reduced): `rank`, `path` and Darshan's counters by their names (POSIX_WRITES,
+    POSIX_F_META_TIME, ...)."""
 
     @property
     def run_time_s(self) -> float:
@@ -99,6 +103,7 @@ def read_log(path: str | os.PathLike[str]) -> DarshanLog:
     data = json.loads(done.stdout)
     data["ops"] = tuple(DxtOp(**op) for op in data["ops"])
     data["modules"], data["files"] = tuple(data["modules"]), tuple(data["files"])
+    data["posix"] = tuple(data["posix"])
     return DarshanLog(**data)
 
 
@@ -133,6 +138,13 @@ def _read(path: str) -> dict[str, Any]:
                             }
                         )
         ops.sort(key=lambda o: (o["start_s"], o["rank"]))
+        posix: list[dict[str, Any]] = []
+        if "POSIX" in report.records:
+            frames = report.records["POSIX"].to_df()
+            both = frames["counters"].merge(frames["fcounters"], on=["rank", "id"])
+            for row in both.to_dict("records"):
+                row["path"] = names.get(row.pop("id"), "")
+                posix.append({k: v.item() if hasattr(v, "item") else v for k, v in row.items()})
         start = job["start_time_sec"] * 10**9 + job.get("start_time_nsec", 0)
         end = job["end_time_sec"] * 10**9 + job.get("end_time_nsec", 0)
         return {
@@ -147,6 +159,7 @@ def _read(path: str) -> dict[str, Any]:
             "modules": sorted(report.records),
             "files": sorted({o["path"] for o in ops}),
             "ops": ops,
+            "posix": posix,
         }
 
 

@@ -84,6 +84,8 @@ class Insight:
     reason: str = ""
     """Why it was not evaluated (evaluated is False)."""
     data: dict[str, Any] = field(default_factory=dict)
+    drishti: list[str] = field(default_factory=list)
+    """The Drishti codes an application-side insight answers to (`appinsights`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,6 +22,7 @@ impl Sections for ToolSections {
         "run.transfer_size",
         "diagnose.probe_size",
         "insights.small_write_bytes",
+        "insights.app_small_bytes",
     ];
     const ENV_ALIASES: &'static [(&'static str, &'static str)] = &[("BENCHFS_RESULTS", "run.results_root")];
 
@@ -197,6 +198,30 @@ pub struct InsightsConfig {
     /// BFS-013: a node's TCP retransmission timer expiries during the run (each doubles the
     /// wait before the next try); 0 turns the insight off.
     pub tcp_timeouts: u64,
+    /// APP-001 (Drishti P05, P06): an application's request smaller than this is small (Darshan
+    /// counts sizes in bins: rounded down to a bin edge, 100, 1K, 10K, 100K, 1M, 4M, ...) ...
+    pub app_small_bytes: u64,
+    /// ... and small requests fire at over this share of the reads (or writes) ...
+    pub app_small_share: f64,
+    /// ... and over this many of them.
+    pub app_small_count: u64,
+    /// APP-002 (P07, P08): requests not aligned in memory (or in the file) over this share.
+    pub app_misaligned_share: f64,
+    /// APP-003 (P11, P13): random reads (or writes) over this share ...
+    pub app_random_share: f64,
+    /// ... and over this many of them.
+    pub app_random_count: u64,
+    /// APP-004 (P17): a rank spending over this many seconds in one file's metadata calls.
+    pub app_meta_time_s: f64,
+    /// APP-005 (P21, P22): bytes of the rank moving most to a file over those of the rank
+    /// moving least, as a share of the most (files several ranks open on their own).
+    pub app_size_imbalance: f64,
+    /// APP-006 (P18, P19): on a file every rank shares, the slowest rank's bytes (or time)
+    /// less the fastest's, as a share of all of them.
+    pub app_straggler_share: f64,
+    /// APP-007: an application operation this many times slower than the median of its kind
+    /// and size is slow, and its servers are named.
+    pub app_slow_factor: f64,
 }
 
 impl Default for InsightsConfig {
@@ -219,6 +244,17 @@ impl Default for InsightsConfig {
             handle_miss_share: 0.9,
             bimodal_mode_share: 0.1,
             tcp_timeouts: 10,
+            // Drishti 0.8's defaults (drishti/includes/config.py, hpc-io/drishti-io 4493988).
+            app_small_bytes: 1 << 20,
+            app_small_share: 0.1,
+            app_small_count: 1000,
+            app_misaligned_share: 0.1,
+            app_random_share: 0.2,
+            app_random_count: 1000,
+            app_meta_time_s: 30.0,
+            app_size_imbalance: 0.3,
+            app_straggler_share: 0.15,
+            app_slow_factor: 10.0,
         }
     }
 }
@@ -293,6 +329,8 @@ impl InsightsConfig {
             ("placement_max_mean", self.placement_max_mean),
             ("read_write_ratio", self.read_write_ratio),
             ("fsync_per_write", self.fsync_per_write),
+            ("app_meta_time_s", self.app_meta_time_s),
+            ("app_slow_factor", self.app_slow_factor),
         ];
         for (key, value) in positive {
             if value.is_nan() || value <= 0.0 {
@@ -305,6 +343,11 @@ impl InsightsConfig {
             ("pool_wait_share", self.pool_wait_share),
             ("handle_miss_share", self.handle_miss_share),
             ("bimodal_mode_share", self.bimodal_mode_share),
+            ("app_small_share", self.app_small_share),
+            ("app_misaligned_share", self.app_misaligned_share),
+            ("app_random_share", self.app_random_share),
+            ("app_size_imbalance", self.app_size_imbalance),
+            ("app_straggler_share", self.app_straggler_share),
         ];
         for (key, value) in shares {
             if value.is_nan() || value <= 0.0 || value > 1.0 {

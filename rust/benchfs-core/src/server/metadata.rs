@@ -258,8 +258,32 @@ impl ServerState {
             _ => Err(libc::EINVAL),
         };
         match result {
-            Ok((value, body)) => (0, value, body),
+            Ok((value, body)) => {
+                self.note_name(op, &r, &body);
+                (0, value, body)
+            }
             Err(errno) => (-errno, Nothing, Vec::new()),
+        }
+    }
+
+    /// With the trace on, notes the path of the file a create, stat, install or small put
+    /// answered for (`telemetry::names`): what joins an application's records, by path, with
+    /// the trace's, by file id.
+    fn note_name(&self, op: Op, r: &MetaRequest, body: &[u8]) {
+        let Some(names) = &self.names else {
+            return;
+        };
+        let attr = match op {
+            Op::Create | Op::Stat | Op::PutInline => {
+                body.get(..meta::ATTR_LEN).and_then(namespace::Attr::decode)
+            }
+            Op::Install => r.attr,
+            _ => None,
+        };
+        if let Some(a) = attr.filter(|a| a.kind == Kind::File) {
+            if !names.note(crate::telemetry::unix_time_ns(), a.id.0, &r.path) {
+                self.metrics.count_trace_dropped();
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ use crate::namespace::MetaStore;
 use crate::registry::{self, RegistryEntry};
 use crate::runtime::{Notifier, Reactor};
 use crate::storage::ChunkStore;
-use crate::telemetry::{OpKind, TraceRing, WorkerMetrics};
+use crate::telemetry::{NameLog, OpKind, TraceRing, WorkerMetrics};
 
 use self::connections::{Connections, Parked};
 use self::intake::RequestQueue;
@@ -137,6 +137,8 @@ struct ServerState {
     metrics: Rc<WorkerMetrics>,
     /// Per-operation trace records until the next snapshot (`telemetry.trace`).
     trace: Option<TraceRing>,
+    /// With the trace: the paths of the files its records name (`telemetry::names`).
+    names: Option<NameLog>,
     /// This worker's server id and index (named by every trace record).
     server_id: u32,
     worker_index: u16,

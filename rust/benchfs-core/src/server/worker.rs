@@ -18,7 +18,10 @@ use crate::protocol::AM_REQUEST;
 use crate::registry;
 use crate::runtime::{Notifier, Runtime};
 use crate::storage::ChunkStore;
-use crate::telemetry::{unix_time_ns, SnapshotWriter, TraceRing, TraceWriter, WorkerMetrics};
+use crate::telemetry::{
+    unix_time_ns, NameLog, NamesWriter, SnapshotWriter, TraceRing, TraceWriter, WorkerMetrics,
+    TRACE_RECORD_SIZE,
+};
 
 use super::connections::Connections;
 use super::intake::{Payload, RequestQueue};
@@ -169,6 +172,8 @@ fn worker_state(opts: &ServerOptions, index: u32) -> Result<(Runtime, Worker, Rc
         chunk_size: config.layout.chunk_size,
         metrics: Rc::new(WorkerMetrics::new(config.telemetry.enabled)),
         trace: tracing.then(|| TraceRing::new(config.telemetry.trace_records as usize)),
+        // As much memory for paths as the ring has for records.
+        names: tracing.then(|| NameLog::new(config.telemetry.trace_records as usize * TRACE_RECORD_SIZE)),
         server_id: opts.id,
         worker_index: index as u16,
         clock_base: (Instant::now(), unix_time_ns()),
@@ -200,6 +205,13 @@ fn open_outputs(opts: &ServerOptions, index: u32, tracing: bool) -> Result<Outpu
                 &node,
                 snapshots.instance(),
                 config.telemetry.trace_records as usize,
+            )?);
+            outputs.names = Some(NamesWriter::create(
+                dir,
+                opts.id,
+                index,
+                &node,
+                snapshots.instance(),
             )?);
         }
         outputs.snapshots = Some(snapshots);
@@ -260,11 +272,13 @@ fn stop_worker(parts: WorkerParts) -> Result<ServerStats> {
     Ok(stats)
 }
 
-/// A worker's telemetry files: its snapshots and (with `telemetry.trace`) its trace.
+/// A worker's telemetry files: its snapshots and (with `telemetry.trace`) its trace and the
+/// names of the files it names.
 #[derive(Default)]
 struct Outputs {
     snapshots: Option<SnapshotWriter>,
     trace: Option<TraceWriter>,
+    names: Option<NamesWriter>,
 }
 
 /// Writes the worker's telemetry snapshot (gauges refreshed first; a `periodic` one only if
@@ -289,6 +303,12 @@ fn snapshot(state: &ServerState, outputs: &RefCell<Outputs>, periodic: bool) {
         if let Err(e) = w.flush(ring) {
             crate::warn_line!("benchfs: per-operation traces stopped: {e}");
             out.trace = None;
+        }
+    }
+    if let (Some(w), Some(log)) = (out.names.as_mut(), state.names.as_ref()) {
+        if let Err(e) = w.flush(log) {
+            crate::warn_line!("benchfs: the names of traced files stopped: {e}");
+            out.names = None;
         }
     }
 }

@@ -15,7 +15,8 @@
 //!
 //! Clients keep [`ClientMetrics`] (per target server) and write them with the same writer in
 //! format version 2. Servers may also keep a [`TraceRing`] of per-operation records, flushed
-//! by a [`TraceWriter`] with one `write(2)` at each snapshot.
+//! by a [`TraceWriter`] with one `write(2)` at each snapshot, and the [`names`] of the files
+//! those records name.
 //!
 //! One file per job: [`histogram`], the [`catalogue`] of kinds, [`server_metrics`],
 //! [`client_metrics`], the [`snapshot`] format and writer, [`trace`]s, and the [`reader`].
@@ -23,6 +24,7 @@
 pub mod catalogue;
 pub mod client_metrics;
 pub mod histogram;
+pub mod names;
 pub mod reader;
 pub mod server_metrics;
 pub mod snapshot;
@@ -33,6 +35,7 @@ pub mod trace;
 pub use catalogue::*;
 pub use client_metrics::*;
 pub use histogram::*;
+pub use names::*;
 pub use reader::*;
 pub use server_metrics::*;
 pub use snapshot::*;
