@@ -5,21 +5,37 @@ BENCHFS_DARSHAN_PREFIX), a fresh log of a program through a mount."""
 
 from __future__ import annotations
 
+import csv as csvreader
+import json
 import os
+import re
 import subprocess
+import sys
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
+import jsonschema
+import nbformat
 import pytest
+from nbclient import NotebookClient
 
+from benchfs.analysis import analyze
+from benchfs.analysis.appinsights import DRISHTI_CODES
+from benchfs.analysis.darshanjoin import analyze_darshan
 from benchfs.analysis.darshanlog import read_log
+from benchfs.analysis.plots import darshan_timeline_figure
+from benchfs.analysis.report import render_html, to_json
+from benchfs.analysis.thresholds import resolve_thresholds
 from benchfs.errors import AnalyzeError
+from benchfs.telemetry import load_names
 from conftest import benchfs_run_command
+from darshan_runs import make_run
 from test_lifecycle import BIN, exports
 
 DATA = Path(__file__).parent / "data" / "darshan"
 PREFIX = os.environ.get("BENCHFS_DARSHAN_PREFIX")  # read before the suite clears BENCHFS_*
+IOR_PREFIX = os.environ.get("BENCHFS_IOR_PREFIX")
 
 
 def test_the_ior_log_has_every_read_and_write_of_both_ranks() -> None:
@@ -147,3 +163,181 @@ def test_launch_traces_a_command_with_darshan(tmp_path: Path, via: str) -> None:
         out = log.exe.split("of=")[1].split()[0]
         writes = [(op.offset, op.length) for op in log.ops if op.path == out and op.op == "write"]
         assert writes == [(i * 4096, 4096) for i in range(50)]
+
+
+# --- The application's view: insights, the join with the servers, reports -------------------
+
+RUN = DATA / "slow-server-run"  # tests/darshan_runs.py made it (the README names the command)
+SCHEMA = Path(__file__).parent.parent / "python" / "benchfs" / "schemas" / "report.schema.json"
+CODE = re.compile(r"\[([PMS]\d\d)\]")
+
+
+def _drishti(log: Path, out: Path) -> set[str]:
+    """The codes Drishti 0.8 (drishti-io, requirements-dev.txt) flags on `log`."""
+    out.mkdir()
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "drishti"), "--issues", "--code", "--csv",
+         "--export_dir", str(out), str(log)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (csv,) = out.glob("*.csv")
+    rows = list(csvreader.DictReader(csv.open()))
+    return {code for code, flag in rows[0].items() if flag == "True"}
+
+
+@pytest.mark.parametrize(
+    "log",
+    [DATA / "ior-posix-mount.darshan", DATA / "planted-small-random.darshan",
+     next((RUN / "darshan").glob("*.darshan"))],
+    ids=["ior", "planted", "slow-server-ior"],
+)  # fmt: skip
+def test_the_insights_flag_what_drishti_flags(log: Path, tmp_path: Path) -> None:
+    theirs = _drishti(log, tmp_path / "drishti")
+    da = analyze_darshan([log], resolve_thresholds())
+    ours = {code for i in da.insights for e in i.evidence for code in CODE.findall(e)}
+    mapped = {code for codes in DRISHTI_CODES.values() for code in codes}
+    assert ours == theirs & mapped, (sorted(ours), sorted(theirs))
+    for i in da.insights:
+        if i.drishti:
+            assert i.fired == bool(set(i.drishti) & theirs), i.id
+    if log.name.startswith("planted"):
+        # The planted pattern: one rank's 2,000 random 512-byte writes.
+        small = next(i for i in da.insights if i.id == "APP-001")
+        assert small.fired and "2,000" in small.evidence[0] and "planted.0" in small.evidence[0]
+        assert "P06" in theirs
+
+
+def test_the_thresholds_are_settings(tmp_path: Path) -> None:
+    log = DATA / "planted-small-random.darshan"
+    strict = resolve_thresholds(overrides=["insights.app_small_count=5000"])
+    small = next(i for i in analyze_darshan([log], strict).insights if i.id == "APP-001")
+    assert not small.fired and small.evaluated
+
+
+def test_the_join_names_the_planted_slow_server() -> None:
+    a = analyze(RUN)
+    da = a.darshan
+    assert da is not None and da.matched is not None
+    nodes = dict(zip(a.run.servers()["server"], a.run.servers()["node"], strict=True))
+    slow_server = next(s for s, n in nodes.items() if n == "b")
+    held = next(i for i in da.insights if i.id == "APP-007")
+    assert held.fired, held
+    assert held.evidence[0].startswith(f"server {slow_server} (b) held"), held.evidence
+    by = da.tables["by_server"].set_index("server")
+    assert by.loc[slow_server, "slow_held"] >= 2
+    assert by.loc[slow_server, "service_p99_ms"] > 10 * by.drop(slow_server)["service_p99_ms"].max()
+    slow = da.tables["slow_ops"].dropna(subset=["held_by"])
+    assert (slow["held_by"] == slow_server).mean() >= 2 / 3
+    # Every byte written reached a server, in 1 MiB requests (the mount sends each write's bytes
+    # behind it), and a rank's fsync and close waited for the slow server's.
+    wb = da.tables["write_behind"]
+    assert (wb["requests"].sum(), wb["bytes"].sum()) == (16, 16 << 20), wb
+    flushes = da.ops[da.ops["op"] == "flush"]
+    assert len(flushes) == 2
+    held_flushes = slow[(slow["op"] == "flush") & (slow["held_by"] == slow_server)]
+    assert len(held_flushes) >= 1, slow
+    # Both ranks' clocks agree with the servers' to within a few ms.
+    al = da.tables["alignment"]
+    assert al["agree"].all() and (al["within_ms"] < 5).all(), al
+    # Two phases, writes then reads, each rank on its own file.
+    ph = da.tables["phases"]
+    assert list(ph["kind"]) == ["write", "read"] and list(ph["ranks"]) == [2, 2]
+    assert list(ph["ops"]) == [16, 16] and (ph["shared_files"] == 0).all()
+    assert (ph["server_requests"] > 0).all()
+
+
+def test_the_report_shows_the_application_beside_the_servers(tmp_path: Path) -> None:
+    a = analyze(RUN)
+    page = render_html(a)
+    assert 'id="darshan"' in page and "APP-007" in page
+    assert "operations above the servers\" src=\"data:image/png" in page
+    report = to_json(a)
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    assert report["darshan"]["summary"]["joined"] is True
+    assert {i["id"] for i in report["darshan"]["insights"]} == {f"APP-00{n}" for n in range(1, 8)}
+    paths = a.write_csv(tmp_path)
+    assert tmp_path / "darshan_slow_ops.csv" in paths and tmp_path / "darshan_insights.csv" in paths
+    fig = darshan_timeline_figure(a.darshan)
+    assert fig is not None and len(fig.axes) == 2
+
+
+def test_analyze_cli_reads_logs_made_elsewhere(tmp_path: Path) -> None:
+    cli = [str(Path(sys.executable).parent / "benchfs-analyze")]
+    planted = str(DATA / "planted-small-random.darshan")
+    done = subprocess.run([*cli, "--darshan", planted], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "APP-001 Small requests [Drishti P05, P06]" in done.stdout
+    assert "2,000), planted.1" in done.stdout
+    as_json = subprocess.run(
+        [*cli, "--darshan", planted, "--json", "--csv", str(tmp_path / "csv"), "--html",
+         str(tmp_path / "r.html")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["darshan"]["summary"]["joined"] is False
+    assert (tmp_path / "csv" / "darshan_phases.csv").is_file()
+    assert "APP-001" in (tmp_path / "r.html").read_text()
+    # With the run it was made on: joined.
+    log = next((RUN / "darshan").glob("*.darshan"))
+    joined = subprocess.run(
+        [*cli, str(RUN), "--darshan", str(log), "--json"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert joined.returncode == 0, joined.stderr
+    assert json.loads(joined.stdout)["darshan"]["summary"]["matched_requests"] > 0
+    bad = tmp_path / "bad.darshan"
+    bad.write_text("nope\n")
+    for args, said in {
+        ("--darshan", str(bad)): "not a Darshan log",
+        ("--darshan", planted, "--save"): "--save needs a RESULTS_DIR",
+        (): "give a RESULTS_DIR, or Darshan logs with --darshan",
+    }.items():
+        refused = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+        assert len([line for line in lines if "rror" in line]) == 1, refused.stderr
+
+
+def test_names_files_are_read_past_a_torn_line(tmp_path: Path) -> None:
+    (tmp_path / "server-0-w0.names").write_text(
+        '{"format":"benchfs-names","version":1}\n'
+        '{"t_ns":1,"file":"00000000000000010000000000000002","path":"/a"}\n'
+        '{"t_ns":2,"file":"00000000000000010000000000000002","path":"/a"}\n'
+        '{"t_ns":3,"file":"000000000000000100000000000'
+    )
+    names = load_names(tmp_path)
+    assert list(names["path"]) == ["/a"]
+    assert (int(names["file_hi"][0]), int(names["file_lo"][0])) == (1, 2)
+
+
+def test_the_darshan_notebook_runs(tmp_path: Path) -> None:
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "darshan.ipynb", as_version=4)
+    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    params.source = params.source.replace("RESULTS_DIR = None", f"RESULTS_DIR = {str(RUN)!r}")
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # fmt: skip
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code:
+        assert not any(o.get("output_type") == "error" for o in cell.outputs), cell.source
+    figure = next(c for c in code if "darshan_timeline_figure" in c.source)
+    assert any("image/png" in o.get("data", {}) for o in figure.outputs)
+    insights = next(c for c in code if "insights_table" in c.source)
+    assert "APP-007" in json.dumps(insights.outputs)
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(
+    not (PREFIX and IOR_PREFIX and os.geteuid() == 0),
+    reason="needs real Darshan and IOR built (BENCHFS_DARSHAN_PREFIX, BENCHFS_IOR_PREFIX) and "
+    "root (loop devices)",
+)
+def test_a_fresh_run_with_a_slow_server_names_it(tmp_path: Path) -> None:
+    run = make_run(tmp_path, Path(str(PREFIX)), Path(str(IOR_PREFIX)))
+    a = analyze(run)
+    assert a.darshan is not None
+    held = next(i for i in a.darshan.insights if i.id == "APP-007")
+    assert held.fired and "(b) held" in held.evidence[0], held.evidence
+    assert a.darshan.tables["alignment"]["agree"].all()

@@ -26,6 +26,8 @@ from typing import Any
 import pandas as pd
 
 from benchfs.analysis import kernel
+from benchfs.analysis.darshanjoin import DarshanAnalysis, analyze_darshan, find_logs
+from benchfs.analysis.darshanlog import read_log
 from benchfs.analysis.insights import CATALOG, Insight, Tables, evaluate
 from benchfs.analysis.run import (
     NO_CLIENT_TELEMETRY,
@@ -54,6 +56,7 @@ from benchfs.analysis.tables import (
     timeseries,
 )
 from benchfs.analysis.thresholds import Thresholds, resolve_thresholds, run_thresholds
+from benchfs.errors import AnalyzeError
 from benchfs.results import CSV_FLOAT_FORMAT
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "NO_TRACE",
     "OP_TIME_RANGES",
     "Analysis",
+    "DarshanAnalysis",
     "Insight",
     "LoadedRun",
     "Tables",
@@ -204,6 +208,9 @@ class Analysis:
     insights: list[Insight]
     judgment: Thresholds
     """The `[diagnose]` section the slow_nodes table was judged under."""
+    darshan: DarshanAnalysis | None = None
+    """The application's own view, joined with this run: its Darshan logs (the run's
+    `darshan/`, or those given to `analyze`)."""
 
     @property
     def notes(self) -> list[str]:
@@ -270,6 +277,8 @@ class Analysis:
             path, index=False, float_format=CSV_FLOAT_FORMAT
         )
         paths.append(path)
+        if self.darshan is not None:
+            paths.extend(self.darshan.write_csv(d))
         return paths
 
 
@@ -278,15 +287,30 @@ def analyze(
     thresholds: Thresholds | None = None,
     interval_s: float | None = None,
     judgment: Thresholds | None = None,
+    darshan: Iterable[str | os.PathLike[str]] | None = None,
 ) -> Analysis:
     """Load (if given a path), tabulate and judge one run.
 
     `thresholds` defaults to the `[insights]` section the run was made with
     (`run_thresholds`), `judgment` to its `[diagnose]` section; `interval_s` is the
-    time-series step (default: the run's telemetry.interval_ms).
+    time-series step (default: the run's telemetry.interval_ms). `darshan` names Darshan logs
+    (or directories of them) to join with the run; by default the run's own `darshan/`,
+    whose unreadable logs become notes (given ones raise AnalyzeError).
     """
     r = run if isinstance(run, LoadedRun) else load_run(run)
     th = thresholds if thresholds is not None else run_thresholds(r.path)
     jt = judgment if judgment is not None else run_thresholds(r.path, name="diagnose")
     t = compute_tables(r, th, interval_s, jt)
-    return Analysis(r, th, t, evaluate(r, t, th), jt)
+    a = Analysis(r, th, t, evaluate(r, t, th), jt)
+    if darshan is not None:
+        a.darshan = analyze_darshan(find_logs(darshan), th, r)
+    elif (r.path / "darshan").is_dir():
+        logs = []
+        for log in find_logs([r.path / "darshan"]):
+            try:
+                logs.append(read_log(log))
+            except AnalyzeError as e:
+                r.notes.append(f"Darshan log left out: {e.message}")
+        if logs:
+            a.darshan = analyze_darshan(logs, th, r)
+    return a

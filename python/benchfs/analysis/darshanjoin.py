@@ -13,9 +13,10 @@ operation the servers that served it with their queue and service time.
   with (the mount's or the interposition prefix's part is the rest).
 - **Matching.** Each server request goes to the application operation on the same file and
   chunk, of the same kind, that started last before the request arrived. It arrived during the
-  call ("in call"), or after the call returned: write-behind bytes sent while the file was
-  being closed ("at close", given to the close, which waited for them) or before ("behind"), a
-  read fetched ahead ("ahead").
+  call ("in call"), or after the call returned: write-behind bytes sent while the rank was
+  flushing and closing the file ("at flush", given to the flush, which waited for them) or
+  before ("behind"); a read fetched ahead goes to the read that wanted it, which may have
+  waited for it ("ahead").
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class DarshanAnalysis:
 
     logs: list[DarshanLog]
     ops: pd.DataFrame
-    """Every traced read and write, and each file's close (from the POSIX record, when the
-    rank opened it once): op_id, log, rank, host, path, op, offset, length, start_ns, end_ns,
+    """Every traced read and write, and per file a rank wrote its flush (from the last write
+    to the close: `_flushes`): op_id, log, rank, host, path, op, offset, length, start_ns, end_ns,
     t_s (seconds since the first log's start), dur_ms, slow."""
     posix: pd.DataFrame
     insights: list[Insight]
@@ -65,13 +66,41 @@ class DarshanAnalysis:
     run: LoadedRun | None = None
     notes: list[str] = field(default_factory=list)
 
+    def insights_table(self) -> pd.DataFrame:
+        """The insights as one table, with the Drishti codes each answers to."""
+        return pd.DataFrame(
+            [
+                {
+                    "id": i.id,
+                    "title": i.title,
+                    "drishti": " ".join(i.drishti),
+                    "fired": i.fired,
+                    "evaluated": i.evaluated,
+                    "evidence": " | ".join(i.evidence),
+                    "reason": i.reason,
+                }
+                for i in self.insights
+            ]
+        )
+
+    def write_csv(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Every table as `<directory>/darshan_<name>.csv`, and darshan_insights.csv."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, frame in {**self.tables, "insights": self.insights_table()}.items():
+            path = d / f"darshan_{name}.csv"
+            frame.to_csv(path, index=False, float_format="%.6g")
+            paths.append(path)
+        return paths
+
     @property
     def start_ns(self) -> int:
         return min(log.start_ns for log in self.logs)
 
     def summary(self) -> dict[str, Any]:
         first = self.logs[0]
-        data = self.ops[self.ops["op"] != "close"]
+        data = self.ops[self.ops["op"] != "flush"]
         return {
             "logs": [log.path for log in self.logs],
             "exe": first.exe,
@@ -84,7 +113,7 @@ class DarshanAnalysis:
             "bytes_read": int(data.loc[data["op"] == "read", "length"].sum()),
             "bytes_written": int(data.loc[data["op"] == "write", "length"].sum()),
             "slow_ops": int(data["slow"].sum())
-            + int(self.ops.loc[self.ops["op"] == "close", "slow"].sum()),
+            + int(self.ops.loc[self.ops["op"] == "flush", "slow"].sum()),
             "joined": self.matched is not None,
             "matched_requests": 0 if self.matched is None else len(self.matched),
         }
@@ -112,32 +141,9 @@ def _ops_frame(logs: Sequence[DarshanLog], posix: pd.DataFrame) -> pd.DataFrame:
         f["start_ns"] = log.start_ns + np.round(f["start_s"] * 1e9).astype(np.int64)
         f["end_ns"] = log.start_ns + np.round(f["end_s"] * 1e9).astype(np.int64)
         parts.append(f.drop(columns=["start_s", "end_s"]))
-    # Closes: one per file a rank opened once (the record's first close start and last close
-    # end would span several otherwise).
-    if not posix.empty and "POSIX_F_CLOSE_END_TIMESTAMP" in posix.columns:
-        once = posix[
-            (posix["rank"] >= 0)
-            & (posix["POSIX_OPENS"] == 1)
-            & (posix["POSIX_F_CLOSE_END_TIMESTAMP"] > 0)
-        ]
-        if len(once):
-            starts = once["log_start_ns"] + np.round(once["POSIX_F_CLOSE_START_TIMESTAMP"] * 1e9)
-            ends = once["log_start_ns"] + np.round(once["POSIX_F_CLOSE_END_TIMESTAMP"] * 1e9)
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "rank": once["rank"].astype(int).to_numpy(),
-                        "host": "",
-                        "path": once["path"].to_numpy(),
-                        "op": "close",
-                        "offset": 0,
-                        "length": 0,
-                        "log": once["log"].to_numpy(),
-                        "start_ns": starts.astype(np.int64).to_numpy(),
-                        "end_ns": ends.astype(np.int64).to_numpy(),
-                    }
-                )
-            )
+    flushes = _flushes(pd.concat(parts, ignore_index=True) if parts else None, posix)
+    if flushes is not None:
+        parts.append(flushes)
     cols = ["log", "rank", "host", "path", "op", "offset", "length", "start_ns", "end_ns"]
     if not parts:
         ops = pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
@@ -151,11 +157,52 @@ def _ops_frame(logs: Sequence[DarshanLog], posix: pd.DataFrame) -> pd.DataFrame:
     return ops
 
 
+def _flushes(data: pd.DataFrame | None, posix: pd.DataFrame) -> pd.DataFrame | None:
+    """Per file a rank wrote, the time from its last write to its close ("flush": the fsync
+    and close that wait for the bytes written behind). It ends at the file's first close's
+    start when that came after the last write, or at its close's end when the rank opened the
+    file once (Darshan keeps a file's first close start and last close end)."""
+    if data is None or data.empty or posix.empty or "POSIX_F_CLOSE_END_TIMESTAMP" not in posix:
+        return None
+    writes = data[data["op"] == "write"]
+    last = writes.groupby(["log", "rank", "path"])["end_ns"].max().rename("start_ns")
+    rec = posix[posix["rank"] >= 0].set_index(["log", "rank", "path"])
+    f = rec.join(last, how="inner")
+    if f.empty:
+        return None
+    to_ns = lambda col: f["log_start_ns"] + np.round(f[col] * 1e9)  # noqa: E731
+    close_start, close_end = (
+        to_ns("POSIX_F_CLOSE_START_TIMESTAMP"),
+        to_ns("POSIX_F_CLOSE_END_TIMESTAMP"),
+    )
+    end = np.where(f["POSIX_OPENS"] == 1, close_end, close_start)
+    f = f.assign(end_ns=end.astype(np.int64))
+    f = f[(f["POSIX_F_CLOSE_END_TIMESTAMP"] > 0) & (f["end_ns"] > f["start_ns"])].reset_index()
+    if f.empty:
+        return None
+    return pd.DataFrame(
+        {
+            "rank": f["rank"].astype(int),
+            "host": "",
+            "path": f["path"],
+            "op": "flush",
+            "offset": 0,
+            "length": 0,
+            "log": f["log"].astype(int),
+            "start_ns": f["start_ns"].astype(np.int64),
+            "end_ns": f["end_ns"],
+        }
+    )
+
+
 def _mark_slow(ops: pd.DataFrame, factor: float) -> None:
     """`slow`: at least `factor` x the median time of the operations of its kind and size
-    (power-of-two classes), and at least SLOW_FLOOR_MS."""
+    (power-of-two classes; a flush: of the writes), and at least SLOW_FLOOR_MS."""
     size_class = np.floor(np.log2(ops["length"].clip(lower=1))).astype(int)
     median = ops.groupby([ops["op"], size_class])["dur_ms"].transform("median")
+    writes = ops.loc[ops["op"] == "write", "dur_ms"]
+    if len(writes):
+        median = median.where(ops["op"] != "flush", writes.median())
     ops["slow"] = (ops["dur_ms"] >= factor * median) & (ops["dur_ms"] >= SLOW_FLOOR_MS)
 
 
@@ -231,28 +278,27 @@ def _join(ops: pd.DataFrame, trace: pd.DataFrame, files: pd.DataFrame, chunk: in
         found = later["op_id"].dropna()
         m.loc[found.index, "op_id"] = found.to_numpy()
     m = m.dropna(subset=["op_id"]).astype({"op_id": np.int64})
-    _give_to_closes(m, ops)
+    _give_to_flushes(m, ops)
     return m.drop(columns=["key"]).reset_index(drop=True)
 
 
-def _give_to_closes(m: pd.DataFrame, ops: pd.DataFrame) -> None:
-    """Write-behind requests that arrived while their file was being closed by the rank that
-    wrote them are the close's: it waited for them."""
-    closes = ops[ops["op"] == "close"]
-    if closes.empty or m.empty:
+def _give_to_flushes(m: pd.DataFrame, ops: pd.DataFrame) -> None:
+    """Write-behind requests that arrived while the rank that wrote them was flushing and
+    closing the file are the flush's: it waited for them."""
+    flushes = ops[ops["op"] == "flush"].rename(columns={"op_id": "flush_id"})
+    if flushes.empty or m.empty:
         return
     info = ops.set_index("op_id")[["log", "rank", "path"]]
     behind = m.index[m["relation"] == "behind"]
     who = info.reindex(m.loc[behind, "op_id"]).reset_index(drop=True)
     who["row"], who["at"] = behind, m.loc[behind, "at"].to_numpy()
     joined = who.merge(
-        closes[["log", "rank", "path", "op_id", "start_ns", "end_ns"]],
+        flushes[["log", "rank", "path", "flush_id", "start_ns", "end_ns"]],
         on=["log", "rank", "path"],
-        suffixes=("", "_close"),
     )
     hit = joined[(joined["at"] >= joined["start_ns"]) & (joined["at"] <= joined["end_ns"])]
-    m.loc[hit["row"], "op_id"] = hit["op_id_close"].to_numpy()
-    m.loc[hit["row"], "relation"] = "at close"
+    m.loc[hit["row"], "op_id"] = hit["flush_id"].to_numpy()
+    m.loc[hit["row"], "relation"] = "at flush"
 
 
 def _sequential(ops: pd.DataFrame) -> pd.Series:
@@ -292,6 +338,7 @@ def phases(
         label[r] = current
     ops = ops.assign(phase=label[run_id], sequential=_sequential(da_ops).reindex(ops.index))
     rows = []
+    previous_end = -math.inf
     for n, (_, p) in enumerate(ops.groupby("phase", sort=True), start=1):
         start, end = int(p["start_ns"].min()), int(p["end_ns"].max())
         ranks_per_file = p.groupby("path")["rank"].nunique()
@@ -312,8 +359,11 @@ def phases(
             "opens": 0,
         }
         if not posix.empty and "POSIX_F_OPEN_START_TIMESTAMP" in posix.columns:
+            # Files first opened since the previous phase ended: opened for this one.
             opened = posix["log_start_ns"] + posix["POSIX_F_OPEN_START_TIMESTAMP"] * 1e9
-            row["opens"] = int(((opened >= start) & (opened <= end) & (posix["rank"] >= 0)).sum())
+            own = (posix["rank"] >= 0) & (posix["POSIX_OPENS"] > 0)
+            row["opens"] = int(((opened > previous_end) & (opened <= end) & own).sum())
+        previous_end = end
         if trace is not None:
             t = trace["t"].astype("int64")
             inside = trace[(t >= start) & (t <= end)]
@@ -406,31 +456,38 @@ def _by_server(ops: pd.DataFrame, matched: pd.DataFrame, slow: pd.DataFrame) -> 
 def _alignment(ops: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
     """Per log and rank, what the matched requests say about the offset between the
     application's clock and the servers': a request that arrived during a call bounds it from
-    above (it cannot arrive before the call started), a read's from below (its reply was sent
-    before the call returned). `offset_lo_ms`..`offset_hi_ms` holds every offset consistent
-    with both; 0 in it means the two clocks agree to within that."""
+    above (it cannot arrive before the call started); a read's first answered request bounds it
+    from below (the call returned after it; later ones may be fetches ahead). `offset_lo_ms`..
+    `offset_hi_ms` holds every offset consistent with both; 0 in it means the two clocks agree
+    to within that (`within_ms`)."""
     inc = matched[matched["relation"] == "in call"]
     if inc.empty:
         return pd.DataFrame()
     o = ops.set_index("op_id")
-    start = o["start_ns"].reindex(inc["op_id"]).to_numpy()
-    end = o["end_ns"].reindex(inc["op_id"]).to_numpy()
     f = pd.DataFrame(
         {
+            "op_id": inc["op_id"].to_numpy(),
             "log": o["log"].reindex(inc["op_id"]).to_numpy(),
             "rank": o["rank"].reindex(inc["op_id"]).to_numpy(),
-            "lead_ms": (inc["at"].to_numpy() - start) / 1e6,
-            "tail_ms": np.where(
-                inc["op"].astype(str) == "read",
-                (inc["at"].to_numpy() + inc["total_ns"].to_numpy().astype(np.int64) - end) / 1e6,
-                np.nan,
-            ),
+            "read": inc["op"].astype(str).to_numpy() == "read",
+            "lead_ms": (inc["at"].to_numpy() - o["start_ns"].reindex(inc["op_id"]).to_numpy())
+            / 1e6,
+            "done": inc["at"].to_numpy() + inc["total_ns"].to_numpy().astype(np.int64),
         }
     )
+    first_done = f[f["read"]].groupby("op_id")["done"].min()
+    tail = ((first_done - o["end_ns"].reindex(first_done.index)) / 1e6).rename("tail_ms")
+    per_op = f.groupby("op_id").agg(
+        log=("log", "first"),
+        rank=("rank", "first"),
+        requests=("lead_ms", "size"),
+        lead_ms=("lead_ms", "min"),
+    )
+    per_op = per_op.join(tail)
     out = (
-        f.groupby(["log", "rank"])
+        per_op.groupby(["log", "rank"])
         .agg(
-            requests=("lead_ms", "size"),
+            requests=("requests", "sum"),
             offset_hi_ms=("lead_ms", "min"),
             offset_lo_ms=("tail_ms", "max"),
         )
@@ -445,7 +502,7 @@ def _alignment(ops: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
 
 def _write_behind(ops: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
     """Per file and server: the application's write requests by when they reached the server
-    (during the write call, behind it, or during the close, which waited for them), and their
+    (during the write call, behind it, or during the flush, which waited for them), and their
     server time."""
     w = matched[matched["op"].astype(str) == "write"]
     if w.empty:
@@ -485,16 +542,21 @@ def slow_ops_by_server(slow: pd.DataFrame, by_server: pd.DataFrame, th: Threshol
         return i
     i.fired = True
     row = by_server[by_server["server"] == top].iloc[0]
-    rest = by_server[by_server["server"] != top]
+    mine = slow[slow["held_by"] == top]
     i.evidence = [
-        f"server {top} ({row['node']}) held {count} of {len(held)} slow operations that reached "
-        f"a server (the slowest {slow['dur_ms'].max():.1f} ms)",
-        f"its service time: median {row['service_p50_ms']:.2f} ms, p99 {row['service_p99_ms']:.2f} "
-        f"ms; its queue: median {row['queue_p50_ms']:.2f} ms",
+        f"server {top} ({row['node']}) held {count} of {len(held)} slow operations that waited "
+        f"for a server (the slowest {slow['dur_ms'].max():.1f} ms; kinds: "
+        f"{', '.join(sorted(mine['op'].unique()))})",
+        f"the requests they waited for: service {mine['server_service_ms'].median():.2f} ms and "
+        f"queue {mine['server_queue_ms'].median():.2f} ms (medians); the calls waited "
+        f"{mine['waited_ms'].median():.1f} ms for them",
+        f"server {top}'s service time for all the application's requests: median "
+        f"{row['service_p50_ms']:.2f} ms, p99 {row['service_p99_ms']:.2f} ms",
     ]
+    rest = by_server[by_server["server"] != top]
     if len(rest):
         i.evidence.append(
-            f"the other servers' service time: median {rest['service_p50_ms'].median():.2f} ms"
+            f"the other servers' p99 service time: {rest['service_p99_ms'].median():.2f} ms"
         )
     return i
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ __all__ = [
     "block_heatmap_figure",
     "block_latency_figure",
     "comparison_figure",
+    "darshan_timeline_figure",
     "io_depth_figure",
     "iostat_figure",
     "op_time_figure",
@@ -362,4 +364,59 @@ def sched_figure(tables: Tables) -> Figure | None:
     ax.set_xlabel("seconds (summed over threads)")
     ax.set_title("Time on and off CPU per program, by reason")
     ax.legend(fontsize=7, ncol=4)
+    return fig
+
+
+def darshan_timeline_figure(da: Any, most_ranks: int = 64) -> Figure | None:
+    """The application's operations (Darshan's DXT trace: one row per log and rank, a bar from
+    each call's start to its end, slow ones red), above the requests each server held (from
+    the servers' trace), on one clock: seconds since the application started."""
+    from benchfs.analysis.darshanjoin import server_depth
+
+    ops = da.ops
+    if ops.empty:
+        return None
+    trace = da.run.trace if da.run is not None else None
+    depth = server_depth(trace, da.start_ns) if trace is not None else None
+    panels = 2 if depth is not None and not depth.empty else 1
+    fig = ReportFigure(figsize=(WIDTH, 2.4 + 2.2 * panels))
+    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+    ax = axes[0]
+    who = ops[["log", "rank"]].drop_duplicates().sort_values(["log", "rank"]).head(most_ranks)
+    row = {(int(r.log), int(r.rank)): n for n, r in enumerate(who.itertuples())}
+    colours = {"write": "#2980b9", "read": "#27ae60", "flush": "#7f8c8d"}
+    for kind, g in ops.groupby("op"):
+        y = [row.get((int(a), int(b))) for a, b in zip(g["log"], g["rank"], strict=True)]
+        keep = [v is not None for v in y]
+        g = g[keep]
+        ys = np.array([v for v in y if v is not None], dtype=float)
+        start = g["t_s"].to_numpy()
+        width = g["dur_ms"].to_numpy() / 1e3
+        slow = g["slow"].to_numpy()
+        ax.barh(
+            ys[~slow],
+            width[~slow],
+            left=start[~slow],
+            height=0.6,
+            color=colours.get(str(kind), "#999"),
+            label=str(kind),
+        )
+        if slow.any():
+            ax.barh(ys[slow], width[slow], left=start[slow], height=0.8, color="#c0392b")
+    programs = [Path(log.exe.split(" ", 1)[0]).name for log in da.logs]
+    ax.set_yticks(range(len(row)), [f"{programs[a]} {b}" for a, b in row], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title("the application's reads and writes (Darshan DXT; slow ones red)")
+    ax.legend(fontsize=7, loc="upper right")
+    if panels == 2:
+        ax2 = axes[1]
+        for server, g in depth.groupby("server"):
+            ax2.step(g["t_s"], g["depth"], where="post", label=f"server {server}")
+        ax2.set_ylabel("requests held")
+        ax2.set_title("requests each server held (arrived, not yet answered)")
+        ax2.legend(fontsize=7, ncol=4)
+    end = float((ops["t_s"] + ops["dur_ms"] / 1e3).max())
+    margin = 0.03 * max(end, 1e-3)
+    axes[-1].set_xlim(min(0.0, float(ops["t_s"].min())) - margin, end + margin)
+    axes[-1].set_xlabel("seconds since the application started")
     return fig

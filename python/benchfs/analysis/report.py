@@ -20,6 +20,7 @@ from rich.table import Table
 from benchfs import __version__
 from benchfs.analysis import Analysis, _num
 from benchfs.analysis import plots as P
+from benchfs.analysis.darshanreport import darshan_html, darshan_json, print_darshan
 from benchfs.analysis.insights import Insight
 from benchfs.analysis.tables import STAGES
 from benchfs.units import shown_value
@@ -45,6 +46,7 @@ SECTIONS = (
     ("rpc", "RPC latency and retries by target"),
     ("iostat", "iostat during the run"),
     ("kernel", "The kernel's view: block latency, CPU time, profiles"),
+    ("darshan", "The application's view (Darshan)"),
     ("comparison", "Comparison with the baseline"),
     ("config", "Effective configuration"),
     ("notes", "Notes"),
@@ -163,6 +165,8 @@ def to_json(a: Analysis, baseline: Analysis | None = None) -> dict[str, Any]:
         "judgment_thresholds": a.judgment.to_dict(),
         "notes": list(a.notes),
     }
+    if a.darshan is not None:
+        out["darshan"] = darshan_json(a.darshan)
     if baseline is not None:
         out["baseline"] = {
             "summary": baseline.summary(),
@@ -312,6 +316,8 @@ def print_terminal(console: Console, a: Analysis, baseline: Analysis | None = No
         diff = config_diff(a, baseline)
         if not diff.empty:
             console.print(_rich_table("config differences", diff, ["key", "this", "baseline"]))
+    if a.darshan is not None:
+        print_darshan(console, a.darshan)
     for n in a.notes:
         console.print(f"[dim]note: {escape(n)}[/]", highlight=False, soft_wrap=True)
 
@@ -477,6 +483,12 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
         else '<p class="note">No iostat captures in this run.</p>'
     )
     parts["kernel"] = _kernel_html(a)
+    parts["darshan"] = (
+        darshan_html(a.darshan)
+        if a.darshan is not None
+        else '<p class="note">No Darshan log in this run (benchfs-run launch --darshan traces a '
+        "program; benchfs-analyze --darshan LOG joins a log made elsewhere).</p>"
+    )
     if baseline is not None:
         parts["comparison"] = (
             f"<p>Baseline: {html.escape(str(baseline.run.path))}</p>"

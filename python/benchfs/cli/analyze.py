@@ -19,6 +19,8 @@ from rich.markup import escape
 from benchfs import __version__
 from benchfs.analysis import Analysis, analyze, load_run
 from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
+from benchfs.analysis.darshanjoin import analyze_darshan, find_logs
+from benchfs.analysis.darshanreport import darshan_json, print_darshan, render_darshan_html
 from benchfs.analysis.report import print_terminal, render_html, to_json
 from benchfs.analysis.sweep import (
     is_sweep,
@@ -48,10 +50,14 @@ def _thresholds(
 
 
 def _analyze(
-    path: Path, thresholds: Thresholds, interval: float | None, judgment: Thresholds
+    path: Path,
+    thresholds: Thresholds,
+    interval: float | None,
+    judgment: Thresholds,
+    darshan: tuple[Path, ...] | None = None,
 ) -> Analysis:
     try:
-        return analyze(load_run(path), thresholds, interval, judgment)
+        return analyze(load_run(path), thresholds, interval, judgment, darshan)
     except FileNotFoundError as e:
         raise AnalyzeError("ENOENT", str(e)) from e
     except ValueError as e:
@@ -78,6 +84,33 @@ def _sweep_report(path: Path, html_path: Path | None, as_json: bool, save: bool)
             )
 
 
+def _darshan_report(
+    logs: tuple[Path, ...],
+    config: Path | None,
+    overrides: tuple[str, ...],
+    html_path: Path | None,
+    as_json: bool,
+    csv_dir: Path | None,
+) -> None:
+    """Darshan logs made elsewhere, without a run: the application's insights and tables."""
+    try:
+        th = resolve_thresholds(config, overrides)
+    except (FileNotFoundError, ValueError) as e:
+        raise AnalyzeError("EINVAL", f"configuration: {e}") from e
+    da = analyze_darshan(find_logs(logs), th)
+    if html_path:
+        _write(html_path, render_darshan_html(da))
+    if csv_dir:
+        try:
+            da.write_csv(csv_dir)
+        except OSError as e:
+            raise AnalyzeError("EIO", f"{csv_dir}: {e.strerror or e}") from e
+    if as_json:
+        click.echo(json.dumps({"darshan": darshan_json(da), "thresholds": th.to_dict()}))
+    else:
+        print_darshan(console(), da)
+
+
 def _write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +121,18 @@ def _write(path: Path, text: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="benchfs-analyze")
-@click.argument("results_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument(
+    "results_dir", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+)
+@click.option(
+    "--darshan",
+    "darshan_logs",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="A Darshan log (or a directory of them) of a program run on BenchFS: its insights, "
+    "and with RESULTS_DIR its operations joined with that run's servers (repeatable; a run "
+    "made with benchfs-run launch --darshan has its own).",
+)
 @click.option(
     "--html",
     "html_path",
@@ -147,7 +191,8 @@ def _write(path: Path, text: str) -> None:
     help="Override one threshold, e.g. insights.slow_op_ms=50 (repeatable).",
 )
 def main(
-    results_dir: Path,
+    results_dir: Path | None,
+    darshan_logs: tuple[Path, ...],
     html_path: Path | None,
     as_json: bool,
     csv_dir: Path | None,
@@ -159,10 +204,24 @@ def main(
     config_path: Path | None,
     overrides: tuple[str, ...],
 ) -> None:
-    """Analyze the results directory RESULTS_DIR, or a sweep's directory (see
-    docs/analysis.md)."""
+    """Analyze the results directory RESULTS_DIR, or a sweep's directory, or Darshan logs (see
+    docs/analysis.md, docs/darshan.md)."""
     out, err = console(), console(stderr=True)
     try:
+        if results_dir is None:
+            if not darshan_logs:
+                raise click.UsageError("give a RESULTS_DIR, or Darshan logs with --darshan")
+            others = {
+                "--baseline": baseline,
+                "--chrome-trace": chrome_path,
+                "--save": save,
+                "--interval": interval,
+            }
+            given = [name for name, value in others.items() if value]
+            if given:
+                raise AnalyzeError("EINVAL", f"{', '.join(given)} needs a RESULTS_DIR")
+            _darshan_report(darshan_logs, config_path, overrides, html_path, as_json, csv_dir)
+            return
         if is_sweep(results_dir):
             others = {
                 "--csv": csv_dir,
@@ -171,6 +230,7 @@ def main(
                 "--interval": interval,
                 "--config": config_path,
                 "--set": overrides,
+                "--darshan": darshan_logs,
             }
             given = [name for name, value in others.items() if value]
             if given:
@@ -181,7 +241,7 @@ def main(
             return
         thresholds = _thresholds(results_dir, config_path, overrides)
         judgment = _thresholds(results_dir, config_path, overrides, "diagnose")
-        a = _analyze(results_dir, thresholds, interval, judgment)
+        a = _analyze(results_dir, thresholds, interval, judgment, darshan_logs or None)
         b = _analyze(baseline, thresholds, interval, judgment) if baseline else None
         report = to_json(a, b)
         if html_path:

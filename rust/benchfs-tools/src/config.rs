@@ -254,7 +254,7 @@ impl Default for InsightsConfig {
             app_meta_time_s: 30.0,
             app_size_imbalance: 0.3,
             app_straggler_share: 0.15,
-            app_slow_factor: 10.0,
+            app_slow_factor: 4.0,
         }
     }
 }
