@@ -47,7 +47,7 @@ def make_run(work: Path, darshan: Path, ior: Path, delay_us: int = DELAY_US) -> 
         done = subprocess.run(
             [str(Path(sys.executable).parent / "benchfs-run"), "launch", "--nodes-file", str(nodes),
              "--clients", "2", "--results-root", str(results), "--darshan", str(darshan),
-             "--workload", "command", "--via", "mount", "--set", "telemetry.trace=true",
+             "--workload", "command", "--via", "mount",
              "--command", f"{ior}/bin/ior {IOR_ARGS} -o {{mount}}/ior.dat"],
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip

@@ -59,6 +59,16 @@ TH = Section(
         handle_miss_share=0.9,
         bimodal_mode_share=0.1,
         tcp_timeouts=10,
+        app_small_bytes=1 << 20,
+        app_small_share=0.1,
+        app_small_count=1000,
+        app_misaligned_share=0.1,
+        app_random_share=0.2,
+        app_random_count=1000,
+        app_meta_time_s=30.0,
+        app_size_imbalance=0.3,
+        app_straggler_share=0.15,
+        app_slow_factor=4.0,
     ),
 )
 """The tests' own thresholds (explicit, so tuning the defaults in config.rs breaks no test)."""

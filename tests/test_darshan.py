@@ -226,7 +226,7 @@ def test_the_join_names_the_planted_slow_server() -> None:
     assert held.evidence[0].startswith(f"server {slow_server} (b) held"), held.evidence
     by = da.tables["by_server"].set_index("server")
     assert by.loc[slow_server, "slow_held"] >= 2
-    assert by.loc[slow_server, "service_p99_ms"] > 10 * by.drop(slow_server)["service_p99_ms"].max()
+    assert by.loc[slow_server, "service_p99_ms"] > 3 * by.drop(slow_server)["service_p99_ms"].max()
     slow = da.tables["slow_ops"].dropna(subset=["held_by"])
     assert (slow["held_by"] == slow_server).mean() >= 2 / 3
     # Every byte written reached a server, in 1 MiB requests (the mount sends each write's bytes
@@ -237,9 +237,11 @@ def test_the_join_names_the_planted_slow_server() -> None:
     assert len(flushes) == 2
     held_flushes = slow[(slow["op"] == "flush") & (slow["held_by"] == slow_server)]
     assert len(held_flushes) >= 1, slow
-    # Both ranks' clocks agree with the servers' to within a few ms.
+    # Both ranks' clocks agree with the servers': a request reached its server within 1 ms of
+    # its call's start, and no read returned before its first request was answered.
     al = da.tables["alignment"]
-    assert al["agree"].all() and (al["within_ms"] < 5).all(), al
+    assert al["agree"].all() and (al["offset_hi_ms"] < 1).all(), al
+    assert (al["within_ms"] < 20).all(), al
     # Two phases, writes then reads, each rank on its own file.
     ph = da.tables["phases"]
     assert list(ph["kind"]) == ["write", "read"] and list(ph["ranks"]) == [2, 2]
@@ -251,7 +253,7 @@ def test_the_report_shows_the_application_beside_the_servers(tmp_path: Path) -> 
     a = analyze(RUN)
     page = render_html(a)
     assert 'id="darshan"' in page and "APP-007" in page
-    assert "operations above the servers\" src=\"data:image/png" in page
+    assert 'operations above the servers" src="data:image/png' in page
     report = to_json(a)
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
     assert report["darshan"]["summary"]["joined"] is True

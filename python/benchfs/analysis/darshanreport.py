@@ -1,5 +1,5 @@
-"""The application's view (a `DarshanAnalysis`) in each report: JSON, terminal, HTML section,
-and a page of its own when no run is given (`benchfs-analyze --darshan LOG`)."""
+"""The application's view (a `DarshanAnalysis`) in each report: JSON, terminal, the HTML
+section (`report.render_darshan_html` makes it a page of its own when no run is given)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from benchfs import __version__
 from benchfs.analysis import plots as P
 from benchfs.analysis.darshanjoin import DarshanAnalysis
 from benchfs.analysis.insights import Insight
 
-__all__ = ["TABLE_TITLES", "darshan_html", "darshan_json", "print_darshan", "render_darshan_html"]
+__all__ = ["TABLE_TITLES", "darshan_html", "darshan_json", "print_darshan"]
 
 TABLE_TITLES = {
     "phases": "The application's phases",
@@ -188,18 +187,4 @@ def darshan_html(da: DarshanAnalysis) -> str:
         f'<table class="kv">{rows}</table><ul class="note">{logs}</ul>'
         f'<h3>Insights</h3>{fired}<ul class="silent">{silent}</ul>'
         f"<h3>Timeline</h3>{img}{tables}" + (f'<ul class="note">{notes}</ul>' if notes else "")
-    )
-
-
-def render_darshan_html(da: DarshanAnalysis) -> str:
-    """A page of its own for logs analysed without a run."""
-    from benchfs.analysis.report import CSS
-
-    title = f"BenchFS analysis: {da.summary()['exe'].strip()[:80]}"
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><section id='darshan'><h2>The application's view "
-        f"(Darshan)</h2>{darshan_html(da)}</section>"
-        f"<p class='note'>benchfs {html.escape(__version__)}</p></body></html>\n"
     )

@@ -20,6 +20,7 @@ from rich.table import Table
 from benchfs import __version__
 from benchfs.analysis import Analysis, _num
 from benchfs.analysis import plots as P
+from benchfs.analysis.darshanjoin import DarshanAnalysis
 from benchfs.analysis.darshanreport import darshan_html, darshan_json, print_darshan
 from benchfs.analysis.insights import Insight
 from benchfs.analysis.tables import STAGES
@@ -31,6 +32,7 @@ __all__ = [
     "compare",
     "config_diff",
     "print_terminal",
+    "render_darshan_html",
     "render_html",
     "to_json",
 ]
@@ -514,5 +516,18 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><nav>{nav}</nav>{body}"
+        f"<p class='note'>benchfs {html.escape(__version__)}</p></body></html>\n"
+    )
+
+
+def render_darshan_html(da: DarshanAnalysis) -> str:
+    """A page of its own for Darshan logs analysed without a run (`benchfs-analyze
+    --darshan LOG`)."""
+    title = f"BenchFS analysis: {da.summary()['exe'].strip()[:80]}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><section id='darshan'><h2>The application's view "
+        f"(Darshan)</h2>{darshan_html(da)}</section>"
         f"<p class='note'>benchfs {html.escape(__version__)}</p></body></html>\n"
     )

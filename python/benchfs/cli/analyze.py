@@ -20,8 +20,8 @@ from benchfs import __version__
 from benchfs.analysis import Analysis, analyze, load_run
 from benchfs.analysis.chrome import DEFAULT_LIMIT, write_chrome_trace
 from benchfs.analysis.darshanjoin import analyze_darshan, find_logs
-from benchfs.analysis.darshanreport import darshan_json, print_darshan, render_darshan_html
-from benchfs.analysis.report import print_terminal, render_html, to_json
+from benchfs.analysis.darshanreport import darshan_json, print_darshan
+from benchfs.analysis.report import print_terminal, render_darshan_html, render_html, to_json
 from benchfs.analysis.sweep import (
     is_sweep,
     load_sweep,

@@ -198,7 +198,9 @@ def main() -> None:
 @click.option(
     "--darshan", "darshan_prefix", metavar="PREFIX", type=click.Path(file_okay=False),
     help="Trace --command with Darshan built in PREFIX (contrib/darshan/build-darshan.sh): "
-    "preloaded, DXT on, its logs in the results' darshan/ (with --via mount or preload).",
+    "preloaded, DXT on, its logs in the results' darshan/ (with --via mount or preload); "
+    "turns the servers' telemetry.trace on (unless --set says otherwise), which the "
+    "analysis joins with the logs.",
 )  # fmt: skip
 @click.option("--no-analysis", is_flag=True, help="Do not run benchfs-analyze at the end.")
 def launch(
@@ -250,6 +252,9 @@ def launch(
     io500_args += ["--ior-prefix", ior_prefix] if ior_prefix else []
     if bool(user_command) != (workload == "command"):
         _fail("EINVAL", "--command goes with --workload command (and it needs one)", EXIT_USAGE)
+    if darshan_prefix and not any(s.startswith("telemetry.trace=") for s in sets):
+        # The analysis gives the program's calls to servers through their trace.
+        sets = ("telemetry.trace=true", *sets)
     spec = RunSpec(
         servers=servers,
         clients=clients,
