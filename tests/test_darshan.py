@@ -9,6 +9,7 @@ import csv as csvreader
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -36,6 +37,7 @@ from test_lifecycle import BIN, exports
 DATA = Path(__file__).parent / "data" / "darshan"
 PREFIX = os.environ.get("BENCHFS_DARSHAN_PREFIX")  # read before the suite clears BENCHFS_*
 IOR_PREFIX = os.environ.get("BENCHFS_IOR_PREFIX")
+SOURCE = os.environ.get("BENCHFS_DARSHAN_SOURCE")  # a clone at darshan-3.4.7 (make test-long)
 
 
 def test_the_ior_log_has_every_read_and_write_of_both_ranks() -> None:
@@ -343,3 +345,46 @@ def test_a_fresh_run_with_a_slow_server_names_it(tmp_path: Path) -> None:
     held = next(i for i in a.darshan.insights if i.id == "APP-007")
     assert held.fired and "(b) held" in held.evidence[0], held.evidence
     assert a.darshan.tables["alignment"]["agree"].all()
+
+
+def test_build_darshan_refuses_what_is_not_darshan(tmp_path: Path) -> None:
+    script = Path(__file__).parent.parent / "contrib" / "darshan" / "build-darshan.sh"
+    done = subprocess.run([script, str(tmp_path), str(tmp_path / "prefix")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"build-darshan: {tmp_path} is not a Darshan source tree "
+        "(no darshan-runtime/lib/darshan-core.c)"
+    )
+    usage = subprocess.run([script], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage:")
+
+
+@pytest.mark.long
+@pytest.mark.skipif(
+    not SOURCE,
+    reason="Darshan's sources not here: clone github.com/darshan-hpc/darshan at darshan-3.4.7 "
+    "and set BENCHFS_DARSHAN_SOURCE to it",
+)
+def test_darshan_built_from_its_sources_traces_a_run(tmp_path: Path) -> None:
+    script = Path(__file__).parent.parent / "contrib" / "darshan" / "build-darshan.sh"
+    source = tmp_path / "src"
+    # A copy: the build writes into its source tree (./prepare.sh, build-benchfs/).
+    shutil.copytree(str(SOURCE), source, ignore=shutil.ignore_patterns("build-benchfs"))
+    built = subprocess.run([script, str(source), str(tmp_path / "prefix")],
+                           capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert f"export BENCHFS_DARSHAN_PREFIX={tmp_path / 'prefix'}" in built.stdout
+    done = subprocess.run(
+        [*benchfs_run_command(), "launch", "--darshan", str(tmp_path / "prefix"), "--workload",
+         "command", "--via", "mount", "--clients", "1", "--results-root", str(tmp_path / "runs"),
+         "--command", "dd if=/dev/zero of={mount}/out bs=1M count=8 status=none"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = next((tmp_path / "runs").glob("*-local-*"))
+    a = analyze(run)
+    assert a.darshan is not None and a.darshan.matched is not None
+    writes = a.darshan.ops[a.darshan.ops["op"] == "write"]
+    assert len(writes) == 8 and writes["length"].eq(1 << 20).all()
+    assert a.darshan.matched["bytes"].sum() == 8 << 20

@@ -137,6 +137,10 @@ def _ops_frame(logs: Sequence[DarshanLog], posix: pd.DataFrame) -> pd.DataFrame:
         if not log.ops:
             continue
         f = pd.DataFrame([op.__dict__ for op in log.ops])
+        # An MPI-IO call's bytes are traced again as the POSIX calls beneath it: keep the
+        # POSIX ones, which are what reached BenchFS, where a file has both.
+        posix_files = set(f.loc[f["module"] == "POSIX", "path"])
+        f = f[(f["module"] == "POSIX") | ~f["path"].isin(posix_files)]
         f["log"] = n
         f["start_ns"] = log.start_ns + np.round(f["start_s"] * 1e9).astype(np.int64)
         f["end_ns"] = log.start_ns + np.round(f["end_s"] * 1e9).astype(np.int64)
@@ -144,10 +148,10 @@ def _ops_frame(logs: Sequence[DarshanLog], posix: pd.DataFrame) -> pd.DataFrame:
     flushes = _flushes(pd.concat(parts, ignore_index=True) if parts else None, posix)
     if flushes is not None:
         parts.append(flushes)
-    cols = ["log", "rank", "host", "path", "op", "offset", "length", "start_ns", "end_ns"]
+    cols = ["log", "rank", "host", "path", "op", "module", "offset", "length", "start_ns", "end_ns"]
     if not parts:
         ops = pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
-        ops[["host", "path", "op"]] = ops[["host", "path", "op"]].astype(object)
+        ops[["host", "path", "op", "module"]] = ops[["host", "path", "op", "module"]].astype(object)
     else:
         ops = pd.concat(parts, ignore_index=True)[cols]
     ops = ops.sort_values(["start_ns", "log", "rank"], kind="stable", ignore_index=True)
@@ -186,6 +190,7 @@ def _flushes(data: pd.DataFrame | None, posix: pd.DataFrame) -> pd.DataFrame | N
             "host": "",
             "path": f["path"],
             "op": "flush",
+            "module": "POSIX",
             "offset": 0,
             "length": 0,
             "log": f["log"].astype(int),
@@ -250,16 +255,17 @@ def _join(ops: pd.DataFrame, trace: pd.DataFrame, files: pd.DataFrame, chunk: in
             "op_id": data["op_id"].to_numpy()[rows],
         }
     ).sort_values("at", kind="stable")
-    t = trace[trace["op"].isin(["write", "read"])]
-    ids = list(zip(t["file_hi"].to_numpy().tolist(), t["file_lo"].to_numpy().tolist(), strict=True))
-    tcode = np.array([code.get(i, -1) for i in ids], dtype=np.int64)
-    keep = tcode >= 0
-    t = t[keep].copy()
+    codes = files[["file_hi", "file_lo"]].drop_duplicates().reset_index(drop=True)
+    codes["fcode"] = [
+        code[(int(h), int(lo))] for h, lo in zip(codes["file_hi"], codes["file_lo"], strict=True)
+    ]
+    t = trace[trace["op"].isin(["write", "read"])].merge(codes, on=["file_hi", "file_lo"])
     t["key"] = (
-        (tcode[keep] << 41)
+        (t["fcode"].to_numpy().astype(np.int64) << 41)
         | (t["chunk"].to_numpy().astype(np.int64) << 1)
         | (t["op"].astype(str).to_numpy() == "read").astype(np.int64)
     )
+    t = t.drop(columns=["fcode"])
     t["at"] = t["t"].astype("int64")
     t = t.sort_values("at", kind="stable")
     m = pd.merge_asof(t, app, on="at", by="key", direction="backward")

@@ -41,6 +41,9 @@ class DxtOp:
     length: int
     start_s: float
     end_s: float
+    module: str = "POSIX"
+    """Which layer's call: POSIX (read, write, pread...) or MPIIO (MPI_File_write_at...,
+    whose POSIX calls beneath are traced too)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ def _read(path: str) -> dict[str, Any]:
                                 "length": int(seg.length),
                                 "start_s": float(seg.start_time),
                                 "end_s": float(seg.end_time),
+                                "module": module.removeprefix("DXT_"),
                             }
                         )
         ops.sort(key=lambda o: (o["start_s"], o["rank"]))
