@@ -85,6 +85,7 @@ JUDGE = Section(
         rise_ratio=2.0,
         min_ops=100,
         persist_share=0.5,
+        min_delay_s=0.1,
         r_await_ms=20.0,
         r_await_floor_ms=2.0,
         member_ratio=5.0,

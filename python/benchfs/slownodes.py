@@ -18,7 +18,8 @@ One method, used by both `benchfs-analyze` (the `slow_nodes` table and insight B
 - Agreement: one high mean may be one bad second. An outlier is slow when it was also slower
   than the other nodes (by `min_worse`, against their median in the same interval) in at
   least `persist_share` of its intervals since the onset, or when it is overwhelming
-  (`overwhelming_ratio` times the reference). Otherwise it is reported, not judged slow.
+  (`overwhelming_ratio` times the reference), and it cost the run at least `min_delay_s` of
+  server time (below). Otherwise it is reported, not judged slow.
 - Delay: a node's excess time = ops x (its mean - the median of the nodes' means), in seconds;
   its share is its part of all nodes' excess.
 """
@@ -195,6 +196,12 @@ def _judge_op(series: pd.DataFrame, op: str, th: Thresholds) -> list[dict[str, A
                     f"{0.0 if persist is None else persist:.0%} of its intervals "
                     f"(< persist_share {th.persist_share:g}) and not overwhelming"
                 )
+            if row["grounds"] is not None and excess[n] < th.min_delay_s:
+                row["how"] += (
+                    f"; not judged slow: it cost the run {excess[n] * 1e3:.3g} ms of server "
+                    f"time (< min_delay_s {th.min_delay_s:g} s)"
+                )
+                row["grounds"] = None
             row["slow"] = row["grounds"] is not None
         rows.append(row)
     return rows

@@ -129,6 +129,10 @@ pub struct DiagnoseConfig {
     /// Judgment of a run: a node slower than its peers over the run is slow when it was also
     /// slower in at least this share of the intervals since its onset (or one overwhelming).
     pub persist_share: f64,
+    /// Judgment of a run: a node that stands out is judged slow only when its excess server
+    /// time over the run (ops x its mean beyond the nodes' median) is at least this many
+    /// seconds: a node 2x slower on 0.1 ms reads that cost the run 12 ms did not slow it.
+    pub min_delay_s: f64,
 }
 
 impl Default for DiagnoseConfig {
@@ -154,6 +158,7 @@ impl Default for DiagnoseConfig {
             rise_ratio: 2.0,
             min_ops: 100,
             persist_share: 0.5,
+            min_delay_s: 0.1,
         }
     }
 }
@@ -291,6 +296,7 @@ impl DiagnoseConfig {
         let not_negative = [
             ("min_worse", self.min_worse),
             ("r_await_floor_ms", self.r_await_floor_ms),
+            ("min_delay_s", self.min_delay_s),
         ];
         for (key, value) in not_negative {
             if value.is_nan() || value < 0.0 {
