@@ -16,7 +16,7 @@ from rich.table import Table
 
 from benchfs.analysis import plots as P
 from benchfs.analysis.darshanjoin import DarshanAnalysis
-from benchfs.analysis.insights import Insight
+from benchfs.analysis.htmlparts import insights_html
 
 __all__ = ["TABLE_TITLES", "darshan_html", "darshan_json", "print_darshan"]
 
@@ -143,16 +143,6 @@ def _table_html(frame: pd.DataFrame | None, name: str) -> str:
     return f'<div class="wide">{shown.to_html(index=False, border=0, escape=True)}</div>'
 
 
-def _insight_html(i: Insight) -> str:
-    ev = "".join(f"<li>{html.escape(e)}</li>" for e in i.evidence)
-    codes = f" <i>Drishti {html.escape(', '.join(i.drishti))}</i>" if i.drishti else ""
-    return (
-        f'<div class="insight {i.severity}"><b>{i.id}</b> {html.escape(i.title)}{codes}'
-        f"<ul>{ev}</ul><p><b>Recommendation:</b> {html.escape(i.recommendation)}</p>"
-        f"<p class='note'>Trigger: {html.escape(i.trigger)}</p></div>"
-    )
-
-
 def darshan_html(da: DarshanAnalysis) -> str:
     """The report's section on the application: what ran, the insights, the timeline above
     the servers, the tables."""
@@ -163,14 +153,6 @@ def darshan_html(da: DarshanAnalysis) -> str:
         if k != "logs"
     )
     logs = "".join(f"<li>{html.escape(str(p))}</li>" for p in s["logs"])
-    fired = "".join(_insight_html(i) for i in da.insights if i.fired) or "<p>No insight fired.</p>"
-    silent = "".join(
-        f"<li>{i.id} {html.escape(i.title)}: "
-        + ("silent" if i.evaluated else f"not evaluated ({html.escape(i.reason)})")
-        + "</li>"
-        for i in da.insights
-        if not i.fired
-    )
     fig = P.darshan_timeline_figure(da)
     img = (
         f'<img alt="the application\'s operations above the servers" src="{P.to_data_uri(fig)}">'
@@ -185,6 +167,6 @@ def darshan_html(da: DarshanAnalysis) -> str:
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in da.notes)
     return (
         f'<table class="kv">{rows}</table><ul class="note">{logs}</ul>'
-        f'<h3>Insights</h3>{fired}<ul class="silent">{silent}</ul>'
+        f"<h3>Insights</h3>{insights_html(da.insights)}"
         f"<h3>Timeline</h3>{img}{tables}" + (f'<ul class="note">{notes}</ul>' if notes else "")
     )

@@ -22,7 +22,7 @@ from benchfs.analysis import Analysis, _num
 from benchfs.analysis import plots as P
 from benchfs.analysis.darshanjoin import DarshanAnalysis
 from benchfs.analysis.darshanreport import darshan_html, darshan_json, print_darshan
-from benchfs.analysis.insights import Insight
+from benchfs.analysis.htmlparts import insights_html
 from benchfs.analysis.tables import STAGES
 from benchfs.units import shown_value
 
@@ -364,16 +364,6 @@ def _img(fig: Any, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="{P.to_data_uri(fig)}">'
 
 
-def _insight_html(i: Insight) -> str:
-    ev = "".join(f"<li>{html.escape(e)}</li>" for e in i.evidence)
-    return (
-        f'<div class="insight {i.severity}"><b>{i.id}</b> {html.escape(i.title)} '
-        f"<i>({i.severity})</i><ul>{ev}</ul><p><b>Recommendation:</b> "
-        f"{html.escape(i.recommendation)}</p><p class='note'>Trigger: "
-        f"{html.escape(i.trigger)}</p></div>"
-    )
-
-
 class FlameGraphs:
     """Flame graphs side by side (one column per run), shown as HTML in Jupyter."""
 
@@ -435,15 +425,7 @@ def render_html(a: Analysis, baseline: Analysis | None = None) -> str:
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in s.items()
     )
     parts["summary"] = f'<table class="kv">{rows}</table>'
-    fired = "".join(_insight_html(i) for i in a.fired) or "<p>No insight fired.</p>"
-    silent = "".join(
-        f"<li>{i.id} {html.escape(i.title)}: "
-        + ("silent" if i.evaluated else f"not evaluated ({html.escape(i.reason)})")
-        + "</li>"
-        for i in a.insights
-        if not i.fired
-    )
-    parts["insights"] = fired + f'<ul class="silent">{silent}</ul>'
+    parts["insights"] = insights_html(a.insights)
     parts["io-depth"] = _img(P.io_depth_figure(t), "io_depth distribution") + _table_html(
         t.io_depth, "io_depth"
     )
