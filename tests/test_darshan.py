@@ -165,6 +165,13 @@ def test_launch_traces_a_command_with_darshan(tmp_path: Path, via: str) -> None:
         out = log.exe.split("of=")[1].split()[0]
         writes = [(op.offset, op.length) for op in log.ops if op.path == out and op.op == "write"]
         assert writes == [(i * 4096, 4096) for i in range(50)]
+    # The join: each dd's 50 writes reached the servers; with --via preload the client's own
+    # telemetry writes (into the run's directory) are not counted as the program's.
+    da = analyze(run).darshan
+    assert da is not None and da.matched is not None
+    assert not da.posix["path"].str.startswith(str(run.resolve())).any()
+    assert int(da.matched.loc[da.matched["op"] == "write", "bytes"].sum()) == 2 * 50 * 4096
+    assert (via == "preload") == any("BenchFS client's telemetry" in n for n in da.notes)
 
 
 # --- The application's view: insights, the join with the servers, reports -------------------

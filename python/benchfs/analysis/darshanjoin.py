@@ -45,6 +45,10 @@ SLOW_FLOOR_MS = 1.0
 """An application operation is never slow under this: below it a call's time is the kernel's
 and the client's, not a server's."""
 DEFAULT_CHUNK = 4 << 20
+GENERATION_BITS = np.uint64(0x7FFF << 48)
+"""A file's chunks are kept under its id with the generation of its chunks in bits 48-62 of
+the id's low half (`Attr::data_id`, rust/benchfs-core/src/namespace.rs: a small file's bytes
+moved into chunks get a new generation); the trace records that id, the names the file's."""
 
 
 @dataclass
@@ -259,7 +263,10 @@ def _join(ops: pd.DataFrame, trace: pd.DataFrame, files: pd.DataFrame, chunk: in
     codes["fcode"] = [
         code[(int(h), int(lo))] for h, lo in zip(codes["file_hi"], codes["file_lo"], strict=True)
     ]
-    t = trace[trace["op"].isin(["write", "read"])].merge(codes, on=["file_hi", "file_lo"])
+    t = trace[trace["op"].isin(["write", "read"])]
+    t = t.assign(file_lo=t["file_lo"].to_numpy() & ~GENERATION_BITS).merge(
+        codes, on=["file_hi", "file_lo"]
+    )
     t["key"] = (
         (t["fcode"].to_numpy().astype(np.int64) << 41)
         | (t["chunk"].to_numpy().astype(np.int64) << 1)
@@ -285,6 +292,9 @@ def _join(ops: pd.DataFrame, trace: pd.DataFrame, files: pd.DataFrame, chunk: in
         m.loc[found.index, "op_id"] = found.to_numpy()
     m = m.dropna(subset=["op_id"]).astype({"op_id": np.int64})
     _give_to_flushes(m, ops)
+    # Calls none of whose chunks saw a request: served from a cache or inline in the metadata.
+    served = app["key"].isin(t["key"]).groupby(app["op_id"]).any()
+    m.attrs["unserved"] = int((~served).sum())
     return m.drop(columns=["key"]).reset_index(drop=True)
 
 
@@ -636,6 +646,19 @@ def analyze_darshan(
             "operations' tables are empty, the insights use Darshan's counters"
         )
     ops = _ops_frame(read, posix)
+    if run is not None and not posix.empty:
+        # With --via preload the BenchFS client in the program writes its telemetry into the
+        # run's directory, and Darshan sees those writes too: they are not the program's.
+        own = str(run.path) + "/"
+        ours = posix["path"].str.startswith(own)
+        if ours.any():
+            notes.append(
+                f"{int(ours.sum())} records of files in the run's own directory (the "
+                "BenchFS client's telemetry) left out"
+            )
+            posix = posix[~ours].reset_index(drop=True)
+            ops = ops[~ops["path"].str.startswith(own)].reset_index(drop=True)
+            ops["op_id"] = np.arange(len(ops))
     _mark_slow(ops, thresholds.app_slow_factor)
     insights = _per_log_insights(read, posix, thresholds)
     t0 = min(log.start_ns for log in read)
@@ -657,15 +680,11 @@ def analyze_darshan(
             )
         chunk = int(run.config_value("layout", "chunk_size", DEFAULT_CHUNK) or DEFAULT_CHUNK)
         matched = _join(ops, trace, files, chunk)
-        unmatched = ops[
-            ops["op"].isin(["read", "write"])
-            & ops["path"].isin(files["path"])
-            & ~ops["op_id"].isin(matched["op_id"])
-        ]
-        if len(unmatched):
+        unserved = matched.attrs.get("unserved", 0)
+        if unserved:
             notes.append(
-                f"{len(unmatched):,} reads and writes on BenchFS files reached no server "
-                "(served from a cache, inline in the metadata, or a trace record dropped)"
+                f"{unserved:,} reads and writes on BenchFS files reached no server: served "
+                "from a cache, kept inline in the metadata, or their trace records dropped"
             )
     servers = run.servers() if run is not None else pd.DataFrame(columns=["server", "node"])
     tables["phases"] = phases(ops, thresholds, trace, posix, t0)
