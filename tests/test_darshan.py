@@ -197,9 +197,9 @@ def _drishti(log: Path, out: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "log",
-    [DATA / "ior-posix-mount.darshan", DATA / "planted-small-random.darshan",
-     next((RUN / "darshan").glob("*.darshan"))],
-    ids=["ior", "planted", "slow-server-ior"],
+    [DATA / "ior-posix-mount.darshan", DATA / "ior-mpiio-mount.darshan",
+     DATA / "planted-small-random.darshan", next((RUN / "darshan").glob("*.darshan"))],
+    ids=["ior", "ior-mpiio", "planted", "slow-server-ior"],
 )  # fmt: skip
 def test_the_insights_flag_what_drishti_flags(log: Path, tmp_path: Path) -> None:
     theirs = _drishti(log, tmp_path / "drishti")
@@ -395,3 +395,15 @@ def test_darshan_built_from_its_sources_traces_a_run(tmp_path: Path) -> None:
     writes = a.darshan.ops[a.darshan.ops["op"] == "write"]
     assert len(writes) == 8 and writes["length"].eq(1 << 20).all()
     assert a.darshan.matched["bytes"].sum() == 8 << 20
+
+
+def test_mpi_io_calls_give_way_to_the_posix_calls_beneath() -> None:
+    log = read_log(DATA / "ior-mpiio-mount.darshan")
+    assert {"DXT_MPIIO", "DXT_POSIX"} <= set(log.modules)
+    assert {op.module for op in log.ops} == {"MPIIO", "POSIX"}
+    da = analyze_darshan([log], resolve_thresholds())
+    shared = da.ops[da.ops["path"].str.endswith("/shared.dat") & (da.ops["op"] != "flush")]
+    assert set(shared["module"]) == {"POSIX"}
+    # IOR -t 1m -b 4m, two ranks: four 1 MiB writes and reads each, once (not twice).
+    counts = shared.groupby(["rank", "op"]).size().to_dict()
+    assert counts == {(r, o): 4 for r in (0, 1) for o in ("read", "write")}, counts
