@@ -10,6 +10,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -134,9 +135,11 @@ impl NamesWriter {
         }
         let mut text = Vec::with_capacity(pending.len() * 96);
         for (t_ns, id, path) in &pending {
-            let line = json!({"t_ns": t_ns, "file": format!("{id:032x}"), "path": &**path});
-            text.extend_from_slice(line.to_string().as_bytes());
-            text.push(b'\n');
+            // One JSON object per line; serde_json escapes the path. (Writing into a Vec
+            // cannot fail.)
+            let _ = write!(text, "{{\"t_ns\":{t_ns},\"file\":\"{id:032x}\",\"path\":");
+            let _ = serde_json::to_writer(&mut text, &**path);
+            text.extend_from_slice(b"}\n");
         }
         append_all(
             &mut self.file,
