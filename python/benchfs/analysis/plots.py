@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from benchfs.analysis.insights import Tables
 from benchfs.analysis.run import LoadedRun
@@ -296,8 +297,13 @@ def block_latency_figure(tables: Tables, op: str = "read") -> Figure | None:
             continue
         x = np.maximum(per.index.to_numpy(dtype=float), 1.0)
         label = f"{host}:{device}" + (" (odd mode)" if (host, device) in odd else "")
-        ax.step(x, per.to_numpy() / per.sum(), where="post", label=label,
-                linewidth=2.2 if (host, device) in odd else 1.0)  # fmt: skip
+        ax.step(
+            x,
+            per.to_numpy() / per.sum(),
+            where="post",
+            label=label,
+            linewidth=2.2 if (host, device) in odd else 1.0,
+        )
     ax.set_xscale("log")
     ax.set_xlabel("latency, issue to complete (us, log2 buckets)")
     ax.set_ylabel(f"share of the device's {op}s")
@@ -338,8 +344,10 @@ def block_heatmap_figure(tables: Tables, op: str | None = None, most: int = 8) -
         ax.set_yscale("log")
         ax.set_ylabel("us")
         what = f"{op}s" if op else "reads and writes"
-        ax.set_title(f"{host}:{device}, {what}" + (" (odd mode)" if (host, device) in odd else ""),
-                     fontsize=9)  # fmt: skip
+        ax.set_title(
+            f"{host}:{device}, {what}" + (" (odd mode)" if (host, device) in odd else ""),
+            fontsize=9,
+        )
         fig.colorbar(mesh, ax=ax, label="log10(1 + I/Os)")
     axes[-1].set_xlabel("seconds since the first interval")
     return fig
@@ -385,29 +393,31 @@ def darshan_timeline_figure(da: Any, most_ranks: int = 64) -> Figure | None:
     who = ops[["log", "rank"]].drop_duplicates().sort_values(["log", "rank"]).head(most_ranks)
     row = {(int(r.log), int(r.rank)): n for n, r in enumerate(who.itertuples())}
     colours = {"write": "#2980b9", "read": "#27ae60", "flush": "#7f8c8d"}
+    slow_colour = "#c0392b"
     for kind, g in ops.groupby("op"):
         y = [row.get((int(a), int(b))) for a, b in zip(g["log"], g["rank"], strict=True)]
         keep = [v is not None for v in y]
         g = g[keep]
         ys = np.array([v for v in y if v is not None], dtype=float)
-        start = g["t_s"].to_numpy()
-        width = g["dur_ms"].to_numpy() / 1e3
-        slow = g["slow"].to_numpy()
+        colour = np.where(g["slow"].to_numpy(), slow_colour, colours.get(str(kind), "#999"))
+        # A white edge keeps back-to-back calls apart.
         ax.barh(
-            ys[~slow],
-            width[~slow],
-            left=start[~slow],
+            ys,
+            g["dur_ms"].to_numpy() / 1e3,
+            left=g["t_s"].to_numpy(),
             height=0.6,
-            color=colours.get(str(kind), "#999"),
-            label=str(kind),
+            color=list(colour),
+            edgecolor="white",
+            linewidth=0.4,
         )
-        if slow.any():
-            ax.barh(ys[slow], width[slow], left=start[slow], height=0.8, color="#c0392b")
+    shown = [k for k in colours if k in set(ops["op"])]
+    handles = [Patch(color=colours[k], label=k) for k in shown]
+    handles.append(Patch(color=slow_colour, label="slow"))
     programs = [Path(log.exe.split(" ", 1)[0]).name for log in da.logs]
     ax.set_yticks(range(len(row)), [f"{programs[a]} {b}" for a, b in row], fontsize=7)
     ax.invert_yaxis()
-    ax.set_title("the application's reads and writes (Darshan DXT; slow ones red)")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title("the application's reads, writes and flushes (Darshan; slow ones red)")
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
     if panels == 2:
         ax2 = axes[1]
         for server, g in depth.groupby("server"):
