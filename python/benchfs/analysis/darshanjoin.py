@@ -116,8 +116,7 @@ class DarshanAnalysis:
             "writes": int((data["op"] == "write").sum()),
             "bytes_read": int(data.loc[data["op"] == "read", "length"].sum()),
             "bytes_written": int(data.loc[data["op"] == "write", "length"].sum()),
-            "slow_ops": int(data["slow"].sum())
-            + int(self.ops.loc[self.ops["op"] == "flush", "slow"].sum()),
+            "slow_ops": int(self.ops["slow"].sum()),
             "joined": self.matched is not None,
             "matched_requests": 0 if self.matched is None else len(self.matched),
         }

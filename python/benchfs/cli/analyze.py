@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -101,14 +102,26 @@ def _darshan_report(
     if html_path:
         _write(html_path, render_darshan_html(da))
     if csv_dir:
-        try:
-            da.write_csv(csv_dir)
-        except OSError as e:
-            raise AnalyzeError("EIO", f"{csv_dir}: {e.strerror or e}") from e
+        _write_csv(da.write_csv, csv_dir)
     if as_json:
         click.echo(json.dumps({"darshan": darshan_json(da), "thresholds": th.to_dict()}))
     else:
         print_darshan(console(), da)
+
+
+def _refuse_given(options: dict[str, object], why: str) -> None:
+    """One line naming the options given (of `options`) that cannot go with the others:
+    `why` with "{}" where their names go."""
+    given = [name for name, value in options.items() if value]
+    if given:
+        raise AnalyzeError("EINVAL", why.format(", ".join(given)))
+
+
+def _write_csv(write: Callable[[Path], object], directory: Path) -> None:
+    try:
+        write(directory)
+    except OSError as e:
+        raise AnalyzeError("EIO", f"{directory}: {e.strerror or e}") from e
 
 
 def _write(path: Path, text: str) -> None:
@@ -211,32 +224,30 @@ def main(
         if results_dir is None:
             if not darshan_logs:
                 raise click.UsageError("give a RESULTS_DIR, or Darshan logs with --darshan")
-            others = {
-                "--baseline": baseline,
-                "--chrome-trace": chrome_path,
-                "--save": save,
-                "--interval": interval,
-            }
-            given = [name for name, value in others.items() if value]
-            if given:
-                raise AnalyzeError("EINVAL", f"{', '.join(given)} needs a RESULTS_DIR")
+            _refuse_given(
+                {
+                    "--baseline": baseline,
+                    "--chrome-trace": chrome_path,
+                    "--save": save,
+                    "--interval": interval,
+                },
+                "{} needs a RESULTS_DIR",
+            )
             _darshan_report(darshan_logs, config_path, overrides, html_path, as_json, csv_dir)
             return
         if is_sweep(results_dir):
-            others = {
-                "--csv": csv_dir,
-                "--baseline": baseline,
-                "--chrome-trace": chrome_path,
-                "--interval": interval,
-                "--config": config_path,
-                "--set": overrides,
-                "--darshan": darshan_logs,
-            }
-            given = [name for name, value in others.items() if value]
-            if given:
-                raise AnalyzeError(
-                    "EINVAL", f"{results_dir} is a sweep: {', '.join(given)} is for one run"
-                )
+            _refuse_given(
+                {
+                    "--csv": csv_dir,
+                    "--baseline": baseline,
+                    "--chrome-trace": chrome_path,
+                    "--interval": interval,
+                    "--config": config_path,
+                    "--set": overrides,
+                    "--darshan": darshan_logs,
+                },
+                f"{results_dir} is a sweep: {{}} is for one run",
+            )
             _sweep_report(results_dir, html_path, as_json, save)
             return
         thresholds = _thresholds(results_dir, config_path, overrides)
@@ -247,10 +258,7 @@ def main(
         if html_path:
             _write(html_path, render_html(a, b))
         if csv_dir:
-            try:
-                a.write_csv(csv_dir)
-            except OSError as e:
-                raise AnalyzeError("EIO", f"{csv_dir}: {e.strerror or e}") from e
+            _write_csv(a.write_csv, csv_dir)
         if save:
             rd = RunDir(a.run.path)
             _write(rd.analysis_dir / "report.html", render_html(a, b))
